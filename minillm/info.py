@@ -1,0 +1,54 @@
+"""`minillm info`: what a model is and what it costs in memory, before running it."""
+from __future__ import annotations
+
+from .config import PRESETS, ModelConfig
+from .errors import WeightsNotFound
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def describe(model: str) -> str:
+    """A short report: shape, parameters, weight bytes, KV-cache bytes per token."""
+    from . import pull
+    from .llm import read_checkpoint
+
+    preset = PRESETS.get(model)
+    weights_bytes, where = None, "not pulled: run `minillm pull %s`" % model
+    try:
+        path = pull.resolve(model)
+    except WeightsNotFound:
+        if preset is None:
+            raise
+        config = preset.config
+    else:
+        config, tensors, _ = read_checkpoint(path)
+        weights_bytes = sum(t.nbytes for t in tensors.values())
+        where = str(path)
+    return _report(model, config, weights_bytes, where)
+
+
+def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str) -> str:
+    attn = "MHA" if c.n_kv_heads == c.n_heads else ("MQA" if c.n_kv_heads == 1 else f"GQA (groups of {c.n_heads // c.n_kv_heads})")
+    rows = [
+        ("model", name),
+        ("weights", where),
+        ("family", c.family + (f", sliding window {c.sliding_window}" if c.sliding_window else "")),
+        ("layers", c.n_layers),
+        ("dim / ffn", f"{c.dim} / {c.ffn_dim}"),
+        ("heads", f"{c.n_heads} query, {c.n_kv_heads} KV, head_dim {c.head_dim} ({attn})"),
+        ("vocab", f"{c.vocab_size}" + (" (tied embeddings)" if c.tie_embeddings else "")),
+        ("context", c.max_seq_len),
+        ("rope", f"theta {c.rope_theta:g}" + (f", scaling {c.rope_scaling.get('rope_type')}" if c.rope_scaling else "")),
+        ("parameters", f"{c.n_params:,} ({c.n_params / 1e9:.3f} B)"),
+        ("bytes fp32 / bf16", f"{_gb(4 * c.n_params)} / {_gb(2 * c.n_params)}"),
+    ]
+    if weights_bytes is not None:
+        rows.append(("bytes as stored", _gb(weights_bytes)))
+    rows += [
+        ("KV cache per token", f"{c.kv_bytes_per_token(2):,} bytes fp16, {c.kv_bytes_per_token(4):,} bytes fp32"),
+        ("KV cache full context", f"{_gb(c.kv_bytes_per_token(2) * c.max_seq_len)} fp16"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,46 @@
+"""The KV cache: every layer's keys and values for the positions seen so far.
+
+Without it, each new token would recompute K and V for the whole prefix (O(N²) work for N tokens);
+with it, decode computes K and V for one position and appends them (O(N)). The cost is memory:
+2 × n_layers × n_kv_heads × head_dim values per token (`ModelConfig.kv_bytes_per_token`).
+
+This is the contiguous form: one preallocated block per layer, sized for the longest sequence the
+caller asks for. A paged cache (blocks handed out on demand) comes with continuous batching.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import ModelConfig
+
+
+class KVCache:
+    def __init__(self, config: ModelConfig, max_seq_len: int, dtype=np.float32):
+        shape = (config.n_layers, config.n_kv_heads, max_seq_len, config.head_dim)
+        self.k = np.zeros(shape, dtype=dtype)   # [layers, n_kv_heads, max_seq, head_dim]
+        self.v = np.zeros(shape, dtype=dtype)
+        self.max_seq_len = max_seq_len
+        self.length = 0                         # positions filled so far (all layers agree)
+
+    def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Write the new positions of one layer; return that layer's keys and values so far.
+
+        k_new, v_new: [n_kv_heads, T, head_dim] -> k, v: [n_kv_heads, length + T, head_dim]
+        `length` itself advances once per forward pass, in `advance`, after the last layer.
+        """
+        start, end = self.length, self.length + k_new.shape[1]
+        if end > self.max_seq_len:
+            raise ValueError(f"KV cache is full: {end} positions > capacity {self.max_seq_len}")
+        self.k[layer, :, start:end] = k_new
+        self.v[layer, :, start:end] = v_new
+        return self.k[layer, :, :end], self.v[layer, :, :end]
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
+
+    def reset(self) -> None:
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes

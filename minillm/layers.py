@@ -1,0 +1,83 @@
+"""The small pieces of a Llama block: RMSNorm, rotary position embedding, SwiGLU, linear.
+
+Every function takes and returns fp32 NumPy arrays; weights may be stored narrower and are widened
+here, one matrix at a time (see backend.as_f32).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .backend import as_f32
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x²) + eps) * weight, over the last axis.    x: [T, dim]"""
+    inv_rms = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)   # [T, 1]
+    return (x * inv_rms) * as_f32(weight)
+
+
+def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x @ Wᵀ with W in HF's [out, in] layout.    x: [T, in] -> [T, out]
+
+    At decode (T = 1) this is a matrix-vector product that reads every byte of W once: almost all
+    decode time is spent here, bound by memory bandwidth, not arithmetic.
+    """
+    return x @ as_f32(weight).T
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def swiglu(x: np.ndarray, w_gate, w_up, w_down) -> np.ndarray:
+    """The Llama MLP: down(silu(gate(x)) * up(x)).    x: [T, dim] -> [T, dim]"""
+    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)
+
+
+# ---- rotary position embedding -------------------------------------------------------------------
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
+    """The rotation speed of each dimension pair: theta^(-2i/d), adjusted by rope scaling.  [hd/2]"""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    inv_freq = inv_freq.astype(np.float32)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return (inv_freq / scaling["factor"]).astype(np.float32)
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    raise ValueError(f"unsupported rope scaling {kind!r} (supported: default, linear, llama3)")
+
+
+def _llama3_inv_freq(inv_freq: np.ndarray, s: dict) -> np.ndarray:
+    """Llama 3.1+: slow (long-wavelength) pairs are stretched by `factor`, fast ones kept, and the
+    band between is blended smoothly, so the model sees longer contexts without retraining."""
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_context = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return np.where(is_medium, blended, scaled).astype(np.float32)
+
+
+def rope_tables(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of each position's angles, computed in fp32 as HF does.   -> 2 × [T, hd/2]"""
+    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]     # [T, hd/2]
+    return np.cos(angles), np.sin(angles)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate each (x[i], x[i + hd/2]) pair by its angle (HF's half-split layout).
+
+    x: [T, n_heads, hd]; cos, sin: [T, hd/2]
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]                                  # [T, H, hd/2] each
+    c, s = cos[:, None, :], sin[:, None, :]                                # [T, 1, hd/2]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)     # [T, H, hd]

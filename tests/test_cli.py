@@ -1,0 +1,133 @@
+"""The command line: generate, info, pull, convert, and every user error as one line, no traceback."""
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from minillm.cli import cli
+from hf_models import llama_config, save_random_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, smollm2_dir):
+    """A random 2-layer model that speaks SmolLM2's vocabulary: fast to run, real tokenizer."""
+    from minillm.tokenizer import Tokenizer
+    path = tmp_path_factory.mktemp("tiny")
+    save_random_model(llama_config(vocab_size=49152, num_hidden_layers=2, max_position_embeddings=64), path)
+    Tokenizer.from_dir(smollm2_dir).save(path)
+    return path
+
+
+def run(*args, env=None):
+    return CliRunner().invoke(cli, list(args), env=env)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("minillm: error:"), lines[0]
+    assert "Traceback" not in result.output
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_every_command_has_help():
+    for command in [[], ["generate"], ["chat"], ["pull"], ["convert"], ["info"], ["bench"], ["presets"]]:
+        result = run(*command, "--help")
+        assert result.exit_code == 0, (command, result.output)
+        assert "Usage:" in result.output
+
+
+def test_generate_streams_text_and_reports_metrics(tiny_model):
+    result = CliRunner().invoke(cli, ["generate", "--model", str(tiny_model), "--max-tokens", "8", "--no-chat",
+                                      "Once upon a time"])
+    assert result.exit_code == 0, result.output
+    assert "TTFT" in result.stderr and "tok/s" in result.stderr and "prompt" in result.stderr
+    assert result.stdout.strip()                      # random weights, but eight tokens of some text
+
+
+def test_generate_is_deterministic_when_greedy(tiny_model):
+    outs = {run("generate", "-m", str(tiny_model), "-n", "6", "--no-chat", "Hi").stdout for _ in range(2)}
+    assert len(outs) == 1
+
+
+def test_info_reports_shape_bytes_and_kv_cache(tiny_model):
+    result = run("info", str(tiny_model))
+    assert result.exit_code == 0, result.output
+    assert "KV cache per token" in result.output and "parameters" in result.output
+    # 2 (K and V) × 2 layers × 2 KV heads × head_dim 8 × 2 bytes
+    assert f"{2 * 2 * 2 * 8 * 2:,} bytes fp16" in result.output
+
+
+def test_info_on_a_preset_without_weights_shows_its_shape(tmp_path):
+    result = run("info", "mistral-7b", env={"MINILLM_WEIGHTS": str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    assert "131,072 bytes fp16" in result.output
+    assert "minillm pull mistral-7b" in result.output
+
+
+def test_unknown_model():
+    assert_one_line_error(run("generate", "--model", "no-such-model", "hi"), "no-such-model")
+
+
+def test_missing_weights_say_the_pull_command(tmp_path):
+    result = run("generate", "--model", "mistral-7b", "hi", env={"MINILLM_WEIGHTS": str(tmp_path)})
+    assert_one_line_error(result, "minillm pull mistral-7b")
+
+
+def test_truncated_safetensors(tiny_model, tmp_path):
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert_one_line_error(run("generate", "-m", str(broken), "hi"), "model.safetensors")
+
+
+def test_corrupt_gguf(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 20)
+    assert_one_line_error(run("generate", "-m", str(bad), "hi"))
+
+
+def test_prompt_longer_than_context(tiny_model):
+    assert_one_line_error(run("generate", "-m", str(tiny_model), "--no-chat", "word " * 200), "context")
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top-p"),
+    (["--top-p", "1.5"], "top-p"),
+    (["--top-k", "0"], "top-k"),
+    (["--max-tokens", "0"], "max-tokens"),
+])
+def test_bad_flag_values(tiny_model, flags, fragment):
+    assert_one_line_error(run("generate", "-m", str(tiny_model), *flags, "hi"), fragment)
+
+
+def test_cuda_without_a_gpu(tiny_model):
+    assert_one_line_error(run("generate", "-m", str(tiny_model), "--device", "cuda", "hi"), "GPU")
+
+
+def test_model_without_tokenizer_loads_for_logits_but_not_text(tmp_path):
+    import minillm
+    save_random_model(llama_config(), tmp_path)        # save_pretrained of a bare model: no tokenizer files
+    llm = minillm.load(str(tmp_path))
+    assert llm.logits([1, 2, 3]).shape == (3, 320)
+    assert_one_line_error(run("generate", "-m", str(tmp_path), "hi"), "tokenizer")
+
+
+def test_convert_then_info(smollm2_gguf, tmp_path):
+    dst = tmp_path / "converted"
+    result = run("convert", str(smollm2_gguf), str(dst))
+    assert result.exit_code == 0, result.output
+    assert json.loads((dst / "config.json").read_text())["num_hidden_layers"] == 30
+    assert (dst / "tokenizer.json").exists()
+
+
+def test_console_script_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "minillm", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "generate" in out.stdout

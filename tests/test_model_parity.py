@@ -1,0 +1,80 @@
+"""minillm's forward pass equals HF transformers' on the same random weights, position by position."""
+import numpy as np
+import pytest
+
+import minillm
+from hf_models import hf_logits, llama_config, mistral_config, save_random_model
+
+TOL = 1e-4
+
+CASES = {
+    "llama-gqa": lambda: llama_config(n_heads=8, n_kv_heads=2),
+    "llama-mha": lambda: llama_config(n_heads=4, n_kv_heads=4),
+    "llama-mqa": lambda: llama_config(n_heads=8, n_kv_heads=1),
+    "llama-tied": lambda: llama_config(n_heads=4, n_kv_heads=2, tied=True),
+    "llama-head-dim": lambda: llama_config(n_heads=4, n_kv_heads=2, head_dim=32),
+    "mistral-window": lambda: mistral_config(sliding_window=6),
+    "llama3-rope-scaling": lambda: llama_config(
+        n_heads=8, n_kv_heads=2, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def pair(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    hf = save_random_model(CASES[request.param](), path)
+    return hf, minillm.load(str(path))
+
+
+def _ids(n=24, vocab=320, seed=1):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def test_prefill_logits_match_hf_at_every_position(pair):
+    hf, llm = pair
+    ids = _ids()
+    np.testing.assert_allclose(llm.logits(ids), hf_logits(hf, ids), atol=TOL, rtol=0)
+
+
+def test_decode_through_kv_cache_matches_hf(pair):
+    hf, llm = pair
+    ids = _ids()
+    expected = hf_logits(hf, ids)
+    cache = llm.model.new_cache(len(ids))
+    first = llm.model.prefill(ids[:5], cache)
+    stepped = [first] + [llm.model.decode(t, cache) for t in ids[5:]]
+    np.testing.assert_allclose(np.stack(stepped[1:]), expected[5:], atol=TOL, rtol=0)
+    np.testing.assert_allclose(first, expected[4], atol=TOL, rtol=0)
+
+
+def test_chunked_prefill_matches_one_pass(pair):
+    hf, llm = pair
+    ids = _ids(40)
+    whole = llm.logits(ids)
+    llm.model.prefill_chunk = 16
+    try:
+        chunked = llm.model.prefill(ids, llm.model.new_cache(len(ids)), all_logits=True)
+    finally:
+        llm.model.prefill_chunk = type(llm.model).prefill_chunk
+    np.testing.assert_allclose(chunked, whole, atol=1e-5, rtol=0)
+
+
+def test_sliding_window_changes_the_answer(tmp_path):
+    """The window test above would pass vacuously if the window were never applied."""
+    windowed = minillm.load(str(tmp_path / "w")) if save_random_model(mistral_config(6), tmp_path / "w") else None
+    full = minillm.load(str(tmp_path / "f")) if save_random_model(mistral_config(None), tmp_path / "f") else None
+    ids = _ids(20)
+    a, b = windowed.logits(ids), full.logits(ids)
+    np.testing.assert_allclose(a[:6], b[:6], atol=1e-5)      # inside the window: identical
+    assert np.abs(a[6:] - b[6:]).max() > 1e-3                 # beyond it: different
+
+
+def test_storage_dtypes_widen_to_the_same_model(tmp_path):
+    save_random_model(llama_config(), tmp_path)
+    ids = _ids()
+    ref = minillm.load(str(tmp_path)).logits(ids)
+    for dtype, tol in [("float16", 2e-2), ("bfloat16", 1e-1)]:
+        got = minillm.load(str(tmp_path), dtype=dtype).logits(ids)
+        assert np.abs(got - ref).max() < tol, dtype
