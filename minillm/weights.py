@@ -1,0 +1,197 @@
+"""Checkpoints in Hugging Face layout: a folder with config.json and safetensors files.
+
+We read safetensors ourselves because the format is tiny: 8 bytes (little-endian u64) giving the
+header length N, N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}}, then
+the raw tensor bytes, offsets counted from the end of the header. Every tensor becomes a view into
+one `np.memmap` of its file, so loading a 14 GB checkpoint reads nothing until a tensor is touched.
+
+bf16: NumPy has no bfloat16. A BF16 tensor is returned as `np.uint16` holding the raw bits, and
+`save_hf_dir` writes every `np.uint16` array as BF16 (no model stores real u16 weights, so the dtype
+is free to carry that meaning). `bf16_to_f32` / `f32_to_bf16` convert.
+
+Tensor names stay HF names: `model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`,
+..., `model.norm.weight`, `lm_head.weight` (absent when the embeddings are tied).
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .backend import STORAGE_DTYPES, bf16_to_f32, f32_to_bf16, to_dtype  # noqa: F401  (bf16 helpers re-exported)
+from .config import ModelConfig
+from .errors import MiniLLMError
+
+# safetensors dtype name <-> numpy dtype. BF16 travels as raw uint16 bits (see the module docstring).
+_ST_TO_NP = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+}
+_NP_TO_ST = {np.dtype(v).str: k for k, v in _ST_TO_NP.items()}  # uint16 maps back to BF16
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+# ---- safetensors: read ----------------------------------------------------------------------------
+def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """Map a .safetensors file; returns {name: lazily paged array view}. Raises MiniLLMError if corrupt."""
+    path = Path(path)
+    if not path.is_file():
+        raise MiniLLMError(f"{path}: file not found")
+    size = path.stat().st_size
+    if size < 8:
+        raise MiniLLMError(f"{path}: not a safetensors file (only {size} bytes)")
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > size - 8:
+            raise MiniLLMError(f"{path}: header length {header_len} runs past the end of the "
+                               f"{size}-byte file (truncated or not safetensors)")
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise MiniLLMError(f"{path}: header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise MiniLLMError(f"{path}: header is not a JSON object")
+    header.pop("__metadata__", None)
+
+    data_start = 8 + header_len
+    mm = np.memmap(path, dtype=np.uint8, mode="r") if size > data_start else np.zeros(0, np.uint8)
+    return {name: _tensor_view(path, mm, name, info, data_start, size) for name, info in header.items()}
+
+
+def _tensor_view(path: Path, mm: np.ndarray, name: str, info: Any, data_start: int, size: int) -> np.ndarray:
+    """One header entry -> an array view into the mapped file, after checking it fits."""
+    try:
+        dtype = np.dtype(_ST_TO_NP[info["dtype"]])
+        shape = tuple(int(d) for d in info["shape"])
+        begin, end = (int(o) for o in info["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        raise MiniLLMError(f"{path}: bad header entry for tensor {name}: {info!r}") from None
+    n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if end - begin != n_bytes or begin < 0:
+        raise MiniLLMError(f"{path}: tensor {name} has {end - begin} bytes, its shape {shape} needs {n_bytes}")
+    if data_start + end > size:
+        raise MiniLLMError(f"{path}: truncated: tensor {name} ends at byte {data_start + end}, "
+                           f"the file has {size}")
+    return np.ndarray(shape, dtype=dtype, buffer=mm, offset=data_start + begin)
+
+
+# ---- safetensors: write ---------------------------------------------------------------------------
+def _is_float(a: np.ndarray) -> bool:
+    return a.dtype.kind == "f" or a.dtype == np.uint16  # uint16 = bf16 bits
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], dtype: str | None = None,
+                      progress: bool = False) -> None:
+    """Write tensors to one .safetensors file (uint16 is written as BF16).
+
+    `dtype` ("float32" | "float16" | "bfloat16") casts float tensors one at a time as they are
+    written, so a model is never held twice in memory.
+    """
+    target = np.dtype(STORAGE_DTYPES[dtype]) if dtype else None
+    if dtype and target is None:
+        raise MiniLLMError(f"unknown dtype {dtype!r}: use float32, float16 or bfloat16")
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}  # transformers wants format=pt
+    offset = 0
+    for name, a in tensors.items():
+        out_dtype = target if target is not None and _is_float(a) else a.dtype
+        key = out_dtype.newbyteorder("<").str
+        if key not in _NP_TO_ST:
+            raise MiniLLMError(f"cannot write tensor {name}: dtype {a.dtype} has no safetensors equivalent")
+        n_bytes = a.size * out_dtype.itemsize
+        header[name] = {"dtype": _NP_TO_ST[key], "shape": list(a.shape), "data_offsets": [offset, offset + n_bytes]}
+        offset += n_bytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # pad so the data (and so every tensor) starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for a in tqdm(tensors.values(), total=len(tensors), desc=f"writing {Path(path).name}",
+                      unit="tensor", disable=not progress):
+            if dtype and _is_float(a):
+                a = to_dtype(a, dtype)
+            f.write(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).data)
+
+
+# ---- HF directories -------------------------------------------------------------------------------
+def read_config(path: str | Path) -> ModelConfig:
+    """A checkpoint dir's config.json -> ModelConfig (MiniLLMError if missing, bad or unsupported)."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise MiniLLMError(f"{file}: missing (a weights dir needs config.json next to its safetensors)")
+    try:
+        return ModelConfig.from_hf(json.loads(file.read_text()))
+    except json.JSONDecodeError as e:
+        raise MiniLLMError(f"{file}: not valid JSON ({e})") from None
+    except (KeyError, ValueError, TypeError) as e:
+        raise MiniLLMError(f"{file}: cannot read the model shape ({type(e).__name__}: {e})") from None
+
+
+def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Load an HF-layout dir: config.json plus model.safetensors or a sharded index + shards.
+
+    Arrays are memory-mapped views in the stored dtype (bf16 as uint16); nothing is read until used.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise MiniLLMError(f"{path}: not a directory")
+    config = read_config(path)
+    if (path / SAFETENSORS).is_file():
+        return config, read_safetensors(path / SAFETENSORS)
+    if (path / SAFETENSORS_INDEX).is_file():
+        return config, _load_sharded(path / SAFETENSORS_INDEX)
+    raise MiniLLMError(f"{path}: no {SAFETENSORS} or {SAFETENSORS_INDEX} (only safetensors weights are read; "
+                       f"convert .bin checkpoints with transformers' save_pretrained first)")
+
+
+def _load_sharded(index_file: Path) -> dict[str, np.ndarray]:
+    """Follow model.safetensors.index.json's weight_map {tensor name: shard file} to every shard."""
+    try:
+        weight_map = json.loads(index_file.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise MiniLLMError(f"{index_file}: not a valid safetensors index ({type(e).__name__}: {e})") from None
+    tensors: dict[str, np.ndarray] = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = index_file.parent / shard
+        if not shard_path.is_file():
+            raise MiniLLMError(f"{shard_path}: shard listed in {index_file.name} is missing")
+        tensors.update(read_safetensors(shard_path))
+    missing = sorted(set(weight_map) - set(tensors))
+    if missing:
+        raise MiniLLMError(f"{index_file}: {len(missing)} tensors listed but not in their shards, e.g. {missing[0]}")
+    return tensors
+
+
+def save_hf_dir(path: str | Path, config: ModelConfig, tensors: dict[str, np.ndarray],
+                tokenizer: Any = None, dtype: str | None = None, progress: bool = False) -> Path:
+    """Write an HF-layout dir that `load_hf_dir` and transformers' `from_pretrained` both read.
+
+    `dtype` ("float32" | "float16" | "bfloat16") casts every tensor on the way out; without it each
+    tensor keeps its dtype (uint16 = bf16). config.json is written last, so its presence means the
+    dir is complete. A tied LM head is not written (HF re-ties it from the embeddings).
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if config.tie_embeddings:
+        tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
+    # config.json's torch_dtype tells transformers what to load as: make it say what we store.
+    config = config.replace(torch_dtype=dtype or _stored_dtype(tensors, config.torch_dtype))
+    write_safetensors(path / SAFETENSORS, tensors, dtype, progress)
+    if tokenizer is not None:
+        tokenizer.save(path)
+    (path / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
+    return path
+
+
+def _stored_dtype(tensors: dict[str, np.ndarray], default: str) -> str:
+    """The dtype name of the first weight matrix ("bfloat16" for uint16 bits)."""
+    names = {np.dtype(v): k for k, v in STORAGE_DTYPES.items()}
+    for a in tensors.values():
+        if a.ndim == 2 and a.dtype in names:
+            return names[a.dtype]
+    return default

