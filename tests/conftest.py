@@ -18,8 +18,12 @@ def smollm2_dir(request):
 
 
 @pytest.fixture(scope="session")
-def smollm2_gguf(smollm2_dir):
-    """The GGUF file smollm2-135m was converted from (kept by `pull` as source.gguf)."""
+def smollm2_gguf(smollm2_dir, tmp_path_factory):
+    """The GGUF file smollm2-135m was converted from (kept by `pull` as source.gguf), linked into a
+    folder of its own: HF's `from_pretrained(folder, gguf_file=...)` would otherwise also read the
+    converted config and tokenizer files beside it, and the peer must see only the GGUF."""
     from minillm.pull import SOURCE_GGUF
 
-    return smollm2_dir / SOURCE_GGUF
+    alone = tmp_path_factory.mktemp("smollm2-gguf") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    alone.symlink_to((smollm2_dir / SOURCE_GGUF).resolve())
+    return alone
