@@ -169,6 +169,22 @@ def bench(model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer
     benchmark.run(net, prompt_tokens, new_tokens, repeats, peer, echo=click.echo)
 
 
+@cli.command()
+@click.option("--model", "-m", default="mistral-7b", show_default=True, help="A preset, or a folder with config.json.")
+@click.option("--gpu", default="h100", show_default=True, help="h100, h200, a100, l4, rtx-6000-ada (any case).")
+@click.option("--context", type=click.IntRange(min=1), default=4096, show_default=True)
+@click.option("--users", type=click.IntRange(min=1), default=None, help="Given: solve for the max context instead.")
+@click.option("--dtype", default="bf16", show_default=True, help="Weights: fp32|fp16|bf16|int8|int4.")
+@click.option("--kv-dtype", default=None, help="fp32|fp16|bf16|int8 [default: the weights' float dtype, else fp16]")
+@click.option("--price", type=float, default=None, help="$ per GPU-hour (overrides the table).")
+@click.option("--reserve", default=None, help="Memory kept back: 0.1, 10% or 8GB [default: 10%].")
+@click.option("--plot", type=click.Path(file_okay=False), default=None, help="Write PNG charts into DIR.")
+def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot):
+    """KV bytes/token, max users or max context, decode roofline, cost per 1M tokens."""
+    from .planner import run_cli
+    click.echo(run_cli(model, gpu, context, users, dtype, kv_dtype, price, plot, reserve))
+
+
 @cli.command("presets")
 def presets():
     """List the named models minillm knows."""

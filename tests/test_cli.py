@@ -35,7 +35,7 @@ def assert_one_line_error(result, *fragments):
 
 
 def test_every_command_has_help():
-    for command in [[], ["generate"], ["chat"], ["pull"], ["convert"], ["info"], ["bench"], ["presets"]]:
+    for command in [[], ["generate"], ["chat"], ["pull"], ["convert"], ["info"], ["bench"], ["presets"], ["plan"]]:
         result = run(*command, "--help")
         assert result.exit_code == 0, (command, result.output)
         assert "Usage:" in result.output
@@ -161,3 +161,14 @@ def test_generate_pulls_the_default_model_when_missing(tmp_path, monkeypatch, sm
     result = run("generate", "-n", "3", "--no-chat", "The capital of France is", env=env)
     assert result.exit_code == 0, result.output
     assert (tmp_path / "weights" / "smollm2-135m" / "config.json").exists()
+
+
+def test_plan_prints_the_capacity_table_and_writes_plots(tmp_path):
+    result = run("plan", "--model", "mistral-7b", "--gpu", "h100", "--context", "4096", "--plot", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "131,072 bytes" in result.output and "max users" in result.output
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["kv_memory_vs_context.png", "max_users_vs_context.png"]
+
+
+def test_plan_unknown_gpu():
+    assert_one_line_error(run("plan", "--gpu", "tpu-v9"), "unknown GPU")

@@ -1,0 +1,391 @@
+"""`minillm plan`: will this model fit on that GPU, for how many users, how fast, at what cost?
+
+The capacity math of LLM serving, written out (1 GB = 1e9 bytes throughout):
+
+    weights  = parameters × bytes per parameter (+ quantization scales)
+    KV/token = 2 (K and V) × n_layers × n_kv_heads × head_dim × bytes per value (+ scales)
+    KV/user  = KV/token × context
+    budget   = GPU memory − weights − reserve (activations, workspace, CUDA context)
+    users    = ⌊budget / KV/user⌋                 or   context = ⌊budget / (users × KV/token)⌋
+
+Decode roofline ("the scaling book" inference chapter): one batched decode step produces one token
+for every user. It must read all weights once plus every user's KV cache, and do 2 FLOPs per
+parameter per user (one multiply-add):
+
+    step = max((weights + users × KV/user) / bandwidth,  2 × params × users / FLOP/s)
+
+Assumptions, all optimistic or conservative in a known direction:
+- every user sits at the full context (the last step of the conversation: the most KV to read);
+- peak spec-sheet bandwidth and dense bf16 FLOP/s (real kernels reach ~70–90% of bandwidth);
+- attention FLOPs (4 × n_layers × n_heads × head_dim × context per token) and the embedding lookup
+  being a gather, not a matmul, are ignored: decode is memory-bound long before they matter;
+- the KV cache holds every position (minillm's cache does; a sliding-window model such as Mistral
+  could cap it at the window with a rolling buffer, which this planner does not assume).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import PRESETS, ModelConfig
+from .errors import MiniLLMError
+
+GB = 1e9
+DEFAULT_GPU = "h100"
+DEFAULT_CONTEXT = 4096
+DEFAULT_RESERVE = 0.10   # fraction of GPU memory kept for activations, workspace and the CUDA context
+
+
+class PlanError(MiniLLMError, ValueError):
+    """A bad planner input (unknown GPU, dtype or value): one line; the CLI prints it and exits 1."""
+
+
+# ---- GPUs ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bytes: float
+    bandwidth: float          # bytes/s of HBM/GDDR, peak
+    bf16_flops: float         # dense bf16 tensor-core FLOP/s (spec sheets quote 2× "with sparsity")
+    price_per_hour: float     # $/GPU-hour, a default to override: cloud prices vary 2–3× by provider
+    aliases: tuple[str, ...] = ()
+
+
+# Spec numbers from NVIDIA's datasheets (H100 SXM5, H200 SXM, A100 80GB SXM, L4; RTX 6000 Ada from
+# its datasheet and the Ada architecture whitepaper), halving the "with sparsity" tensor FLOP/s to
+# get dense. Memory is read as decimal GB ("80 GB" = 80e9 bytes): a little under what the device
+# has, the safe side to err on. Prices: rough on-demand cloud rates per GPU-hour, 2024–25.
+GPUS: dict[str, GPU] = {g.name: g for g in [
+    GPU("H100-80GB-SXM", 80 * GB, 3.35e12, 989.4e12, 2.50, ("h100", "h100-80gb", "h100-sxm", "h100-sxm5")),
+    GPU("H200-SXM", 141 * GB, 4.8e12, 989.4e12, 3.50, ("h200", "h200-141gb", "h200-sxm")),
+    GPU("A100-80GB-SXM", 80 * GB, 2.039e12, 312e12, 1.50, ("a100", "a100-80gb", "a100-sxm", "a100-sxm4")),
+    GPU("L4", 24 * GB, 300e9, 121e12, 0.80, ("l4", "l4-24gb")),
+    GPU("RTX-6000-Ada", 48 * GB, 960e9, 364.2e12, 1.00, ("rtx-6000-ada", "rtx6000-ada", "6000-ada")),
+]}
+
+
+def _squash(name: str) -> str:
+    """'H100 80GB', 'h100-80gb' and 'h100_80GB' all become 'h10080gb'."""
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def find_gpu(name: str) -> GPU:
+    """A GPU from the table by name or alias, ignoring case, spaces, '-' and '_'."""
+    for gpu in GPUS.values():
+        if _squash(name) in {_squash(n) for n in (gpu.name, *gpu.aliases)}:
+            return gpu
+    raise PlanError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}")
+
+
+# ---- precisions ---------------------------------------------------------------------------------
+WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "int8", "int4")
+KV_DTYPES = ("fp32", "fp16", "bf16", "int8")
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
+                  "bfloat16": "bf16", "q8": "int8", "q4": "int4"}
+FLOAT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+SCALE_BYTES = 2           # every quantization scale is one fp16
+INT4_GROUP = 128          # int4 is group-wise: one scale per 128 consecutive weights of a row
+
+
+def dtype_name(name: str, allowed: tuple[str, ...], what: str) -> str:
+    """Normalize 'bfloat16' -> 'bf16' etc.; PlanError if `allowed` lacks it."""
+    key = _DTYPE_ALIASES.get(name.lower(), name.lower())
+    if key not in allowed:
+        raise PlanError(f"unknown {what} dtype {name!r}; choose one of {', '.join(allowed)}")
+    return key
+
+
+def _is_mla(c: ModelConfig) -> bool:
+    return getattr(c, "attention", "gqa") == "mla"
+
+
+def _block_matrices(c: ModelConfig) -> list[tuple[int, int]]:
+    """(rows, cols) of one layer's linear weights in HF [out, in] layout: attention, then gate, up, down."""
+    mlp = [(c.ffn_dim, c.dim), (c.ffn_dim, c.dim), (c.dim, c.ffn_dim)]
+    q = c.n_heads * c.head_dim
+    if _is_mla(c):   # DeepSeek MLA (mla.py): low-rank q, down to the latent + rope key, latent up to k_nope and v
+        q_proj = [(c.q_lora_rank, c.dim), (q, c.q_lora_rank)] if c.q_lora_rank else [(q, c.dim)]
+        return q_proj + [(c.kv_lora_rank + c.qk_rope_head_dim, c.dim),
+                         (c.n_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
+                         (c.dim, c.n_heads * c.v_head_dim)] + mlp
+    kv = c.n_kv_heads * c.head_dim
+    return [(q, c.dim), (kv, c.dim), (kv, c.dim), (c.dim, q)] + mlp
+
+
+def weight_bytes(c: ModelConfig, dtype: str) -> int:
+    """Bytes of all weights at `dtype`.
+
+    Floats: every parameter at that width. int8/int4 quantize the layers' linear weights only, as
+    GPTQ/AWQ/bitsandbytes do; embeddings, the LM head and norms stay 16-bit. int8 is per output
+    channel (one fp16 scale per row); int4 is group-wise (one fp16 scale per 128 weights of a row,
+    i.e. +0.125 bits/weight; add another 2 bytes/group if your format stores a zero point too).
+    """
+    if dtype in FLOAT_BYTES:
+        return c.n_params * FLOAT_BYTES[dtype]
+    matrices = _block_matrices(c)
+    linear = c.n_layers * sum(rows * cols for rows, cols in matrices)
+    if dtype == "int8":
+        values, scales = linear, c.n_layers * sum(rows for rows, _ in matrices)
+    else:  # int4: two weights a byte
+        values = linear // 2
+        scales = c.n_layers * sum(rows * math.ceil(cols / INT4_GROUP) for rows, cols in matrices)
+    return values + scales * SCALE_BYTES + (c.n_params - linear) * 2
+
+
+def kv_bytes_per_token(c: ModelConfig, dtype: str) -> int:
+    """KV-cache bytes per token. int8 adds one fp16 scale per cached vector per token: per layer, per
+    K/V, per KV head (per-token-per-head quantization), i.e. +2 bytes per head_dim values; an MLA
+    layer caches one vector a token (the latent with its rope key), so one scale."""
+    if dtype in FLOAT_BYTES:
+        return c.kv_bytes_per_token(FLOAT_BYTES[dtype])
+    vectors_per_layer = 1 if _is_mla(c) else 2 * c.n_kv_heads
+    return c.kv_bytes_per_token(1) + c.n_layers * vectors_per_layer * SCALE_BYTES
+
+
+# ---- the plan -----------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """Every number of a capacity plan; `format_plan` prints it."""
+    model: str
+    config: ModelConfig
+    gpu: GPU
+    weight_dtype: str
+    kv_dtype: str
+    mode: str                   # "max-users" (users solved at `context`) or "max-context" (users given)
+    context: int                # tokens per user the throughput is evaluated at
+    users: int                  # concurrent users the throughput is evaluated at; 0 = does not fit
+    max_users: int              # at `context`
+    max_context: int | None     # at `users_asked` (max-context mode only)
+    users_asked: int | None     # the `users` argument: None in max-users mode
+    weights_bytes: int
+    kv_bytes_per_token: int
+    kv_bytes_per_user: int      # at `context`
+    reserve_bytes: float
+    kv_budget_bytes: float      # memory − weights − reserve, never below 0
+    step_bytes: float           # bytes one decode step reads: weights + users × KV/user
+    memory_time_s: float        # step_bytes / bandwidth
+    compute_time_s: float       # 2 × params × users / FLOP/s
+    tok_s_per_user: float
+    tok_s_total: float
+    price_per_hour: float
+    cost_per_million: float | None   # $ per 1M output tokens; None when nothing runs
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.users > 0
+
+    @property
+    def step_time_s(self) -> float:
+        return max(self.memory_time_s, self.compute_time_s)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_time_s > self.memory_time_s else "memory"
+
+
+def resolve_model(model: str | Path | ModelConfig) -> tuple[str, ModelConfig]:
+    """A preset name, a folder holding config.json, or a ModelConfig -> (display name, config)."""
+    if isinstance(model, ModelConfig):
+        return "custom", model
+    if str(model) in PRESETS:
+        return str(model), PRESETS[str(model)].config
+    if Path(model).is_dir():
+        from .weights import read_config
+        try:
+            return Path(model).name, read_config(model)
+        except MiniLLMError as e:
+            raise PlanError(str(e)) from None
+    raise PlanError(f"unknown model {str(model)!r}: not a preset ({', '.join(PRESETS)}) nor a folder with config.json")
+
+
+def reserve_bytes(reserve: float, memory_bytes: float) -> float:
+    """`reserve` below 1 is a fraction of GPU memory, 1 or more is bytes."""
+    _check(reserve >= 0, f"reserve must be >= 0, got {reserve}")
+    return reserve * memory_bytes if reserve < 1 else float(reserve)
+
+
+def plan(model: str | Path | ModelConfig, gpu: str | GPU = DEFAULT_GPU, weight_dtype: str = "bf16",
+         kv_dtype: str | None = None, context: int = DEFAULT_CONTEXT, users: int | None = None,
+         reserve: float = DEFAULT_RESERVE, price_per_hour: float | None = None) -> Plan:
+    """Plan serving `model` on one `gpu`: max users at `context`, or, given `users`, the max context.
+
+    kv_dtype None means the weights' dtype if that is a float, else fp16. A model that does not fit
+    is a plan with users = 0 and a note saying why, not an error.
+    """
+    name, c = resolve_model(model)
+    gpu = gpu if isinstance(gpu, GPU) else find_gpu(gpu)
+    weight_dtype = dtype_name(weight_dtype, WEIGHT_DTYPES, "weight")
+    kv_dtype = dtype_name(kv_dtype or (weight_dtype if weight_dtype in FLOAT_BYTES else "fp16"), KV_DTYPES, "KV")
+    _check(context > 0, f"context must be positive, got {context}")
+    _check(users is None or users > 0, f"users must be positive, got {users}")
+    _check(price_per_hour is None or price_per_hour >= 0, f"price must be >= 0, got {price_per_hour}")
+    price = gpu.price_per_hour if price_per_hour is None else price_per_hour
+
+    weights = weight_bytes(c, weight_dtype)
+    reserved = reserve_bytes(reserve, gpu.memory_bytes)
+    budget = max(0.0, gpu.memory_bytes - weights - reserved)
+    per_token = kv_bytes_per_token(c, kv_dtype)
+    notes = []
+
+    mode, max_context = "max-users", None
+    if users is not None:   # solve for context; evaluate at the asked context if all users fit there
+        mode, max_context = "max-context", min(int(budget // (per_token * users)), c.max_seq_len)
+        if 0 < max_context < context:
+            notes.append(f"{users} users fit only {max_context:,} tokens each: throughput is shown there")
+            context = max_context
+    max_users = int(budget // (per_token * context))
+    n_users = max_users if users is None else users
+    if c.max_seq_len < context:
+        notes.append(f"context {context:,} is beyond the model's {c.max_seq_len:,} trained positions")
+    if weights + reserved > gpu.memory_bytes:
+        notes.append(f"does not fit: weights {weights / GB:.2f} GB + reserve {reserved / GB:.2f} GB exceed "
+                     f"{gpu.memory_bytes / GB:.0f} GB; try --dtype int8/int4 or a bigger GPU")
+        n_users = 0
+    elif n_users == 0 or max_context == 0:
+        notes.append(f"does not fit: not one user's {context:,}-token KV cache fits in the "
+                     f"{budget / GB:.2f} GB left; shorten the context or quantize")
+        n_users = 0
+
+    step_bytes, memory_s, compute_s = decode_roofline(weights, per_token * context, n_users, c.n_params, gpu)
+    tok_s_total = n_users / max(memory_s, compute_s)
+    cost = price / (tok_s_total * 3600) * 1e6 if tok_s_total else None   # $/h ÷ tokens/h × 1e6
+    return Plan(name, c, gpu, weight_dtype, kv_dtype, mode, context, n_users, max_users, max_context, users,
+                weights, per_token, per_token * context, reserved, budget, step_bytes, memory_s, compute_s,
+                tok_s_total / n_users if n_users else 0.0, tok_s_total, price, cost, notes)
+
+
+def decode_roofline(weights_bytes: float, kv_bytes_per_user: float, users: int, n_params: int,
+                    gpu: GPU) -> tuple[float, float, float]:
+    """One batched decode step (a token for each user) -> (bytes read, memory time s, compute time s).
+
+    The step reads every weight once, shared by the batch, and each user's own KV cache; it does one
+    multiply-add (2 FLOPs) per parameter per user. The step takes the larger of the two times.
+    """
+    step_bytes = weights_bytes + users * kv_bytes_per_user        # bytes
+    return step_bytes, step_bytes / gpu.bandwidth, 2 * n_params * users / gpu.bf16_flops
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise PlanError(message)
+
+
+# ---- the table ----------------------------------------------------------------------------------
+def format_plan(p: Plan) -> str:
+    """A two-column table of the plan, in GB, tok/s and $."""
+    g, c = p.gpu, p.config
+    users_row = (("max users", f"{p.users:,} at {p.context:,} tokens each") if p.mode == "max-users" else
+                 ("max context", f"{p.max_context:,} tokens at {p.users_asked:,} users"
+                  + (" (the model's limit)" if p.max_context == c.max_seq_len else "")))
+    rows = [
+        ("model", f"{p.model}: {c.n_params / 1e9:.2f} B params, {c.n_layers} layers, "
+                  f"{c.n_kv_heads} KV heads x {c.head_dim}"),
+        ("GPU", f"{g.name}: {g.memory_bytes / GB:.0f} GB, {g.bandwidth / 1e12:.2f} TB/s, "
+                f"{g.bf16_flops / 1e12:.0f} TFLOP/s bf16, ${p.price_per_hour:.2f}/h"),
+        ("precision", f"weights {p.weight_dtype}, KV cache {p.kv_dtype}"),
+        ("weights", f"{p.weights_bytes / GB:.2f} GB"),
+        ("KV per token", f"{p.kv_bytes_per_token:,} bytes"),
+        ("KV per user", f"{p.kv_bytes_per_user / GB:.3f} GB at {p.context:,} tokens"),
+        ("reserve", f"{p.reserve_bytes / GB:.2f} GB (activations, workspace)"),
+        ("KV budget", f"{p.kv_budget_bytes / GB:.2f} GB (memory - weights - reserve)"),
+        users_row,
+    ]
+    if p.mode == "max-context":
+        rows.append(("max users", f"{p.max_users:,} at {p.context:,} tokens"))
+    if p.fits:
+        rows += [
+            ("decode step", f"{p.step_time_s * 1e3:.2f} ms, {p.bound}-bound "
+                            f"({p.step_bytes / GB:.2f} GB read: {p.memory_time_s * 1e3:.2f} ms; "
+                            f"compute {p.compute_time_s * 1e3:.2f} ms)"),
+            ("tok/s per user", f"{p.tok_s_per_user:,.1f}"),
+            ("tok/s total", f"{p.tok_s_total:,.0f}"),
+            ("cost", f"${p.cost_per_million:.3f} per 1M output tokens" if p.cost_per_million is not None
+                     else "n/a"),
+        ]
+    rows += [("note", n) for n in p.notes]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+# ---- plots --------------------------------------------------------------------------------------
+def plot_plan(p: Plan, directory: str | Path, user_counts: tuple[int, ...] = (1, 8, 32, 128)) -> list[Path]:
+    """Write kv_memory_vs_context.png and max_users_vs_context.png into `directory`; return their paths."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlanError("plotting needs matplotlib: pip install 'minillm[lessons]'") from None
+    import numpy as np
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    contexts = np.unique(np.geomspace(128, max(p.config.max_seq_len, p.context, 256), 200).astype(int))
+    title = f"{p.model} on {p.gpu.name}, weights {p.weight_dtype}, KV {p.kv_dtype}"
+
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    for n in user_counts:
+        ax.plot(contexts, n * p.kv_bytes_per_token * contexts / GB, label=f"{n} user{'s' * (n > 1)}")
+    if p.kv_budget_bytes > 0:   # a log axis has no 0: a model that does not fit gets no line
+        ax.axhline(p.kv_budget_bytes / GB, color="k", linestyle="--", label="KV budget (memory - weights - reserve)")
+    _finish(ax, title, "KV cache (GB)")
+    kv_png = _save(fig, FigureCanvasAgg, directory / "kv_memory_vs_context.png")
+
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    max_users = p.kv_budget_bytes // (p.kv_bytes_per_token * contexts)
+    ax.plot(contexts, np.where(max_users > 0, max_users, np.nan), label="max users (memory limit)")
+    if p.fits:
+        ax.plot([p.context], [p.users], "o", label=f"this plan: {p.users} users at {p.context:,}")
+    if p.mode == "max-context" and p.max_context:
+        ax.plot([p.max_context], [p.users_asked], "s",
+                label=f"max context at {p.users_asked} users: {p.max_context:,}")
+    if not (max_users > 0).any():   # nothing to put on a log axis: say so on the chart
+        ax.text(0.5, 0.5, "no user fits at any context", transform=ax.transAxes, ha="center")
+    _finish(ax, title, "max concurrent users", log_y=bool((max_users > 0).any()))
+    users_png = _save(fig, FigureCanvasAgg, directory / "max_users_vs_context.png")
+    return [kv_png, users_png]
+
+
+def _finish(ax, title: str, ylabel: str, log_y: bool = True) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log" if log_y else "linear")
+    ax.set_xlabel("context (tokens per user)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _save(fig, canvas_cls, path: Path) -> Path:
+    canvas_cls(fig)            # Agg: no display needed, no global pyplot state
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+# ---- the command line's one call ----------------------------------------------------------------
+def parse_reserve(text: str | float | None) -> float:
+    """'10%' -> 0.10, '8GB' -> 8e9, '0.1' -> 0.1 (a fraction), '8e9' -> 8e9 (bytes); None -> default."""
+    if text is None:
+        return DEFAULT_RESERVE
+    s = str(text).strip().lower()
+    number, scale = (s[:-1], 0.01) if s.endswith("%") else (s[:-2], GB) if s.endswith("gb") else (s, 1.0)
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise PlanError(f"reserve {text!r}: give a fraction (0.1), a percent (10%) or bytes (8GB)") from None
+    _check(not s.endswith("%") or value < 1, f"reserve {text!r}: a percent must be below 100")
+    return value
+
+
+def run_cli(model: str, gpu: str = DEFAULT_GPU, context: int = DEFAULT_CONTEXT, users: int | None = None,
+            dtype: str = "bf16", kv_dtype: str | None = None, price: float | None = None,
+            plot: str | Path | None = None, reserve: str | float | None = None) -> str:
+    """`minillm plan`: the text to print (PlanError, a ValueError, on bad input)."""
+    p = plan(model, gpu, dtype, kv_dtype, context, users, parse_reserve(reserve), price)
+    text = format_plan(p)
+    if plot:
+        text += "".join(f"\nwrote {path}" for path in plot_plan(p, plot))
+    return text
