@@ -185,6 +185,37 @@ def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot):
     click.echo(run_cli(model, gpu, context, users, dtype, kv_dtype, price, plot, reserve))
 
 
+@cli.command()
+@click.argument("number", type=int, required=False)
+@click.option("--quick", is_flag=True, help="Tiny sizes: a smoke run in seconds.")
+@click.option("--model", default=None, help="A preset, folder, .gguf, or random:PRESET (default: smollm2-135m).")
+def lesson(number, quick, model):
+    """Run lesson NUMBER of the course (without NUMBER: list the lessons)."""
+    from . import course
+    if number is None:
+        for entry in course.list_lessons():
+            click.echo(f"{entry.number:02d}  {entry.title}")
+        return
+    sys.exit(course.run_lesson(number, quick=quick, model=model))
+
+
+@cli.group()
+def exercise():
+    """Classroom exercises: write the function, then check it."""
+
+
+@exercise.command("check")
+@click.argument("number", type=int)
+@click.option("--file", "path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Grade this file instead of lessons/exercises/exNN_*.py.")
+def exercise_check(number, path):
+    """Grade exercise NUMBER against the engine's own implementation on random inputs."""
+    from . import course
+    report = course.check_exercise(number, path)
+    click.echo(str(report))
+    sys.exit(0 if report.passed else 1)
+
+
 @cli.command("presets")
 def presets():
     """List the named models minillm knows."""

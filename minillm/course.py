@@ -1,0 +1,525 @@
+"""The course: finding and running the lessons, what they share, and the exercise grader.
+
+Lessons live in `lessons/NN_name.py` and exercises in `lessons/exercises/exNN_name.py` of a source
+checkout. Every exercise's reference solution is the engine's own code (`minillm.layers.rmsnorm`,
+`minillm.kv_cache.KVCache.append`, ...), so a student who passes has written what the engine runs.
+
+Environment variables the lessons honour:
+    MINILLM_LESSON_MODEL   a preset, a weights folder or a .gguf (default smollm2-135m, pulled on
+                           first use), or `random:PRESET` for random weights of that preset's shape
+    MINILLM_LESSON_QUICK   1: tiny sizes, so a lesson runs in seconds (the smoke tests use it)
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .errors import MiniLLMError
+
+LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
+EXERCISES_DIR = LESSONS_DIR / "exercises"
+OUT_DIR = LESSONS_DIR / "out"
+MODEL_ENV, QUICK_ENV = "MINILLM_LESSON_MODEL", "MINILLM_LESSON_QUICK"
+DEFAULT_LESSON_MODEL = "smollm2-135m"
+
+
+# ---- finding and running lessons --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Lesson:
+    number: int
+    name: str          # "forward_pass"
+    path: Path
+    title: str         # the first line of the lesson's docstring
+
+
+def list_lessons() -> list[Lesson]:
+    """Every `lessons/NN_name.py`, in order."""
+    lessons = []
+    for path in sorted(LESSONS_DIR.glob("[0-9][0-9]_*.py")):
+        number, name = path.stem.split("_", 1)
+        lessons.append(Lesson(int(number), name, path, _first_doc_line(path)))
+    return lessons
+
+
+def find_lesson(number: int) -> Lesson:
+    for lesson in list_lessons():
+        if lesson.number == number:
+            return lesson
+    known = ", ".join(f"{l.number:02d} {l.name}" for l in list_lessons()) or "none found"
+    raise MiniLLMError(f"no lesson {number:02d} in {LESSONS_DIR} (lessons: {known})")
+
+
+def run_lesson(number: int, quick: bool = False, model: str | None = None) -> int:
+    """Run lesson `number` as its own process (as `python lessons/NN_name.py` would); its exit code."""
+    lesson = find_lesson(number)
+    env = dict(os.environ)
+    if quick:
+        env[QUICK_ENV] = "1"
+    if model is not None:
+        env[MODEL_ENV] = model
+    # The checkout's minillm first, so an uninstalled checkout runs its own engine.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LESSONS_DIR.parent), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, str(lesson.path)], env=env).returncode
+
+
+def _first_doc_line(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        line = line.strip().strip('"').strip()
+        if line:
+            return line
+    return ""
+
+
+# ---- what every lesson shares ---------------------------------------------------------------------
+
+def quick() -> bool:
+    """True when the lesson should use tiny sizes (a smoke run, not a measurement)."""
+    return os.environ.get(QUICK_ENV, "") not in ("", "0")
+
+
+def default_lesson_model() -> str:
+    """The real SmolLM2 weights if they are already on disk, else random weights of the same shape."""
+    from .pull import resolve
+    try:
+        resolve(DEFAULT_LESSON_MODEL)
+        return DEFAULT_LESSON_MODEL
+    except MiniLLMError:
+        return f"random:{DEFAULT_LESSON_MODEL}"
+
+
+def lesson_model():
+    """The model a lesson runs on ($MINILLM_LESSON_MODEL, default smollm2-135m); prints which it is."""
+    import minillm
+    from .bench import random_model
+    from .config import PRESETS
+    from .llm import LLM
+
+    spec = os.environ.get(MODEL_ENV) or DEFAULT_LESSON_MODEL
+    if spec.startswith("random:"):
+        preset = spec.split(":", 1)[1]
+        if preset not in PRESETS:
+            raise SystemExit(f"{MODEL_ENV}={spec}: unknown preset {preset!r} ({', '.join(PRESETS)})")
+        cfg = PRESETS[preset].config
+        print(f"model: random weights in the shape of {preset} (speeds are honest; texts are gibberish)")
+        return LLM(cfg, random_model(cfg), StandInTokenizer(cfg.vocab_size), name=spec, chat_default=False)
+    try:
+        llm = minillm.load(spec)
+    except MiniLLMError as e:
+        raise SystemExit(f"cannot load {spec}: {e}\n(or run on random weights: "
+                         f"{MODEL_ENV}=random:{DEFAULT_LESSON_MODEL})") from None
+    print(f"model: {spec} ({llm.config.n_layers} layers, dim {llm.config.dim}, "
+          f"{llm.config.n_params / 1e6:.0f}M parameters)")
+    return llm
+
+
+class StandInTokenizer:
+    """Stands in for a real tokenizer next to random weights: one id per byte, ids shown as <id>."""
+    add_bos, bos_id, eos_ids, chat_template = False, None, [], None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str, allow_special: bool = False) -> list[int]:
+        return [(256 + b) % self.vocab_size for b in text.encode()]
+
+    def decode(self, ids) -> str:
+        return "".join(f"<{int(i)}>" for i in ids)
+
+    def stream_decoder(self):
+        tok = self
+
+        class _Stream:
+            def push(self, token_id: int) -> str:
+                return tok.decode([token_id])
+
+            def flush(self) -> str:
+                return ""
+        return _Stream()
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence]) -> None:
+    """Print rows under headers, columns aligned (numbers right, text left)."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    numeric = [all(_looks_numeric(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(values):
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric))
+    print(f"\n{title}")
+    print(line(headers))
+    print("  ".join("-" * w for w in widths))
+    for r in cells:
+        print(line(r))
+
+
+def _looks_numeric(s: str) -> bool:
+    return bool(s) and (s[0].isdigit() or s[0] in "-+.") and not s.startswith("--")
+
+
+def save_plot(filename: str, draw: Callable) -> Path | None:
+    """Draw a figure with `draw(ax)` and write it to lessons/out/; skip with a note without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"plot {filename} skipped: matplotlib is not installed (pip install 'minillm[lessons]')")
+        return None
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    draw(ax)
+    fig.tight_layout()
+    path = OUT_DIR / filename
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: {path}")
+    return path
+
+
+def best_time(fn: Callable, repeats: int = 3) -> float:
+    """The fastest of `repeats` runs of fn(), in seconds: the least disturbed by other work."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+# ---- exercises: the grader ------------------------------------------------------------------------
+
+@dataclass
+class CaseResult:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class Report:
+    number: int
+    function: str
+    source: str
+    cases: list[CaseResult] = field(default_factory=list)
+    note: str = ""       # a message for the whole exercise (not written yet, not found, ...)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(c.passed for c in self.cases) and not self.note
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        return [c for c in self.cases if not c.passed]
+
+    def __str__(self) -> str:
+        lines = [f"exercise {self.number:02d}: {self.function} ({self.source})"]
+        lines += [f"  {'PASS' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in self.cases]
+        if self.note:
+            lines.append(f"  {self.note}")
+        n_ok = sum(c.passed for c in self.cases)
+        verdict = "passed" if self.passed else "FAILED"
+        lines.append(f"{verdict}: {n_ok}/{len(self.cases)} cases")
+        return "\n".join(lines)
+
+
+class CaseFailed(Exception):
+    """Raised by a case's checker with a one-line description of what is wrong."""
+
+
+def check_exercise(number: int, module: ModuleType | Callable | str | Path | None = None) -> Report:
+    """Grade exercise `number`: the student's file by default, or a given module, file or function."""
+    exercise = EXERCISES.get(number)
+    if exercise is None:
+        raise MiniLLMError(f"no exercise {number:02d} (exercises: {', '.join(f'{n:02d}' for n in EXERCISES)})")
+    fn, source = _student_function(exercise, module)
+    report = Report(number, exercise.function, source)
+    if fn is None:
+        report.note = f"{source} has no function {exercise.function}()"
+        return report
+    for case in exercise.cases():
+        try:
+            detail = exercise.check(fn, case)
+            report.cases.append(CaseResult(case.name, True, detail))
+        except NotImplementedError:
+            report.cases.append(CaseResult(case.name, False, "raised NotImplementedError"))
+            report.note = (f"{exercise.function}() is not written yet: open {source}, read the docstring, "
+                           f"and replace `raise NotImplementedError` with your code")
+            break
+        except CaseFailed as e:
+            report.cases.append(CaseResult(case.name, False, str(e)))
+        except Exception as e:  # a student's bug is a failed case, not a crash of the grader
+            report.cases.append(CaseResult(case.name, False, f"raised {type(e).__name__}: {e}"))
+    return report
+
+
+def exercise_path(number: int) -> Path:
+    matches = sorted(EXERCISES_DIR.glob(f"ex{number:02d}_*.py"))
+    if not matches:
+        raise MiniLLMError(f"no file lessons/exercises/ex{number:02d}_*.py in {EXERCISES_DIR}")
+    return matches[0]
+
+
+def load_exercise(number: int, path: str | Path | None = None) -> ModuleType:
+    """Import a student's exercise file as a fresh module (edits are picked up every time)."""
+    path = Path(path) if path is not None else exercise_path(number)
+    spec = importlib.util.spec_from_file_location(f"minillm_exercise_{number:02d}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _student_function(exercise, module) -> tuple[Callable | None, str]:
+    if module is None or isinstance(module, (str, Path)):
+        path = Path(module) if module is not None else exercise_path(exercise.number)
+        module = load_exercise(exercise.number, path)
+        source = _display(path)
+    elif isinstance(module, ModuleType):
+        source = _display(Path(module.__file__)) if getattr(module, "__file__", None) else module.__name__
+    else:
+        return module, getattr(module, "__qualname__", repr(module))   # a function given directly
+    return getattr(module, exercise.function, None), source
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(LESSONS_DIR.parent))
+    except ValueError:
+        return str(path)
+
+
+# ---- comparing arrays, with a description a student can act on ------------------------------------
+
+def expect_close(name: str, got, want: np.ndarray, rtol: float = 1e-4, atol: float = 1e-5) -> str:
+    """Raise CaseFailed unless `got` has want's shape and values; else return a one-line summary."""
+    if not isinstance(got, np.ndarray):
+        raise CaseFailed(f"{name} is a {type(got).__name__}, expected a numpy array of shape {list(want.shape)}")
+    if got.shape != want.shape:
+        raise CaseFailed(f"{name} has shape {list(got.shape)}, expected {list(want.shape)}")
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    scale = max(1.0, float(np.abs(want).max()))
+    worst = np.unravel_index(int(np.nanargmax(np.where(np.isnan(err), np.inf, err))), err.shape)
+    max_err = float(err[worst]) if not np.isnan(err[worst]) else float("nan")
+    if not np.all(np.isfinite(got)) and np.all(np.isfinite(want)):
+        raise CaseFailed(f"{name} has NaN/inf values (first at index {list(np.argwhere(~np.isfinite(got))[0])})")
+    if not np.allclose(got, want, rtol=rtol, atol=atol * scale):
+        raise CaseFailed(f"{name}: max abs error {max_err:.3g} at index {list(map(int, worst))} "
+                         f"(got {float(got[worst]):.6g}, expected {float(want[worst]):.6g}; "
+                         f"tolerance {atol * scale:.1g} + {rtol:g}·|expected|)")
+    return f"{name} {list(got.shape)} max abs error {max_err:.1e}"
+
+
+def expect_unchanged(name: str, before: np.ndarray, after: np.ndarray) -> None:
+    if not np.array_equal(before, after):
+        raise CaseFailed(f"modified its input {name} in place; compute a new array instead")
+
+
+# ---- exercises: the cases, and the engine's reference for each ------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    inputs: dict
+
+
+@dataclass(frozen=True)
+class Exercise:
+    number: int
+    function: str                          # the function the student writes
+    lesson: int
+    reference: Callable                    # the engine's solution, same signature as the student's
+    cases: Callable[[], list[Case]]
+    check: Callable[[Callable, Case], str]  # run one case; raise CaseFailed or return a summary
+
+
+# 01: RMSNorm ------------------------------------------------------------------------------------
+
+def _rmsnorm_cases() -> list[Case]:
+    rng = np.random.default_rng(1)
+
+    def case(name, T, dim, scale=1.0, eps=1e-5):
+        x = ((rng.standard_normal((T, dim)) + 0.5) * scale).astype(np.float32)   # mean ≠ 0: not LayerNorm
+        weight = (1.0 + 0.3 * rng.standard_normal(dim)).astype(np.float32)
+        return Case(name, dict(x=x, weight=weight, eps=eps))
+    return [case("4 positions, dim 64", 4, 64),
+            case("one position (a decode step), dim 576 like SmolLM2", 1, 576),
+            case("tiny activations (|x| ~ 1e-4), where eps matters", 3, 32, scale=1e-4),
+            case("large activations (|x| ~ 1e3)", 3, 32, scale=1e3),
+            case("eps 1e-2 on small activations: eps goes inside the square root", 2, 16, scale=0.05, eps=1e-2)]
+
+
+def _check_rmsnorm(fn, case: Case) -> str:
+    from .layers import rmsnorm
+    x, weight, eps = case.inputs["x"], case.inputs["weight"], case.inputs["eps"]
+    x_in, w_in = x.copy(), weight.copy()
+    got = fn(x_in, w_in, eps)
+    expect_unchanged("x", x, x_in)
+    expect_unchanged("weight", weight, w_in)
+    return expect_close("output", got, rmsnorm(x, weight, eps))
+
+
+# 02: writing into the KV cache ------------------------------------------------------------------
+
+def kv_cache_update_reference(cache_k, cache_v, k_new, v_new, pos):
+    """The engine's KVCache.append, for one layer's arrays given by the caller (the exercise's contract)."""
+    from .config import ModelConfig
+    from .kv_cache import KVCache
+    n_kv, max_seq, hd = cache_k.shape
+    shape = ModelConfig(vocab_size=1, dim=n_kv * hd, n_layers=1, n_heads=n_kv, n_kv_heads=n_kv,
+                        ffn_dim=1, head_dim=hd)
+    cache = KVCache(shape, 0, dtype=cache_k.dtype)
+    cache.k, cache.v = cache_k[None], cache_v[None]        # views: the engine writes into the caller's arrays
+    cache.max_seq_len, cache.length = max_seq, pos
+    return cache.append(0, k_new, v_new)
+
+
+def _kv_cases() -> list[Case]:
+    def case(name, n_kv, max_seq, hd, T, pos):
+        return Case(name, dict(n_kv=n_kv, max_seq=max_seq, hd=hd, T=T, pos=pos))
+    return [case("prefill: 5 positions into an empty cache (pos 0)", 3, 16, 8, 5, 0),
+            case("decode: one position at pos 7", 3, 16, 8, 1, 7),
+            case("a chunk of 4 positions after 9 cached ones", 2, 16, 4, 4, 9),
+            case("the last free slot (pos 15 of 16)", 3, 16, 8, 1, 15),
+            case("overflow: 3 positions at pos 14 of 16 must raise ValueError", 3, 16, 8, 3, 14)]
+
+
+def _check_kv(fn, case: Case) -> str:
+    c = case.inputs
+    rng = np.random.default_rng(c["pos"] * 31 + c["T"])
+    n_kv, max_seq, hd, T, pos = c["n_kv"], c["max_seq"], c["hd"], c["T"], c["pos"]
+    # Stale values everywhere (never zeros), so a write to the wrong place cannot hide.
+    cache_k, cache_v = (rng.standard_normal((n_kv, max_seq, hd)).astype(np.float32) for _ in range(2))
+    k_new, v_new = (rng.standard_normal((n_kv, T, hd)).astype(np.float32) + 3.0 for _ in range(2))
+    got_k, got_v = cache_k.copy(), cache_v.copy()
+    if pos + T > max_seq:
+        try:
+            fn(got_k, got_v, k_new.copy(), v_new.copy(), pos)
+        except ValueError:
+            return "raised ValueError"
+        raise CaseFailed(f"pos + T = {pos + T} > capacity {max_seq}, but no ValueError was raised")
+    want_k, want_v = cache_k.copy(), cache_v.copy()
+    ref = kv_cache_update_reference(want_k, want_v, k_new, v_new, pos)
+    out = fn(got_k, got_v, k_new.copy(), v_new.copy(), pos)
+    for name, got, want in (("cache_k", got_k, want_k), ("cache_v", got_v, want_v)):
+        _expect_cache_written(name, got, want, pos, T)
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise CaseFailed(f"returned {type(out).__name__}, expected a tuple (keys, values)")
+    summary = expect_close("returned keys", out[0], ref[0], rtol=0, atol=0)
+    expect_close("returned values", out[1], ref[1], rtol=0, atol=0)
+    if not (np.shares_memory(out[0], got_k) and np.shares_memory(out[1], got_v)):
+        raise CaseFailed("returned copies, not views of the cache: every decode step would copy the "
+                         "whole cache (return cache_k[:, :pos + T] and cache_v[:, :pos + T])")
+    return summary
+
+
+def _expect_cache_written(name: str, got: np.ndarray, want: np.ndarray, pos: int, T: int) -> None:
+    wrong = np.flatnonzero(np.any(got != want, axis=(0, 2)))       # positions that differ
+    if wrong.size == 0:
+        return
+    inside = [int(p) for p in wrong if pos <= p < pos + T]
+    outside = [int(p) for p in wrong if not pos <= p < pos + T]
+    if outside:
+        raise CaseFailed(f"{name} changed at position(s) {outside}, outside the new positions "
+                         f"[{pos}, {pos + T}): write k_new to slots pos .. pos+T-1 only")
+    raise CaseFailed(f"{name} does not hold the new values at position(s) {inside}: write them into the "
+                     f"caller's array in place (not into a copy)")
+
+
+# 03: RoPE ------------------------------------------------------------------------------------------
+
+def _rope_cases() -> list[Case]:
+    def case(name, T, heads, hd, theta, start):
+        return Case(name, dict(T=T, heads=heads, hd=hd, theta=theta, start=start))
+    return [case("prefill: positions 0..5, 4 heads, head_dim 16", 6, 4, 16, 1e4, 0),
+            case("decode: one position at 37, 9 heads, head_dim 64", 1, 9, 64, 1e5, 37),
+            case("keys like SmolLM2: 3 KV heads, head_dim 64, positions 100..107", 8, 3, 64, 1e5, 100),
+            case("long context: positions 8000..8002", 3, 2, 32, 1e4, 8000),
+            case("smallest head: head_dim 2", 4, 1, 2, 1e4, 3)]
+
+
+def _check_rope(fn, case: Case) -> str:
+    from .layers import apply_rope, rope_inv_freq, rope_tables
+    c = case.inputs
+    rng = np.random.default_rng(c["start"] + c["hd"])
+    x = rng.standard_normal((c["T"], c["heads"], c["hd"])).astype(np.float32)
+    cos, sin = rope_tables(np.arange(c["start"], c["start"] + c["T"]), rope_inv_freq(c["hd"], c["theta"]))
+    x_in, cos_in, sin_in = x.copy(), cos.copy(), sin.copy()
+    got = fn(x_in, cos_in, sin_in)
+    expect_unchanged("x", x, x_in)
+    return expect_close("output", got, apply_rope(x, cos, sin))
+
+
+# 04: top-p ------------------------------------------------------------------------------------------
+
+def _top_p_cases() -> list[Case]:
+    rng = np.random.default_rng(4)
+    return [Case("vocab 50, p 0.9", dict(logits=rng.normal(0, 2, 50), p=0.9)),
+            Case("p 1.0 keeps every token", dict(logits=rng.normal(0, 2, 100), p=1.0)),
+            Case("the token that crosses p is kept: probs 0.2/0.5/0.3, p 0.6",
+                 dict(logits=np.log([0.2, 0.5, 0.3]), p=0.6)),
+            Case("p 0.01 keeps only the most likely token", dict(logits=rng.normal(0, 2, 50), p=0.01)),
+            Case("one token holds 99% of the mass, p 0.95",
+                 dict(logits=np.concatenate([[10.0], rng.normal(0, 0.1, 20)]), p=0.95)),
+            Case("negative logits, p 0.5", dict(logits=rng.normal(-20, 1, 30), p=0.5)),
+            Case("float32 logits, vocab 49152 like SmolLM2, p 0.8",
+                 dict(logits=rng.normal(0, 3, 49152).astype(np.float32), p=0.8))]
+
+
+def _check_top_p(fn, case: Case) -> str:
+    from .sampling import softmax, top_p_filter
+    logits, p = case.inputs["logits"], case.inputs["p"]
+    logits_in = logits.copy()
+    got = fn(logits_in, p)
+    expect_unchanged("logits", logits, logits_in)
+    want = top_p_filter(logits, p)
+    if not isinstance(got, np.ndarray) or got.shape != want.shape:
+        raise CaseFailed(f"returned {getattr(got, 'shape', type(got).__name__)}, expected an array "
+                         f"of shape {list(want.shape)}")
+    if np.isnan(got).any():
+        raise CaseFailed("returned NaN; dropped tokens should be -inf")
+    kept, want_kept = got != -np.inf, want != -np.inf
+    if not np.array_equal(kept, want_kept):
+        order = np.argsort(-logits, kind="stable")
+        probs = softmax(logits[order].astype(np.float64))
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        mass_above = np.cumsum(probs) - probs
+        bad = order[(kept != want_kept)[order]][0]                      # the best-ranked wrong token
+        r = int(rank[bad])
+        what = (f"token {int(bad)} (rank {r + 1}, prob {probs[r]:.3f}, mass of the tokens above it "
+                f"{mass_above[r]:.3f})")
+        if want_kept[bad]:
+            cross = " — it is the token that carries the mass past p" if mass_above[r] + probs[r] >= p else ""
+            raise CaseFailed(f"kept {int(kept.sum())} tokens, expected {int(want_kept.sum())}: dropped {what} "
+                             f"< p {p}, which must be kept{cross}")
+        raise CaseFailed(f"kept {int(kept.sum())} tokens, expected {int(want_kept.sum())}: kept {what} "
+                         f">= p {p}, which must be dropped")
+    if not np.allclose(got[kept], logits[kept], rtol=1e-6):
+        raise CaseFailed("changed the logits it kept: return them as they were, with the dropped ones at -inf")
+    return f"kept {int(kept.sum())} of {len(logits)} tokens"
+
+
+def _reference(name: str) -> Callable:
+    def ref(*args):
+        from . import layers, sampling
+        return {"rmsnorm": layers.rmsnorm, "apply_rope": layers.apply_rope,
+                "top_p_filter": sampling.top_p_filter}[name](*args)
+    ref.__qualname__ = f"minillm reference {name}"
+    return ref
+
+
+EXERCISES: dict[int, Exercise] = {e.number: e for e in [
+    Exercise(1, "rmsnorm", 1, _reference("rmsnorm"), _rmsnorm_cases, _check_rmsnorm),
+    Exercise(2, "kv_cache_update", 2, kv_cache_update_reference, _kv_cases, _check_kv),
+    Exercise(3, "apply_rope", 3, _reference("apply_rope"), _rope_cases, _check_rope),
+    Exercise(4, "top_p_filter", 4, _reference("top_p_filter"), _top_p_cases, _check_top_p),
+]}

@@ -1,0 +1,39 @@
+"""Every lesson runs end to end (tiny sizes) and prints its table of measurements.
+
+Lessons run on the real SmolLM2 weights when they are already pulled, else on random weights of
+the same shape: the test never downloads anything.
+"""
+import pytest
+
+from minillm.course import QUICK_ENV, default_lesson_model, find_lesson, list_lessons, run_lesson
+from minillm.errors import MiniLLMError
+
+LESSONS = list_lessons()
+
+
+def test_lessons_are_numbered_in_order():
+    assert [l.number for l in LESSONS] == list(range(1, len(LESSONS) + 1))
+    assert len(LESSONS) >= 4 and all(l.title.startswith(f"Lesson {l.number:02d}") for l in LESSONS)
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[l.path.stem for l in LESSONS])
+def test_lesson_runs_quickly_and_prints_its_table(lesson, capfd, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    code = run_lesson(lesson.number, quick=True, model=default_lesson_model())
+    out, err = capfd.readouterr()
+    assert code == 0, f"lesson {lesson.number:02d} failed:\n{out}\n{err}"
+    assert f"Lesson {lesson.number:02d} — " in out        # the title of its table of measurements
+    assert "-----" in out and "Traceback" not in err
+
+
+def test_unknown_lesson_is_a_clear_error():
+    with pytest.raises(MiniLLMError, match="no lesson 99"):
+        find_lesson(99)
+
+
+def test_quick_flag_reaches_the_lesson(monkeypatch):
+    from minillm import course
+    monkeypatch.setenv(QUICK_ENV, "1")
+    assert course.quick()
+    monkeypatch.setenv(QUICK_ENV, "0")
+    assert not course.quick()
