@@ -31,10 +31,32 @@ def mask_bias(n_queries: int, n_keys: int, sliding_window: int | None = None) ->
 
 
 def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                      sliding_window: int | None = None) -> np.ndarray:
+                      sliding_window: int | None = None, block: int = 128) -> np.ndarray:
     """softmax(q·kᵀ/√d + mask)·v for the new queries against every cached key.
 
     q: [T, n_heads, hd]   k, v: [n_kv_heads, L, hd] (L = cached + new)   -> [T, n_heads * hd]
+
+    Long prefills go `block` queries at a time, each against only the keys it can see: causal
+    masking hides every key after a block's last query, so skipping them halves the work, and
+    [block, L] score tables stay in cache where [T, L] ones would not.
+    """
+    T, L = q.shape[0], k.shape[1]
+    if T <= block:
+        return attend(q, k, v, sliding_window)
+    first = L - T                                                     # absolute position of q[0]
+    outputs = []
+    for start in range(0, T, block):
+        end = min(start + block, T)
+        k_end = first + end                                           # keys after the block's last query: masked
+        k_start = 0 if sliding_window is None else max(0, first + start - sliding_window + 1)
+        outputs.append(attend(q[start:end], k[:, k_start:k_end], v[:, k_start:k_end], sliding_window))
+    return np.concatenate(outputs)                                    # [T, n_heads * hd]
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, sliding_window: int | None = None) -> np.ndarray:
+    """Attention of T queries that are the last T of the L key positions.
+
+    q: [T, n_heads, hd]   k, v: [n_kv_heads, L, hd]   -> [T, n_heads * hd]
     """
     T, n_heads, hd = q.shape
     n_kv, L, _ = k.shape

@@ -131,12 +131,15 @@ def hf_peer(model):
     with tempfile.TemporaryDirectory() as tmp:
         save_hf_dir(tmp, model.config.replace(torch_dtype="float32"),
                     {k: as_f32(v) for k, v in tensors.items()})
-        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager")
+        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
     return hf.eval()
 
 
 def bench_hf(hf, prompt: list[int], new_tokens: int, repeats: int) -> Result:
+    import warnings
+
     import torch
+    warnings.filterwarnings("ignore", category=FutureWarning)   # transformers renames cache arguments often
     ttfts, steps = [], []
     ids = torch.tensor([prompt])
     with torch.inference_mode():
