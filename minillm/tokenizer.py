@@ -331,16 +331,19 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path_or_reader) -> "Tokenizer":
         """Load the tokenizer stored in a GGUF file (a model file or a vocab-only one)."""
-        return cls(**_args_from_gguf(path_or_reader))
+        from minillm.tokenizer_files import args_from_gguf
+        return cls(**args_from_gguf(path_or_reader))
 
     @classmethod
     def from_dir(cls, path) -> "Tokenizer":
         """Load an HF tokenizer: a folder with tokenizer.json (+ tokenizer_config.json) or the json itself."""
-        return cls(**_args_from_hf(path))
+        from minillm.tokenizer_files import args_from_hf
+        return cls(**args_from_hf(path))
 
     def save(self, directory) -> None:
         """Write tokenizer.json and tokenizer_config.json (HF format) into `directory`."""
-        _save_hf(self, Path(directory))
+        from minillm.tokenizer_files import save_hf
+        save_hf(self, Path(directory))
 
 
 class StreamDecoder:
@@ -374,6 +377,7 @@ class StreamDecoder:
 
 def load_tokenizer(path) -> Tokenizer:
     """Load a tokenizer from a .gguf file (vocab-only is fine), a folder, or a tokenizer.json."""
+    from minillm.tokenizer_files import is_gguf
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no tokenizer at {path}: expected a .gguf file, a tokenizer.json, "
@@ -385,271 +389,8 @@ def load_tokenizer(path) -> Tokenizer:
         if len(ggufs) == 1:
             return Tokenizer.from_gguf(ggufs[0])
         raise ValueError(f"{path} holds no tokenizer.json (and not exactly one .gguf file)")
-    if _is_gguf(path):
+    if is_gguf(path):
         return Tokenizer.from_gguf(path)
     if path.suffix == ".json":
         return Tokenizer.from_dir(path)
     raise ValueError(f"{path} is not a tokenizer file: expected a GGUF file or an HF tokenizer.json")
-
-
-# ---- file formats: GGUF in, HF tokenizer.json in and out --------------------------------------
-
-LLAMA3_PRE_NAMES = ("llama-bpe", "llama3", "llama-v3")
-
-
-def _is_gguf(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
-
-
-# GGUF metadata value types: struct format of each scalar type; 8 is a string, 9 an array.
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-                 10: "<Q", 11: "<q", 12: "<d"}
-
-
-def _read_gguf_metadata(path: Path) -> dict:
-    """The key/value metadata at the head of a GGUF file, without touching the tensors.
-
-    gguf.GGUFReader builds numpy views for every string of the vocab and merges (13 s for Llama-3's
-    128K tokens + 280K merges); walking the bytes directly takes well under a second.
-    """
-    import mmap
-    import struct
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file (it does not start with the GGUF magic)")
-        version, _n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version < 2:
-            raise ValueError(f"{path}: GGUF version {version} is too old (need 2 or later)")
-        pos = 24
-
-        def string() -> str:
-            nonlocal pos
-            (n,) = struct.unpack_from("<Q", buf, pos)
-            pos += 8 + n
-            return buf[pos - n:pos].decode("utf-8", errors="replace")
-
-        def value(kind: int):
-            nonlocal pos
-            if kind == 8:
-                return string()
-            if kind == 9:
-                elem, n = struct.unpack_from("<IQ", buf, pos)
-                pos += 12
-                if elem in _GGUF_SCALARS and elem != 7:   # numbers: one bulk read
-                    dtype = np.dtype(_GGUF_SCALARS[elem])
-                    arr = np.frombuffer(buf, dtype=dtype, count=n, offset=pos)
-                    pos += n * dtype.itemsize
-                    return arr.tolist()
-                return [value(elem) for _ in range(n)]
-            fmt = _GGUF_SCALARS[kind]
-            (v,) = struct.unpack_from(fmt, buf, pos)
-            pos += struct.calcsize(fmt)
-            return v
-
-        meta = {}
-        for _ in range(n_kv):
-            key = string()
-            (kind,) = struct.unpack_from("<I", buf, pos)
-            pos += 4
-            meta[key] = value(kind)
-        return meta
-
-
-def _args_from_gguf(path_or_reader) -> dict:
-    """Constructor arguments from a GGUF file's tokenizer.* metadata."""
-    import gguf
-    if isinstance(path_or_reader, gguf.GGUFReader):
-        reader, where = path_or_reader, "GGUF file"
-        meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-    else:
-        path = Path(path_or_reader)
-        if not path.exists():
-            raise FileNotFoundError(f"no GGUF file at {path}")
-        if path.is_dir() or not _is_gguf(path):
-            raise ValueError(f"{path} is not a GGUF file (it does not start with the GGUF magic)")
-        meta, where = _read_gguf_metadata(path), str(path)
-
-    def get(key: str, default=None):
-        return meta.get(f"tokenizer.{key}", default)
-
-    model = get("ggml.model")
-    if model is None:
-        raise ValueError(f"{where} holds no tokenizer (no tokenizer.ggml.model key)")
-    tokens = get("ggml.tokens")
-    args = dict(tokens=tokens, token_types=get("ggml.token_type") or [NORMAL] * len(tokens),
-                bos_id=get("ggml.bos_token_id"), eos_id=get("ggml.eos_token_id"),
-                unk_id=get("ggml.unknown_token_id"), chat_template=get("chat_template"))
-    add_bos = get("ggml.add_bos_token")
-    if model == "gpt2":
-        pre = get("ggml.pre", "default")
-        if pre not in GGUF_PRE_TOKENIZERS:
-            raise ValueError(f"{where}: unsupported pre-tokenizer {pre!r} "
-                             f"(supported: {', '.join(sorted(GGUF_PRE_TOKENIZERS))})")
-        merges = [tuple(m.split(" ")) for m in get("ggml.merges")]
-        args.update(kind="bpe", merges=merges, pre_tokenizer=GGUF_PRE_TOKENIZERS[pre])
-        # add_bos: the file's own flag when present (SmolLM2 says False, and HF transformers loading
-        # that GGUF adds no BOS either). Without the flag, Llama-3 prepends <|begin_of_text|> (its HF
-        # post-processor does) and GPT-2 style vocabularies add nothing.
-        args["add_bos"] = add_bos if add_bos is not None else pre in LLAMA3_PRE_NAMES
-    elif model == "llama":
-        # SentencePiece defaults: dummy prefix on, BOS on (Llama-2, Mistral, TinyLlama).
-        args.update(kind="spm", scores=get("ggml.scores"),
-                    add_space_prefix=get("ggml.add_space_prefix", True),
-                    add_bos=add_bos if add_bos is not None else True)
-    else:
-        raise ValueError(f"{where}: unsupported tokenizer model {model!r} (supported: 'gpt2', 'llama')")
-    return args
-
-
-def _token_string(value) -> str | None:
-    """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
-    return value.get("content") if isinstance(value, dict) else value
-
-
-def _is_spm_json(data: dict) -> bool:
-    model, text = data["model"], json.dumps([data.get("normalizer"), data.get("pre_tokenizer"),
-                                             data.get("decoder")])
-    return bool(model.get("byte_fallback")) or "Metaspace" in text or SPACE_MARK in text
-
-
-def _spm_prefix_from_json(data: dict) -> bool:
-    """Whether an HF SentencePiece-style tokenizer prepends the dummy "▁"."""
-    text = json.dumps([data.get("normalizer"), data.get("pre_tokenizer")])
-    pre = data.get("pre_tokenizer") or {}
-    steps = pre.get("pretokenizers", [pre])
-    for step in steps:
-        if step.get("type") == "Metaspace":
-            scheme = step.get("prepend_scheme", "always" if step.get("add_prefix_space", True) else "never")
-            return scheme != "never"
-    return '"Prepend"' in text
-
-
-def _args_from_hf(path) -> dict:
-    """Constructor arguments from an HF tokenizer.json (+ tokenizer_config.json beside it)."""
-    path = Path(path)
-    json_path = path / "tokenizer.json" if path.is_dir() else path
-    if not json_path.exists():
-        raise FileNotFoundError(f"no tokenizer.json at {json_path}")
-    try:
-        data = json.loads(json_path.read_text(encoding="utf-8"))
-        model = data["model"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{json_path} is not an HF tokenizer.json ({err})") from None
-    if model.get("type") != "BPE":
-        raise ValueError(f"{json_path}: only BPE tokenizers are supported, not {model.get('type')!r}")
-    config_path = json_path.parent / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
-
-    vocab: dict[str, int] = model["vocab"]
-    added = data.get("added_tokens") or []
-    size = 1 + max([*vocab.values(), *(a["id"] for a in added)])
-    tokens = [f"<unused_{i}>" for i in range(size)]   # holes in the id range stay unusable
-    types = [UNUSED] * size
-    spm = _is_spm_json(data)
-    for tok, i in vocab.items():
-        tokens[i] = tok
-        is_byte = spm and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", tok) is not None
-        types[i] = BYTE if is_byte else NORMAL
-    for a in added:
-        tokens[a["id"]] = a["content"]
-        types[a["id"]] = CONTROL if a.get("special") else USER_DEFINED
-    ids = {t: i for i, t in enumerate(tokens)}
-    unk_id = ids.get(model.get("unk_token")) if model.get("unk_token") else None
-    if unk_id is not None:
-        types[unk_id] = UNKNOWN
-
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
-    bos = _token_string(config.get("bos_token"))
-    eos = _token_string(config.get("eos_token"))
-    args = dict(kind="spm" if spm else "bpe", tokens=tokens, token_types=types, merges=merges,
-                bos_id=ids.get(bos), eos_id=ids.get(eos), unk_id=unk_id,
-                chat_template=_chat_template_from(config, json_path.parent))
-    if spm:
-        args["add_space_prefix"] = _spm_prefix_from_json(data)
-    else:
-        args["pre_tokenizer"] = data.get("pre_tokenizer")
-        if data.get("normalizer"):
-            raise ValueError(f"{json_path}: byte-level tokenizers with a normalizer are not supported")
-    add_bos = config.get("add_bos_token")
-    if add_bos is None:      # no flag: does the post-processor put BOS in front of a sequence?
-        single = (data.get("post_processor") or {}).get("single") or [{}]
-        add_bos = bos is not None and single[0].get("SpecialToken", {}).get("id") == bos
-    args["add_bos"] = bool(add_bos)
-    return args
-
-
-def _chat_template_from(config: dict, folder: Path) -> str | None:
-    template = config.get("chat_template")
-    if isinstance(template, list):      # named templates: [{"name": "default", "template": ...}, ...]
-        named = {t["name"]: t["template"] for t in template}
-        template = named.get("default", next(iter(named.values()), None))
-    if template is None and (folder / "chat_template.jinja").exists():
-        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
-    return template
-
-
-def _spm_merges(tok: Tokenizer) -> list[tuple[str, str]]:
-    """HF needs explicit merges: every split of each token into two vocab tokens, in priority order."""
-    def mergeable(piece: str) -> bool:
-        i = tok._ids.get(piece)
-        return i is not None and tok.token_types[i] == NORMAL
-
-    merges = []
-    for i in tok._priority():
-        piece = tok.tokens[i]
-        merges += [(piece[:cut], piece[cut:]) for cut in range(1, len(piece))
-                   if mergeable(piece[:cut]) and mergeable(piece[cut:])]
-    return merges
-
-
-def _hf_json(tok: Tokenizer) -> dict:
-    """The tokenizer.json document for `tok`."""
-    added = [{"id": i, "content": tok.tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": tok.token_types[i] != USER_DEFINED}
-             for i in sorted(tok.special_tokens.values())]
-    bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else None
-    post = None
-    if tok.add_bos and bos is not None:
-        post = {"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                         {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {bos: {"id": bos, "ids": [tok.bos_id], "tokens": [bos]}}}
-    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-             "vocab": {t: i for i, t in enumerate(tok.tokens)}}
-    if tok.kind == "bpe":
-        model["merges"] = [list(m) for m in tok.merges or []]
-        pre, normalizer = tok.pre_tokenizer, None
-        decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
-    else:
-        model.update(merges=[list(m) for m in _spm_merges(tok)], fuse_unk=True, byte_fallback=True,
-                     unk_token=tok.tokens[tok.unk_id] if tok.unk_id is not None else None)
-        # Normalizer rather than a Metaspace pre-tokenizer: Metaspace skips the dummy prefix when
-        # the text already starts with a space, unlike SentencePiece (" Hello" -> "▁▁Hello").
-        replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE_MARK}
-        prepend = [{"type": "Prepend", "prepend": SPACE_MARK}] if tok.add_space_prefix else []
-        pre, normalizer = None, {"type": "Sequence", "normalizers": [*prepend, replace]}
-        steps = [{"type": "Replace", "pattern": {"String": SPACE_MARK}, "content": " "},
-                 {"type": "ByteFallback"}, {"type": "Fuse"}]
-        if tok.add_space_prefix:
-            steps.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
-        decoder = {"type": "Sequence", "decoders": steps}
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": normalizer, "pre_tokenizer": pre, "post_processor": post, "decoder": decoder,
-            "model": model}
-
-
-def _save_hf(tok: Tokenizer, directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    name = lambda i: tok.tokens[i] if i is not None else None  # noqa: E731
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": tok.add_bos,
-              "add_eos_token": False, "bos_token": name(tok.bos_id), "eos_token": name(tok.eos_id),
-              "unk_token": name(tok.unk_id), "clean_up_tokenization_spaces": False,
-              "model_max_length": 1 << 30}
-    if tok.chat_template is not None:
-        config["chat_template"] = tok.chat_template
-    (directory / "tokenizer.json").write_text(json.dumps(_hf_json(tok), ensure_ascii=False), encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2),
-                                                     encoding="utf-8")
