@@ -1,18 +1,20 @@
 """ModelConfig: the shape of a Llama-family model, and the registry of named presets.
 
-One dataclass describes Llama 2/3, Mistral and SmolLM2. It reads and writes HF `config.json`
-dictionaries, so a checkpoint written by `save_pretrained` round-trips through it.
+One dataclass describes Llama 2/3, Mistral, SmolLM2 and DeepSeek-V3-style multi-head latent attention
+(MLA, dense MLP layers only). It reads and writes HF `config.json` dictionaries, so a checkpoint
+written by `save_pretrained` round-trips through it.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # HF `architectures` names we know how to run, mapped to our short family name.
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 
 
@@ -33,10 +35,23 @@ class ModelConfig:
     sliding_window: int | None = None  # Mistral v0.1: attend to the last `sliding_window` positions only
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
-    family: str = "llama"         # "llama" | "mistral"
+    family: str = "llama"         # "llama" | "mistral" | "deepseek_v3"
     torch_dtype: str = "float32"  # the dtype the checkpoint stores its weights in
+    # Multi-head latent attention (DeepSeek-V2/V3; see mla.py). Only read when attention == "mla".
+    attention: str = "gqa"        # "gqa" (MHA/GQA/MQA over a K,V cache) | "mla" (a latent cache)
+    q_lora_rank: int | None = None     # low-rank queries (q_a_proj -> norm -> q_b_proj); None: one q_proj
+    kv_lora_rank: int = 0              # width of the cached latent c_KV
+    qk_nope_head_dim: int = 0          # per-head query/key dims without RoPE (keys expanded from c_KV)
+    qk_rope_head_dim: int = 0          # query/key dims with RoPE; the key part is one shared, cached head
+    v_head_dim: int = 0                # per-head value width (values expanded from c_KV)
+    rope_interleave: bool = False      # DeepSeek: RoPE pairs are adjacent dims (x0, x1), (x2, x3), ...
 
     def __post_init__(self):
+        if self.attention not in ("gqa", "mla"):
+            raise ValueError(f"attention={self.attention!r}: expected 'gqa' or 'mla'")
+        if self.attention == "mla":
+            self.n_kv_heads = self.n_heads       # after expansion MLA is MHA; the cache has no heads at all
+            self.head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim   # the query/key width
         if self.head_dim is None:
             self.head_dim = self.dim // self.n_heads
         if self.n_heads % self.n_kv_heads:
@@ -47,13 +62,31 @@ class ModelConfig:
     def n_params(self) -> int:
         """Parameter count (the tied LM head is counted once)."""
         attn = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        if self.attention == "mla":
+            attn = self._mla_params()
         mlp = 3 * self.dim * self.ffn_dim
         per_layer = attn + mlp + 2 * self.dim
         head = 0 if self.tie_embeddings else self.vocab_size * self.dim
         return self.vocab_size * self.dim + self.n_layers * per_layer + self.dim + head
 
+    def _mla_params(self) -> int:
+        """Attention weights of one MLA layer, latent norms included."""
+        qk = self.n_heads * self.head_dim                                    # all heads' query width
+        if self.q_lora_rank:
+            q = self.dim * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * qk
+        else:
+            q = self.dim * qk
+        kv_down = self.dim * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        kv_up = self.kv_lora_rank * self.n_heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv_down + kv_up + self.n_heads * self.v_head_dim * self.dim
+
     def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
-        """Bytes the KV cache grows by for each token: K and V, every layer, every KV head."""
+        """Bytes the KV cache grows by for each token: K and V, every layer, every KV head.
+
+        MLA caches only the latent c_KV and the shared RoPE key: kv_lora_rank + qk_rope_head_dim values.
+        """
+        if self.attention == "mla":
+            return self.n_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * bytes_per_value
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_value
 
     @property
@@ -70,7 +103,7 @@ class ModelConfig:
         family = ARCHITECTURES.get(archs[0])
         if family is None:
             model_type = d.get("model_type", "?")
-            family = {"llama": "llama", "mistral": "mistral"}.get(model_type)
+            family = {"llama": "llama", "mistral": "mistral", "deepseek_v3": "deepseek_v3"}.get(model_type)
             if family is None:
                 raise ValueError(f"unsupported architecture {archs[0]} (model_type {model_type})")
         rope_scaling = d.get("rope_scaling")
@@ -100,6 +133,7 @@ class ModelConfig:
             eos_token_id=d.get("eos_token_id"),
             family=family,
             torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+            **(_mla_fields(d) if family == "deepseek_v3" else {}),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -129,10 +163,47 @@ class ModelConfig:
         }
         if self.family == "mistral":
             d["sliding_window"] = self.sliding_window
+        if self.family == "deepseek_v3":
+            d = _deepseek_hf(self, d)
         return d
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _mla_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The MLA part of a DeepseekV3 `config.json`; rejects what minillm cannot run."""
+    n_layers = d["num_hidden_layers"]
+    if (d.get("first_k_dense_replace") or 0) < n_layers:
+        raise ValueError(f"MoE layers are not supported: first_k_dense_replace="
+                         f"{d.get('first_k_dense_replace')} < num_hidden_layers={n_layers} "
+                         f"(only DeepseekV3 configs whose layers are all dense MLPs run)")
+    if d.get("attention_bias"):
+        raise ValueError("attention_bias=True is not supported for MLA")
+    if d.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={d['hidden_act']!r} is not supported (only silu)")
+    return dict(attention="mla", q_lora_rank=d.get("q_lora_rank"), kv_lora_rank=d["kv_lora_rank"],
+                qk_nope_head_dim=d["qk_nope_head_dim"], qk_rope_head_dim=d["qk_rope_head_dim"],
+                v_head_dim=d["v_head_dim"], rope_interleave=bool(d.get("rope_interleave", True)))
+
+
+def _deepseek_hf(c: ModelConfig, llama_like: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite a Llama-style dict as DeepseekV3ForCausalLM's, every layer a dense MLP."""
+    d = {k: v for k, v in llama_like.items() if k not in ("head_dim", "mlp_bias")}
+    d.update({
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "num_key_value_heads": c.n_heads,
+        "q_lora_rank": c.q_lora_rank,
+        "kv_lora_rank": c.kv_lora_rank,
+        "qk_nope_head_dim": c.qk_nope_head_dim,
+        "qk_rope_head_dim": c.qk_rope_head_dim,
+        "v_head_dim": c.v_head_dim,
+        "rope_interleave": c.rope_interleave,
+        "first_k_dense_replace": c.n_layers,    # no MoE layer
+        "num_nextn_predict_layers": 0,
+    })
+    return d
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ with it, decode computes K and V for one position and appends them (O(N)). The c
 
 This is the contiguous form: one preallocated block per layer, sized for the longest sequence the
 caller asks for. A paged cache (blocks handed out on demand) comes with continuous batching.
+
+`MLACache` is the same contract for multi-head latent attention (mla.py): per token it keeps the
+latent c_KV and the shared RoPE key, kv_lora_rank + qk_rope_head_dim values a layer, no heads at all.
 """
 from __future__ import annotations
 
@@ -44,3 +47,34 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+
+class MLACache:
+    def __init__(self, config: ModelConfig, max_seq_len: int, dtype=np.float32):
+        n = (config.n_layers, max_seq_len)
+        self.c_kv = np.zeros(n + (config.kv_lora_rank,), dtype=dtype)       # [layers, max_seq, kv_lora_rank]
+        self.k_rope = np.zeros(n + (config.qk_rope_head_dim,), dtype=dtype)  # [layers, max_seq, qk_rope_head_dim]
+        self.max_seq_len = max_seq_len
+        self.length = 0
+
+    def append(self, layer: int, c_kv_new: np.ndarray, k_rope_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Write one layer's new latents; return that layer's latents so far.
+
+        c_kv_new: [T, kv_lora_rank], k_rope_new: [T, rope] -> [length + T, kv_lora_rank], [length + T, rope]
+        """
+        start, end = self.length, self.length + c_kv_new.shape[0]
+        if end > self.max_seq_len:
+            raise ValueError(f"KV cache is full: {end} positions > capacity {self.max_seq_len}")
+        self.c_kv[layer, start:end] = c_kv_new
+        self.k_rope[layer, start:end] = k_rope_new
+        return self.c_kv[layer, :end], self.k_rope[layer, :end]
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
+
+    def reset(self) -> None:
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.c_kv.nbytes + self.k_rope.nbytes

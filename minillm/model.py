@@ -3,6 +3,9 @@
 `prefill(tokens, cache)` runs the whole prompt at once (big matrix-matrix products: compute-bound);
 `decode(token, cache)` runs one new position (matrix-vector products: memory-bound). Both are the
 same `forward`, over a different number of new positions.
+
+Attention comes in two kinds, picked once from `config.attention`: "gqa" (`attention_block`, the
+Llama path) and "mla" (`mla_block`, DeepSeek's latent attention in mla.py, with its own cache).
 """
 from __future__ import annotations
 
@@ -13,32 +16,39 @@ import numpy as np
 from .attention import grouped_attention
 from .backend import as_f32
 from .config import ModelConfig
-from .kv_cache import KVCache
+from .kv_cache import KVCache, MLACache
 from .layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, swiglu
+from .mla import MLAWeights, mla_attention, mla_rope
 
 
 @dataclass
 class LayerWeights:
-    """One transformer block, in HF's [out, in] layout, stored in any dtype backend.as_f32 widens."""
+    """One transformer block, in HF's [out, in] layout, stored in any dtype backend.as_f32 widens.
+
+    MLA layers leave wq, wk, wv, wo as None and keep their attention weights in `mla`.
+    """
     attn_norm: np.ndarray   # [dim]
-    wq: np.ndarray          # [n_heads * hd, dim]
-    wk: np.ndarray          # [n_kv_heads * hd, dim]
-    wv: np.ndarray          # [n_kv_heads * hd, dim]
-    wo: np.ndarray          # [dim, n_heads * hd]
+    wq: np.ndarray | None   # [n_heads * hd, dim]
+    wk: np.ndarray | None   # [n_kv_heads * hd, dim]
+    wv: np.ndarray | None   # [n_kv_heads * hd, dim]
+    wo: np.ndarray | None   # [dim, n_heads * hd]
     mlp_norm: np.ndarray    # [dim]
     w_gate: np.ndarray      # [ffn_dim, dim]
     w_up: np.ndarray        # [ffn_dim, dim]
     w_down: np.ndarray      # [dim, ffn_dim]
+    mla: MLAWeights | None = None
 
     @classmethod
-    def from_hf(cls, tensors: dict[str, np.ndarray], i: int) -> "LayerWeights":
+    def from_hf(cls, tensors: dict[str, np.ndarray], i: int, attention: str = "gqa") -> "LayerWeights":
         p = f"model.layers.{i}."
+        if attention == "mla":
+            attn = dict(wq=None, wk=None, wv=None, wo=None, mla=MLAWeights.from_hf(tensors, i))
+        else:
+            attn = dict(wq=tensors[p + "self_attn.q_proj.weight"], wk=tensors[p + "self_attn.k_proj.weight"],
+                        wv=tensors[p + "self_attn.v_proj.weight"], wo=tensors[p + "self_attn.o_proj.weight"])
         return cls(
             attn_norm=tensors[p + "input_layernorm.weight"],
-            wq=tensors[p + "self_attn.q_proj.weight"],
-            wk=tensors[p + "self_attn.k_proj.weight"],
-            wv=tensors[p + "self_attn.v_proj.weight"],
-            wo=tensors[p + "self_attn.o_proj.weight"],
+            **attn,
             mlp_norm=tensors[p + "post_attention_layernorm.weight"],
             w_gate=tensors[p + "mlp.gate_proj.weight"],
             w_up=tensors[p + "mlp.up_proj.weight"],
@@ -50,19 +60,28 @@ class Transformer:
     # Prompts longer than this run through the model in chunks, so attention scores stay
     # [heads, chunk, L] instead of [heads, L, L] (8k tokens would need gigabytes otherwise).
     prefill_chunk = 512
+    # MLA only: "absorbed" (attend in latent space) or "naive" (expand K and V per head); same numbers.
+    mla_mode = "absorbed"
 
     def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray]):
         self.config = config
         self.embed = tensors["model.embed_tokens.weight"]                   # [vocab, dim]
-        self.layers = [LayerWeights.from_hf(tensors, i) for i in range(config.n_layers)]
+        self.layers = [LayerWeights.from_hf(tensors, i, config.attention) for i in range(config.n_layers)]
         self.final_norm = tensors["model.norm.weight"]                      # [dim]
         self.lm_head = tensors.get("lm_head.weight", self.embed)            # [vocab, dim] (tied: the embedding)
         if config.tie_embeddings:
             self.lm_head = self.embed
-        self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.rope_gain = 1.0                                                # YaRN scales cos and sin
+        if config.attention == "mla":
+            self.inv_freq, self.rope_gain = mla_rope(config)
+            self.attend = self.mla_block
+        else:
+            self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+            self.attend = self.attention_block
 
-    def new_cache(self, max_seq_len: int | None = None) -> KVCache:
-        return KVCache(self.config, max_seq_len or self.config.max_seq_len)
+    def new_cache(self, max_seq_len: int | None = None) -> KVCache | MLACache:
+        make = MLACache if self.config.attention == "mla" else KVCache
+        return make(self.config, max_seq_len or self.config.max_seq_len)
 
     # ---- the two phases ----------------------------------------------------------------------
     def prefill(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
@@ -89,9 +108,11 @@ class Transformer:
         cfg = self.config
         positions = np.arange(cache.length, cache.length + len(tokens))
         cos, sin = rope_tables(positions, self.inv_freq)                    # [T, hd/2] each
+        if self.rope_gain != 1.0:
+            cos, sin = cos * self.rope_gain, sin * self.rope_gain
         x = as_f32(self.embed[tokens])                                      # [T, dim]
         for i, layer in enumerate(self.layers):
-            x = x + self.attention_block(x, layer, i, cache, cos, sin)
+            x = x + self.attend(x, layer, i, cache, cos, sin)
             x = x + swiglu(rmsnorm(x, layer.mlp_norm, cfg.norm_eps), layer.w_gate, layer.w_up, layer.w_down)
         cache.advance(len(tokens))
         if skip_head:
@@ -111,3 +132,7 @@ class Transformer:
         keys, values = cache.append(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [n_kv, L, hd] each
         out = grouped_attention(q, keys, values, cfg.sliding_window)        # [T, n_heads * hd]
         return linear(out, layer.wo)                                        # [T, dim]
+
+    def mla_block(self, x, layer: LayerWeights, i: int, cache: MLACache, cos, sin) -> np.ndarray:
+        h = rmsnorm(x, layer.attn_norm, self.config.norm_eps)               # [T, dim]
+        return mla_attention(h, layer.mla, i, cache, cos, sin, self.config, self.mla_mode)   # [T, dim]
