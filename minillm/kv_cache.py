@@ -78,3 +78,53 @@ class MLACache:
     @property
     def nbytes(self) -> int:
         return self.c_kv.nbytes + self.k_rope.nbytes
+
+
+class RollingKVCache:
+    """Mistral's rolling buffer: with a sliding window of W, only the last W positions can ever be
+    attended to, so the cache keeps W slots and position p lives in slot p % W. Memory stops growing
+    at the window, however long the sequence.
+
+    Same contract as `KVCache`. Keys carry their RoPE rotation from the absolute position they were
+    computed at, so attention does not care in which slot they sit.
+    """
+
+    def __init__(self, config: ModelConfig, window: int, dtype=np.float32):
+        shape = (config.n_layers, config.n_kv_heads, window, config.head_dim)
+        self.k = np.zeros(shape, dtype=dtype)   # [layers, n_kv_heads, window, head_dim]
+        self.v = np.zeros(shape, dtype=dtype)
+        self.window = window
+        self.max_seq_len = None                 # unbounded: old positions are overwritten
+        self.length = 0                         # absolute positions seen so far
+
+    def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """k_new, v_new: [n_kv, T, hd] -> the keys and values the T new queries may need.
+
+        Decode (T = 1): all filled slots, in slot order; every one is inside the window.
+        Prefill (T > 1): the cached window in position order, then the new positions, so the new
+        queries are the last T and the causal sliding-window mask applies as usual.
+        """
+        T, W = k_new.shape[1], self.window
+        if T == 1:
+            slot = self.length % W
+            self.k[layer, :, slot], self.v[layer, :, slot] = k_new[:, 0], v_new[:, 0]
+            filled = min(self.length + 1, W)
+            return self.k[layer, :, :filled], self.v[layer, :, :filled]
+        cached = min(self.length, W)
+        slots = np.arange(self.length - cached, self.length) % W              # oldest first
+        keys = np.concatenate([self.k[layer][:, slots], k_new], axis=1)       # [n_kv, cached + T, hd]
+        values = np.concatenate([self.v[layer][:, slots], v_new], axis=1)
+        kept = min(T, W)                                                       # only the last W survive
+        new_slots = np.arange(self.length + T - kept, self.length + T) % W
+        self.k[layer][:, new_slots], self.v[layer][:, new_slots] = k_new[:, T - kept:], v_new[:, T - kept:]
+        return keys, values
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
+
+    def reset(self) -> None:
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes

@@ -16,7 +16,7 @@ import numpy as np
 from .attention import grouped_attention
 from .backend import as_f32
 from .config import ModelConfig
-from .kv_cache import KVCache, MLACache
+from .kv_cache import KVCache, MLACache, RollingKVCache
 from .layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, swiglu
 from .mla import MLAWeights, mla_attention, mla_rope
 
@@ -79,9 +79,16 @@ class Transformer:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
             self.attend = self.attention_block
 
-    def new_cache(self, max_seq_len: int | None = None) -> KVCache | MLACache:
-        make = MLACache if self.config.attention == "mla" else KVCache
-        return make(self.config, max_seq_len or self.config.max_seq_len)
+    def new_cache(self, max_seq_len: int | None = None) -> KVCache | RollingKVCache | MLACache:
+        """A cache for up to `max_seq_len` positions (default: the model's context). With a sliding
+        window shorter than that, a rolling buffer of the window's size is all that is needed."""
+        cfg = self.config
+        n = max_seq_len or cfg.max_seq_len
+        if cfg.attention == "mla":
+            return MLACache(cfg, n)
+        if cfg.sliding_window is not None and n > cfg.sliding_window:
+            return RollingKVCache(cfg, cfg.sliding_window)
+        return KVCache(cfg, n)
 
     # ---- the two phases ----------------------------------------------------------------------
     def prefill(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:

@@ -78,3 +78,26 @@ def test_storage_dtypes_widen_to_the_same_model(tmp_path):
     for dtype, tol in [("float16", 2e-2), ("bfloat16", 1e-1)]:
         got = minillm.load(str(tmp_path), dtype=dtype).logits(ids)
         assert np.abs(got - ref).max() < tol, dtype
+
+
+@pytest.mark.parametrize("prefill_len,chunk", [(3, 512), (10, 512), (13, 4), (13, 9)])
+def test_rolling_buffer_cache_matches_hf_with_memory_bounded_by_the_window(tmp_path, prefill_len, chunk):
+    """Mistral's sliding window as a rolling buffer: the cache holds W slots, yet every logit
+    equals HF's full computation with a windowed mask, through prefill (chunked or not) and decode."""
+    from minillm.kv_cache import RollingKVCache
+    window = 6
+    hf = save_random_model(mistral_config(sliding_window=window), tmp_path)
+    llm = minillm.load(str(tmp_path))
+    ids = _ids(30)
+    expected = hf_logits(hf, ids)
+    cache = llm.model.new_cache(len(ids))
+    assert isinstance(cache, RollingKVCache) and cache.k.shape[2] == window
+    llm.model.prefill_chunk = chunk
+    try:
+        got = [llm.model.prefill(ids[:prefill_len], cache, all_logits=True)]
+    finally:
+        llm.model.prefill_chunk = type(llm.model).prefill_chunk
+    got += [llm.model.decode(t, cache)[None] for t in ids[prefill_len:]]
+    np.testing.assert_allclose(np.concatenate(got), expected, atol=TOL, rtol=0)
+    cfg = llm.config
+    assert cache.nbytes == 2 * cfg.n_layers * cfg.n_kv_heads * window * cfg.head_dim * 4
