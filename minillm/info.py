@@ -30,14 +30,14 @@ def describe(model: str) -> str:
 
 
 def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str) -> str:
-    attn = "MHA" if c.n_kv_heads == c.n_heads else ("MQA" if c.n_kv_heads == 1 else f"GQA (groups of {c.n_heads // c.n_kv_heads})")
+    heads = _attention_summary(c)
     rows = [
         ("model", name),
         ("weights", where),
         ("family", c.family + (f", sliding window {c.sliding_window}" if c.sliding_window else "")),
         ("layers", c.n_layers),
         ("dim / ffn", f"{c.dim} / {c.ffn_dim}"),
-        ("heads", f"{c.n_heads} query, {c.n_kv_heads} KV, head_dim {c.head_dim} ({attn})"),
+        ("attention", heads),
         ("vocab", f"{c.vocab_size}" + (" (tied embeddings)" if c.tie_embeddings else "")),
         ("context", c.max_seq_len),
         ("rope", f"theta {c.rope_theta:g}" + (f", scaling {c.rope_scaling.get('rope_type')}" if c.rope_scaling else "")),
@@ -52,3 +52,13 @@ def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str) ->
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _attention_summary(c: ModelConfig) -> str:
+    if c.attention == "mla":
+        q = f"q_lora_rank {c.q_lora_rank}" if c.q_lora_rank else "full-rank queries"
+        return (f"MLA: {c.n_heads} heads, latent kv_lora_rank {c.kv_lora_rank} + shared RoPE key "
+                f"{c.qk_rope_head_dim}, {q}")
+    kind = ("MHA" if c.n_kv_heads == c.n_heads else "MQA" if c.n_kv_heads == 1
+            else f"GQA, groups of {c.n_heads // c.n_kv_heads}")
+    return f"{c.n_heads} query heads, {c.n_kv_heads} KV heads, head_dim {c.head_dim} ({kind})"
