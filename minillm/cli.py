@@ -134,11 +134,52 @@ def pull(name):
 @cli.command()
 @click.argument("src")
 @click.argument("dst")
-def convert(src, dst):
+@click.option("--kv-heads", type=click.IntRange(min=1), default=None,
+              help="Mean-pool K/V projection heads down to this many KV heads (GQA/MQA conversion).")
+def convert(src, dst, kv_heads):
     """Convert a .gguf file or an HF-layout folder SRC into a minillm weights folder DST."""
+    import tempfile
     from .gguf_import import convert as convert_weights
-    convert_weights(src, dst)
+    if kv_heads is None:
+        convert_weights(src, dst)
+    else:
+        from .kv_heads import convert_kv_heads_dir
+        with tempfile.TemporaryDirectory() as tmp:
+            source = convert_weights(src, tmp) if str(src).endswith(".gguf") else src
+            _user_error(convert_kv_heads_dir, source, dst, kv_heads)
     click.echo(f"wrote {dst}")
+
+
+def _user_error(fn, *args, **kwargs):
+    """Run a library call whose ValueErrors are the user's mistakes (bad sizes, bad choices)."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as e:
+        raise MiniLLMError(str(e)) from None
+
+
+@cli.group("eval")
+def evaluate():
+    """Measure model quality."""
+
+
+@evaluate.command()
+@_model_option
+@click.option("--quant", type=click.Choice(["int8", "int4"]), default=None)
+@click.option("--group-size", type=click.IntRange(min=1), default=None, help="int4 group size (default 128).")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None)
+@click.option("--kv-cache", type=click.Choice(["float32", "int8"]), default=None)
+@click.option("--text", "text_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Evaluate on this file (default: a fixed slice of Python's pydoc topics).")
+@click.option("--chars", type=click.IntRange(min=100), default=None, help="Characters of the text to use.")
+@click.option("--context", type=click.IntRange(min=2), default=None, help="Tokens per window [default: 256].")
+@click.option("--baseline/--no-baseline", default=True, help="Also score the unquantized model and print the delta.")
+def perplexity(model, quant, group_size, dtype, kv_cache, text_file, chars, context, baseline):
+    """Perplexity of MODEL on an evaluation text, and the delta against the unquantized model."""
+    from . import evaluate as ev
+    click.echo(ev.run_cli(model, text_file=text_file, n_chars=chars, context=context or ev.DEFAULT_CONTEXT,
+                          quant=quant, dtype=dtype, baseline=baseline, group_size=group_size,
+                          kv_cache=kv_cache))
 
 
 @cli.command()

@@ -35,7 +35,7 @@ def assert_one_line_error(result, *fragments):
 
 
 def test_every_command_has_help():
-    for command in [[], ["generate"], ["chat"], ["pull"], ["convert"], ["info"], ["bench"], ["presets"], ["plan"]]:
+    for command in [[], ["generate"], ["chat"], ["pull"], ["convert"], ["info"], ["bench"], ["presets"], ["plan"], ["eval", "perplexity"], ["lesson"], ["exercise", "check"]]:
         result = run(*command, "--help")
         assert result.exit_code == 0, (command, result.output)
         assert "Usage:" in result.output
@@ -172,3 +172,27 @@ def test_plan_prints_the_capacity_table_and_writes_plots(tmp_path):
 
 def test_plan_unknown_gpu():
     assert_one_line_error(run("plan", "--gpu", "tpu-v9"), "unknown GPU")
+
+
+def test_eval_perplexity_prints_the_number(tiny_model):
+    result = run("eval", "perplexity", "-m", str(tiny_model), "--chars", "400", "--context", "32")
+    assert result.exit_code == 0, result.output
+    line = next(l for l in result.stdout.splitlines() if l.startswith("perplexity"))
+    assert float(line.split()[1]) > 1.0
+
+
+def test_convert_kv_heads_writes_a_checkpoint_hf_loads(tmp_path):
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+    save_random_model(llama_config(n_heads=8, n_kv_heads=4), tmp_path / "src")
+    result = run("convert", str(tmp_path / "src"), str(tmp_path / "gqa2"), "--kv-heads", "2")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "gqa2" / "config.json").read_text())["num_key_value_heads"] == 2
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "gqa2", dtype=torch.float32)
+    assert hf.config.num_key_value_heads == 2
+
+
+def test_convert_kv_heads_rejects_a_non_divisor(tmp_path):
+    save_random_model(llama_config(n_heads=8, n_kv_heads=4), tmp_path / "src")
+    assert_one_line_error(run("convert", str(tmp_path / "src"), str(tmp_path / "x"), "--kv-heads", "3"))
