@@ -102,6 +102,61 @@ def top_p_in_place(logits, p):
     return logits
 
 
+def pool_strided(w, n_kv_heads, n_new, head_dim):
+    """Groups heads j, j + n_new, ... where the query heads expect consecutive groups."""
+    group = n_kv_heads // n_new
+    return w.reshape(group, n_new, head_dim, -1).mean(axis=0).reshape(n_new * head_dim, -1)
+
+
+def pool_summed(w, n_kv_heads, n_new, head_dim):
+    group = n_kv_heads // n_new
+    return w.reshape(n_new, group, head_dim, -1).sum(axis=1).reshape(n_new * head_dim, -1)
+
+
+def pool_rows_mixed(w, n_kv_heads, n_new, head_dim):
+    """Reshapes as [n_new, head_dim, group]: averages rows of one head instead of one row of each head."""
+    group = n_kv_heads // n_new
+    return w.reshape(n_new, head_dim, group, -1).mean(axis=2).reshape(n_new * head_dim, -1)
+
+
+def _latent(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, scale, causal=True):
+    scores = ((q_nope @ w_uk) @ c_kv.T + q_rope @ k_rope.T) * scale       # [H, T, L]
+    T, L = scores.shape[1:]
+    if causal and T > 1:
+        scores = scores + np.triu(np.full((T, L), -np.inf), k=L - T + 1)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ c_kv @ w_uv.transpose(0, 2, 1)
+
+
+def mla_without_causal_mask(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, scale):
+    return _latent(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, scale, causal=False)
+
+
+def mla_without_scale(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, scale):
+    return _latent(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, 1.0)
+
+
+def mla_w_uk_transposed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, scale):
+    return _latent(q_nope, q_rope, c_kv, k_rope, w_uk.transpose(0, 2, 1), w_uv, scale)
+
+
+def window_one_too_wide(n_queries, n_keys, window):
+    from minillm.attention import attention_mask
+    return attention_mask(n_queries, n_keys, None if window is None else window + 1)
+
+
+def mask_queries_first(n_queries, n_keys, window):
+    """Puts the queries at positions 0 .. T-1, as if nothing were cached."""
+    q = np.arange(n_queries)[:, None]
+    k = np.arange(n_keys)[None, :]
+    return (k <= q) & (k > q - window) if window is not None else k <= q
+
+
+def mask_without_window(n_queries, n_keys, window):
+    from minillm.attention import attention_mask
+    return attention_mask(n_queries, n_keys, None)
+
+
 @pytest.mark.parametrize("number,wrong,failing_case,words", [
     (1, rmsnorm_without_eps, "tiny activations", "max abs error"),
     (1, rmsnorm_eps_outside_the_root, "eps goes inside the square root", "max abs error"),
@@ -113,6 +168,15 @@ def top_p_in_place(logits, p):
     (3, rope_sign_flipped, "decode: one position", "max abs error"),
     (4, top_p_drops_the_crossing_token, "the token that crosses p", "carries the mass past p"),
     (4, top_p_in_place, "vocab 50", "in place"),
+    (5, pool_strided, "8 heads -> 2", "consecutive"),
+    (5, pool_summed, "3 KV heads -> 1", "instead of averaging"),
+    (5, pool_rows_mixed, "6 heads -> 3", "max abs error"),
+    (6, mla_without_causal_mask, "prefill", "causal mask"),
+    (6, mla_without_scale, "decode", "scale"),
+    (6, mla_w_uk_transposed, "square W_UK", "max abs error"),
+    (7, window_one_too_wide, "prefill", "one too many"),
+    (7, mask_queries_first, "decode", "LAST n_queries"),
+    (7, mask_without_window, "a chunk", "may see keys 5..9"),
 ])
 def test_subtly_wrong_exercise_fails_on_the_revealing_case(number, wrong, failing_case, words):
     report = check_exercise(number, wrong)

@@ -9,6 +9,10 @@ from minillm.course import QUICK_ENV, default_lesson_model, find_lesson, list_le
 from minillm.errors import MiniLLMError
 
 LESSONS = list_lessons()
+# What a lesson's own table must show, beyond its title (lessons without an entry: the title is enough).
+EVIDENCE = {5: ["MQA-1 (KV heads mean-pooled)", "perplexity"],
+            6: ["max |naive - absorbed|", "convert_to_mla", "SmolLM2 GQA -> MLA"],
+            7: ["max |rolling - full|", "users (rolling)", "H200-SXM"]}
 
 
 def test_lessons_are_numbered_in_order():
@@ -24,6 +28,8 @@ def test_lesson_runs_quickly_and_prints_its_table(lesson, capfd, monkeypatch):
     assert code == 0, f"lesson {lesson.number:02d} failed:\n{out}\n{err}"
     assert f"Lesson {lesson.number:02d} — " in out        # the title of its table of measurements
     assert "-----" in out and "Traceback" not in err
+    for words in EVIDENCE.get(lesson.number, []):
+        assert words in out, f"lesson {lesson.number:02d} did not print {words!r}:\n{out}"
 
 
 def test_unknown_lesson_is_a_clear_error():
