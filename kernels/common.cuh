@@ -1,0 +1,74 @@
+// common.cuh: the small helpers every minillm kernel shares (included textually by minillm/cuda/kernels.py,
+// and by nvcc through the ordinary #include, so both compilers see the same code).
+//
+// Why no <cuda_fp16.h> / <cuda_bf16.h>: NVRTC only finds those headers when CuPy can point it at a CUDA
+// toolkit, and a bare machine may not have one. A 16-bit float is just 16 bits, so weights and the KV
+// cache travel as `unsigned short` and we convert with one PTX instruction (fp16) or a shift (bf16):
+// exactly what the headers do, with nothing to include.
+#pragma once
+
+typedef unsigned short u16;
+
+#define NEG_INF (__int_as_float(0xff800000))
+
+// fp16 bits <-> fp32
+struct F16 {
+    static __device__ __forceinline__ float to_float(u16 h) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+        return f;
+    }
+    static __device__ __forceinline__ u16 from_float(float f) {
+        u16 h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));   // round to nearest even
+        return h;
+    }
+    // two packed values in one 32-bit word; element 0 is the low half (little-endian)
+    static __device__ __forceinline__ float lo(unsigned int w) { return to_float((u16)(w & 0xffffu)); }
+    static __device__ __forceinline__ float hi(unsigned int w) { return to_float((u16)(w >> 16)); }
+};
+
+// bf16 bits <-> fp32: bf16 is the top half of an fp32
+struct BF16 {
+    static __device__ __forceinline__ float to_float(u16 b) { return __uint_as_float(((unsigned int)b) << 16); }
+    static __device__ __forceinline__ u16 from_float(float f) {
+        unsigned int bits = __float_as_uint(f);
+        if ((bits & 0x7fffffffu) > 0x7f800000u) return (u16)((bits >> 16) | 0x0040u);   // NaN stays NaN
+        bits += 0x7fffu + ((bits >> 16) & 1u);                                           // round half to even
+        return (u16)(bits >> 16);
+    }
+    static __device__ __forceinline__ float lo(unsigned int w) { return __uint_as_float(w << 16); }
+    static __device__ __forceinline__ float hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+};
+
+// Stores for templated outputs: fp32 as is, 16-bit through the type's rounding.
+template <class T> struct Store;
+template <> struct Store<float> { template <class W> static __device__ __forceinline__ void put(float* p, float v) { *p = v; } };
+template <> struct Store<u16>   { template <class W> static __device__ __forceinline__ void put(u16* p, float v) { *p = W::from_float(v); } };
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float partial[32];
+    __shared__ float total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.0f;
+        s = warp_sum(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    return total;
+}

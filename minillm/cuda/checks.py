@@ -1,0 +1,281 @@
+"""Every GPU kernel against its NumPy reference, and the GPU model against the CPU model.
+
+Shared by tests/test_cuda.py (pytest, many shapes) and `python -m minillm.cuda.selfcheck` (a quick
+subset before timing). Each `check_*` runs on random inputs (never zeros), poisons outputs with NaN
+first (an element a kernel forgets to write shows up as NaN), and returns (error, tolerance): the
+largest absolute difference relative to the reference's largest magnitude, and what is accepted.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..attention import attend
+from ..backend import as_f32, to_dtype
+from ..config import ModelConfig
+from ..layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
+from ..model import Transformer
+from .kernels import Kernels
+
+# Relative tolerances: fp16 keeps 11 significant bits, bf16 8; fp32 paths are far tighter.
+TOL = {"float16": 2e-3, "bfloat16": 1.6e-2}
+F32_TOL = 1e-5
+
+
+def _cp():
+    import cupy
+    return cupy
+
+
+def narrow(a: np.ndarray, dtype: str) -> np.ndarray:
+    """fp32 -> host 16-bit storage (float16, or bf16 bits as uint16), as the GPU holds it."""
+    return to_dtype(np.asarray(a, np.float32), dtype)
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return math.inf
+    if np.isnan(got).any():
+        return math.inf                        # a poisoned element was never written
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def poisoned(shape, dtype):
+    """A device array filled with NaN (fp16/fp32) or the bf16 NaN pattern 0x7FC0 (uint16)."""
+    cp = _cp()
+    if np.dtype(dtype) == np.uint16:
+        return cp.full(shape, 0x7FC0, dtype=cp.uint16)
+    return cp.full(shape, np.nan, dtype=dtype)
+
+
+def _host(a) -> np.ndarray:
+    """Device array -> host fp32 (16-bit storage widened)."""
+    return as_f32(_cp().asnumpy(a))
+
+
+def _sync():
+    _cp().cuda.Device().synchronize()
+
+
+# ---- kernels ----------------------------------------------------------------------------------------
+def check_rmsnorm(k: Kernels, T: int, dim: int, to_narrow: bool, seed: int = 0):
+    cp, rng = _cp(), np.random.default_rng(seed)
+    x = rng.standard_normal((T, dim)).astype(np.float32) * 3
+    g = (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
+    out = poisoned((T, dim), _narrow_dt(k.dtype) if to_narrow else np.float32)
+    k.rmsnorm(cp.asarray(x), cp.asarray(g), out, 1e-5)
+    _sync()
+    want = rmsnorm(x, g, 1e-5)
+    return rel_err(_host(out), want), (TOL[k.dtype] if to_narrow else F32_TOL)
+
+
+def check_gemv(k: Kernels, rows: int, n_in: int, version: int, accumulate: bool = False, seed: int = 0):
+    cp, rng = _cp(), np.random.default_rng(seed)
+    w = narrow(rng.standard_normal((rows, n_in)) / math.sqrt(n_in), k.dtype)
+    x = rng.standard_normal(n_in).astype(np.float32)
+    y0 = rng.standard_normal(rows).astype(np.float32)
+    y = cp.asarray(y0) if accumulate else poisoned(rows, np.float32)
+    k.gemv(cp.asarray(w), cp.asarray(x), y, accumulate=accumulate, version=version)
+    _sync()
+    want = as_f32(w).astype(np.float64) @ x.astype(np.float64) + (y0 if accumulate else 0)
+    return rel_err(_host(y), want), 1e-5 * math.sqrt(n_in)     # same weights: only fp32 summation order
+
+
+def check_gemv_rmsnorm(k: Kernels, rows: int, n_in: int, seed: int = 0):
+    cp, rng = _cp(), np.random.default_rng(seed)
+    w = narrow(rng.standard_normal((rows, n_in)) / math.sqrt(n_in), k.dtype)
+    x = (rng.standard_normal(n_in) * 3).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
+    y = poisoned(rows, np.float32)
+    k.gemv_rmsnorm(cp.asarray(w), cp.asarray(x), cp.asarray(g), 1e-5, y)
+    _sync()
+    want = as_f32(w).astype(np.float64) @ rmsnorm(x[None], g, 1e-5)[0].astype(np.float64)
+    return rel_err(_host(y), want), 1e-5 * math.sqrt(n_in)
+
+
+def check_rope(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, pos0: int, seed: int = 0):
+    cp, rng = _cp(), np.random.default_rng(seed)
+    width = (n_heads + 2 * n_kv) * hd
+    qkv = rng.standard_normal((T, width)).astype(np.float32)
+    inv_freq = rope_inv_freq(hd, 10000.0)
+    d_qkv, pos = cp.asarray(qkv), cp.asarray(np.array([pos0], np.int32))
+    k.rope(d_qkv, T, n_heads + n_kv, hd, pos, cp.asarray(inv_freq))
+    _sync()
+    cos, sin = rope_tables(np.arange(pos0, pos0 + T), inv_freq)
+    rotated = apply_rope(qkv[:, :(n_heads + n_kv) * hd].reshape(T, n_heads + n_kv, hd), cos, sin)
+    want = np.concatenate([rotated.reshape(T, -1), qkv[:, (n_heads + n_kv) * hd:]], axis=1)
+    return rel_err(_host(d_qkv), want), 1e-5 * max(1, pos0) ** 0.5
+
+
+def check_kv_append(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, capacity: int, pos0: int, seed: int = 0):
+    cp, rng = _cp(), np.random.default_rng(seed)
+    width = (n_heads + 2 * n_kv) * hd
+    qkv = rng.standard_normal((T, width)).astype(np.float32)
+    old = narrow(rng.standard_normal((n_kv, capacity, hd)), k.dtype)
+    kc, vc = cp.asarray(old), cp.asarray(old)
+    k.kv_append(cp.asarray(qkv), T, n_heads, n_kv, hd, kc, vc, cp.asarray(np.array([pos0], np.int32)))
+    _sync()
+    want_k, want_v = as_f32(old).copy(), as_f32(old).copy()
+    new = qkv.reshape(T, n_heads + 2 * n_kv, hd)
+    want_k[:, pos0:pos0 + T] = as_f32(narrow(new[:, n_heads:n_heads + n_kv].transpose(1, 0, 2), k.dtype))
+    want_v[:, pos0:pos0 + T] = as_f32(narrow(new[:, n_heads + n_kv:].transpose(1, 0, 2), k.dtype))
+    err = max(rel_err(_host(kc), want_k), rel_err(_host(vc), want_v))
+    return err, 0.0                                                 # a copy: exact
+
+
+def check_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, length: int, n_splits: int,
+                    window: int | None = None, capacity: int | None = None, seed: int = 0):
+    """T queries that are the last T of `length` cached positions; n_splits flash-decoding splits."""
+    cp, rng = _cp(), np.random.default_rng(seed)
+    capacity = capacity or length + 3
+    width = (n_heads + 2 * n_kv) * hd
+    qkv = rng.standard_normal((T, width)).astype(np.float32)
+    kc = narrow(rng.standard_normal((n_kv, capacity, hd)), k.dtype)
+    vc = narrow(rng.standard_normal((n_kv, capacity, hd)), k.dtype)
+    parts = (poisoned((T, n_heads, n_splits), np.float32), poisoned((T, n_heads, n_splits), np.float32),
+             poisoned((T, n_heads, n_splits, hd), np.float32))
+    out = poisoned((T, n_heads * hd), np.float32)
+    pos = cp.asarray(np.array([length - T], np.int32))
+    k.attention(cp.asarray(qkv), T, n_heads, n_kv, hd, cp.asarray(kc), cp.asarray(vc), pos, window, parts, out)
+    _sync()
+    q = qkv[:, :n_heads * hd].reshape(T, n_heads, hd)
+    want = attend(q, as_f32(kc)[:, :length], as_f32(vc)[:, :length], window)
+    return rel_err(_host(out), want), 1e-4                          # same K/V values: fp32 math only
+
+
+def check_swiglu(k: Kernels, T: int, ffn: int, to_narrow: bool, seed: int = 0):
+    cp, rng = _cp(), np.random.default_rng(seed)
+    gu = (rng.standard_normal((T, 2 * ffn)) * 3).astype(np.float32)
+    out = poisoned((T, ffn), _narrow_dt(k.dtype) if to_narrow else np.float32)
+    k.swiglu(cp.asarray(gu), out)
+    _sync()
+    want = silu(gu[:, :ffn]) * gu[:, ffn:]
+    return rel_err(_host(out), want), (TOL[k.dtype] if to_narrow else F32_TOL)
+
+
+def check_embed_cast(k: Kernels, vocab: int, dim: int, seed: int = 0):
+    cp, rng = _cp(), np.random.default_rng(seed)
+    table = narrow(rng.standard_normal((vocab, dim)), k.dtype)
+    tokens = rng.integers(0, vocab, 7).astype(np.int32)
+    out = poisoned((7, dim), np.float32)
+    k.embed(cp.asarray(tokens), cp.asarray(table), out)
+    x = rng.standard_normal((5, dim)).astype(np.float32)
+    narrowed = poisoned((5, dim), _narrow_dt(k.dtype))
+    k.cast(cp.asarray(x), narrowed)
+    _sync()
+    err_embed = rel_err(_host(out), as_f32(table[tokens]))
+    err_cast = rel_err(cp.asnumpy(narrowed).view(np.uint16), narrow(x, k.dtype).view(np.uint16))
+    return max(err_embed, err_cast), 0.0                            # both exact (cast: bit for bit)
+
+
+def _narrow_dt(dtype: str):
+    return np.float16 if dtype == "float16" else np.uint16
+
+
+# ---- the model --------------------------------------------------------------------------------------
+def small_config(kind: str = "gqa", **changes) -> ModelConfig:
+    """Small random-model shapes: "gqa", "mha", "mqa", "tied", "mistral" (sliding window 6), "hd64"."""
+    base = dict(vocab_size=512, dim=128, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=256,
+                norm_eps=1e-5, rope_theta=10000.0, max_seq_len=128)
+    base |= {"gqa": {}, "mha": dict(n_kv_heads=8), "mqa": dict(n_kv_heads=1),
+             "tied": dict(tie_embeddings=True, n_layers=3),
+             "mistral": dict(family="mistral", sliding_window=6),
+             "hd64": dict(dim=256, n_heads=4, n_kv_heads=2, ffn_dim=512),
+             "llama3": dict(rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 32})}[kind]
+    return ModelConfig(**(base | changes))
+
+
+def random_cpu_model(config: ModelConfig, dtype: str = "float16", seed: int = 0) -> Transformer:
+    """A CPU Transformer with random weights already rounded to `dtype`, so the CPU and the GPU
+    multiply the same numbers (norm gains stay fp32, as the GPU keeps them)."""
+    rng = np.random.default_rng(seed)
+    c, hd = config, config.head_dim
+    mat = lambda rows, cols: narrow(rng.standard_normal((rows, cols)) / math.sqrt(cols), dtype)
+    gain = lambda: (1 + 0.1 * rng.standard_normal(c.dim)).astype(np.float32)
+    t = {"model.embed_tokens.weight": narrow(rng.standard_normal((c.vocab_size, c.dim)), dtype),
+         "model.norm.weight": gain()}
+    if not c.tie_embeddings:
+        t["lm_head.weight"] = mat(c.vocab_size, c.dim)
+    for i in range(c.n_layers):
+        p = f"model.layers.{i}."
+        t |= {p + "input_layernorm.weight": gain(), p + "post_attention_layernorm.weight": gain(),
+              p + "self_attn.q_proj.weight": mat(c.n_heads * hd, c.dim),
+              p + "self_attn.k_proj.weight": mat(c.n_kv_heads * hd, c.dim),
+              p + "self_attn.v_proj.weight": mat(c.n_kv_heads * hd, c.dim),
+              p + "self_attn.o_proj.weight": mat(c.dim, c.n_heads * hd),
+              p + "mlp.gate_proj.weight": mat(c.ffn_dim, c.dim),
+              p + "mlp.up_proj.weight": mat(c.ffn_dim, c.dim),
+              p + "mlp.down_proj.weight": mat(c.dim, c.ffn_dim)}
+    return Transformer(config, t)
+
+
+# Model-level tolerance, relative to the largest |logit|: the GPU narrows activations to 16 bits before
+# each prefill GEMM and keeps K/V in 16 bits; the CPU does neither.
+MODEL_TOL = {"float16": 5e-3, "bfloat16": 3e-2}     # seen in a CPU emulation: 6e-4 and 4e-3
+
+
+def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int = 20, seed: int = 0,
+                       fuse_norm: bool = False):
+    """Prefill logits (all positions) and teacher-forced decode logits, GPU vs CPU."""
+    from .gpu_model import GPUTransformer
+    cfg = small_config(kind)
+    cpu = random_cpu_model(cfg, dtype, seed)
+    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm)
+    ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, n_prompt + n_decode)
+    err = rel_err(gpu.prefill(ids[:n_prompt], gpu.new_cache(64), all_logits=True),
+                  cpu.prefill(ids[:n_prompt], cpu.new_cache(64), all_logits=True))
+    cc, gc = cpu.new_cache(64), gpu.new_cache(64)
+    err = max(err, rel_err(gpu.prefill(ids[:n_prompt], gc), cpu.prefill(ids[:n_prompt], cc)))
+    for t in ids[n_prompt:]:
+        err = max(err, rel_err(gpu.decode(int(t), gc), cpu.decode(int(t), cc)))
+    return err, MODEL_TOL[dtype]
+
+
+def greedy(model, prompt, n: int, cache) -> tuple[list[int], list[np.ndarray]]:
+    logits = model.prefill(prompt, cache)
+    tokens, all_logits = [], []
+    for _ in range(n):
+        all_logits.append(logits)
+        tokens.append(int(np.argmax(logits)))
+        logits = model.decode(tokens[-1], cache)
+    return tokens, all_logits
+
+
+def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: bool = False):
+    """Greedy continuations, GPU vs CPU. Returns (tokens equal, detail). A divergence is accepted only
+    at a near-tie: where the CPU's top two logits are closer than the logits' measured error."""
+    from .gpu_model import GPUTransformer
+    cfg = small_config(kind)
+    cpu = random_cpu_model(cfg, dtype, seed)
+    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm)
+    prompt = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8)
+    want, cpu_logits = greedy(cpu, prompt, n, cpu.new_cache(64))
+    got, gpu_logits = greedy(gpu, prompt, n, gpu.new_cache(64))
+    for i, (a, b) in enumerate(zip(want, got)):
+        if a != b:
+            top2 = np.sort(cpu_logits[i])[-2:]
+            margin, err = float(top2[1] - top2[0]), float(np.abs(cpu_logits[i] - gpu_logits[i]).max())
+            return margin < 2 * err, f"diverged at token {i}: cpu {a} gpu {b}, top-2 margin {margin:.2e}, " \
+                                     f"logit error {err:.2e}"
+    return True, f"{n} tokens equal"
+
+
+def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, fuse_norm: bool = False):
+    """The same prompt and tokens through eager launches and through the replayed CUDA graph:
+    the same kernels in the same order, so the logits must be bit-identical."""
+    from .gpu_model import GPUTransformer
+    cfg = small_config(kind)
+    gpu = GPUTransformer.from_cpu(random_cpu_model(cfg, dtype, seed), dtype, fuse_norm=fuse_norm)
+    ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8 + n)
+    runs = []
+    for use_graph in (False, True):
+        gpu.use_graph = use_graph
+        cache = gpu.new_cache(64)
+        out = [gpu.prefill(ids[:8], cache)] + [gpu.decode(int(t), cache) for t in ids[8:]]
+        runs.append(np.stack(out))
+    same = bool(np.array_equal(runs[0], runs[1]))
+    return same, "bit-identical" if same else f"max diff {np.abs(runs[0] - runs[1]).max():.3e}"

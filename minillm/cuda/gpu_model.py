@@ -1,0 +1,333 @@
+"""GPUTransformer: the Llama-family forward pass on the device, same contract as `model.Transformer`.
+
+    gpu = GPUTransformer.from_cpu(cpu_model, dtype="float16")   # or "bfloat16"
+    cache = gpu.new_cache(256)
+    logits = gpu.prefill(ids, cache)      # float32 numpy [vocab], on the host
+    logits = gpu.decode(token, cache)     # float32 numpy [vocab]
+
+Weights live on the device in 16 bits (fp16, or bf16 as uint16 bits), in HF's [out, in] layout, with
+q/k/v concatenated into one matrix and gate/up into another (one GEMV each instead of three and two).
+The residual stream, norms, RoPE, softmax and every accumulation are fp32; the KV cache is 16-bit.
+
+Prefill (compute-bound, T tokens): cuBLAS GEMMs (fp16/bf16 inputs, fp32 output and accumulation,
+residual add folded into the GEMM's beta) and our attention kernel with one query per token.
+
+Decode (memory-bound, one token): only our kernels (gemv.cu for every matrix: cuBLAS cannot be captured
+from CuPy) over preallocated buffers, with the token and position in a device buffer. So the whole step,
+~11 launches a layer, is captured once per cache as a CUDA graph and replayed per token
+(`use_graph=True`, the default); `use_graph=False` runs the same launches eagerly, for comparison.
+`fuse_norm=True` folds the RMSNorm before q/k/v, gate/up and the LM head into those GEMVs (gemv.cu
+v3): 65 launches fewer per 32-layer step; off by default until the H200 numbers say it pays.
+
+Not here yet: int8/int4 weights (a dequantizing GEMV), MLA, a rolling KV buffer (sliding windows use a
+contiguous cache and a mask), batching.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backend import to_dtype
+from ..config import ModelConfig
+from ..layers import rope_inv_freq
+from .kernels import MAX_FUSED_NORM, Kernels, n_splits_for
+
+DTYPES = ("float16", "bfloat16")
+
+
+def _cp():
+    import cupy
+    return cupy
+
+
+def device_dtype(dtype: str):
+    """How a 16-bit weight dtype is held in CuPy: fp16 as float16, bf16 as its raw uint16 bits."""
+    cp = _cp()
+    if dtype not in DTYPES:
+        raise ValueError(f"GPU weights are float16 or bfloat16, not {dtype!r}")
+    return cp.float16 if dtype == "float16" else cp.uint16
+
+
+@dataclass
+class GPULayer:
+    attn_norm: object   # [dim] fp32
+    wqkv: object        # [(n_heads + 2 n_kv_heads) * hd, dim] 16-bit
+    wo: object          # [dim, n_heads * hd]
+    mlp_norm: object    # [dim] fp32
+    wgu: object         # [2 * ffn_dim, dim]  (gate rows, then up rows)
+    wdown: object       # [dim, ffn_dim]
+
+
+class GPUKVCache:
+    """Contiguous 16-bit KV cache on the device: k, v [n_layers, n_kv_heads, capacity, head_dim].
+
+    Same contract as kv_cache.KVCache (length, advance, reset); a sliding window is applied by the
+    attention kernel as a key range. Holds the CUDA graph captured for it (the graph bakes in its
+    pointers)."""
+
+    def __init__(self, config: ModelConfig, capacity: int, dtype: str):
+        cp = _cp()
+        shape = (config.n_layers, config.n_kv_heads, capacity, config.head_dim)
+        self.k = cp.zeros(shape, dtype=device_dtype(dtype))
+        self.v = cp.zeros(shape, dtype=device_dtype(dtype))
+        self.max_seq_len = capacity
+        self.length = 0
+        self.graph = None
+        self.graph_key = None       # (model, fuse_norm, gemv_version) the graph was captured for
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
+
+    def reset(self) -> None:
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class GPUTransformer:
+    prefill_chunk = 1024      # tokens per prefill pass (bounds the [T, 2 * ffn] fp32 scratch)
+
+    def __init__(self, config: ModelConfig, layers: list[GPULayer], embed, final_norm, lm_head,
+                 dtype: str = "float16", use_graph: bool = True, gemv_version: int = 2, fuse_norm: bool = False):
+        cp = _cp()
+        if config.attention != "gqa":
+            raise ValueError("the GPU path runs MHA/GQA/MQA models; MLA is CPU-only for now")
+        self.config, self.layers, self.dtype = config, layers, dtype
+        self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
+        self.use_graph, self.gemv_version = use_graph, gemv_version
+        self.fuse_norm = fuse_norm and config.dim <= MAX_FUSED_NORM and config.dim % 8 == 0   # decode only
+        self.k = Kernels(dtype)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        c, hd = config, config.head_dim
+        self.q_width = c.n_heads * hd
+        self.qkv_width = (c.n_heads + 2 * c.n_kv_heads) * hd
+        self.inv_freq = cp.asarray(rope_inv_freq(hd, c.rope_theta, c.rope_scaling))
+        self.n_sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+        # Decode-step buffers: allocated once, so a captured graph's pointers stay valid.
+        f32 = cp.float32
+        self.step = cp.zeros(2, dtype=cp.int32)          # [token, position] read by the kernels
+        self.step_tokens, self.step_pos = self.step[0:1], self.step[1:2]
+        self.x = cp.zeros((1, c.dim), f32)                 # the residual stream
+        self.h = cp.zeros((1, c.dim), f32)                 # normalized
+        self.qkv = cp.zeros((1, self.qkv_width), f32)
+        self.attn = cp.zeros((1, self.q_width), f32)
+        self.gu = cp.zeros((1, 2 * c.ffn_dim), f32)
+        self.act = cp.zeros((1, c.ffn_dim), f32)
+        self.logits = cp.zeros((c.vocab_size,), f32)
+        self._parts: dict[int, tuple] = {}                 # n_splits -> decode scratch
+        self._alpha = np.ones(1, np.float32)
+        self._beta0 = np.zeros(1, np.float32)
+        self._beta1 = np.ones(1, np.float32)
+        cp.cuda.Device().synchronize()     # uploads and zero-fills ran on the default stream: finish them
+
+    # ---- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_cpu(cls, model, dtype: str = "float16", **kw) -> "GPUTransformer":
+        """Copy a CPU `minillm.model.Transformer`'s weights to the device as fp16 or bf16."""
+        cp = _cp()
+        from ..quant import QuantizedWeight
+        cfg = model.config
+        if cfg.attention != "gqa":
+            raise ValueError("the GPU path runs MHA/GQA/MQA models; MLA is CPU-only for now")
+        if any(isinstance(w, QuantizedWeight) for w in (model.layers[0].wq, model.layers[0].w_gate)):
+            raise ValueError("int8/int4 weights are CPU-only for now (the GPU path needs fp16/bf16)")
+        dev = lambda a: cp.asarray(to_dtype(np.asarray(a), dtype))
+        f32 = lambda a: cp.asarray(to_dtype(np.asarray(a), "float32"))
+        layers = [GPULayer(attn_norm=f32(L.attn_norm),
+                           wqkv=dev(np.concatenate([L.wq, L.wk, L.wv])),
+                           wo=dev(L.wo),
+                           mlp_norm=f32(L.mlp_norm),
+                           wgu=dev(np.concatenate([L.w_gate, L.w_up])),
+                           wdown=dev(L.w_down))
+                  for L in model.layers]
+        embed = dev(model.embed)
+        lm_head = embed if model.lm_head is model.embed else dev(model.lm_head)
+        return cls(cfg, layers, embed, f32(model.final_norm), lm_head, dtype=dtype, **kw)
+
+    @classmethod
+    def random(cls, config: ModelConfig, dtype: str = "float16", seed: int = 0, **kw) -> "GPUTransformer":
+        """Random weights of `config`'s shape, made on the device (uniform, variance 1/fan_in): for
+        speed measurements, where the weight values do not matter."""
+        cp = _cp()
+        kern = Kernels(dtype)
+        c, hd = config, config.head_dim
+        counter = [seed * 1000]
+
+        def mat(rows, cols):
+            w = cp.empty((rows, cols), dtype=device_dtype(dtype))
+            counter[0] += 1
+            kern.fill_uniform(w, counter[0], (3.0 / cols) ** 0.5)
+            return w
+
+        ones = lambda: cp.ones(c.dim, cp.float32)
+        layers = [GPULayer(ones(), mat((c.n_heads + 2 * c.n_kv_heads) * hd, c.dim), mat(c.dim, c.n_heads * hd),
+                           ones(), mat(2 * c.ffn_dim, c.dim), mat(c.dim, c.ffn_dim))
+                  for _ in range(c.n_layers)]
+        embed = mat(c.vocab_size, c.dim)
+        lm_head = embed if c.tie_embeddings else mat(c.vocab_size, c.dim)
+        cp.cuda.Device().synchronize()
+        return cls(config, layers, embed, ones(), lm_head, dtype=dtype, **kw)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights a decode step reads (every matrix once; the embedding only one row)."""
+        per_layer = sum(w.nbytes for L in self.layers for w in (L.wqkv, L.wo, L.wgu, L.wdown,
+                                                                 L.attn_norm, L.mlp_norm))
+        return per_layer + self.lm_head.nbytes + self.final_norm.nbytes
+
+    def new_cache(self, max_seq_len: int | None = None) -> GPUKVCache:
+        """A KV cache for up to `max_seq_len` positions (default: the model's context)."""
+        with self.stream:        # zero-filled on our stream, so no later kernel can overtake the fill
+            return GPUKVCache(self.config, max_seq_len or self.config.max_seq_len, self.dtype)
+
+    # ---- the two phases --------------------------------------------------------------------------
+    def prefill(self, tokens, cache: GPUKVCache, all_logits: bool = False) -> np.ndarray:
+        """Run the prompt, filling the cache.  -> logits [T, vocab] if all_logits else [vocab] (host fp32)"""
+        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if cache.length + len(tokens) > cache.max_seq_len:
+            raise ValueError(f"KV cache is full: {cache.length + len(tokens)} positions > capacity "
+                             f"{cache.max_seq_len}")
+        outputs = []
+        with self.stream:
+            for start in range(0, len(tokens), self.prefill_chunk):
+                chunk = tokens[start:start + self.prefill_chunk]
+                x = self._prefill_chunk(chunk, cache)                     # [T, dim] fp32, after the last layer
+                if all_logits:
+                    outputs.append(self._head_all(x).get())
+                elif start + self.prefill_chunk >= len(tokens):
+                    self.k.rmsnorm(x[-1:], self.final_norm, self.h, self.config.norm_eps)
+                    self.k.gemv(self.lm_head, self.h[0], self.logits, version=self.gemv_version)
+                    outputs.append(self.logits.get())
+            self.stream.synchronize()
+        return np.concatenate(outputs) if all_logits else outputs[-1]
+
+    def decode(self, token: int, cache: GPUKVCache) -> np.ndarray:
+        """Run one new position against the cache.  -> logits [vocab] (host fp32)"""
+        if cache.length + 1 > cache.max_seq_len:
+            raise ValueError(f"KV cache is full: {cache.length + 1} positions > capacity {cache.max_seq_len}")
+        with self.stream:
+            self.step.set(np.array([token, cache.length], dtype=np.int32))
+            if self.use_graph:
+                self._graph_for(cache).launch(self.stream)
+            else:
+                self.decode_step(cache)
+            logits = self.logits.get()
+            self.stream.synchronize()
+        cache.advance(1)
+        return logits
+
+    # ---- decode: one token, our kernels only ---------------------------------------------------
+    def decode_step(self, cache: GPUKVCache) -> None:
+        """Enqueue one decode step on the current stream: token and position from `self.step`,
+        logits into `self.logits`. No allocation, no host sync, no cuBLAS: capturable."""
+        c, k, v = self.config, self.k, self.gemv_version
+        hd = c.head_dim
+        parts = self._decode_parts(cache)
+        k.embed(self.step_tokens, self.embed, self.x)                                  # [1, dim]
+        for i, L in enumerate(self.layers):
+            self._norm_gemv(self.x, L.attn_norm, L.wqkv, self.qkv, "qkv")               # [1, qkv_width]
+            k.rope(self.qkv, 1, c.n_heads + c.n_kv_heads, hd, self.step_pos, self.inv_freq)
+            k.kv_append(self.qkv, 1, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], self.step_pos)
+            k.attention(self.qkv, 1, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], self.step_pos,
+                        c.sliding_window, parts, self.attn)                            # [1, n_heads * hd]
+            k.gemv(L.wo, self.attn[0], self.x[0], True, v, "o")                        # x += o_proj(attn)
+            self._norm_gemv(self.x, L.mlp_norm, L.wgu, self.gu, "gate_up")              # [1, 2 * ffn]
+            k.swiglu(self.gu, self.act)                                                # [1, ffn]
+            k.gemv(L.wdown, self.act[0], self.x[0], True, v, "down")                   # x += down(act)
+        self._norm_gemv(self.x, self.final_norm, self.lm_head, self.logits[None], "lm_head")   # [vocab]
+
+    def _norm_gemv(self, x, gain, w, out, label: str) -> None:
+        """out [1, rows] = w · rmsnorm(x [1, dim]): one fused kernel (v3) or rmsnorm then GEMV."""
+        if self.fuse_norm:
+            self.k.gemv_rmsnorm(w, x[0], gain, self.config.norm_eps, out[0], label)
+        else:
+            self.k.rmsnorm(x, gain, self.h, self.config.norm_eps)
+            self.k.gemv(w, self.h[0], out[0], False, self.gemv_version, label)
+
+    def _decode_parts(self, cache: GPUKVCache):
+        cp = _cp()
+        s = n_splits_for(self.config.n_heads, cache.max_seq_len, self.n_sms)
+        if s not in self._parts:
+            H, hd = self.config.n_heads, self.config.head_dim
+            self._parts[s] = (cp.zeros((1, H, s), cp.float32), cp.zeros((1, H, s), cp.float32),
+                              cp.zeros((1, H, s, hd), cp.float32))
+        return self._parts[s]
+
+    def _graph_for(self, cache: GPUKVCache):
+        """The decode step captured as a CUDA graph for this cache (captured on first use)."""
+        key = (self, self.fuse_norm, self.gemv_version)
+        if cache.graph is None or cache.graph_key != key:
+            self._decode_parts(cache)                    # allocate scratch before capturing
+            self.stream.begin_capture()
+            try:
+                self.decode_step(cache)
+            finally:
+                graph = self.stream.end_capture()
+            cache.graph, cache.graph_key = graph, key
+        return cache.graph
+
+    # ---- prefill: cuBLAS GEMMs ------------------------------------------------------------------
+    def _prefill_chunk(self, chunk: np.ndarray, cache: GPUKVCache):
+        cp = _cp()
+        c, k = self.config, self.k
+        T, hd, nd = len(chunk), c.head_dim, device_dtype(self.dtype)
+        self.step.set(np.array([0, cache.length], dtype=np.int32))
+        pos = self.step_pos
+        tokens = cp.asarray(chunk)
+        x = cp.empty((T, c.dim), cp.float32)
+        hn = cp.empty((T, c.dim), nd)
+        qkv = cp.empty((T, self.qkv_width), cp.float32)
+        attn = cp.empty((T, self.q_width), cp.float32)
+        attn_n = cp.empty((T, self.q_width), nd)
+        gu = cp.empty((T, 2 * c.ffn_dim), cp.float32)
+        act_n = cp.empty((T, c.ffn_dim), nd)
+        s = max(1, min(16, (4 * self.n_sms) // (c.n_heads * T)))       # splits only when T is small
+        parts = (cp.empty((T, c.n_heads, s), cp.float32), cp.empty((T, c.n_heads, s), cp.float32),
+                 cp.empty((T, c.n_heads, s, hd), cp.float32))
+        k.embed(tokens, self.embed, x)                                                    # [T, dim]
+        for i, L in enumerate(self.layers):
+            k.rmsnorm(x, L.attn_norm, hn, c.norm_eps)                                     # [T, dim] 16-bit
+            self.gemm(hn, L.wqkv, qkv)                                                    # [T, qkv_width]
+            k.rope(qkv, T, c.n_heads + c.n_kv_heads, hd, pos, self.inv_freq)
+            k.kv_append(qkv, T, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], pos)
+            k.attention(qkv, T, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], pos,
+                        c.sliding_window, parts, attn)                                    # [T, n_heads * hd]
+            k.cast(attn, attn_n)
+            self.gemm(attn_n, L.wo, x, accumulate=True)                                   # x += o_proj(attn)
+            k.rmsnorm(x, L.mlp_norm, hn, c.norm_eps)
+            self.gemm(hn, L.wgu, gu)                                                      # [T, 2 * ffn]
+            k.swiglu(gu, act_n)                                                           # [T, ffn] 16-bit
+            self.gemm(act_n, L.wdown, x, accumulate=True)                                 # x += down(act)
+        cache.advance(T)
+        return x
+
+    def _head_all(self, x):
+        cp = _cp()
+        hn = cp.empty(x.shape, device_dtype(self.dtype))
+        self.k.rmsnorm(x, self.final_norm, hn, self.config.norm_eps)
+        logits = cp.empty((x.shape[0], self.config.vocab_size), cp.float32)
+        self.gemm(hn, self.lm_head, logits)
+        return logits
+
+    def gemm(self, a, w, out, accumulate: bool = False) -> None:
+        """out [T, rows] fp32 (+)= a [T, in] (16-bit) @ w [rows, in]ᵀ, on cuBLAS with fp32 accumulation.
+
+        Row-major a and w are column-major aᵀ and wᵀ to cuBLAS, so out (row-major [T, rows] = column-
+        major [rows, T]) = op(W) · aᵀ with op = transpose: m = rows, n = T, k = in."""
+        cp = _cp()
+        from cupy_backends.cuda.libs import cublas
+        from cupy.cuda import runtime
+        T, n_in = a.shape
+        rows = w.shape[0]
+        ab_type = runtime.CUDA_R_16F if self.dtype == "float16" else runtime.CUDA_R_16BF
+        handle = cp.cuda.device.get_cublas_handle()
+        cublas.setStream(handle, self.stream.ptr)
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        beta = self._beta1 if accumulate else self._beta0
+        cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, rows, T, n_in,
+                      self._alpha.ctypes.data, w.data.ptr, ab_type, n_in, a.data.ptr, ab_type, n_in,
+                      beta.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, rows,
+                      cublas.CUBLAS_COMPUTE_32F, -1)        # -1: CUBLAS_GEMM_DEFAULT

@@ -1,0 +1,173 @@
+"""Load `kernels/*.cu` as CuPy RawModules and launch them with documented shapes.
+
+Every kernel takes 16-bit weights as raw bits (`cupy.float16`, or `cupy.uint16` holding bf16: the same
+convention as the CPU side's `np.uint16`), fp32 activations, and reads positions and token ids from
+device buffers so that a captured CUDA graph sees new values on each replay. Scalars are passed as
+explicit `np.int32` / `np.float32` (CuPy would otherwise guess a C type from a Python int).
+
+All launches go on CuPy's current stream. `Kernels.timer`, when set, wraps each launch (per-kernel
+CUDA-event timings for the selfcheck).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "decode_attention", "gemv", "embed"]
+ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
+MAX_FUSED_NORM = 12000                 # gemv_rmsnorm_v3 keeps in floats in shared memory (+ static): < 48 KB
+
+
+def kernel_source(name: str) -> str:
+    """The text of kernels/NAME.cu with `#include "common.cuh"` pasted in.
+
+    Pasting (rather than -I) keeps NVRTC free of include paths and makes CuPy's compile cache,
+    keyed by the source text, notice a change to common.cuh."""
+    common = (KERNEL_DIR / "common.cuh").read_text()
+    return (KERNEL_DIR / f"{name}.cu").read_text().replace('#include "common.cuh"', common)
+
+
+def suffix(dtype) -> str:
+    """Kernel-name suffix for a weight dtype: float16 -> f16, bfloat16 (uint16 bits) -> bf16."""
+    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if name in ("float16",):
+        return "f16"
+    if name in ("bfloat16", "uint16"):
+        return "bf16"
+    raise ValueError(f"no GPU kernels for weight dtype {name!r} (float16 or bfloat16)")
+
+
+_modules: dict[str, object] = {}
+
+
+def module(name: str):
+    """The compiled RawModule of kernels/NAME.cu (compiled once per process, cached on disk by CuPy)."""
+    import cupy as cp
+    if name not in _modules:
+        _modules[name] = cp.RawModule(code=kernel_source(name), options=("--std=c++17",))
+    return _modules[name]
+
+
+def _grid_for(n: int, block: int = 256, cap: int = 132 * 16) -> int:
+    return max(1, min(cap, (n + block - 1) // block))
+
+
+class Kernels:
+    """Launch helpers for one weight dtype ("float16" or "bfloat16"). Every function is fetched at
+    construction, so nothing compiles or loads while a CUDA graph is being captured."""
+
+    def __init__(self, dtype: str = "float16"):
+        self.dtype = dtype
+        sfx = suffix(dtype)
+        get = lambda mod, fn: module(mod).get_function(fn)
+        self.fn = {
+            "rmsnorm": get("rmsnorm", "rmsnorm_f32"),
+            "rmsnorm_narrow": get("rmsnorm", f"rmsnorm_to_{sfx}"),
+            "rope": get("rope", "rope_qk"),
+            "swiglu": get("swiglu", "swiglu_f32"),
+            "swiglu_narrow": get("swiglu", f"swiglu_to_{sfx}"),
+            "kv_append": get("kv_append", f"kv_append_{sfx}"),
+            "attention_split": get("decode_attention", f"attention_split_{sfx}"),
+            "attention_combine": get("decode_attention", "attention_combine"),
+            "gemv_v1": get("gemv", f"gemv_v1_{sfx}"),
+            "gemv_v2": get("gemv", f"gemv_v2_{sfx}"),
+            "gemv_rmsnorm_v3": get("gemv", f"gemv_rmsnorm_v3_{sfx}"),
+            "embed": get("embed", f"embed_{sfx}"),
+            "cast": get("embed", f"cast_to_{sfx}"),
+            "fill_uniform": get("embed", f"fill_uniform_{sfx}"),
+        }
+        for f in self.fn.values():          # force NVRTC + module load now, not during a capture
+            getattr(f, "attributes", None)
+        self.timer = None
+
+    def _launch(self, name: str, grid, block, args, label: str = "", shared_mem: int = 0) -> None:
+        fn = self.fn[name]
+        if self.timer is None:
+            fn(grid, block, args, shared_mem=shared_mem)
+        else:
+            self.timer(f"{name} {label}".strip(), lambda: fn(grid, block, args, shared_mem=shared_mem))
+
+    # ---- the kernels ---------------------------------------------------------------------------
+    def rmsnorm(self, x, gain, out, eps: float) -> None:
+        """x [T, dim] fp32, gain [dim] fp32 -> out [T, dim], fp32 or narrow (the weight dtype)."""
+        T, dim = x.shape
+        name = "rmsnorm" if out.dtype == np.float32 else "rmsnorm_narrow"
+        self._launch(name, (T,), (256,), (x, gain, out, np.int32(dim), np.float32(eps)))
+
+    def gemv(self, w, x, y, accumulate: bool = False, version: int = 2, label: str = "") -> None:
+        """y [rows] fp32 (+)= w [rows, in] · x [in] fp32; in % 8 == 0. `label` names it for the timer."""
+        rows, n_in = w.shape
+        if n_in % 8:
+            raise ValueError(f"gemv needs in % 8 == 0, got {n_in}")
+        self._launch(f"gemv_v{version}", ((rows + 7) // 8,), (256,),
+                     (w, x, y, np.int32(rows), np.int32(n_in), np.int32(1 if accumulate else 0)), label)
+
+    def gemv_rmsnorm(self, w, x, gain, eps: float, y, label: str = "") -> None:
+        """y [rows] fp32 = w [rows, in] · rmsnorm(x [in] fp32, gain [in] fp32): v3, the norm fused in."""
+        rows, n_in = w.shape
+        if n_in % 8 or n_in > MAX_FUSED_NORM:
+            raise ValueError(f"gemv_rmsnorm needs in % 8 == 0 and in <= {MAX_FUSED_NORM}, got {n_in}")
+        self._launch("gemv_rmsnorm_v3", ((rows + 15) // 16,), (512,),
+                     (w, x, gain, np.float32(eps), y, np.int32(rows), np.int32(n_in)), label, shared_mem=4 * n_in)
+
+    def rope(self, qkv, n_tokens: int, n_rotated_heads: int, head_dim: int, pos, inv_freq) -> None:
+        """Rotate the first n_rotated_heads (= n_heads + n_kv_heads) heads of each qkv row [T, width],
+        in place; token t at position pos[0] + t."""
+        self._launch("rope", (n_tokens, n_rotated_heads), (head_dim // 2,),
+                     (qkv, np.int32(qkv.shape[-1]), np.int32(head_dim), pos, inv_freq))
+
+    def kv_append(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                  k_cache, v_cache, pos) -> None:
+        """k/v of each qkv row [T, width] -> k_cache, v_cache [n_kv_heads, capacity, hd] at pos[0] + t."""
+        capacity = k_cache.shape[1]
+        self._launch("kv_append", (n_tokens, n_kv_heads), (min(head_dim, 256),),
+                     (qkv, np.int32(qkv.shape[-1]), np.int32(n_heads), np.int32(n_kv_heads),
+                      np.int32(head_dim), k_cache, v_cache, np.int32(capacity), pos))
+
+    def attention(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, k_cache, v_cache,
+                  pos, window: int | None, parts, out) -> None:
+        """Queries of each qkv row [T, width] against one layer's cache -> out [T, n_heads * hd] fp32.
+
+        parts = (m [T, H, S], l [T, H, S], acc [T, H, S, hd]) fp32 scratch; S = n_splits is parts' last
+        dim. Query t sits at pos[0] + t; window None or 0 = full causal."""
+        if head_dim > MAX_HD:
+            raise ValueError(f"head_dim {head_dim} > {MAX_HD}")
+        part_m, part_l, part_acc = parts
+        n_splits = part_m.shape[-1]
+        capacity = k_cache.shape[1]
+        self._launch("attention_split", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,),
+                     (qkv, np.int32(qkv.shape[-1]), k_cache, v_cache, np.int32(capacity), np.int32(n_heads),
+                      np.int32(n_kv_heads), np.int32(head_dim), pos, np.int32(window or 0),
+                      np.float32(1.0 / math.sqrt(head_dim)), part_m, part_l, part_acc))
+        self._launch("attention_combine", (n_heads, n_tokens), (128,),
+                     (part_m, part_l, part_acc, out, np.int32(n_heads), np.int32(head_dim), np.int32(n_splits)))
+
+    def swiglu(self, gu, out) -> None:
+        """gu [T, 2 * ffn] fp32 (gate | up) -> out [T, ffn], fp32 or narrow."""
+        T, ffn = out.shape
+        name = "swiglu" if out.dtype == np.float32 else "swiglu_narrow"
+        self._launch(name, (_grid_for(T * ffn),), (256,), (gu, out, np.int32(ffn), np.int32(T)))
+
+    def embed(self, tokens, table, out) -> None:
+        """tokens [T] int32 (device), table [vocab, dim] -> out [T, dim] fp32."""
+        T, dim = out.shape
+        self._launch("embed", (T,), (256,), (tokens, table, out, np.int32(dim)))
+
+    def cast(self, x, out) -> None:
+        """x fp32 -> out narrow, same number of elements."""
+        self._launch("cast", (_grid_for(x.size),), (256,), (x, out, np.uint64(x.size)))
+
+    def fill_uniform(self, out, seed: int, scale: float) -> None:
+        """out (narrow) = scale · uniform[-1, 1), from a hash of (seed, index): random weights on the device."""
+        self._launch("fill_uniform", (_grid_for(out.size, cap=132 * 64),), (256,),
+                     (out, np.uint64(out.size), np.uint32(seed), np.float32(scale)))
+
+
+def n_splits_for(n_heads: int, capacity: int, n_sms: int = 132) -> int:
+    """Flash-decoding splits: enough (head, split) blocks to cover the SMs about 4 times, but never
+    splits shorter than 16 keys at full capacity."""
+    want = math.ceil(4 * n_sms / n_heads)
+    return int(max(1, min(want, 64, math.ceil(capacity / 16))))

@@ -1,0 +1,387 @@
+"""Check, then time, the GPU path in one run:  PYTHONPATH=. python3 -m minillm.cuda.selfcheck [--quick]
+
+1. every kernel against its NumPy reference (fp16 and bf16), and small random models GPU vs CPU
+   (logits, greedy continuation, CUDA-graph replay == eager);
+2. the measured device-to-device copy bandwidth (bytes read + written / time): the roofline;
+3. a random-weight model made on the device (Mistral-7B shape, fp16: 14.5 GB; `--quick`: a small one):
+   GEMV kernels vs cuBLAS, TTFT of a 512-token prompt, decode tok/s eager vs graph over 128 new
+   tokens after a short prompt, bytes per token, GB/s, % of copy bandwidth, and where one decode
+   step spends its time (CUDA events around every launch).
+
+Ends with one line: all checks passed, or which failed (exit status 1). Needs nothing outside the repo.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from ..config import PRESETS, ModelConfig
+
+FAILED: list[str] = []
+BANDWIDTH: dict[str, float] = {}
+SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def verdict(name: str, passed: bool, detail: str) -> None:
+    say(f"  {'PASS' if passed else 'FAIL'}  {name:<52} {detail}")
+    if not passed:
+        FAILED.append(name)
+
+
+def guarded(name: str, fn) -> None:
+    """Run one check; an exception is a failed check, not the end of the selfcheck."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - report and go on
+        verdict(name, False, f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+# ---- 1. correctness -----------------------------------------------------------------------------
+def kernel_checks(quick: bool) -> None:
+    from . import checks
+    from .kernels import Kernels
+    say("kernels vs NumPy (error relative to the reference's largest value; NaN-poisoned outputs)")
+    for dtype in ("float16", "bfloat16"):
+        k = Kernels(dtype)
+        cases = [
+            ("rmsnorm -> fp32", lambda: checks.check_rmsnorm(k, 3, 4096, False)),
+            ("rmsnorm -> 16-bit", lambda: checks.check_rmsnorm(k, 3, 576, True)),
+            ("gemv v1 4096x1024", lambda: checks.check_gemv(k, 4096, 1024, 1)),
+            ("gemv v2 257x4096 accumulate", lambda: checks.check_gemv(k, 257, 4096, 2, True)),
+            ("gemv v2 64x14336", lambda: checks.check_gemv(k, 64, 14336, 2)),
+            ("gemv+rmsnorm v3 100x4096", lambda: checks.check_gemv_rmsnorm(k, 100, 4096)),
+            ("gemv+rmsnorm v3 13x576", lambda: checks.check_gemv_rmsnorm(k, 13, 576)),
+            ("rope 32+8 heads hd 128 pos 4000", lambda: checks.check_rope(k, 1, 32, 8, 128, 4000)),
+            ("rope T=7 hd 16", lambda: checks.check_rope(k, 7, 4, 4, 16, 3)),
+            ("kv_append T=5", lambda: checks.check_kv_append(k, 5, 4, 1, 128, 40, 7)),
+            ("attention decode L=37 splits=4", lambda: checks.check_attention(k, 1, 8, 2, 64, 37, 4)),
+            ("attention decode L=37 splits=64 (empty)", lambda: checks.check_attention(k, 1, 8, 2, 64, 37, 64)),
+            ("attention decode L=3000 GQA hd 128", lambda: checks.check_attention(k, 1, 32, 8, 128, 3000, 16)),
+            ("attention decode MQA hd 256", lambda: checks.check_attention(k, 1, 8, 1, 256, 50, 3)),
+            ("attention decode window 6", lambda: checks.check_attention(k, 1, 8, 2, 16, 100, 5, 6)),
+            ("attention prefill T=9 after 31", lambda: checks.check_attention(k, 9, 9, 3, 64, 40, 2)),
+            ("attention prefill T=9 window 6", lambda: checks.check_attention(k, 9, 8, 2, 16, 40, 2, 6)),
+            ("swiglu -> fp32", lambda: checks.check_swiglu(k, 1, 14336, False)),
+            ("swiglu -> 16-bit", lambda: checks.check_swiglu(k, 4, 1536, True)),
+            ("embed + cast", lambda: checks.check_embed_cast(k, 300, 72)),
+        ]
+        if quick:
+            cases = cases[::2]
+        for name, run in cases:
+            label = f"{SHORT[dtype]} {name}"
+
+            def one(run=run, label=label):
+                err, tol = run()
+                verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
+            guarded(label, one)
+
+
+def model_checks(quick: bool) -> None:
+    from . import checks
+    say("small random models, GPU vs CPU (same 16-bit weights on both)")
+    kinds = ["gqa", "mistral"] if quick else ["gqa", "mha", "mqa", "tied", "mistral", "hd64", "llama3"]
+    for dtype in ("float16", "bfloat16"):
+        for kind in kinds:
+            for fuse in (False, True):
+                label = f"{SHORT[dtype]} logits {kind}{' fused-norm' if fuse else ''}"
+
+                def one(kind=kind, dtype=dtype, label=label, fuse=fuse):
+                    err, tol = checks.check_model_logits(kind, dtype, fuse_norm=fuse)
+                    verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
+                guarded(label, one)
+    for kind in ["gqa", "mistral"]:
+        label = f"fp16 greedy 16 tokens {kind}"
+
+        def one(kind=kind, label=label):
+            same, detail = checks.check_greedy(kind, "float16")
+            verdict(label, same, detail)
+        guarded(label, one)
+        for fuse in (False, True):
+            label = f"fp16 graph replay == eager {kind}{' fused-norm' if fuse else ''}"
+
+            def two(kind=kind, label=label, fuse=fuse):
+                same, detail = checks.check_graph_equals_eager(kind, "float16", fuse_norm=fuse)
+                verdict(label, same, detail)
+            guarded(label, two)
+
+
+# ---- 2. timing helpers ---------------------------------------------------------------------------
+def time_gpu(fn, reps: int, warmup: int = 2) -> float:
+    """Median milliseconds of fn() on the current stream, by CUDA events."""
+    import cupy as cp
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(cp.cuda.get_current_stream())        # explicit: record() alone may mean the null stream
+        fn()
+        end.record(cp.cuda.get_current_stream())
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes: int) -> float:
+    """Device-to-device copy, bytes read + written per second (the memory roofline)."""
+    import cupy as cp
+    src = cp.ones(nbytes // 4, cp.float32)
+    dst = cp.empty_like(src)
+    ms = time_gpu(lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes,
+                                                      cp.cuda.runtime.memcpyDeviceToDevice,
+                                                      cp.cuda.get_current_stream().ptr), reps=10)
+    return 2 * nbytes / (ms / 1e3)
+
+
+class EventTimer:
+    """Kernels.timer: CUDA events around every launch, summed per kernel name."""
+
+    def __init__(self):
+        self.records = []
+
+    def __call__(self, name, launch):
+        import cupy as cp
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(cp.cuda.get_current_stream())
+        launch()
+        end.record(cp.cuda.get_current_stream())
+        self.records.append((name, start, end))
+
+    def totals(self) -> dict[str, tuple[int, float]]:
+        import cupy as cp
+        self.records[-1][2].synchronize()
+        out: dict[str, list] = {}
+        for name, s, e in self.records:
+            n, ms = out.get(name, (0, 0.0))
+            out[name] = (n + 1, ms + cp.cuda.get_elapsed_time(s, e))
+        return out
+
+
+# ---- 3. the benchmark ----------------------------------------------------------------------------
+def bench_config(quick: bool) -> ModelConfig:
+    if quick:
+        return ModelConfig(vocab_size=8000, dim=1024, n_layers=4, n_heads=16, n_kv_heads=4, ffn_dim=2816,
+                           max_seq_len=4096, family="mistral", sliding_window=4096)
+    return PRESETS["mistral-7b"].config
+
+
+def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int) -> None:
+    import cupy as cp
+    from .gpu_model import GPUTransformer
+
+    cfg = bench_config(quick)
+    say("\ncopy bandwidth")
+    bw = BANDWIDTH["copy"] = copy_bandwidth((256 if quick else 2048) << 20)
+    say(f"  device-to-device copy: {bw / 1e12:.2f} TB/s (bytes read + written)")
+
+    t0 = time.perf_counter()
+    gpu = GPUTransformer.random(cfg, dtype, seed=0)
+    wbytes = gpu.weight_bytes
+    say(f"\nmodel: {'small (--quick)' if quick else 'Mistral-7B shape'}, random {dtype} weights made on the "
+        f"device in {time.perf_counter() - t0:.1f} s: {wbytes / 1e9:.2f} GB read per decode step; "
+        f"roofline {bw / wbytes:.0f} tok/s")
+
+    # -- GEMV kernels vs cuBLAS on the model's matrices
+    say("\nGEMV, one matrix (median of 20, CUDA events)")
+    say(f"  {'matrix':<10} {'shape':>13} {'v1 µs':>8} {'v2 µs':>8} {'v3+norm µs':>10} {'cuBLAS µs':>10} "
+        f"{'v2 TB/s':>8} {'v2 % copy':>9}")
+    L = gpu.layers[0]
+    with gpu.stream:
+        for name, w in [("qkv", L.wqkv), ("o", L.wo), ("gate_up", L.wgu), ("down", L.wdown), ("lm_head", gpu.lm_head)]:
+            x = cp.ones(w.shape[1], cp.float32)
+            y = cp.empty(w.shape[0], cp.float32)
+            v1 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=1), 20) * 1e3
+            v2 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=2), 20) * 1e3
+            v3 = float("nan")
+            if name in ("qkv", "gate_up", "lm_head"):          # the matrices an RMSNorm feeds
+                g = cp.ones(w.shape[1], cp.float32)
+                v3 = time_gpu(lambda: gpu.k.gemv_rmsnorm(w, x, g, 1e-5, y), 20) * 1e3
+            try:
+                xh = cp.ones((w.shape[1], 1), w.dtype) if w.dtype == cp.float16 else None
+                cub = (time_gpu(lambda: cp.matmul(w, xh), 20) * 1e3) if xh is not None else float("nan")
+            except Exception:
+                cub = float("nan")
+            tbs = w.nbytes / (v2 / 1e6) / 1e12
+            say(f"  {name:<10} {str(tuple(w.shape)):>13} {v1:8.1f} {v2:8.1f} {v3:10.1f} {cub:10.1f} {tbs:8.2f} "
+                f"{100 * w.nbytes / (v2 / 1e6) / bw:8.0f}%")
+
+    # -- prefill (TTFT)
+    cache = gpu.new_cache(max(ttft_len, prompt_len + n_new) + 8)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, cfg.vocab_size, ttft_len)
+    ttfts = []
+    for _ in range(4):
+        cache.reset()
+        start = time.perf_counter()
+        gpu.prefill(prompt, cache)                         # returns host logits: includes the copy back
+        ttfts.append(time.perf_counter() - start)
+    ttft = statistics.median(ttfts[1:])
+    flops = 2 * (wbytes / 2) * ttft_len
+    say(f"\nprefill {ttft_len} tokens: TTFT {ttft * 1e3:.1f} ms (median of 3 after a warm-up; "
+        f"{flops / ttft / 1e12:.0f} TFLOP/s on the weight matmuls)")
+
+    # -- decode, eager then graph
+    short = rng.integers(0, cfg.vocab_size, prompt_len)
+    results = {}
+    for mode in ("eager", "graph", "graph+fused-norm"):
+        gpu.use_graph = mode != "eager"
+        gpu.fuse_norm = mode == "graph+fused-norm"
+        for attempt in ("warm-up", "timed"):
+            cache.reset()
+            cache.graph = None if attempt == "warm-up" else cache.graph
+            logits = gpu.prefill(short, cache)
+            tokens = []
+            start = time.perf_counter()
+            for _ in range(n_new):
+                tokens.append(int(np.argmax(logits)))
+                logits = gpu.decode(tokens[-1], cache)
+            elapsed = time.perf_counter() - start
+        results[mode] = (n_new / elapsed, tokens)
+    gpu.fuse_norm = False
+    same = results["eager"][1] == results["graph"][1]
+    verdict("7B-shape decode: graph tokens == eager tokens" if not quick else "bench decode: graph == eager",
+            same, "" if same else "the graph replay diverged from eager launches")
+
+    avg_len = prompt_len + n_new / 2
+    kv_read = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2 * avg_len
+    per_token = wbytes + kv_read
+    say(f"\ndecode, batch 1, {n_new} new tokens after a {prompt_len}-token prompt (host argmax each step)")
+    say(f"  bytes per token: {per_token / 1e9:.3f} GB (weights {wbytes / 1e9:.3f} + KV {kv_read / 1e6:.1f} MB on average)")
+    say(f"  {'mode':<17} {'tok/s':>8} {'ms/token':>9} {'GB/s':>8} {'% copy BW':>10}")
+    for mode, (tps, _) in results.items():
+        say(f"  {mode:<17} {tps:8.1f} {1e3 / tps:9.2f} {per_token * tps / 1e9:8.0f} {100 * per_token * tps / bw:9.0f}%")
+    fused_same = results["graph+fused-norm"][1][:8] == results["graph"][1][:8]
+    say(f"  fused-norm tokens {'equal the unfused ones' if fused_same else 'differ from the unfused ones'} "
+        f"(first 8; random weights may part ways later at a near-tie)")
+
+    # -- one decode step, per kernel
+    timer = EventTimer()
+    with gpu.stream:
+        gpu.step.set(np.array([1, cache.length], dtype=np.int32))
+        gpu.k.timer = timer
+        try:
+            gpu.decode_step(cache)
+        finally:
+            gpu.k.timer = None
+        totals = timer.totals()
+    step_ms = sum(ms for _, ms in totals.values())
+    say(f"\none decode step, per kernel (eager, CUDA events around each launch; sum {step_ms:.3f} ms "
+        f"of GPU time vs {1e3 / results['graph'][0]:.3f} ms per token with the graph)")
+    say(f"  {'kernel':<26} {'launches':>8} {'total µs':>9} {'µs each':>8} {'share':>6}")
+    for name, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        say(f"  {name:<26} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / step_ms:5.1f}%")
+    n_launches = sum(n for n, _ in totals.values())
+    say(f"  {n_launches} launches per step")
+
+    graph_tps, eager_tps = max(results["graph"][0], results["graph+fused-norm"][0]), results["eager"][0]
+    best = "graph+fused-norm" if results["graph+fused-norm"][0] > results["graph"][0] else "graph"
+    say(f"\nsummary ({'small model, --quick' if quick else 'Mistral-7B shape'}, {dtype}, batch 1; "
+        f"best decode mode: {best})")
+    rows = [("decode tok/s", f"{graph_tps:.1f}", "≥ 250"), ("decode tok/s, eager", f"{eager_tps:.1f}", ""),
+            ("GB/s", f"{per_token * graph_tps / 1e9:.0f}", ""),
+            ("% of copy bandwidth", f"{100 * per_token * graph_tps / bw:.0f}%", "≥ 85%"),
+            (f"TTFT {ttft_len} tokens, ms", f"{ttft * 1e3:.1f}", "≤ 20")]
+    say(f"  {'':<24} {'measured':>10} {'target':>8}")
+    for label, value, target in rows:
+        say(f"  {label:<24} {value:>10} {'' if quick else target:>8}")
+
+
+def bench_hf(cfg: ModelConfig, n_new: int, prompt_len: int, ttft_len: int, bw: float | None) -> None:
+    """The same workload through HF transformers (eager, fp16, random weights built on the device)."""
+    import torch
+    import transformers
+    from transformers import MistralConfig, MistralForCausalLM
+    hf_cfg = MistralConfig(hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim, num_hidden_layers=cfg.n_layers,
+                           num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+                           vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_seq_len,
+                           sliding_window=cfg.sliding_window, rope_theta=cfg.rope_theta)
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    with torch.device(dev):
+        torch.set_default_dtype(torch.float16)
+        try:
+            model = MistralForCausalLM(hf_cfg).eval()
+        finally:
+            torch.set_default_dtype(torch.float32)
+
+    def run(plen: int, n: int) -> float:
+        ids = torch.randint(0, cfg.vocab_size, (1, plen), device=dev)
+        with torch.no_grad():
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    run(8, 4)                                                   # warm-up
+    ttft = statistics.median(run(ttft_len, 1) for _ in range(3))
+    short_first = run(prompt_len, 1)
+    total = run(prompt_len, n_new)
+    tps = (n_new - 1) / (total - short_first)
+    say(f"\nHF transformers {transformers.__version__} (torch {torch.__version__}), eager fp16, same shape and workload")
+    say(f"  TTFT {ttft_len} tokens {ttft * 1e3:.1f} ms; decode {tps:.1f} tok/s" +
+        (f" ({100 * tps * 2 * sum(p.numel() for p in model.parameters()) / bw:.0f}% of copy BW)" if bw else ""))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minillm.cuda.selfcheck", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer checks and a small model (a first smoke run)")
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"], help="benchmark weights")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=16, help="prompt length before the timed decode")
+    ap.add_argument("--ttft-tokens", type=int, default=512)
+    ap.add_argument("--no-bench", action="store_true", help="checks only")
+    ap.add_argument("--no-hf", action="store_true", help="skip the HF transformers comparison (never run with --quick)")
+    args = ap.parse_args(argv)
+
+    from . import available
+    if not available():
+        try:
+            import cupy
+            why = f"CuPy {cupy.__version__} sees no CUDA device"
+        except Exception as e:  # noqa: BLE001
+            why = f"CuPy is not importable ({type(e).__name__})"
+        print(f"selfcheck: no GPU: {why}; run this on the GPU machine", file=sys.stderr)
+        return 2
+
+    import cupy as cp
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    say(f"minillm GPU selfcheck on {name} (sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs, "
+        f"{props['totalGlobalMem'] / 2**30:.0f} GiB), CuPy {cp.__version__}, CUDA runtime "
+        f"{cp.cuda.runtime.runtimeGetVersion()}, {time.strftime('%Y-%m-%d')}")
+    t0 = time.perf_counter()
+    kernel_checks(args.quick)
+    model_checks(args.quick)
+    say(f"(checks took {time.perf_counter() - t0:.1f} s, NVRTC compiles included)")
+    if not args.no_bench:
+        try:
+            bench(args.quick, args.dtype, args.new_tokens, args.prompt, args.ttft_tokens)
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            traceback.print_exc()
+            verdict("benchmark", False, f"raised {type(e).__name__}: {e}")
+        if not (args.quick or args.no_hf):
+            cp.get_default_memory_pool().free_all_blocks()       # our 7B model is gone: give HF the room
+            try:
+                bench_hf(bench_config(False), args.new_tokens, args.prompt, args.ttft_tokens, BANDWIDTH.get("copy"))
+            except Exception as e:  # noqa: BLE001 - a missing torch/transformers is not a minillm failure
+                say(f"\nHF transformers comparison skipped: {type(e).__name__}: {e}")
+    say(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    if FAILED:
+        say(f"selfcheck: {len(FAILED)} FAILED: {', '.join(FAILED)}")
+        return 1
+    say("selfcheck: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

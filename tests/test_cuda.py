@@ -1,0 +1,148 @@
+"""GPU kernels against their NumPy references, and the GPU model against the CPU model.
+
+Skipped where there is no CuPy or no CUDA device. The checks themselves live in
+minillm.cuda.checks (the selfcheck runs a subset of them before timing).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+try:
+    _N_DEVICES = cp.cuda.runtime.getDeviceCount()
+except Exception:      # no driver, or a driver too old for this CuPy
+    _N_DEVICES = 0
+if _N_DEVICES == 0:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from minillm.cuda import checks  # noqa: E402
+from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
+from minillm.cuda.kernels import Kernels  # noqa: E402
+
+DTYPES = ["float16", "bfloat16"]
+
+
+@pytest.fixture(scope="module", params=DTYPES)
+def k(request) -> Kernels:
+    return Kernels(request.param)
+
+
+def ok(result):
+    err, tol = result
+    assert err <= tol, f"error {err:.3e} > tolerance {tol:.1e}"
+
+
+@pytest.mark.parametrize("T,dim", [(1, 64), (3, 576), (2, 4096), (5, 100)])
+@pytest.mark.parametrize("to_narrow", [False, True])
+def test_rmsnorm_matches_numpy(k, T, dim, to_narrow):
+    ok(checks.check_rmsnorm(k, T, dim, to_narrow))
+
+
+@pytest.mark.parametrize("rows,n_in", [(1, 8), (13, 64), (100, 136), (4096, 1024), (257, 4096), (64, 14336)])
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_gemv_matches_numpy(k, rows, n_in, version, accumulate):
+    ok(checks.check_gemv(k, rows, n_in, version, accumulate))
+
+
+@pytest.mark.parametrize("rows,n_in", [(1, 8), (13, 64), (100, 576), (4096, 4096), (33, 12000)])
+def test_gemv_with_fused_rmsnorm_matches_numpy(k, rows, n_in):
+    ok(checks.check_gemv_rmsnorm(k, rows, n_in))
+
+
+def test_gemv_rejects_rows_whose_width_is_not_a_multiple_of_8(k):
+    with pytest.raises(ValueError):
+        k.gemv(cp.zeros((4, 12), cp.float16), cp.zeros(12, cp.float32), cp.zeros(4, cp.float32))
+
+
+@pytest.mark.parametrize("T,n_heads,n_kv,hd,pos0", [(1, 8, 2, 64, 0), (1, 32, 8, 128, 4000), (7, 4, 4, 16, 3),
+                                                   (3, 9, 3, 64, 100), (2, 2, 1, 256, 17)])
+def test_rope_matches_numpy(k, T, n_heads, n_kv, hd, pos0):
+    ok(checks.check_rope(k, T, n_heads, n_kv, hd, pos0))
+
+
+@pytest.mark.parametrize("T,n_heads,n_kv,hd,capacity,pos0", [(1, 8, 2, 64, 16, 0), (1, 8, 2, 64, 16, 15),
+                                                              (5, 4, 1, 128, 40, 7), (3, 6, 6, 8, 9, 2)])
+def test_kv_append_writes_only_the_new_positions(k, T, n_heads, n_kv, hd, capacity, pos0):
+    ok(checks.check_kv_append(k, T, n_heads, n_kv, hd, capacity, pos0))
+
+
+@pytest.mark.parametrize("T,n_heads,n_kv,hd,length,n_splits,window", [
+    (1, 8, 2, 64, 1, 1, None),           # the first token: one key
+    (1, 8, 2, 64, 37, 1, None),
+    (1, 8, 2, 64, 37, 4, None),          # flash-decoding splits
+    (1, 8, 2, 64, 37, 64, None),         # more splits than keys: empty splits must add nothing
+    (1, 32, 8, 128, 3000, 16, None),     # long context
+    (1, 8, 1, 32, 200, 8, None),         # MQA
+    (1, 4, 4, 256, 50, 3, None),         # MHA, the largest head_dim
+    (1, 8, 2, 16, 100, 5, 6),            # sliding window
+    (1, 8, 2, 64, 5000, 16, 4096),       # Mistral-sized window
+    (6, 8, 2, 64, 6, 1, None),           # prefill from empty: causal within the chunk
+    (9, 9, 3, 64, 40, 2, None),          # prefill after a cached prefix (SmolLM2 heads)
+    (9, 8, 2, 16, 40, 2, 6),             # prefill with a window
+])
+def test_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window):
+    ok(checks.check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window))
+
+
+@pytest.mark.parametrize("T,ffn", [(1, 160), (4, 1536), (1, 14336)])
+@pytest.mark.parametrize("to_narrow", [False, True])
+def test_swiglu_matches_numpy(k, T, ffn, to_narrow):
+    ok(checks.check_swiglu(k, T, ffn, to_narrow))
+
+
+def test_embed_and_cast_are_exact(k):
+    ok(checks.check_embed_cast(k, 300, 72))
+
+
+# ---- the model ------------------------------------------------------------------------------------
+KINDS = ["gqa", "mha", "mqa", "tied", "mistral", "hd64", "llama3"]
+
+
+@pytest.mark.parametrize("fuse_norm", [False, True], ids=["norm", "fused-norm"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_logits_match_cpu(kind, dtype, fuse_norm):
+    ok(checks.check_model_logits(kind, dtype, fuse_norm=fuse_norm))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["gqa", "mistral", "tied"])
+def test_greedy_continuation_matches_cpu(kind, dtype):
+    same, detail = checks.check_greedy(kind, dtype, n=16)
+    assert same, detail
+
+
+@pytest.mark.parametrize("fuse_norm", [False, True], ids=["norm", "fused-norm"])
+@pytest.mark.parametrize("kind", ["gqa", "mistral"])
+def test_graph_replay_equals_eager(kind, fuse_norm):
+    same, detail = checks.check_graph_equals_eager(kind, "float16", fuse_norm=fuse_norm)
+    assert same, detail
+
+
+def test_chunked_prefill_equals_one_pass():
+    cpu = checks.random_cpu_model(checks.small_config("mistral"), "float16")
+    gpu = GPUTransformer.from_cpu(cpu, "float16")
+    ids = np.arange(3, 40)
+    whole = gpu.prefill(ids, gpu.new_cache(64), all_logits=True)
+    gpu.prefill_chunk = 7
+    chunked = gpu.prefill(ids, gpu.new_cache(64), all_logits=True)
+    assert checks.rel_err(chunked, whole) < 5e-3     # cuBLAS may pick other algorithms per T
+
+
+def test_generate_ids_runs_unchanged_on_the_gpu_model():
+    from minillm.generate import generate_ids
+    from minillm.sampling import SamplingParams
+    cpu = checks.random_cpu_model(checks.small_config("gqa"), "float16")
+    gpu = GPUTransformer.from_cpu(cpu, "float16")
+    g = generate_ids(gpu, [1, 2, 3, 4], 10, SamplingParams(temperature=0.0))
+    assert len(g.token_ids) == 10
+
+
+def test_full_cache_is_refused():
+    gpu = GPUTransformer.from_cpu(checks.random_cpu_model(checks.small_config("gqa"), "float16"), "float16")
+    cache = gpu.new_cache(4)
+    gpu.prefill([1, 2, 3, 4], cache)
+    with pytest.raises(ValueError, match="full"):
+        gpu.decode(5, cache)

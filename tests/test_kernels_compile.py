@@ -1,0 +1,60 @@
+"""Every kernels/*.cu compiles for Hopper: with nvcc (sm_90, as a standalone file) and, where CuPy's
+NVRTC binding loads, exactly as minillm.cuda.kernels hands it to NVRTC at run time. No GPU needed."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from minillm.cuda.kernels import KERNEL_DIR, SOURCES, kernel_source
+
+CU_FILES = sorted(KERNEL_DIR.glob("*.cu"))
+
+
+def test_every_source_is_listed():
+    assert sorted(p.stem for p in CU_FILES) == sorted(SOURCES)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("path", CU_FILES, ids=lambda p: p.name)
+def test_compiles_with_nvcc_for_sm90(path: Path, tmp_path: Path):
+    result = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-Werror", "all-warnings", "-c", str(path),
+                             "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+        nvrtc.getVersion()
+        return nvrtc
+    except Exception:
+        return None
+
+
+@pytest.mark.skipif(_nvrtc() is None, reason="CuPy's NVRTC binding is not available")
+@pytest.mark.parametrize("name", SOURCES)
+def test_compiles_with_nvrtc_for_compute90(name: str):
+    nvrtc = _nvrtc()
+    prog = nvrtc.createProgram(kernel_source(name), f"{name}.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, ["--gpu-architecture=compute_90", "--std=c++17"])
+    except Exception:
+        pytest.fail(nvrtc.getProgramLog(prog))
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def test_every_launched_kernel_is_defined():
+    """The names minillm.cuda.kernels fetches exist as extern "C" kernels (a typo would otherwise
+    surface only on a GPU machine)."""
+    defined = set()
+    for path in CU_FILES:
+        defined |= set(re.findall(r'extern "C" __global__ void (\w+)\(', path.read_text()))
+    launcher = (Path(__file__).parents[1] / "minillm" / "cuda" / "kernels.py").read_text()
+    for sfx in ("f16", "bf16"):
+        wanted = {n.replace("{sfx}", sfx) for n in re.findall(r'get\("\w+", f?"([\w{}]+)"\)', launcher)}
+        assert wanted and wanted <= defined, wanted - defined
