@@ -80,7 +80,7 @@ def decode_bytes_per_token(model, context: int) -> int:
     seen, total = set(), 0
     arrays = [model.final_norm, model.lm_head] + [a for layer in model.layers for a in vars(layer).values()]
     for a in arrays:
-        if isinstance(a, np.ndarray) and id(a) not in seen:
+        if a is not None and hasattr(a, "nbytes") and id(a) not in seen:   # arrays and quantized weights
             seen.add(id(a))
             total += a.nbytes
     kv = cfg.kv_bytes_per_token(4) * context

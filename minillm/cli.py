@@ -61,15 +61,21 @@ def _sampling_options(f):
 
 
 def _load_options(f):
+    f = click.option("--kv-cache", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
+                     help="KV-cache precision (int8: per-token, per-head scales).")(f)
+    f = click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
+                     help="int4 group size along the input dimension (a multiple of 32).")(f)
+    f = click.option("--quant", type=click.Choice(["int8", "int4"]), default=None,
+                     help="Quantize the layer weights as they load.")(f)
     f = click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
                      help="How weights are held in memory (compute is fp32 on the CPU).")(f)
     f = click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)(f)
     return _model_option(f)
 
 
-def _load(model, device, dtype):
+def _load(model, device, dtype, quant=None, group_size=128, kv_cache="float32"):
     from .llm import load
-    return load(model, device=device, dtype=dtype)
+    return load(model, device=device, dtype=dtype, quant=quant, group_size=group_size, kv_cache=kv_cache)
 
 
 @cli.command()
@@ -78,9 +84,10 @@ def _load(model, device, dtype):
 @_sampling_options
 @click.option("--chat/--no-chat", default=None, help="Apply the model's chat template (default: on for instruct models).")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
-def generate(prompt, model, device, dtype, max_tokens, temperature, top_k, top_p, seed, chat, stop):
+def generate(prompt, model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p,
+             seed, chat, stop):
     """Complete PROMPT, streaming tokens to stdout and timings to stderr."""
-    llm = _load(model, device, dtype)
+    llm = _load(model, device, dtype, quant, group_size, kv_cache)
     use_chat = llm.chat_default if chat is None else chat
     g = llm.generate(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                      seed=seed, stop=stop, chat=use_chat, on_text=_stream_out)
@@ -102,9 +109,9 @@ def _metrics_line(g) -> str:
 @_load_options
 @_sampling_options
 @click.option("--system", default=None, help="A system message to start the conversation with.")
-def chat(model, device, dtype, max_tokens, temperature, top_k, top_p, seed, system):
+def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p, seed, system):
     """Talk with a model in the terminal; an empty line or Ctrl-C ends the conversation."""
-    llm = _load(model, device, dtype)
+    llm = _load(model, device, dtype, quant, group_size, kv_cache)
     messages = [{"role": "system", "content": system}] if system else []
     click.echo(f"Chatting with {model}. An empty line or Ctrl-C ends.", err=True)
     while True:
@@ -136,16 +143,22 @@ def pull(name):
 @click.argument("dst")
 @click.option("--kv-heads", type=click.IntRange(min=1), default=None,
               help="Mean-pool K/V projection heads down to this many KV heads (GQA/MQA conversion).")
-def convert(src, dst, kv_heads):
+@click.option("--quant", type=click.Choice(["int8", "int4"]), default=None, help="Write quantized layer weights.")
+@click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True, help="int4 group size.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
+              help="Store the float tensors in this dtype.")
+def convert(src, dst, kv_heads, quant, group_size, dtype):
     """Convert a .gguf file or an HF-layout folder SRC into a minillm weights folder DST."""
     import tempfile
     from .gguf_import import convert as convert_weights
     if kv_heads is None:
-        convert_weights(src, dst)
+        _user_error(convert_weights, src, dst, dtype=dtype, quant=quant, group_size=group_size)
     else:
+        if quant is not None:
+            raise click.UsageError("convert --kv-heads first, then --quant the result")
         from .kv_heads import convert_kv_heads_dir
         with tempfile.TemporaryDirectory() as tmp:
-            source = convert_weights(src, tmp) if str(src).endswith(".gguf") else src
+            source = convert_weights(src, tmp, dtype=dtype) if str(src).endswith(".gguf") else src
             _user_error(convert_kv_heads_dir, source, dst, kv_heads)
     click.echo(f"wrote {dst}")
 

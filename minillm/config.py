@@ -45,6 +45,8 @@ class ModelConfig:
     qk_rope_head_dim: int = 0          # query/key dims with RoPE; the key part is one shared, cached head
     v_head_dim: int = 0                # per-head value width (values expanded from c_KV)
     rope_interleave: bool = False      # DeepSeek: RoPE pairs are adjacent dims (x0, x1), (x2, x3), ...
+    # How the layer matrices are stored when quantized (quant.py), e.g. {"method": "int4", "group_size": 128}.
+    quantization: dict | None = None
 
     def __post_init__(self):
         if self.attention not in ("gqa", "mla"):
@@ -133,6 +135,7 @@ class ModelConfig:
             eos_token_id=d.get("eos_token_id"),
             family=family,
             torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+            quantization=d.get("quantization"),
             **(_mla_fields(d) if family == "deepseek_v3" else {}),
         )
 
@@ -163,6 +166,8 @@ class ModelConfig:
         }
         if self.family == "mistral":
             d["sliding_window"] = self.sliding_window
+        if self.quantization:   # minillm's own key: HF's "quantization_config" would send transformers to a backend
+            d["quantization"] = self.quantization
         if self.family == "deepseek_v3":
             d = _deepseek_hf(self, d)
         return d

@@ -206,15 +206,21 @@ def _gguf_version() -> str:
 
 
 # ---- converting -----------------------------------------------------------------------------------
-def convert(src: str | Path, dst: str | Path, progress: bool = True, dtype: str | None = None) -> Path:
+def convert(src: str | Path, dst: str | Path, progress: bool = True, dtype: str | None = None,
+            quant: str | None = None, group_size: int = 128) -> Path:
     """A .gguf file or an HF dir -> a minillm weights dir at `dst` (config.json, model.safetensors,
-    tokenizer files). dtype as in `load_gguf`; for an HF dir None keeps the stored dtype."""
+    tokenizer files). dtype as in `load_gguf`; for an HF dir None keeps the stored dtype.
+    quant: "int8" | "int4" stores the layer matrices quantized (quant.py; groups of `group_size`)."""
+    from .quant import quantize_checkpoint
+
     src, dst = Path(src), Path(dst)
     if src.is_file():
         from .tokenizer import Tokenizer
 
         reader = open_gguf(src)
         config, tensors = load_gguf(src, dtype=dtype, progress=progress, reader=reader)
+        if quant:
+            config, tensors = quantize_checkpoint(config, tensors, quant, group_size, progress)
         try:
             tokenizer = Tokenizer.from_gguf(reader)
         except (KeyError, ValueError) as e:
@@ -224,6 +230,8 @@ def convert(src: str | Path, dst: str | Path, progress: bool = True, dtype: str 
         if dst.exists() and dst.resolve() == src.resolve():
             raise MiniLLMError(f"{dst}: convert cannot write into its own source dir")
         config, tensors = load_hf_dir(src)
+        if quant:
+            config, tensors = quantize_checkpoint(config, tensors, quant, group_size, progress)
         dst.mkdir(parents=True, exist_ok=True)
         for name in TOKENIZER_FILES:
             if (src / name).is_file():

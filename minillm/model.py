@@ -16,9 +16,10 @@ import numpy as np
 from .attention import grouped_attention
 from .backend import as_f32
 from .config import ModelConfig
-from .kv_cache import KVCache, MLACache, RollingKVCache
+from .kv_cache import Int8KVCache, KVCache, MLACache, RollingKVCache
 from .layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, swiglu
 from .mla import MLAWeights, mla_attention, mla_rope
+from .quant import gather
 
 
 @dataclass
@@ -62,9 +63,12 @@ class Transformer:
     prefill_chunk = 512
     # MLA only: "absorbed" (attend in latent space) or "naive" (expand K and V per head); same numbers.
     mla_mode = "absorbed"
+    # "float32" or "int8" (Int8KVCache: a quarter of the bytes; GQA models only).
+    kv_cache_dtype = "float32"
 
     def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray]):
         self.config = config
+        tensors = gather(config, tensors)                                   # quantized: qweight/scales -> one weight
         self.embed = tensors["model.embed_tokens.weight"]                   # [vocab, dim]
         self.layers = [LayerWeights.from_hf(tensors, i, config.attention) for i in range(config.n_layers)]
         self.final_norm = tensors["model.norm.weight"]                      # [dim]
@@ -79,13 +83,16 @@ class Transformer:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
             self.attend = self.attention_block
 
-    def new_cache(self, max_seq_len: int | None = None) -> KVCache | RollingKVCache | MLACache:
+    def new_cache(self, max_seq_len: int | None = None) -> KVCache | RollingKVCache | MLACache | Int8KVCache:
         """A cache for up to `max_seq_len` positions (default: the model's context). With a sliding
-        window shorter than that, a rolling buffer of the window's size is all that is needed."""
+        window shorter than that, a rolling buffer of the window's size is all that is needed.
+        kv_cache_dtype "int8" always gives a contiguous Int8KVCache (the window is then a mask)."""
         cfg = self.config
         n = max_seq_len or cfg.max_seq_len
         if cfg.attention == "mla":
             return MLACache(cfg, n)
+        if self.kv_cache_dtype == "int8":
+            return Int8KVCache(cfg, n)
         if cfg.sliding_window is not None and n > cfg.sliding_window:
             return RollingKVCache(cfg, cfg.sliding_window)
         return KVCache(cfg, n)

@@ -10,14 +10,17 @@ bf16: NumPy has no bfloat16. A BF16 tensor is returned as `np.uint16` holding th
 is free to carry that meaning). `bf16_to_f32` / `f32_to_bf16` convert.
 
 Tensor names stay HF names: `model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`,
-..., `model.norm.weight`, `lm_head.weight` (absent when the embeddings are tied).
+..., `model.norm.weight`, `lm_head.weight` (absent when the embeddings are tied). A quantized
+checkpoint (config.json has "quantization") stores each layer matrix `P.weight` as `P.qweight`,
+`P.scales` and, for int4, `P.mins`: they load as plain arrays, and `quant.gather` (called by the
+Transformer) wraps them back into one weight each. `dtype=` never casts them.
 """
 from __future__ import annotations
 
 import json
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -25,6 +28,7 @@ from tqdm.auto import tqdm
 from .backend import STORAGE_DTYPES, bf16_to_f32, f32_to_bf16, to_dtype  # noqa: F401  (bf16 helpers re-exported)
 from .config import ModelConfig
 from .errors import MiniLLMError
+from .quant import SUFFIXES as QUANT_SUFFIXES
 
 # safetensors dtype name <-> numpy dtype. BF16 travels as raw uint16 bits (see the module docstring).
 _ST_TO_NP = {
@@ -86,6 +90,11 @@ def _is_float(a: np.ndarray) -> bool:
     return a.dtype.kind == "f" or a.dtype == np.uint16  # uint16 = bf16 bits
 
 
+def _castable(name: str, a: np.ndarray) -> bool:
+    """A float weight that `dtype=` may cast; quantized tensors (quant.py) keep their exact dtypes."""
+    return _is_float(a) and not name.endswith(QUANT_SUFFIXES)
+
+
 def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], dtype: str | None = None,
                       progress: bool = False) -> None:
     """Write tensors to one .safetensors file (uint16 is written as BF16).
@@ -96,25 +105,36 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], dtype: s
     target = np.dtype(STORAGE_DTYPES[dtype]) if dtype else None
     if dtype and target is None:
         raise MiniLLMError(f"unknown dtype {dtype!r}: use float32, float16 or bfloat16")
+    cast = {name for name, a in tensors.items() if dtype and _castable(name, a)}
+    specs = {name: (target if name in cast else a.dtype, a.shape) for name, a in tensors.items()}
+    write_safetensors_stream(path, specs, lambda name: to_dtype(tensors[name], dtype) if name in cast
+                             else tensors[name], progress)
+
+
+def write_safetensors_stream(path: str | Path, specs: dict[str, tuple[np.dtype, tuple[int, ...]]],
+                             produce: Callable[[str], np.ndarray], progress: bool = False) -> None:
+    """Write a .safetensors file whose tensors are made one at a time: the header comes from
+    `specs` {name: (dtype, shape)}, then `produce(name)` is called for each name in order."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}  # transformers wants format=pt
     offset = 0
-    for name, a in tensors.items():
-        out_dtype = target if target is not None and _is_float(a) else a.dtype
-        key = out_dtype.newbyteorder("<").str
+    for name, (dtype, shape) in specs.items():
+        key = np.dtype(dtype).newbyteorder("<").str
         if key not in _NP_TO_ST:
-            raise MiniLLMError(f"cannot write tensor {name}: dtype {a.dtype} has no safetensors equivalent")
-        n_bytes = a.size * out_dtype.itemsize
-        header[name] = {"dtype": _NP_TO_ST[key], "shape": list(a.shape), "data_offsets": [offset, offset + n_bytes]}
+            raise MiniLLMError(f"cannot write tensor {name}: dtype {dtype} has no safetensors equivalent")
+        n_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": _NP_TO_ST[key], "shape": list(shape), "data_offsets": [offset, offset + n_bytes]}
         offset += n_bytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # pad so the data (and so every tensor) starts 8-byte aligned
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for a in tqdm(tensors.values(), total=len(tensors), desc=f"writing {Path(path).name}",
-                      unit="tensor", disable=not progress):
-            if dtype and _is_float(a):
-                a = to_dtype(a, dtype)
+        for name in tqdm(specs, total=len(specs), desc=f"writing {Path(path).name}",
+                         unit="tensor", disable=not progress):
+            a = produce(name)
+            dtype, shape = specs[name]
+            if a.dtype != dtype or a.shape != tuple(shape):
+                raise MiniLLMError(f"tensor {name}: made {a.dtype} {a.shape}, declared {dtype} {tuple(shape)}")
             f.write(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).data)
 
 
@@ -191,7 +211,7 @@ def save_hf_dir(path: str | Path, config: ModelConfig, tensors: dict[str, np.nda
 def _stored_dtype(tensors: dict[str, np.ndarray], default: str) -> str:
     """The dtype name of the first weight matrix ("bfloat16" for uint16 bits)."""
     names = {np.dtype(v): k for k, v in STORAGE_DTYPES.items()}
-    for a in tensors.values():
-        if a.ndim == 2 and a.dtype in names:
+    for name, a in tensors.items():
+        if a.ndim == 2 and a.dtype in names and name.endswith(".weight"):
             return names[a.dtype]
     return default

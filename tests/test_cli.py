@@ -196,3 +196,22 @@ def test_convert_kv_heads_writes_a_checkpoint_hf_loads(tmp_path):
 def test_convert_kv_heads_rejects_a_non_divisor(tmp_path):
     save_random_model(llama_config(n_heads=8, n_kv_heads=4), tmp_path / "src")
     assert_one_line_error(run("convert", str(tmp_path / "src"), str(tmp_path / "x"), "--kv-heads", "3"))
+
+
+def test_generate_with_int8_weights_and_int8_kv_cache(tiny_model):
+    result = run("generate", "-m", str(tiny_model), "-n", "4", "--no-chat", "--quant", "int8", "--kv-cache", "int8", "Hi")
+    assert result.exit_code == 0, result.output
+    assert "tok/s" in result.output
+
+
+def test_convert_quantized_then_info_shows_the_method(tiny_model, tmp_path):
+    result = run("convert", str(tiny_model), str(tmp_path / "q4"), "--quant", "int4", "--group-size", "32")
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "q4" / "config.json").read_text())
+    assert config["quantization"]["method"] == "int4" and config["quantization"]["group_size"] == 32
+    info = run("info", str(tmp_path / "q4"))
+    assert info.exit_code == 0 and "int4" in info.output
+
+
+def test_bad_group_size_is_one_line(tiny_model):
+    assert_one_line_error(run("generate", "-m", str(tiny_model), "--quant", "int4", "--group-size", "48", "hi"))
