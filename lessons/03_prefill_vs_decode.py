@@ -38,9 +38,7 @@ def time_phases(model, prompt: list[int], n_decode: int) -> tuple[float, float]:
 # NEW: arithmetic intensity of each phase -----------------------------------------------------------
 def weight_bytes(model) -> int:
     """Bytes of weights one forward pass reads (each matrix once, whatever the number of positions)."""
-    arrays = [model.final_norm, model.lm_head] + [                   # the embedding: only T rows are read
-        a for layer in model.layers for a in vars(layer).values() if isinstance(a, np.ndarray)]
-    return sum(a.nbytes for a in {id(a): a for a in arrays}.values())
+    return sum(a.nbytes for a in model.weights_read_per_token())     # the embedding: only T rows are read
 
 def decode_bytes_per_token(model, context: int) -> int:
     """One decode step reads every weight once, plus the cached K and V of `context` positions."""

@@ -77,12 +77,7 @@ def decode_bytes_per_token(model, context: int) -> int:
     """Weights read by one decode step (every matrix once; the LM head once even if tied) plus
     the KV cache read by attention at `context` positions."""
     cfg = model.config
-    seen, total = set(), 0
-    arrays = [model.final_norm, model.lm_head] + [a for layer in model.layers for a in vars(layer).values()]
-    for a in arrays:
-        if a is not None and hasattr(a, "nbytes") and id(a) not in seen:   # arrays and quantized weights
-            seen.add(id(a))
-            total += a.nbytes
+    total = sum(a.nbytes for a in model.weights_read_per_token())
     kv = cfg.kv_bytes_per_token(4) * context
     return total + kv
 
