@@ -13,6 +13,8 @@
 // The split count is fixed per launch configuration (so a graph can be captured once) while each
 // split's length follows the current sequence length: ceil(n_keys / n_splits).
 //
+// v2 (attention_fused_*): v1 with the combine folded into the split kernel's last block per (t, h)
+// (threadfence + counter), one launch instead of two.
 // v1 (this file): block = 4 warps per (head, split, query); each warp takes every 4th key of the split,
 // its lanes hold hd/32 dims of q, K and V (hd ≤ 256), a warp shuffle gives the score, and each warp
 // keeps its own online-softmax state in registers; the 4 warp states are merged in shared memory.
@@ -30,8 +32,10 @@ template <class W>
 __device__ void attention_split(const float* __restrict__ q, int q_stride, const u16* __restrict__ k_cache,
                                 const u16* __restrict__ v_cache, int capacity, int n_heads, int n_kv_heads,
                                 int hd, const int* pos, int window, float scale, float* __restrict__ part_m,
-                                float* __restrict__ part_l, float* __restrict__ part_acc) {
+                                float* __restrict__ part_l, float* __restrict__ part_acc,
+                                unsigned int* counters = nullptr, float* out = nullptr) {
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS], sm_acc[ATTN_WARPS][MAX_HD];
+    __shared__ unsigned int ticket;
     int h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, n_splits = gridDim.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int p = pos[0] + t;
@@ -97,6 +101,40 @@ __device__ void attention_split(const float* __restrict__ q, int q_stride, const
         for (int w = 0; w < ATTN_WARPS; w++) a += sm_acc[w][d] * weight[w];
         part_acc[slot * hd + d] = a;
     }
+    if (counters == nullptr) return;
+
+    // Fused combine (v2): the last of the n_splits blocks of (t, h) to finish merges them, so no second
+    // launch. Each thread fences its own partial writes, the block agrees, one thread takes a ticket;
+    // the block that draws n_splits - 1 reads everyone's partials (volatile: from L2, never a stale L1
+    // line) and resets the counter to 0 for the next launch (a captured graph needs no memset).
+    __threadfence();
+    __syncthreads();
+    unsigned int* counter = counters + (size_t)t * n_heads + h;
+    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+    __syncthreads();
+    if (ticket != (unsigned int)(n_splits - 1)) return;
+    __threadfence();
+    size_t base = ((size_t)t * n_heads + h) * n_splits;
+    const volatile float* vm = part_m + base;
+    const volatile float* vl = part_l + base;
+    const volatile float* va = part_acc + base * hd;
+    float Mc = NEG_INF;
+    for (int i = 0; i < n_splits; i++) Mc = fmaxf(Mc, vm[i]);
+    float Lc = 0.0f;
+    for (int i = 0; i < n_splits; i++) {                 // attention_combine's arithmetic, in its order
+        float mi = vm[i];
+        Lc += mi == NEG_INF ? 0.0f : vl[i] * expf(mi - Mc);
+    }
+    float inv_L = 1.0f / Lc;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int i = 0; i < n_splits; i++) {
+            float mi = vm[i];
+            if (mi != NEG_INF) a += va[(size_t)i * hd + d] * expf(mi - Mc);
+        }
+        out[((size_t)t * n_heads + h) * hd + d] = a * inv_L;
+    }
+    if (threadIdx.x == 0) *counter = 0u;
 }
 
 // grid (n_heads, n_splits, T), block (32 * ATTN_WARPS = 128)
@@ -137,4 +175,21 @@ extern "C" __global__ void attention_combine(const float* part_m, const float* p
         }
         out[((size_t)t * n_heads + h) * hd + d] = a * inv_L;
     }
+}
+
+// v2, combine fused: grid (n_heads, n_splits, T), block (128); attention_split's arguments, then
+// counters [T, n_heads] uint32 (all 0 before the launch; 0 again after it) and out [T, n_heads * hd] fp32.
+extern "C" __global__ void attention_fused_f16(const float* q, int q_stride, const u16* k_cache, const u16* v_cache,
+                                               int capacity, int n_heads, int n_kv_heads, int hd, const int* pos,
+                                               int window, float scale, float* part_m, float* part_l, float* part_acc,
+                                               unsigned int* counters, float* out) {
+    attention_split<F16>(q, q_stride, k_cache, v_cache, capacity, n_heads, n_kv_heads, hd, pos, window, scale,
+                         part_m, part_l, part_acc, counters, out);
+}
+extern "C" __global__ void attention_fused_bf16(const float* q, int q_stride, const u16* k_cache, const u16* v_cache,
+                                                int capacity, int n_heads, int n_kv_heads, int hd, const int* pos,
+                                                int window, float scale, float* part_m, float* part_l, float* part_acc,
+                                                unsigned int* counters, float* out) {
+    attention_split<BF16>(q, q_stride, k_cache, v_cache, capacity, n_heads, n_kv_heads, hd, pos, window, scale,
+                          part_m, part_l, part_acc, counters, out);
 }

@@ -40,7 +40,7 @@ def test_rmsnorm_matches_numpy(k, T, dim, to_narrow):
 
 
 @pytest.mark.parametrize("rows,n_in", [(1, 8), (13, 64), (100, 136), (4096, 1024), (257, 4096), (64, 14336)])
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 4])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_gemv_matches_numpy(k, rows, n_in, version, accumulate):
     ok(checks.check_gemv(k, rows, n_in, version, accumulate))
@@ -49,6 +49,25 @@ def test_gemv_matches_numpy(k, rows, n_in, version, accumulate):
 @pytest.mark.parametrize("rows,n_in", [(1, 8), (13, 64), (100, 576), (4096, 4096), (33, 12000)])
 def test_gemv_with_fused_rmsnorm_matches_numpy(k, rows, n_in):
     ok(checks.check_gemv_rmsnorm(k, rows, n_in))
+
+
+@pytest.mark.parametrize("rows,n_in", [(1, 8), (13, 64), (100, 576), (4096, 4096), (33, 12000), (7, 14336)])
+def test_gemv_v4_with_fused_rmsnorm_matches_numpy(k, rows, n_in):
+    ok(checks.check_gemv_rmsnorm(k, rows, n_in, version=4))
+
+
+@pytest.mark.parametrize("ffn,n_in", [(1, 8), (7, 64), (300, 4096), (1000, 576)])
+@pytest.mark.parametrize("norm", [False, True])
+def test_gemv_v4_swiglu_matches_numpy(k, ffn, n_in, norm):
+    ok(checks.check_gemv_swiglu(k, ffn, n_in, norm))
+
+
+@pytest.mark.parametrize("n_heads,n_kv,hd,n_in,pos0,capacity", [(32, 8, 128, 4096, 4000, 4100), (9, 3, 64, 576, 17, 40),
+                                                                (4, 1, 256, 264, 0, 5), (4, 4, 16, 64, 39, 40),
+                                                                (8, 2, 64, 128, 50, 50)])   # last: past the capacity
+@pytest.mark.parametrize("norm", [False, True])
+def test_gemv_v4_qkv_rope_kv_append_matches_numpy(k, n_heads, n_kv, hd, n_in, pos0, capacity, norm):
+    ok(checks.check_gemv_qkv(k, n_heads, n_kv, hd, n_in, pos0, capacity, norm))
 
 
 def test_gemv_rejects_rows_whose_width_is_not_a_multiple_of_8(k):
@@ -82,8 +101,9 @@ def test_kv_append_writes_only_the_new_positions(k, T, n_heads, n_kv, hd, capaci
     (9, 9, 3, 64, 40, 2, None),          # prefill after a cached prefix (SmolLM2 heads)
     (9, 8, 2, 16, 40, 2, 6),             # prefill with a window
 ])
-def test_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window):
-    ok(checks.check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window))
+@pytest.mark.parametrize("fused", [False, True], ids=["split+combine", "fused-combine"])
+def test_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, fused):
+    ok(checks.check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=fused))
 
 
 @pytest.mark.parametrize("T,ffn", [(1, 160), (4, 1536), (1, 14336)])
@@ -101,10 +121,11 @@ KINDS = ["gqa", "mha", "mqa", "tied", "mistral", "hd64", "llama3"]
 
 
 @pytest.mark.parametrize("fuse_norm", [False, True], ids=["norm", "fused-norm"])
+@pytest.mark.parametrize("gemv_version", [2, 4], ids=["v2", "v4"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_gpu_logits_match_cpu(kind, dtype, fuse_norm):
-    ok(checks.check_model_logits(kind, dtype, fuse_norm=fuse_norm))
+def test_gpu_logits_match_cpu(kind, dtype, gemv_version, fuse_norm):
+    ok(checks.check_model_logits(kind, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -115,9 +136,10 @@ def test_greedy_continuation_matches_cpu(kind, dtype):
 
 
 @pytest.mark.parametrize("fuse_norm", [False, True], ids=["norm", "fused-norm"])
+@pytest.mark.parametrize("gemv_version", [2, 4], ids=["v2", "v4"])
 @pytest.mark.parametrize("kind", ["gqa", "mistral"])
-def test_graph_replay_equals_eager(kind, fuse_norm):
-    same, detail = checks.check_graph_equals_eager(kind, "float16", fuse_norm=fuse_norm)
+def test_graph_replay_equals_eager(kind, gemv_version, fuse_norm):
+    same, detail = checks.check_graph_equals_eager(kind, "float16", fuse_norm=fuse_norm, gemv_version=gemv_version)
     assert same, detail
 
 

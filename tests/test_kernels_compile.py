@@ -53,7 +53,9 @@ def test_every_launched_kernel_is_defined():
     surface only on a GPU machine)."""
     defined = set()
     for path in CU_FILES:
-        defined |= set(re.findall(r'extern "C" __global__ void (\w+)\(', path.read_text()))
+        text = path.read_text()
+        defined |= set(re.findall(r'extern "C" __global__ void (\w+)\(', text))
+        defined |= set(re.findall(r'^[A-Z0-9_]+_KERNEL\((\w+),', text, re.M))     # macro-stamped kernels
     launcher = (Path(__file__).parents[1] / "minillm" / "cuda" / "kernels.py").read_text()
     for sfx in ("f16", "bf16"):
         wanted = {n.replace("{sfx}", sfx) for n in re.findall(r'get\("\w+", f?"([\w{}]+)"\)', launcher)}

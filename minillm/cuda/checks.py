@@ -83,16 +83,65 @@ def check_gemv(k: Kernels, rows: int, n_in: int, version: int, accumulate: bool 
     return rel_err(_host(y), want), 1e-5 * math.sqrt(n_in)     # same weights: only fp32 summation order
 
 
-def check_gemv_rmsnorm(k: Kernels, rows: int, n_in: int, seed: int = 0):
+def check_gemv_rmsnorm(k: Kernels, rows: int, n_in: int, seed: int = 0, version: int = 3):
     cp, rng = _cp(), np.random.default_rng(seed)
     w = narrow(rng.standard_normal((rows, n_in)) / math.sqrt(n_in), k.dtype)
     x = (rng.standard_normal(n_in) * 3).astype(np.float32)
     g = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
     y = poisoned(rows, np.float32)
-    k.gemv_rmsnorm(cp.asarray(w), cp.asarray(x), cp.asarray(g), 1e-5, y)
+    k.gemv_rmsnorm(cp.asarray(w), cp.asarray(x), cp.asarray(g), 1e-5, y, version=version)
     _sync()
     want = as_f32(w).astype(np.float64) @ rmsnorm(x[None], g, 1e-5)[0].astype(np.float64)
     return rel_err(_host(y), want), 1e-5 * math.sqrt(n_in)
+
+
+def check_gemv_swiglu(k: Kernels, ffn: int, n_in: int, norm: bool, seed: int = 0):
+    """v4 gate/up GEMV with SwiGLU in the epilogue (and the RMSNorm in the prologue when `norm`)."""
+    cp, rng = _cp(), np.random.default_rng(seed)
+    w = narrow(rng.standard_normal((2 * ffn, n_in)) / math.sqrt(n_in), k.dtype)
+    x = (rng.standard_normal(n_in) * 3).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
+    out = poisoned(ffn, np.float32)
+    k.gemv_swiglu(cp.asarray(w), cp.asarray(x), cp.asarray(g) if norm else None, 1e-5, out)
+    _sync()
+    h = rmsnorm(x[None], g, 1e-5)[0] if norm else x
+    gu = as_f32(w).astype(np.float64) @ h.astype(np.float64)
+    want = silu(gu[:ffn]) * gu[ffn:]
+    return rel_err(_host(out), want), 1e-5 * math.sqrt(n_in)
+
+
+def check_gemv_qkv(k: Kernels, n_heads: int, n_kv: int, hd: int, n_in: int, pos0: int, capacity: int,
+                   norm: bool, seed: int = 0):
+    """v4 q|k|v GEMV with RoPE and the KV-cache append in the epilogue (and the RMSNorm when `norm`):
+    the rotated row against NumPy, and the cache (every other slot untouched) against the narrowed k, v."""
+    cp, rng = _cp(), np.random.default_rng(seed)
+    width = (n_heads + 2 * n_kv) * hd
+    w = narrow(rng.standard_normal((width, n_in)) / math.sqrt(n_in), k.dtype)
+    x = (rng.standard_normal(n_in) * 3).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
+    inv_freq = rope_inv_freq(hd, 10000.0)
+    old = narrow(rng.standard_normal((n_kv, capacity, hd)), k.dtype)
+    kc, vc = cp.asarray(old), cp.asarray(old)
+    y = poisoned(width, np.float32)
+    k.gemv_qkv(cp.asarray(w), cp.asarray(x), cp.asarray(g) if norm else None, 1e-5, y,
+               cp.asarray(np.array([pos0], np.int32)), cp.asarray(inv_freq), kc, vc, n_heads, n_kv, hd)
+    _sync()
+    h = rmsnorm(x[None], g, 1e-5)[0] if norm else x
+    qkv = (as_f32(w).astype(np.float64) @ h.astype(np.float64)).astype(np.float32)
+    cos, sin = rope_tables(np.arange(pos0, pos0 + 1), inv_freq)
+    n_rot = n_heads + n_kv
+    rotated = apply_rope(qkv[None, :n_rot * hd].reshape(1, n_rot, hd), cos, sin).reshape(-1)
+    want = np.concatenate([rotated, qkv[n_rot * hd:]])
+    err = rel_err(_host(y), want)
+    tol = 1e-5 * math.sqrt(n_in) + 1e-5 * max(1, pos0) ** 0.5
+    want_k, want_v = as_f32(old).copy(), as_f32(old).copy()
+    if pos0 < capacity:
+        new = want.reshape(n_heads + 2 * n_kv, hd)
+        want_k[:, pos0] = as_f32(narrow(new[n_heads:n_rot], k.dtype))
+        want_v[:, pos0] = as_f32(narrow(new[n_rot:], k.dtype))
+    # the cache holds 16-bit roundings of values equal to ~1e-6: one rounding step may differ
+    cache_err = max(rel_err(_host(kc), want_k), rel_err(_host(vc), want_v))
+    return max(err, cache_err * tol / TOL[k.dtype]), tol
 
 
 def check_rope(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, pos0: int, seed: int = 0):
@@ -126,8 +175,10 @@ def check_kv_append(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, capaci
 
 
 def check_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, length: int, n_splits: int,
-                    window: int | None = None, capacity: int | None = None, seed: int = 0):
-    """T queries that are the last T of `length` cached positions; n_splits flash-decoding splits."""
+                    window: int | None = None, capacity: int | None = None, seed: int = 0, fused: bool = False):
+    """T queries that are the last T of `length` cached positions; n_splits flash-decoding splits.
+    fused: the one-launch kernel (combine in the last split block); it runs twice on the same counters,
+    which must be back at zero after each run (a replayed graph relies on that)."""
     cp, rng = _cp(), np.random.default_rng(seed)
     capacity = capacity or length + 3
     width = (n_heads + 2 * n_kv) * hd
@@ -136,13 +187,21 @@ def check_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, length
     vc = narrow(rng.standard_normal((n_kv, capacity, hd)), k.dtype)
     parts = (poisoned((T, n_heads, n_splits), np.float32), poisoned((T, n_heads, n_splits), np.float32),
              poisoned((T, n_heads, n_splits, hd), np.float32))
-    out = poisoned((T, n_heads * hd), np.float32)
+    if fused:
+        parts += (cp.zeros((T, n_heads), cp.uint32),)
     pos = cp.asarray(np.array([length - T], np.int32))
-    k.attention(cp.asarray(qkv), T, n_heads, n_kv, hd, cp.asarray(kc), cp.asarray(vc), pos, window, parts, out)
-    _sync()
     q = qkv[:, :n_heads * hd].reshape(T, n_heads, hd)
     want = attend(q, as_f32(kc)[:, :length], as_f32(vc)[:, :length], window)
-    return rel_err(_host(out), want), 1e-4                          # same K/V values: fp32 math only
+    d_qkv, d_kc, d_vc = cp.asarray(qkv), cp.asarray(kc), cp.asarray(vc)
+    err = 0.0
+    for _ in range(2 if fused else 1):
+        out = poisoned((T, n_heads * hd), np.float32)
+        k.attention(d_qkv, T, n_heads, n_kv, hd, d_kc, d_vc, pos, window, parts, out)
+        _sync()
+        err = max(err, rel_err(_host(out), want))
+        if fused and int(cp.asnumpy(parts[3]).max()) != 0:
+            return math.inf, 1e-4                                   # a counter was left non-zero
+    return err, 1e-4                                                # same K/V values: fp32 math only
 
 
 def check_swiglu(k: Kernels, T: int, ffn: int, to_narrow: bool, seed: int = 0):
@@ -219,12 +278,12 @@ MODEL_TOL = {"float16": 5e-3, "bfloat16": 3e-2}     # seen in a CPU emulation: 6
 
 
 def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int = 20, seed: int = 0,
-                       fuse_norm: bool = False):
+                       fuse_norm: bool = False, gemv_version: int = 4):
     """Prefill logits (all positions) and teacher-forced decode logits, GPU vs CPU."""
     from .gpu_model import GPUTransformer
     cfg = small_config(kind)
     cpu = random_cpu_model(cfg, dtype, seed)
-    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm)
+    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version)
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, n_prompt + n_decode)
     err = rel_err(gpu.prefill(ids[:n_prompt], gpu.new_cache(64), all_logits=True),
                   cpu.prefill(ids[:n_prompt], cpu.new_cache(64), all_logits=True))
@@ -245,13 +304,13 @@ def greedy(model, prompt, n: int, cache) -> tuple[list[int], list[np.ndarray]]:
     return tokens, all_logits
 
 
-def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: bool = False):
+def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: bool = True, gemv_version: int = 4):
     """Greedy continuations, GPU vs CPU. Returns (tokens equal, detail). A divergence is accepted only
     at a near-tie: where the CPU's top two logits are closer than the logits' measured error."""
     from .gpu_model import GPUTransformer
     cfg = small_config(kind)
     cpu = random_cpu_model(cfg, dtype, seed)
-    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm)
+    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version)
     prompt = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8)
     want, cpu_logits = greedy(cpu, prompt, n, cpu.new_cache(64))
     got, gpu_logits = greedy(gpu, prompt, n, gpu.new_cache(64))
@@ -264,12 +323,14 @@ def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: b
     return True, f"{n} tokens equal"
 
 
-def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, fuse_norm: bool = False):
+def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, fuse_norm: bool = False,
+                             gemv_version: int = 4):
     """The same prompt and tokens through eager launches and through the replayed CUDA graph:
     the same kernels in the same order, so the logits must be bit-identical."""
     from .gpu_model import GPUTransformer
     cfg = small_config(kind)
-    gpu = GPUTransformer.from_cpu(random_cpu_model(cfg, dtype, seed), dtype, fuse_norm=fuse_norm)
+    gpu = GPUTransformer.from_cpu(random_cpu_model(cfg, dtype, seed), dtype, fuse_norm=fuse_norm,
+                                  gemv_version=gemv_version)
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8 + n)
     runs = []
     for use_graph in (False, True):

@@ -13,11 +13,13 @@ Prefill (compute-bound, T tokens): cuBLAS GEMMs (fp16/bf16 inputs, fp32 output a
 residual add folded into the GEMM's beta) and our attention kernel with one query per token.
 
 Decode (memory-bound, one token): only our kernels (gemv.cu for every matrix: cuBLAS cannot be captured
-from CuPy) over preallocated buffers, with the token and position in a device buffer. So the whole step,
-~11 launches a layer, is captured once per cache as a CUDA graph and replayed per token
-(`use_graph=True`, the default); `use_graph=False` runs the same launches eagerly, for comparison.
-`fuse_norm=True` folds the RMSNorm before q/k/v, gate/up and the LM head into those GEMVs (gemv.cu
-v3): 65 launches fewer per 32-layer step; off by default until the H200 numbers say it pays.
+from CuPy) over preallocated buffers, with the token and position in a device buffer. So the whole step
+is captured once per cache as a CUDA graph and replayed per token (`use_graph=True`, the default);
+`use_graph=False` runs the same launches eagerly, for comparison.
+`gemv_version=4` (default): 5 launches a layer: [rmsnorm + qkv GEMV + RoPE + KV append], [attention with
+the split combine fused], [o GEMV + residual], [rmsnorm + gate/up GEMV + SwiGLU], [down GEMV + residual]
+(`fuse_norm=False` puts a separate rmsnorm launch before the two normed GEMVs). `gemv_version=2` is the
+first version: ~11 launches a layer (9 with `fuse_norm`, which then uses gemv.cu v3), kept to compare.
 
 Not here yet: int8/int4 weights (a dequantizing GEMV), MLA, a rolling KV buffer (sliding windows use a
 contiguous cache and a mask), batching.
@@ -91,14 +93,14 @@ class GPUTransformer:
     prefill_chunk = 1024      # tokens per prefill pass (bounds the [T, 2 * ffn] fp32 scratch)
 
     def __init__(self, config: ModelConfig, layers: list[GPULayer], embed, final_norm, lm_head,
-                 dtype: str = "float16", use_graph: bool = True, gemv_version: int = 2, fuse_norm: bool = False):
+                 dtype: str = "float16", use_graph: bool = True, gemv_version: int = 4, fuse_norm: bool = True):
         cp = _cp()
         if config.attention != "gqa":
             raise ValueError("the GPU path runs MHA/GQA/MQA models; MLA is CPU-only for now")
         self.config, self.layers, self.dtype = config, layers, dtype
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         self.use_graph, self.gemv_version = use_graph, gemv_version
-        self.fuse_norm = fuse_norm and config.dim <= MAX_FUSED_NORM and config.dim % 8 == 0   # decode only
+        self.fuse_norm = fuse_norm          # decode only; v3 (gemv_version < 4) also needs dim <= MAX_FUSED_NORM
         self.k = Kernels(dtype)
         self.stream = cp.cuda.Stream(non_blocking=True)
         c, hd = config, config.head_dim
@@ -227,22 +229,50 @@ class GPUTransformer:
         hd = c.head_dim
         parts = self._decode_parts(cache)
         k.embed(self.step_tokens, self.embed, self.x)                                  # [1, dim]
+        if v >= 4:
+            # v4: 5 launches a layer. norm+qkv+rope+kv_append | attention (+combine) | o (+residual) |
+            # norm+gate_up+swiglu | down (+residual)
+            x = self.x[0]
+            for i, L in enumerate(self.layers):
+                src, gain = self._norm_input(L.attn_norm)
+                k.gemv_qkv(L.wqkv, src, gain, c.norm_eps, self.qkv[0], self.step_pos, self.inv_freq,
+                           cache.k[i], cache.v[i], c.n_heads, c.n_kv_heads, hd, "qkv")
+                k.attention(self.qkv, 1, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], self.step_pos,
+                            c.sliding_window, parts, self.attn)                        # [1, n_heads * hd]
+                k.gemv(L.wo, self.attn[0], x, True, v, "o")                            # x += o_proj(attn)
+                src, gain = self._norm_input(L.mlp_norm)
+                k.gemv_swiglu(L.wgu, src, gain, c.norm_eps, self.act[0], "gate_up")    # [ffn]
+                k.gemv(L.wdown, self.act[0], x, True, v, "down")                       # x += down(act)
+            self._norm_gemv(self.x, self.final_norm, self.lm_head, self.logits[None], "lm_head")
+            return
         for i, L in enumerate(self.layers):
             self._norm_gemv(self.x, L.attn_norm, L.wqkv, self.qkv, "qkv")               # [1, qkv_width]
             k.rope(self.qkv, 1, c.n_heads + c.n_kv_heads, hd, self.step_pos, self.inv_freq)
             k.kv_append(self.qkv, 1, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], self.step_pos)
             k.attention(self.qkv, 1, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], self.step_pos,
-                        c.sliding_window, parts, self.attn)                            # [1, n_heads * hd]
+                        c.sliding_window, parts[:3], self.attn)                        # [1, n_heads * hd]
             k.gemv(L.wo, self.attn[0], self.x[0], True, v, "o")                        # x += o_proj(attn)
             self._norm_gemv(self.x, L.mlp_norm, L.wgu, self.gu, "gate_up")              # [1, 2 * ffn]
             k.swiglu(self.gu, self.act)                                                # [1, ffn]
             k.gemv(L.wdown, self.act[0], self.x[0], True, v, "down")                   # x += down(act)
         self._norm_gemv(self.x, self.final_norm, self.lm_head, self.logits[None], "lm_head")   # [vocab]
 
+    def _fused(self) -> bool:
+        """Is the RMSNorm folded into the GEMV that follows it? (v3 keeps x in shared memory: dim-bound)"""
+        return self.fuse_norm and (self.gemv_version >= 4 or self.config.dim <= MAX_FUSED_NORM)
+
+    def _norm_input(self, gain):
+        """(GEMV input, gain to fuse or None): x itself when the norm is fused, else rmsnorm(x) in self.h."""
+        if self._fused():
+            return self.x[0], gain
+        self.k.rmsnorm(self.x, gain, self.h, self.config.norm_eps)
+        return self.h[0], None
+
     def _norm_gemv(self, x, gain, w, out, label: str) -> None:
-        """out [1, rows] = w · rmsnorm(x [1, dim]): one fused kernel (v3) or rmsnorm then GEMV."""
-        if self.fuse_norm:
-            self.k.gemv_rmsnorm(w, x[0], gain, self.config.norm_eps, out[0], label)
+        """out [1, rows] = w · rmsnorm(x [1, dim]): one fused kernel (v3/v4) or rmsnorm then GEMV."""
+        if self._fused():
+            self.k.gemv_rmsnorm(w, x[0], gain, self.config.norm_eps, out[0], label,
+                                version=4 if self.gemv_version >= 4 else 3)
         else:
             self.k.rmsnorm(x, gain, self.h, self.config.norm_eps)
             self.k.gemv(w, self.h[0], out[0], False, self.gemv_version, label)
@@ -253,12 +283,12 @@ class GPUTransformer:
         if s not in self._parts:
             H, hd = self.config.n_heads, self.config.head_dim
             self._parts[s] = (cp.zeros((1, H, s), cp.float32), cp.zeros((1, H, s), cp.float32),
-                              cp.zeros((1, H, s, hd), cp.float32))
+                              cp.zeros((1, H, s, hd), cp.float32), cp.zeros((1, H), cp.uint32))
         return self._parts[s]
 
     def _graph_for(self, cache: GPUKVCache):
         """The decode step captured as a CUDA graph for this cache (captured on first use)."""
-        key = (self, self.fuse_norm, self.gemv_version)
+        key = (self, self._fused(), self.gemv_version)
         if cache.graph is None or cache.graph_key != key:
             self._decode_parts(cache)                    # allocate scratch before capturing
             self.stream.begin_capture()
@@ -286,7 +316,7 @@ class GPUTransformer:
         act_n = cp.empty((T, c.ffn_dim), nd)
         s = max(1, min(16, (4 * self.n_sms) // (c.n_heads * T)))       # splits only when T is small
         parts = (cp.empty((T, c.n_heads, s), cp.float32), cp.empty((T, c.n_heads, s), cp.float32),
-                 cp.empty((T, c.n_heads, s, hd), cp.float32))
+                 cp.empty((T, c.n_heads, s, hd), cp.float32), cp.zeros((T, c.n_heads), cp.uint32))
         k.embed(tokens, self.embed, x)                                                    # [T, dim]
         for i, L in enumerate(self.layers):
             k.rmsnorm(x, L.attn_norm, hn, c.norm_eps)                                     # [T, dim] 16-bit

@@ -18,6 +18,7 @@ import numpy as np
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "decode_attention", "gemv", "embed"]
 ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
+V4_WARPS = 4                           # as #defined in gemv.cu (row pairs per block)
 MAX_FUSED_NORM = 12000                 # gemv_rmsnorm_v3 keeps in floats in shared memory (+ static): < 48 KB
 
 
@@ -75,12 +76,24 @@ class Kernels:
             "gemv_v1": get("gemv", f"gemv_v1_{sfx}"),
             "gemv_v2": get("gemv", f"gemv_v2_{sfx}"),
             "gemv_rmsnorm_v3": get("gemv", f"gemv_rmsnorm_v3_{sfx}"),
+            "gemv_v4": get("gemv", f"gemv_v4_{sfx}"),
+            "gemv_rmsnorm_v4": get("gemv", f"gemv_rmsnorm_v4_{sfx}"),
+            "gemv_swiglu_v4": get("gemv", f"gemv_swiglu_v4_{sfx}"),
+            "gemv_rmsnorm_swiglu_v4": get("gemv", f"gemv_rmsnorm_swiglu_v4_{sfx}"),
+            "gemv_qkv_v4": get("gemv", f"gemv_qkv_v4_{sfx}"),
+            "gemv_rmsnorm_qkv_v4": get("gemv", f"gemv_rmsnorm_qkv_v4_{sfx}"),
+            "attention_fused": get("decode_attention", f"attention_fused_{sfx}"),
             "embed": get("embed", f"embed_{sfx}"),
             "cast": get("embed", f"cast_to_{sfx}"),
             "fill_uniform": get("embed", f"fill_uniform_{sfx}"),
         }
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
+        import cupy as cp
+        # stand-ins for the pointer arguments a v4 variant does not use (never dereferenced)
+        self._nil_f32 = cp.zeros(8, cp.float32)
+        self._nil_u16 = cp.zeros(8, cp.uint16)
+        self._nil_i32 = cp.zeros(8, cp.int32)
         self.timer = None
 
     def _launch(self, name: str, grid, block, args, label: str = "", shared_mem: int = 0) -> None:
@@ -98,16 +111,61 @@ class Kernels:
         self._launch(name, (T,), (256,), (x, gain, out, np.int32(dim), np.float32(eps)))
 
     def gemv(self, w, x, y, accumulate: bool = False, version: int = 2, label: str = "") -> None:
-        """y [rows] fp32 (+)= w [rows, in] · x [in] fp32; in % 8 == 0. `label` names it for the timer."""
+        """y [rows] fp32 (+)= w [rows, in] · x [in] fp32; in % 8 == 0. `label` names it for the timer.
+        version 1, 2 (8 rows a block, one warp a row) or 4 (two rows a warp, 16 loads in flight a lane)."""
         rows, n_in = w.shape
         if n_in % 8:
             raise ValueError(f"gemv needs in % 8 == 0, got {n_in}")
+        if version >= 4:
+            self._v4("gemv_v4", w, x, None, 0.0, y, (rows + 1) // 2, accumulate, label)
+            return
         self._launch(f"gemv_v{version}", ((rows + 7) // 8,), (256,),
                      (w, x, y, np.int32(rows), np.int32(n_in), np.int32(1 if accumulate else 0)), label)
 
-    def gemv_rmsnorm(self, w, x, gain, eps: float, y, label: str = "") -> None:
-        """y [rows] fp32 = w [rows, in] · rmsnorm(x [in] fp32, gain [in] fp32): v3, the norm fused in."""
+    def _v4(self, name, w, x, gain, eps, y, pairs, accumulate=False, label="", qkv=None) -> None:
+        """Launch a gemv.cu v4 variant: one warp per row pair, V4_WARPS pairs a block."""
         rows, n_in = w.shape
+        if n_in % 8:
+            raise ValueError(f"gemv needs in % 8 == 0, got {n_in}")
+        if gain is not None:
+            name = name.replace("gemv_", "gemv_rmsnorm_", 1)
+        if qkv is None:
+            kc = vc = self._nil_u16
+            capacity, pos, inv_freq, n_heads, n_kv_heads, hd = 0, self._nil_i32, self._nil_f32, 0, 0, 0
+        else:
+            kc, vc, pos, inv_freq, n_heads, n_kv_heads, hd = qkv
+            capacity = kc.shape[1]
+        self._launch(name, ((pairs + V4_WARPS - 1) // V4_WARPS,), (32 * V4_WARPS,),
+                     (w, x, self._nil_f32 if gain is None else gain, np.float32(eps), y, np.int32(rows),
+                      np.int32(n_in), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos,
+                      inv_freq, np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd)), label)
+
+    def gemv_swiglu(self, w, x, gain, eps: float, out, label: str = "") -> None:
+        """out [ffn] fp32 = silu(g) · u, [g; u] = w [2 ffn, in] · x, with x = rmsnorm(x, gain) when gain is
+        not None (v4: the gate/up vector never reaches memory)."""
+        rows = w.shape[0]
+        if rows % 2 or out.shape != (rows // 2,):
+            raise ValueError(f"gemv_swiglu: w has {rows} rows (gate; up), out {out.shape}")
+        self._v4("gemv_swiglu_v4", w, x, gain, eps, out, rows // 2, label=label)
+
+    def gemv_qkv(self, w, x, gain, eps: float, qkv, pos, inv_freq, k_cache, v_cache, n_heads: int,
+                 n_kv_heads: int, head_dim: int, label: str = "") -> None:
+        """One decode token: qkv [width] fp32 = w · x (x = rmsnorm(x, gain) when gain is not None), RoPE on
+        the q and k heads at position pos[0], k and v into k_cache, v_cache [n_kv_heads, capacity, hd]
+        (one layer) at pos[0]: rmsnorm + GEMV + rope + kv_append in one v4 launch."""
+        rows = w.shape[0]
+        if rows != (n_heads + 2 * n_kv_heads) * head_dim or head_dim % 2 or qkv.shape != (rows,):
+            raise ValueError(f"gemv_qkv: w {w.shape}, qkv {qkv.shape}, heads {n_heads}+2x{n_kv_heads} x {head_dim}")
+        self._v4("gemv_qkv_v4", w, x, gain, eps, qkv, rows // 2, label=label,
+                 qkv=(k_cache, v_cache, pos, inv_freq, n_heads, n_kv_heads, head_dim))
+
+    def gemv_rmsnorm(self, w, x, gain, eps: float, y, label: str = "", version: int = 3) -> None:
+        """y [rows] fp32 = w [rows, in] · rmsnorm(x [in] fp32, gain [in] fp32): the norm fused in.
+        version 3: a block reduction into shared memory (in <= MAX_FUSED_NORM); 4: each warp sums x² itself."""
+        rows, n_in = w.shape
+        if version >= 4:
+            self._v4("gemv_v4", w, x, gain, eps, y, (rows + 1) // 2, label=label)
+            return
         if n_in % 8 or n_in > MAX_FUSED_NORM:
             raise ValueError(f"gemv_rmsnorm needs in % 8 == 0 and in <= {MAX_FUSED_NORM}, got {n_in}")
         self._launch("gemv_rmsnorm_v3", ((rows + 15) // 16,), (512,),
@@ -132,16 +190,23 @@ class Kernels:
         """Queries of each qkv row [T, width] against one layer's cache -> out [T, n_heads * hd] fp32.
 
         parts = (m [T, H, S], l [T, H, S], acc [T, H, S, hd]) fp32 scratch; S = n_splits is parts' last
-        dim. Query t sits at pos[0] + t; window None or 0 = full causal."""
+        dim. Query t sits at pos[0] + t; window None or 0 = full causal. A fourth element, counters
+        [T, H] uint32 zero-filled (and left zero), selects the one-launch kernel with the combine fused."""
         if head_dim > MAX_HD:
             raise ValueError(f"head_dim {head_dim} > {MAX_HD}")
-        part_m, part_l, part_acc = parts
+        part_m, part_l, part_acc = parts[:3]
         n_splits = part_m.shape[-1]
         capacity = k_cache.shape[1]
-        self._launch("attention_split", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,),
-                     (qkv, np.int32(qkv.shape[-1]), k_cache, v_cache, np.int32(capacity), np.int32(n_heads),
-                      np.int32(n_kv_heads), np.int32(head_dim), pos, np.int32(window or 0),
-                      np.float32(1.0 / math.sqrt(head_dim)), part_m, part_l, part_acc))
+        args = (qkv, np.int32(qkv.shape[-1]), k_cache, v_cache, np.int32(capacity), np.int32(n_heads),
+                np.int32(n_kv_heads), np.int32(head_dim), pos, np.int32(window or 0),
+                np.float32(1.0 / math.sqrt(head_dim)), part_m, part_l, part_acc)
+        if len(parts) == 4:              # v2: the combine fused into the last split block (parts[3]: counters)
+            counters = parts[3]
+            if counters.dtype != np.uint32 or counters.size < n_tokens * n_heads:
+                raise ValueError("attention counters: uint32 [T, n_heads], zero-filled")
+            self._launch("attention_fused", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,), args + (counters, out))
+            return
+        self._launch("attention_split", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,), args)
         self._launch("attention_combine", (n_heads, n_tokens), (128,),
                      (part_m, part_l, part_acc, out, np.int32(n_heads), np.int32(head_dim), np.int32(n_splits)))
 

@@ -59,6 +59,19 @@ def kernel_checks(quick: bool) -> None:
             ("gemv v2 64x14336", lambda: checks.check_gemv(k, 64, 14336, 2)),
             ("gemv+rmsnorm v3 100x4096", lambda: checks.check_gemv_rmsnorm(k, 100, 4096)),
             ("gemv+rmsnorm v3 13x576", lambda: checks.check_gemv_rmsnorm(k, 13, 576)),
+            ("gemv v4 6144x4096", lambda: checks.check_gemv(k, 6144, 4096, 4)),
+            ("gemv v4 257x4096 accumulate", lambda: checks.check_gemv(k, 257, 4096, 4, True)),
+            ("gemv v4 64x14336 accumulate", lambda: checks.check_gemv(k, 64, 14336, 4, True)),
+            ("gemv v4 13x136 (ragged)", lambda: checks.check_gemv(k, 13, 136, 4)),
+            ("gemv+rmsnorm v4 101x4096", lambda: checks.check_gemv_rmsnorm(k, 101, 4096, version=4)),
+            ("gemv+rmsnorm v4 13x576", lambda: checks.check_gemv_rmsnorm(k, 13, 576, version=4)),
+            ("gemv+rmsnorm v4 7x14336", lambda: checks.check_gemv_rmsnorm(k, 7, 14336, version=4)),
+            ("gemv+swiglu v4 ffn 300 in 4096", lambda: checks.check_gemv_swiglu(k, 300, 4096, False)),
+            ("gemv+rmsnorm+swiglu v4 ffn 1000 in 576", lambda: checks.check_gemv_swiglu(k, 1000, 576, True)),
+            ("gemv+rmsnorm+qkv+rope+kv v4 32+8x128", lambda: checks.check_gemv_qkv(k, 32, 8, 128, 4096, 4000, 4100, True)),
+            ("gemv+qkv+rope+kv v4 9+3x64 in 576", lambda: checks.check_gemv_qkv(k, 9, 3, 64, 576, 17, 40, False)),
+            ("gemv+rmsnorm+qkv+rope+kv v4 MQA hd 256", lambda: checks.check_gemv_qkv(k, 4, 1, 256, 264, 0, 5, True)),
+            ("gemv+rmsnorm+qkv+rope+kv v4 hd 16 pos 39", lambda: checks.check_gemv_qkv(k, 4, 4, 16, 64, 39, 40, True)),
             ("rope 32+8 heads hd 128 pos 4000", lambda: checks.check_rope(k, 1, 32, 8, 128, 4000)),
             ("rope T=7 hd 16", lambda: checks.check_rope(k, 7, 4, 4, 16, 3)),
             ("kv_append T=5", lambda: checks.check_kv_append(k, 5, 4, 1, 128, 40, 7)),
@@ -69,6 +82,14 @@ def kernel_checks(quick: bool) -> None:
             ("attention decode window 6", lambda: checks.check_attention(k, 1, 8, 2, 16, 100, 5, 6)),
             ("attention prefill T=9 after 31", lambda: checks.check_attention(k, 9, 9, 3, 64, 40, 2)),
             ("attention prefill T=9 window 6", lambda: checks.check_attention(k, 9, 8, 2, 16, 40, 2, 6)),
+            ("attention fused L=37 splits=4", lambda: checks.check_attention(k, 1, 8, 2, 64, 37, 4, fused=True)),
+            ("attention fused L=37 splits=64 (empty)", lambda: checks.check_attention(k, 1, 8, 2, 64, 37, 64, fused=True)),
+            ("attention fused L=1 splits=17", lambda: checks.check_attention(k, 1, 32, 8, 128, 1, 17, fused=True)),
+            ("attention fused L=3000 GQA hd 128", lambda: checks.check_attention(k, 1, 32, 8, 128, 3000, 17, fused=True)),
+            ("attention fused MQA hd 256", lambda: checks.check_attention(k, 1, 8, 1, 256, 50, 3, fused=True)),
+            ("attention fused window 6", lambda: checks.check_attention(k, 1, 8, 2, 16, 100, 5, 6, fused=True)),
+            ("attention fused prefill T=9 after 31", lambda: checks.check_attention(k, 9, 9, 3, 64, 40, 2, fused=True)),
+            ("attention fused prefill T=64 s=1", lambda: checks.check_attention(k, 64, 8, 2, 64, 64, 1, fused=True)),
             ("swiglu -> fp32", lambda: checks.check_swiglu(k, 1, 14336, False)),
             ("swiglu -> 16-bit", lambda: checks.check_swiglu(k, 4, 1536, True)),
             ("embed + cast", lambda: checks.check_embed_cast(k, 300, 72)),
@@ -88,27 +109,31 @@ def model_checks(quick: bool) -> None:
     from . import checks
     say("small random models, GPU vs CPU (same 16-bit weights on both)")
     kinds = ["gqa", "mistral"] if quick else ["gqa", "mha", "mqa", "tied", "mistral", "hd64", "llama3"]
+    variants = [(4, True, ""), (4, False, " v4 unfused-norm"), (2, False, " v2"), (2, True, " v2+v3 fused-norm")]
     for dtype in ("float16", "bfloat16"):
         for kind in kinds:
-            for fuse in (False, True):
-                label = f"{SHORT[dtype]} logits {kind}{' fused-norm' if fuse else ''}"
+            for version, fuse, tag in variants:
+                if version == 2 and kind not in ("gqa", "mistral", "tied"):
+                    continue                       # the old path: a few kinds are enough
+                label = f"{SHORT[dtype]} logits {kind}{tag}"
 
-                def one(kind=kind, dtype=dtype, label=label, fuse=fuse):
-                    err, tol = checks.check_model_logits(kind, dtype, fuse_norm=fuse)
+                def one(kind=kind, dtype=dtype, label=label, fuse=fuse, version=version):
+                    err, tol = checks.check_model_logits(kind, dtype, fuse_norm=fuse, gemv_version=version)
                     verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
                 guarded(label, one)
     for kind in ["gqa", "mistral"]:
-        label = f"fp16 greedy 16 tokens {kind}"
+        for version, fuse, tag in [(4, True, ""), (2, False, " v2")]:
+            label = f"fp16 greedy 16 tokens {kind}{tag}"
 
-        def one(kind=kind, label=label):
-            same, detail = checks.check_greedy(kind, "float16")
-            verdict(label, same, detail)
-        guarded(label, one)
-        for fuse in (False, True):
-            label = f"fp16 graph replay == eager {kind}{' fused-norm' if fuse else ''}"
+            def one(kind=kind, label=label, fuse=fuse, version=version):
+                same, detail = checks.check_greedy(kind, "float16", fuse_norm=fuse, gemv_version=version)
+                verdict(label, same, detail)
+            guarded(label, one)
+        for version, fuse, tag in variants:
+            label = f"fp16 graph replay == eager {kind}{tag}"
 
-            def two(kind=kind, label=label, fuse=fuse):
-                same, detail = checks.check_graph_equals_eager(kind, "float16", fuse_norm=fuse)
+            def two(kind=kind, label=label, fuse=fuse, version=version):
+                same, detail = checks.check_graph_equals_eager(kind, "float16", fuse_norm=fuse, gemv_version=version)
                 verdict(label, same, detail)
             guarded(label, two)
 
@@ -190,28 +215,45 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int) -
         f"roofline {bw / wbytes:.0f} tok/s")
 
     # -- GEMV kernels vs cuBLAS on the model's matrices
-    say("\nGEMV, one matrix (median of 20, CUDA events)")
+    say("\nGEMV, one matrix (median of 20, CUDA events); v4 fused = v4 with its decode prologue/epilogue "
+        "(qkv: norm+rope+kv append; gate_up: norm+swiglu; lm_head: norm)")
     say(f"  {'matrix':<10} {'shape':>13} {'v1 µs':>8} {'v2 µs':>8} {'v3+norm µs':>10} {'cuBLAS µs':>10} "
-        f"{'v2 TB/s':>8} {'v2 % copy':>9}")
+        f"{'v2 TB/s':>8} {'v2 % copy':>9} {'v4 µs':>8} {'v4 fused µs':>11} {'v4 TB/s':>8} {'v4 % copy':>9}")
     L = gpu.layers[0]
+    c = cfg
+    scratch = gpu.new_cache(64)
     with gpu.stream:
         for name, w in [("qkv", L.wqkv), ("o", L.wo), ("gate_up", L.wgu), ("down", L.wdown), ("lm_head", gpu.lm_head)]:
             x = cp.ones(w.shape[1], cp.float32)
             y = cp.empty(w.shape[0], cp.float32)
+            g = cp.ones(w.shape[1], cp.float32)
             v1 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=1), 20) * 1e3
             v2 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=2), 20) * 1e3
-            v3 = float("nan")
+            v4 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=4), 20) * 1e3
+            v3 = v4f = float("nan")
             if name in ("qkv", "gate_up", "lm_head"):          # the matrices an RMSNorm feeds
-                g = cp.ones(w.shape[1], cp.float32)
                 v3 = time_gpu(lambda: gpu.k.gemv_rmsnorm(w, x, g, 1e-5, y), 20) * 1e3
+            if name == "qkv":
+                v4f = time_gpu(lambda: gpu.k.gemv_qkv(w, x, g, 1e-5, y, gpu.step_pos, gpu.inv_freq, scratch.k[0],
+                                                      scratch.v[0], c.n_heads, c.n_kv_heads, c.head_dim), 20) * 1e3
+            elif name == "gate_up":
+                act = cp.empty(w.shape[0] // 2, cp.float32)
+                v4f = time_gpu(lambda: gpu.k.gemv_swiglu(w, x, g, 1e-5, act), 20) * 1e3
+            elif name == "lm_head":
+                v4f = time_gpu(lambda: gpu.k.gemv_rmsnorm(w, x, g, 1e-5, y, version=4), 20) * 1e3
+            else:
+                v4f = time_gpu(lambda: gpu.k.gemv(w, x, y, accumulate=True, version=4), 20) * 1e3   # + residual
             try:
                 xh = cp.ones((w.shape[1], 1), w.dtype) if w.dtype == cp.float16 else None
                 cub = (time_gpu(lambda: cp.matmul(w, xh), 20) * 1e3) if xh is not None else float("nan")
             except Exception:
                 cub = float("nan")
             tbs = w.nbytes / (v2 / 1e6) / 1e12
+            tbs4 = w.nbytes / (v4 / 1e6) / 1e12
             say(f"  {name:<10} {str(tuple(w.shape)):>13} {v1:8.1f} {v2:8.1f} {v3:10.1f} {cub:10.1f} {tbs:8.2f} "
-                f"{100 * w.nbytes / (v2 / 1e6) / bw:8.0f}%")
+                f"{100 * w.nbytes / (v2 / 1e6) / bw:8.0f}% {v4:8.1f} {v4f:11.1f} {tbs4:8.2f} "
+                f"{100 * w.nbytes / (v4 / 1e6) / bw:8.0f}%")
+    del scratch
 
     # -- prefill (TTFT)
     cache = gpu.new_cache(max(ttft_len, prompt_len + n_new) + 8)
@@ -228,12 +270,13 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int) -
     say(f"\nprefill {ttft_len} tokens: TTFT {ttft * 1e3:.1f} ms (median of 3 after a warm-up; "
         f"{flops / ttft / 1e12:.0f} TFLOP/s on the weight matmuls)")
 
-    # -- decode, eager then graph
+    # -- decode, eager then graph; the first version (v2, fuse_norm off / v3) beside v4
     short = rng.integers(0, cfg.vocab_size, prompt_len)
     results = {}
-    for mode in ("eager", "graph", "graph+fused-norm"):
-        gpu.use_graph = mode != "eager"
-        gpu.fuse_norm = mode == "graph+fused-norm"
+    modes = {"v2 eager": (2, False, False), "v2 graph": (2, True, False), "v2 graph+fused-norm": (2, True, True),
+             "v4 eager": (4, False, True), "v4 graph": (4, True, True)}
+    for mode, (version, use_graph, fuse) in modes.items():
+        gpu.gemv_version, gpu.use_graph, gpu.fuse_norm = version, use_graph, fuse
         for attempt in ("warm-up", "timed"):
             cache.reset()
             cache.graph = None if attempt == "warm-up" else cache.graph
@@ -245,8 +288,8 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int) -
                 logits = gpu.decode(tokens[-1], cache)
             elapsed = time.perf_counter() - start
         results[mode] = (n_new / elapsed, tokens)
-    gpu.fuse_norm = False
-    same = results["eager"][1] == results["graph"][1]
+    gpu.gemv_version, gpu.use_graph, gpu.fuse_norm = 4, True, True
+    same = results["v2 eager"][1] == results["v2 graph"][1] and results["v4 eager"][1] == results["v4 graph"][1]
     verdict("7B-shape decode: graph tokens == eager tokens" if not quick else "bench decode: graph == eager",
             same, "" if same else "the graph replay diverged from eager launches")
 
@@ -255,37 +298,67 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int) -
     per_token = wbytes + kv_read
     say(f"\ndecode, batch 1, {n_new} new tokens after a {prompt_len}-token prompt (host argmax each step)")
     say(f"  bytes per token: {per_token / 1e9:.3f} GB (weights {wbytes / 1e9:.3f} + KV {kv_read / 1e6:.1f} MB on average)")
-    say(f"  {'mode':<17} {'tok/s':>8} {'ms/token':>9} {'GB/s':>8} {'% copy BW':>10}")
+    say(f"  {'mode':<20} {'tok/s':>8} {'ms/token':>9} {'GB/s':>8} {'% copy BW':>10}")
     for mode, (tps, _) in results.items():
-        say(f"  {mode:<17} {tps:8.1f} {1e3 / tps:9.2f} {per_token * tps / 1e9:8.0f} {100 * per_token * tps / bw:9.0f}%")
-    fused_same = results["graph+fused-norm"][1][:8] == results["graph"][1][:8]
-    say(f"  fused-norm tokens {'equal the unfused ones' if fused_same else 'differ from the unfused ones'} "
+        say(f"  {mode:<20} {tps:8.1f} {1e3 / tps:9.2f} {per_token * tps / 1e9:8.0f} {100 * per_token * tps / bw:9.0f}%")
+    fused_same = results["v4 graph"][1][:8] == results["v2 graph"][1][:8]
+    say(f"  v4 tokens {'equal the v2 ones' if fused_same else 'differ from the v2 ones'} "
         f"(first 8; random weights may part ways later at a near-tie)")
 
-    # -- one decode step, per kernel
+    # -- one decode step, per kernel (v4, then the first version for comparison)
+    for version, fuse in ((4, True), (2, False)):
+        gpu.gemv_version, gpu.fuse_norm = version, fuse
+        timer = EventTimer()
+        with gpu.stream:
+            gpu.step.set(np.array([1, cache.length], dtype=np.int32))
+            gpu.k.timer = timer
+            try:
+                gpu.decode_step(cache)
+            finally:
+                gpu.k.timer = None
+            totals = timer.totals()
+        step_ms = sum(ms for _, ms in totals.values())
+        graph_mode = "v4 graph" if version == 4 else "v2 graph"
+        say(f"\none decode step, per kernel, v{version}{' fused-norm' if fuse else ''} (eager, CUDA events around "
+            f"each launch; sum {step_ms:.3f} ms of GPU time vs {1e3 / results[graph_mode][0]:.3f} ms per token "
+            f"with the graph)")
+        say(f"  {'kernel':<34} {'launches':>8} {'total µs':>9} {'µs each':>8} {'share':>6}")
+        for name, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+            say(f"  {name:<34} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / step_ms:5.1f}%")
+        n_launches = sum(n for n, _ in totals.values())
+        say(f"  {n_launches} launches per step")
+    gpu.gemv_version, gpu.fuse_norm = 4, True
+
+    # -- one prefill, per kernel (cuBLAS GEMMs included): where TTFT goes
     timer = EventTimer()
+    real_gemm = gpu.gemm
+
+    def timed_gemm(a, w, out, accumulate=False):
+        rows = w.shape[0]
+        label = {gpu.qkv_width: "qkv", cfg.dim: "o/down", 2 * cfg.ffn_dim: "gate_up"}.get(rows, "lm_head")
+        timer(f"cuBLAS gemm {label}", lambda: real_gemm(a, w, out, accumulate))
+    cache.reset()
     with gpu.stream:
-        gpu.step.set(np.array([1, cache.length], dtype=np.int32))
-        gpu.k.timer = timer
+        gpu.k.timer, gpu.gemm = timer, timed_gemm
         try:
-            gpu.decode_step(cache)
+            gpu.prefill(prompt, cache)
         finally:
             gpu.k.timer = None
+            del gpu.gemm                                   # back to the class's method
         totals = timer.totals()
-    step_ms = sum(ms for _, ms in totals.values())
-    say(f"\none decode step, per kernel (eager, CUDA events around each launch; sum {step_ms:.3f} ms "
-        f"of GPU time vs {1e3 / results['graph'][0]:.3f} ms per token with the graph)")
-    say(f"  {'kernel':<26} {'launches':>8} {'total µs':>9} {'µs each':>8} {'share':>6}")
+    pf_ms = sum(ms for _, ms in totals.values())
+    say(f"\none prefill of {ttft_len} tokens, per kernel (CUDA events around each launch; sum {pf_ms:.2f} ms "
+        f"vs TTFT {ttft * 1e3:.1f} ms)")
+    say(f"  {'kernel':<34} {'launches':>8} {'total µs':>9} {'µs each':>8} {'share':>6}")
     for name, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
-        say(f"  {name:<26} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / step_ms:5.1f}%")
-    n_launches = sum(n for n, _ in totals.values())
-    say(f"  {n_launches} launches per step")
+        say(f"  {name:<34} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / pf_ms:5.1f}%")
 
-    graph_tps, eager_tps = max(results["graph"][0], results["graph+fused-norm"][0]), results["eager"][0]
-    best = "graph+fused-norm" if results["graph+fused-norm"][0] > results["graph"][0] else "graph"
+    best = max(("v4 graph", "v2 graph", "v2 graph+fused-norm"), key=lambda m: results[m][0])
+    graph_tps, eager_tps = results[best][0], results["v4 eager"][0]
     say(f"\nsummary ({'small model, --quick' if quick else 'Mistral-7B shape'}, {dtype}, batch 1; "
         f"best decode mode: {best})")
-    rows = [("decode tok/s", f"{graph_tps:.1f}", "≥ 250"), ("decode tok/s, eager", f"{eager_tps:.1f}", ""),
+    rows = [("decode tok/s", f"{graph_tps:.1f}", "≥ 250"), ("decode tok/s, v4 eager", f"{eager_tps:.1f}", ""),
+            ("decode tok/s, v2 graph", f"{results['v2 graph'][0]:.1f}", ""),
             ("GB/s", f"{per_token * graph_tps / 1e9:.0f}", ""),
             ("% of copy bandwidth", f"{100 * per_token * graph_tps / bw:.0f}%", "≥ 85%"),
             (f"TTFT {ttft_len} tokens, ms", f"{ttft * 1e3:.1f}", "≤ 20")]
