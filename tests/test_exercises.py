@@ -157,6 +157,54 @@ def mask_without_window(n_queries, n_keys, window):
     return attention_mask(n_queries, n_keys, None)
 
 
+def int8_scale_from_max_not_abs(w):
+    scales = (w.max(axis=1) / 127).astype(np.float32)
+    return np.clip(np.rint(w / np.where(scales > 0, scales, 1.0)[:, None]), -127, 127).astype(np.int8), scales
+
+
+def int8_scale_per_column(w):
+    scales = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+    return np.clip(np.rint(w / np.where(scales > 0, scales, 1.0)), -127, 127).astype(np.int8), scales
+
+
+def int8_divides_by_128(w):
+    scales = (np.abs(w).max(axis=1) / 128).astype(np.float32)
+    return np.clip(np.rint(w / np.where(scales > 0, scales, 1.0)[:, None]), -128, 127).astype(np.int8), scales
+
+
+def int4_nibbles_swapped(w, group_size):
+    from minillm.quant import quantize_int4
+    q = quantize_int4(w, group_size)
+    return ((q.qweight & 0x0F) << 4 | q.qweight >> 4).astype(np.uint8), q.scales, q.mins
+
+
+def int4_without_padding(w, group_size):
+    from minillm.quant import quantize_int4
+    keep = w.shape[1] - w.shape[1] % group_size
+    q = quantize_int4(w[:, :keep], group_size)
+    return q.qweight, q.scales, q.mins
+
+
+def int4_symmetric(w, group_size):
+    """A symmetric grid stored as (codes + 8, min = -8·scale): right shapes, wrong levels."""
+    from minillm.quant import pack_int4
+    out, n = w.shape
+    g = np.pad(w, ((0, 0), (0, -n % group_size)), mode="edge").reshape(out, -1, group_size)
+    scale = np.abs(g).max(-1) / 7
+    q = np.clip(np.rint(g / np.where(scale > 0, scale, 1)[..., None]) + 8, 0, 15).astype(np.uint8)
+    return pack_int4(q.reshape(out, -1)), scale.astype(np.float16), (-8 * scale).astype(np.float16)
+
+
+def kv_int8_scale_per_head(x):
+    scales = np.broadcast_to(np.abs(x).max(axis=(1, 2))[:, None] / 127, x.shape[:2]).astype(np.float32)
+    return np.clip(np.rint(x / np.where(scales > 0, scales, 1)[..., None]), -127, 127).astype(np.int8), scales
+
+
+def kv_int8_scale_per_channel(x):
+    scales = (np.abs(x).max(axis=1) / 127).astype(np.float32)                    # [n_kv, hd]: KIVI's keys
+    return np.clip(np.rint(x / np.where(scales > 0, scales, 1)[:, None]), -127, 127).astype(np.int8), scales
+
+
 @pytest.mark.parametrize("number,wrong,failing_case,words", [
     (1, rmsnorm_without_eps, "tiny activations", "max abs error"),
     (1, rmsnorm_eps_outside_the_root, "eps goes inside the square root", "max abs error"),
@@ -177,6 +225,14 @@ def mask_without_window(n_queries, n_keys, window):
     (7, window_one_too_wide, "prefill", "one too many"),
     (7, mask_queries_first, "decode", "LAST n_queries"),
     (7, mask_without_window, "a chunk", "may see keys 5..9"),
+    (8, int8_scale_from_max_not_abs, "largest |w| is negative", "max(|w|)"),
+    (8, int8_scale_per_column, "non-square", "one scale per row"),
+    (8, int8_divides_by_128, "8 rows", "divides by 128"),
+    (9, int4_nibbles_swapped, "one row of 32", "LOW 4 bits"),
+    (9, int4_without_padding, "not a multiple of 64", "pad each row"),
+    (9, int4_symmetric, "all weights positive", "mins differ"),
+    (10, kv_int8_scale_per_head, "20x larger", "one scale per head"),
+    (10, kv_int8_scale_per_channel, "prefill", "one scale per (KV head, position)"),
 ])
 def test_subtly_wrong_exercise_fails_on_the_revealing_case(number, wrong, failing_case, words):
     report = check_exercise(number, wrong)

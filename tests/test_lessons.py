@@ -12,7 +12,10 @@ LESSONS = list_lessons()
 # What a lesson's own table must show, beyond its title (lessons without an entry: the title is enough).
 EVIDENCE = {5: ["MQA-1 (KV heads mean-pooled)", "perplexity"],
             6: ["max |naive - absorbed|", "convert_to_mla", "SmolLM2 GQA -> MLA"],
-            7: ["max |rolling - full|", "users (rolling)", "H200-SXM"]}
+            7: ["max |rolling - full|", "users (rolling)", "H200-SXM"],
+            8: ["error <= scale/2", "decode tok/s", "int8 -> fp32 widening"],
+            9: ["element 2j (low)", "int4 asymmetric", "bits/weight"],
+            10: ["per token+head", "users int8", "Int8KVCache"]}
 
 
 def test_lessons_are_numbered_in_order():
