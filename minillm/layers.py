@@ -15,7 +15,8 @@ from .quant import QuantizedWeight
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x / sqrt(mean(x²) + eps) * weight, over the last axis.    x: [T, dim]"""
-    inv_rms = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)   # [T, 1]
+    mean_square = np.square(x).sum(axis=-1, keepdims=True) * (1.0 / x.shape[-1])   # [T, 1]
+    inv_rms = 1.0 / np.sqrt(mean_square + eps)                             # [T, 1]
     return (x * inv_rms) * as_f32(weight)
 
 

@@ -172,7 +172,9 @@ class Transformer:
         T, hd = x.shape[0], cfg.head_dim
         h = rmsnorm(x, layer.attn_norm, cfg.norm_eps)                       # [T, dim]
         if layer.wqkv is not None:                                          # one matmul for q, k and v
-            q, k, v = np.split(linear(h, layer.wqkv), np.cumsum([len(layer.wq), len(layer.wk)]), axis=1)
+            qkv = linear(h, layer.wqkv)                                     # [T, (n_heads + 2 n_kv) * hd]
+            nq, nk = len(layer.wq), len(layer.wk)
+            q, k, v = qkv[:, :nq], qkv[:, nq:nq + nk], qkv[:, nq + nk:]
         else:
             q, k, v = linear(h, layer.wq), linear(h, layer.wk), linear(h, layer.wv)
         q = q.reshape(T, cfg.n_heads, hd)                                   # [T, n_heads, hd]
@@ -187,7 +189,8 @@ class Transformer:
         """SwiGLU: down(silu(gate(h)) * up(h)), with gate and up as one matmul when stacked.   [T, dim]"""
         if layer.w_gate_up is None:
             return swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
-        gate, up = np.split(linear(h, layer.w_gate_up), 2, axis=1)          # [T, ffn_dim] each
+        gate_up = linear(h, layer.w_gate_up)                                # [T, 2 * ffn_dim]
+        gate, up = gate_up[:, :self.config.ffn_dim], gate_up[:, self.config.ffn_dim:]
         return linear(silu(gate) * up, layer.w_down)                        # [T, dim]
 
     def weights_read_per_token(self) -> list:
