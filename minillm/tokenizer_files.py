@@ -78,8 +78,7 @@ def _read_gguf_metadata(path: Path) -> dict:
 
 def args_from_gguf(path_or_reader) -> dict:
     """Constructor arguments from a GGUF file's tokenizer.* metadata."""
-    import gguf
-    if isinstance(path_or_reader, gguf.GGUFReader):
+    if hasattr(path_or_reader, "fields"):   # an open gguf.GGUFReader (the file itself needs no gguf package)
         reader, where = path_or_reader, "GGUF file"
         meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
     else:
