@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import regex
 import tiktoken
 
 from minillm.chat_template import render_chat_template
@@ -172,6 +173,7 @@ class Tokenizer:
         return sorted(normal, key=lambda i: (-self.scores[i], i))
 
     def _build_encoder(self) -> None:
+        self._missing_bytes = b""                  # byte-level: bytes with no vocab token (filled below)
         ranks, rank_ids = (self._bpe_ranks() if self.kind == "bpe" else self._spm_ranks())
         # rank -> vocab id; -1 marks ranks that map to another number of ids than one
         # (SentencePiece's partial characters expand to byte tokens; a missing byte maps to none).
@@ -204,6 +206,8 @@ class Tokenizer:
             i = self._ids.get(BYTE_TO_UNICODE[b])
             ranks[bytes([b])] = b
             rank_ids.append([i] if i is not None else [])
+            if i is None:
+                self._missing_bytes += bytes([b])
         for i in self._priority():
             piece = self._bytes[i]
             if len(piece) > 1 and piece not in ranks:
@@ -279,7 +283,7 @@ class Tokenizer:
                 text = SPACE_MARK + text
         elif self._prefix_space and not text.startswith(" "):
             text = " " + text                      # HF ByteLevel(add_prefix_space=True), per segment
-        ranks = self._enc.encode_ordinary(text)
+        ranks = self._byte_level_ranks(text) if self.kind != "spm" else self._enc.encode_ordinary(text)
         ids = self._rank_to_id[ranks]
         if not self._expand or ids.min(initial=0) >= 0:
             return ids.tolist()
@@ -287,6 +291,20 @@ class Tokenizer:
         for rank, i in zip(ranks, ids.tolist()):
             out += self._expand[rank] if i < 0 else [i]
         return out
+
+    def _byte_level_ranks(self, text: str) -> list[int]:
+        """tiktoken's split + BPE, except around bytes the vocabulary lacks (SmolLM2 has no token for
+        0x04, 0xf5..0xff, ...): HF drops such a byte from its piece *before* merging, so its
+        neighbours may merge across the gap ("+\x16=" is the single token "+="); do the same."""
+        missing = self._missing_bytes
+        if not missing or len(text.encode("utf-8").translate(None, missing)) == len(text.encode("utf-8")):
+            return self._enc.encode_ordinary(text)
+        ranks: list[int] = []
+        for piece in regex.findall(self._enc._pat_str, text):
+            kept = piece.encode("utf-8").translate(None, missing)
+            if kept:
+                ranks += self._enc._encode_single_piece(kept)
+        return ranks
 
     # ---- decoding -----------------------------------------------------------------------------
 

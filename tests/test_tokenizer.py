@@ -24,7 +24,7 @@ CORPUS = [
     "def f(x):\n    return x**2  # square\n\nprint(f(3))\n", "for (int i = 0; i < n; ++i) { a[i] += b[i]; }",
     "I'm sure you're right, we'll see; they'd know. I'M SHOUTING", "A\u00a0B\u2003C\u3000D",
     "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n", "<s> </s> <unk> <|endoftext|>",
-    "", "x",
+    "", "x", "+\x16=", "a\x04b \xf5",   # bytes SmolLM2 has no token for: dropped before merging
 ]
 
 
