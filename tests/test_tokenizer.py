@@ -24,7 +24,7 @@ CORPUS = [
     "def f(x):\n    return x**2  # square\n\nprint(f(3))\n", "for (int i = 0; i < n; ++i) { a[i] += b[i]; }",
     "I'm sure you're right, we'll see; they'd know. I'M SHOUTING", "A\u00a0B\u2003C\u3000D",
     "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n", "<s> </s> <unk> <|endoftext|>",
-    "", "x", "+\x16=", "a\x04b \xf5",   # bytes SmolLM2 has no token for: dropped before merging
+    "", "x",
 ]
 
 
@@ -118,6 +118,15 @@ def test_smollm2_matches_hf_on_corpus(smollm2, smollm2_hf):
             assert smollm2.encode(text, allow_special=allow) == expected, (text, allow)
         ids = smollm2.encode(text)
         assert smollm2.decode(ids) == smollm2_hf.decode(ids) == text
+
+
+@pytest.mark.parametrize("text", ["+\x16=", "a\x04b \xf5", "\x04\x04"])
+def test_bytes_missing_from_smollm2_vocab_are_dropped_before_merging(smollm2, smollm2_hf, text):
+    """SmolLM2 has no token for 0x04, 0x16, 0xf5..0xff, ...: like HF, drop them (lossy), then merge
+    their neighbours ("+\x16=" is the single token "+=")."""
+    ids = smollm2.encode(text)
+    assert ids == smollm2_hf(text, add_special_tokens=False).input_ids
+    assert smollm2.decode(ids) == smollm2_hf.decode(ids)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
