@@ -106,6 +106,51 @@ def test_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, wind
     ok(checks.check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=fused))
 
 
+@pytest.mark.parametrize("T,n_heads,n_kv,hd,length,window", [
+    (1, 8, 2, 64, 1, None),              # one token, one key
+    (6, 8, 2, 64, 6, None),              # from empty: causal within the chunk
+    (37, 8, 2, 64, 37, None),            # T not a multiple of the 32-row tile
+    (9, 9, 3, 64, 40, None),             # cache offset 31, group 3 (rows of a tile straddle tokens)
+    (45, 4, 4, 128, 100, None),          # MHA hd 128 after 55 cached
+    (70, 32, 8, 128, 70, None),          # Mistral heads
+    (33, 8, 1, 128, 50, None),           # MQA
+    (50, 8, 1, 32, 200, 17),             # MQA hd 32, window
+    (9, 8, 2, 16, 40, 6),                # hd 16 (padded to 32), window 6
+    (100, 4, 2, 64, 300, 40),            # window shorter than the chunk, offset 200
+    (40, 8, 2, 128, 140, 64),            # window across key tiles
+    (5, 2, 1, 100, 9, None),             # hd 100 (padded to 128)
+    (3, 12, 4, 128, 1000, None),         # few queries, long cache
+    (130, 8, 8, 64, 130, None),          # several row tiles, MHA
+    (512, 32, 8, 128, 512, 4096),        # the Mistral-7B TTFT shape
+])
+def test_prefill_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, window):
+    ok(checks.check_prefill_attention(k, T, n_heads, n_kv, hd, length, window))
+
+
+@pytest.mark.parametrize("hd", [132, 256])
+def test_prefill_attention_rejects_large_heads(k, hd):
+    assert not k.prefill_attention_supported(hd)
+    with pytest.raises(ValueError):
+        k.prefill_attention(cp.zeros((1, 3 * hd), cp.float32), 1, 1, 1, hd, cp.zeros((1, 4, hd), cp.float16),
+                            cp.zeros((1, 4, hd), cp.float16), cp.zeros(1, cp.int32), None, cp.zeros((1, hd), cp.float32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["gqa", "mistral", "hd64"])
+def test_gpu_logits_match_cpu_with_the_old_prefill_attention(kind, dtype):
+    ok(checks.check_model_logits(kind, dtype, prefill_attention="decode"))
+
+
+def test_prefill_attention_tiled_equals_decode_kernel_path():
+    cpu = checks.random_cpu_model(checks.small_config("mistral"), "float16")
+    ids = np.arange(3, 40)
+    runs = []
+    for mode in ("tiled", "decode"):
+        gpu = GPUTransformer.from_cpu(cpu, "float16", prefill_attention=mode)
+        runs.append(gpu.prefill(ids, gpu.new_cache(64), all_logits=True))
+    assert checks.rel_err(runs[0], runs[1]) < 5e-3     # only the fp32 order inside attention differs
+
+
 @pytest.mark.parametrize("T,ffn", [(1, 160), (4, 1536), (1, 14336)])
 @pytest.mark.parametrize("to_narrow", [False, True])
 def test_swiglu_matches_numpy(k, T, ffn, to_narrow):

@@ -204,6 +204,32 @@ def check_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, length
     return err, 1e-4                                                # same K/V values: fp32 math only
 
 
+def check_prefill_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, length: int,
+                            window: int | None = None, capacity: int | None = None, seed: int = 0):
+    """The tiled prefill kernel (prefill_attention.cu): T queries that are the last T of `length` cached
+    positions (cache offset length - T). Besides the NaN-poisoned output, the cache slots no query may
+    see are NaN too (past `length`, and before the first query's window): a kernel that reads one of
+    them, or lets a masked key through, returns NaN."""
+    cp, rng = _cp(), np.random.default_rng(seed)
+    capacity = capacity or length + 5
+    width = (n_heads + 2 * n_kv) * hd
+    qkv = rng.standard_normal((T, width)).astype(np.float32)
+    kc = narrow(rng.standard_normal((n_kv, capacity, hd)), k.dtype)
+    vc = narrow(rng.standard_normal((n_kv, capacity, hd)), k.dtype)
+    q = qkv[:, :n_heads * hd].reshape(T, n_heads, hd)
+    want = attend(q, as_f32(kc)[:, :length], as_f32(vc)[:, :length], window)
+    nan = narrow(np.full(1, np.nan, np.float32), k.dtype)[0]
+    first_visible = max(0, length - T - window + 1) if window else 0
+    for c in (kc, vc):
+        c[:, length:] = nan
+        c[:, :first_visible] = nan
+    pos = cp.asarray(np.array([length - T], np.int32))
+    out = poisoned((T, n_heads * hd), np.float32)
+    k.prefill_attention(cp.asarray(qkv), T, n_heads, n_kv, hd, cp.asarray(kc), cp.asarray(vc), pos, window, out)
+    _sync()
+    return rel_err(_host(out), want), 1e-4                          # same K/V values: fp32 math only
+
+
 def check_swiglu(k: Kernels, T: int, ffn: int, to_narrow: bool, seed: int = 0):
     cp, rng = _cp(), np.random.default_rng(seed)
     gu = (rng.standard_normal((T, 2 * ffn)) * 3).astype(np.float32)
@@ -278,12 +304,14 @@ MODEL_TOL = {"float16": 5e-3, "bfloat16": 3e-2}     # seen in a CPU emulation: 6
 
 
 def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int = 20, seed: int = 0,
-                       fuse_norm: bool = False, gemv_version: int = 4):
-    """Prefill logits (all positions) and teacher-forced decode logits, GPU vs CPU."""
+                       fuse_norm: bool = False, gemv_version: int = 4, prefill_attention: str = "tiled"):
+    """Prefill logits (all positions) and teacher-forced decode logits, GPU vs CPU.
+    prefill_attention: "tiled" (prefill_attention.cu) or "decode" (the decode kernel, one query a token)."""
     from .gpu_model import GPUTransformer
     cfg = small_config(kind)
     cpu = random_cpu_model(cfg, dtype, seed)
-    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version)
+    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
+                                  prefill_attention=prefill_attention)
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, n_prompt + n_decode)
     err = rel_err(gpu.prefill(ids[:n_prompt], gpu.new_cache(64), all_logits=True),
                   cpu.prefill(ids[:n_prompt], cpu.new_cache(64), all_logits=True))

@@ -10,7 +10,10 @@ q/k/v concatenated into one matrix and gate/up into another (one GEMV each inste
 The residual stream, norms, RoPE, softmax and every accumulation are fp32; the KV cache is 16-bit.
 
 Prefill (compute-bound, T tokens): cuBLAS GEMMs (fp16/bf16 inputs, fp32 output and accumulation,
-residual add folded into the GEMM's beta) and our attention kernel with one query per token.
+residual add folded into the GEMM's beta) and prefill_attention.cu, a tiled FlashAttention-style kernel
+whose K/V tiles serve 32 (token, query head) rows at once (`prefill_attention="tiled"`, the default, for
+head_dim <= 128); `prefill_attention="decode"` reuses the decode kernel with one query per token (the
+first version, kept to compare; also the fallback for larger heads).
 
 Decode (memory-bound, one token): only our kernels (gemv.cu for every matrix: cuBLAS cannot be captured
 from CuPy) over preallocated buffers, with the token and position in a device buffer. So the whole step
@@ -93,7 +96,8 @@ class GPUTransformer:
     prefill_chunk = 1024      # tokens per prefill pass (bounds the [T, 2 * ffn] fp32 scratch)
 
     def __init__(self, config: ModelConfig, layers: list[GPULayer], embed, final_norm, lm_head,
-                 dtype: str = "float16", use_graph: bool = True, gemv_version: int = 4, fuse_norm: bool = True):
+                 dtype: str = "float16", use_graph: bool = True, gemv_version: int = 4, fuse_norm: bool = True,
+                 prefill_attention: str = "tiled"):
         cp = _cp()
         if config.attention != "gqa":
             raise ValueError("the GPU path runs MHA/GQA/MQA models; MLA is CPU-only for now")
@@ -101,6 +105,9 @@ class GPUTransformer:
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         self.use_graph, self.gemv_version = use_graph, gemv_version
         self.fuse_norm = fuse_norm          # decode only; v3 (gemv_version < 4) also needs dim <= MAX_FUSED_NORM
+        if prefill_attention not in ("tiled", "decode"):
+            raise ValueError(f"prefill_attention is 'tiled' or 'decode', not {prefill_attention!r}")
+        self.prefill_attention = prefill_attention   # "tiled": prefill_attention.cu; "decode": the decode kernel
         self.k = Kernels(dtype)
         self.stream = cp.cuda.Stream(non_blocking=True)
         c, hd = config, config.head_dim
@@ -314,17 +321,23 @@ class GPUTransformer:
         attn_n = cp.empty((T, self.q_width), nd)
         gu = cp.empty((T, 2 * c.ffn_dim), cp.float32)
         act_n = cp.empty((T, c.ffn_dim), nd)
-        s = max(1, min(16, (4 * self.n_sms) // (c.n_heads * T)))       # splits only when T is small
-        parts = (cp.empty((T, c.n_heads, s), cp.float32), cp.empty((T, c.n_heads, s), cp.float32),
-                 cp.empty((T, c.n_heads, s, hd), cp.float32), cp.zeros((T, c.n_heads), cp.uint32))
+        tiled = self.prefill_attention == "tiled" and k.prefill_attention_supported(hd)
+        if not tiled:                   # the decode kernel, one query per token: flash-decoding scratch
+            s = max(1, min(16, (4 * self.n_sms) // (c.n_heads * T)))   # splits only when T is small
+            parts = (cp.empty((T, c.n_heads, s), cp.float32), cp.empty((T, c.n_heads, s), cp.float32),
+                     cp.empty((T, c.n_heads, s, hd), cp.float32), cp.zeros((T, c.n_heads), cp.uint32))
         k.embed(tokens, self.embed, x)                                                    # [T, dim]
         for i, L in enumerate(self.layers):
             k.rmsnorm(x, L.attn_norm, hn, c.norm_eps)                                     # [T, dim] 16-bit
             self.gemm(hn, L.wqkv, qkv)                                                    # [T, qkv_width]
             k.rope(qkv, T, c.n_heads + c.n_kv_heads, hd, pos, self.inv_freq)
             k.kv_append(qkv, T, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], pos)
-            k.attention(qkv, T, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], pos,
-                        c.sliding_window, parts, attn)                                    # [T, n_heads * hd]
+            if tiled:
+                k.prefill_attention(qkv, T, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], pos,
+                                    c.sliding_window, attn)                               # [T, n_heads * hd]
+            else:
+                k.attention(qkv, T, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], pos,
+                            c.sliding_window, parts, attn)                                # [T, n_heads * hd]
             k.cast(attn, attn_n)
             self.gemm(attn_n, L.wo, x, accumulate=True)                                   # x += o_proj(attn)
             k.rmsnorm(x, L.mlp_norm, hn, c.norm_eps)

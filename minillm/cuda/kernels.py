@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
-SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "decode_attention", "gemv", "embed"]
+SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "decode_attention", "prefill_attention", "gemv", "embed"]
 ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
 V4_WARPS = 4                           # as #defined in gemv.cu (row pairs per block)
+PF_ROWS, PF_THREADS = 32, 128          # as #defined in prefill_attention.cu (query rows, threads per block)
+PF_HDS = (32, 64, 128)                 # its compile-time head_dim bounds (hd <= HD, hd % 4 == 0)
 MAX_FUSED_NORM = 12000                 # gemv_rmsnorm_v3 keeps in floats in shared memory (+ static): < 48 KB
 
 
@@ -83,6 +85,9 @@ class Kernels:
             "gemv_qkv_v4": get("gemv", f"gemv_qkv_v4_{sfx}"),
             "gemv_rmsnorm_qkv_v4": get("gemv", f"gemv_rmsnorm_qkv_v4_{sfx}"),
             "attention_fused": get("decode_attention", f"attention_fused_{sfx}"),
+            "prefill_attention_hd32": get("prefill_attention", f"prefill_attention_hd32_{sfx}"),
+            "prefill_attention_hd64": get("prefill_attention", f"prefill_attention_hd64_{sfx}"),
+            "prefill_attention_hd128": get("prefill_attention", f"prefill_attention_hd128_{sfx}"),
             "embed": get("embed", f"embed_{sfx}"),
             "cast": get("embed", f"cast_to_{sfx}"),
             "fill_uniform": get("embed", f"fill_uniform_{sfx}"),
@@ -209,6 +214,29 @@ class Kernels:
         self._launch("attention_split", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,), args)
         self._launch("attention_combine", (n_heads, n_tokens), (128,),
                      (part_m, part_l, part_acc, out, np.int32(n_heads), np.int32(head_dim), np.int32(n_splits)))
+
+    @staticmethod
+    def prefill_attention_supported(head_dim: int) -> bool:
+        """Does prefill_attention.cu have a variant for this head_dim? (else: the decode kernel)"""
+        return head_dim % 4 == 0 and head_dim <= PF_HDS[-1]
+
+    def prefill_attention(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, k_cache,
+                          v_cache, pos, window: int | None, out) -> None:
+        """Tiled prefill attention (prefill_attention.cu): the T queries of each qkv row [T, width] at
+        pos[0] + t against one layer's cache (their own keys already appended) -> out [T, n_heads * hd]
+        fp32. Blocks of 32 (token, query head) rows of one KV head's group share K/V tiles in shared
+        memory. No scratch. head_dim % 4 == 0 and <= 128 (see prefill_attention_supported)."""
+        if not self.prefill_attention_supported(head_dim):
+            raise ValueError(f"prefill_attention: head_dim {head_dim} (needs % 4 == 0 and <= {PF_HDS[-1]})")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"prefill_attention: {n_heads} heads not a multiple of {n_kv_heads} KV heads")
+        hd_max = next(h for h in PF_HDS if head_dim <= h)
+        group = n_heads // n_kv_heads
+        tiles = (n_tokens * group + PF_ROWS - 1) // PF_ROWS
+        self._launch(f"prefill_attention_hd{hd_max}", (tiles, n_kv_heads), (PF_THREADS,),
+                     (qkv, np.int32(qkv.shape[-1]), k_cache, v_cache, np.int32(k_cache.shape[1]),
+                      np.int32(n_tokens), np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim), pos,
+                      np.int32(window or 0), np.float32(1.0 / math.sqrt(head_dim)), out))
 
     def swiglu(self, gu, out) -> None:
         """gu [T, 2 * ffn] fp32 (gate | up) -> out [T, ffn], fp32 or narrow."""

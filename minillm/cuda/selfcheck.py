@@ -90,6 +90,14 @@ def kernel_checks(quick: bool) -> None:
             ("attention fused window 6", lambda: checks.check_attention(k, 1, 8, 2, 16, 100, 5, 6, fused=True)),
             ("attention fused prefill T=9 after 31", lambda: checks.check_attention(k, 9, 9, 3, 64, 40, 2, fused=True)),
             ("attention fused prefill T=64 s=1", lambda: checks.check_attention(k, 64, 8, 2, 64, 64, 1, fused=True)),
+            ("prefill attn tiled T=37 (ragged tile)", lambda: checks.check_prefill_attention(k, 37, 8, 2, 64, 37)),
+            ("prefill attn tiled T=9 after 31, group 3", lambda: checks.check_prefill_attention(k, 9, 9, 3, 64, 40)),
+            ("prefill attn tiled T=70 32/8 heads hd 128", lambda: checks.check_prefill_attention(k, 70, 32, 8, 128, 70)),
+            ("prefill attn tiled T=100 after 200 window 40", lambda: checks.check_prefill_attention(k, 100, 4, 2, 64, 300, 40)),
+            ("prefill attn tiled MQA hd 128 after 17", lambda: checks.check_prefill_attention(k, 33, 8, 1, 128, 50)),
+            ("prefill attn tiled hd 16 window 6", lambda: checks.check_prefill_attention(k, 9, 8, 2, 16, 40, 6)),
+            ("prefill attn tiled T=40 after 100 window 64", lambda: checks.check_prefill_attention(k, 40, 8, 2, 128, 140, 64)),
+            ("prefill attn tiled T=512 Mistral heads", lambda: checks.check_prefill_attention(k, 512, 32, 8, 128, 512, 4096)),
             ("swiglu -> fp32", lambda: checks.check_swiglu(k, 1, 14336, False)),
             ("swiglu -> 16-bit", lambda: checks.check_swiglu(k, 4, 1536, True)),
             ("embed + cast", lambda: checks.check_embed_cast(k, 300, 72)),
@@ -121,6 +129,13 @@ def model_checks(quick: bool) -> None:
                     err, tol = checks.check_model_logits(kind, dtype, fuse_norm=fuse, gemv_version=version)
                     verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
                 guarded(label, one)
+        for kind in ("gqa", "mistral"):
+            label = f"{SHORT[dtype]} logits {kind} old prefill attention"
+
+            def old_pf(kind=kind, dtype=dtype, label=label):
+                err, tol = checks.check_model_logits(kind, dtype, prefill_attention="decode")
+                verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
+            guarded(label, old_pf)
     for kind in ["gqa", "mistral"]:
         for version, fuse, tag in [(4, True, ""), (2, False, " v2")]:
             label = f"fp16 greedy 16 tokens {kind}{tag}"
@@ -352,6 +367,36 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int) -
     say(f"  {'kernel':<34} {'launches':>8} {'total µs':>9} {'µs each':>8} {'share':>6}")
     for name, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
         say(f"  {name:<34} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / pf_ms:5.1f}%")
+
+    # -- prefill attention: the tiled kernel vs the decode kernel with one query per token (the first version)
+    def attention_us(mode: str) -> tuple[float, float]:
+        """(µs of attention launches in one prefill, TTFT ms) with gpu.prefill_attention = mode."""
+        gpu.prefill_attention = mode
+        try:
+            ts = []
+            for _ in range(3):
+                cache.reset()
+                start = time.perf_counter()
+                gpu.prefill(prompt, cache)
+                ts.append(time.perf_counter() - start)
+            t = EventTimer()
+            cache.reset()
+            with gpu.stream:
+                gpu.k.timer = t
+                try:
+                    gpu.prefill(prompt, cache)
+                finally:
+                    gpu.k.timer = None
+            us = sum(ms for name, (_, ms) in t.totals().items() if "attention" in name) * 1e3
+            return us, statistics.median(ts[1:]) * 1e3
+        finally:
+            gpu.prefill_attention = "tiled"
+    old_us, old_ttft = attention_us("decode")
+    new_us, new_ttft = attention_us("tiled")
+    say(f"\nprefill attention: old vs new µs: {old_us:.0f} vs {new_us:.0f} ({old_us / max(new_us, 1e-9):.1f}x; "
+        f"{cfg.n_layers} layers, {ttft_len} tokens; old = decode kernel one query per token, new = tiled "
+        f"prefill_attention.cu{'' if gpu.k.prefill_attention_supported(cfg.head_dim) else ': head_dim too large, fell back'}); "
+        f"TTFT {old_ttft:.1f} vs {new_ttft:.1f} ms")
 
     best = max(("v4 graph", "v2 graph", "v2 graph+fused-norm"), key=lambda m: results[m][0])
     graph_tps, eager_tps = results[best][0], results["v4 eager"][0]
