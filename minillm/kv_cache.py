@@ -21,7 +21,31 @@ from .config import ModelConfig
 from .quant import quantize_int8
 
 
-class KVCache:
+class CacheBase:
+    """What every cache here shares: the count of filled positions (all layers agree; it advances
+    once per forward pass, after the last layer) and the bytes it holds."""
+    length = 0
+    max_seq_len: int | None = None
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
+
+    def reset(self) -> None:
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in vars(self).values() if isinstance(a, np.ndarray))
+
+    def _end_of_write(self, n_new: int) -> int:
+        """The position after `n_new` new ones, refusing to run past the capacity."""
+        end = self.length + n_new
+        if self.max_seq_len is not None and end > self.max_seq_len:
+            raise ValueError(f"KV cache is full: {end} positions > capacity {self.max_seq_len}")
+        return end
+
+
+class KVCache(CacheBase):
     def __init__(self, config: ModelConfig, max_seq_len: int, dtype=np.float32):
         shape = (config.n_layers, config.n_kv_heads, max_seq_len, config.head_dim)
         self.k = np.zeros(shape, dtype=dtype)   # [layers, n_kv_heads, max_seq, head_dim]
@@ -35,25 +59,14 @@ class KVCache:
         k_new, v_new: [n_kv_heads, T, head_dim] -> k, v: [n_kv_heads, length + T, head_dim]
         `length` itself advances once per forward pass, in `advance`, after the last layer.
         """
-        start, end = self.length, self.length + k_new.shape[1]
-        if end > self.max_seq_len:
-            raise ValueError(f"KV cache is full: {end} positions > capacity {self.max_seq_len}")
+        start, end = self.length, self._end_of_write(k_new.shape[1])
         self.k[layer, :, start:end] = k_new
         self.v[layer, :, start:end] = v_new
         return self.k[layer, :, :end], self.v[layer, :, :end]
 
-    def advance(self, n_tokens: int) -> None:
-        self.length += n_tokens
-
-    def reset(self) -> None:
-        self.length = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
 
 
-class Int8KVCache:
+class Int8KVCache(CacheBase):
     """Keys and values as int8, each vector of head_dim values with its own symmetric fp32 scale:
 
         scale[l, h, p] = max_i |k[l, h, p, i]| / 127      k[l, h, p, :] ≈ k8[l, h, p, :] · scale[l, h, p]
@@ -77,9 +90,7 @@ class Int8KVCache:
     def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """k_new, v_new: [n_kv_heads, T, head_dim] -> fp32 k, v: [n_kv_heads, length + T, head_dim]"""
         n_kv, T, hd = k_new.shape
-        start, end = self.length, self.length + T
-        if end > self.max_seq_len:
-            raise ValueError(f"KV cache is full: {end} positions > capacity {self.max_seq_len}")
+        start, end = self.length, self._end_of_write(T)
         for new, q, scale in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale)):
             w = quantize_int8(new.reshape(n_kv * T, hd))                   # one scale per vector
             q[layer, :, start:end] = w.qweight.reshape(n_kv, T, hd)
@@ -88,18 +99,9 @@ class Int8KVCache:
         values = self.v[layer, :, :end] * self.v_scale[layer, :, :end, None]
         return keys, values
 
-    def advance(self, n_tokens: int) -> None:
-        self.length += n_tokens
-
-    def reset(self) -> None:
-        self.length = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.k_scale.nbytes + self.v_scale.nbytes
 
 
-class MLACache:
+class MLACache(CacheBase):
     def __init__(self, config: ModelConfig, max_seq_len: int, dtype=np.float32):
         n = (config.n_layers, max_seq_len)
         self.c_kv = np.zeros(n + (config.kv_lora_rank,), dtype=dtype)       # [layers, max_seq, kv_lora_rank]
@@ -112,25 +114,14 @@ class MLACache:
 
         c_kv_new: [T, kv_lora_rank], k_rope_new: [T, rope] -> [length + T, kv_lora_rank], [length + T, rope]
         """
-        start, end = self.length, self.length + c_kv_new.shape[0]
-        if end > self.max_seq_len:
-            raise ValueError(f"KV cache is full: {end} positions > capacity {self.max_seq_len}")
+        start, end = self.length, self._end_of_write(c_kv_new.shape[0])
         self.c_kv[layer, start:end] = c_kv_new
         self.k_rope[layer, start:end] = k_rope_new
         return self.c_kv[layer, :end], self.k_rope[layer, :end]
 
-    def advance(self, n_tokens: int) -> None:
-        self.length += n_tokens
-
-    def reset(self) -> None:
-        self.length = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.c_kv.nbytes + self.k_rope.nbytes
 
 
-class RollingKVCache:
+class RollingKVCache(CacheBase):
     """Mistral's rolling buffer: with a sliding window of W, only the last W positions can ever be
     attended to, so the cache keeps W slots and position p lives in slot p % W. Memory stops growing
     at the window, however long the sequence.
@@ -169,12 +160,3 @@ class RollingKVCache:
         self.k[layer][:, new_slots], self.v[layer][:, new_slots] = k_new[:, T - kept:], v_new[:, T - kept:]
         return keys, values
 
-    def advance(self, n_tokens: int) -> None:
-        self.length += n_tokens
-
-    def reset(self) -> None:
-        self.length = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
