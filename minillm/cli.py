@@ -211,9 +211,13 @@ def info(model):
 @click.option("--new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--peer/--no-peer", default=True, show_default=True, help="Run HF transformers on the same weights too.")
-def bench(model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer):
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+def bench(model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device):
     """Prefill and decode speed: tok/s, GB/s, % of this machine's limits, side by side with HF."""
     from . import bench as benchmark
+    if device == "cuda":
+        _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer)
+        return
     if random_weights:
         if model not in PRESETS:
             raise click.BadParameter(f"--random-weights needs a preset name, got {model!r}", param_hint="--model")
@@ -221,6 +225,18 @@ def bench(model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer
     else:
         net = _load(model, "cpu", dtype).model
     benchmark.run(net, prompt_tokens, new_tokens, repeats, peer, echo=click.echo)
+
+
+def _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer):
+    """The GPU benchmark runs on random weights of a preset's shape, made on the device."""
+    from .llm import _check_device
+    if not random_weights or model not in PRESETS:
+        raise click.UsageError("--device cuda benchmarks random weights of a preset's shape: "
+                               "add --random-weights and --model PRESET (e.g. mistral-7b)")
+    _check_device("cuda")
+    from .cuda.selfcheck import run_bench
+    code = run_bench(PRESETS[model].config, f"{model} shape", dtype or "float16", new_tokens, 16, prompt_tokens, peer)
+    sys.exit(code)
 
 
 @cli.command()

@@ -213,11 +213,14 @@ def bench_config(quick: bool) -> ModelConfig:
     return PRESETS["mistral-7b"].config
 
 
-def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int) -> None:
+def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
+          config: ModelConfig | None = None, label: str | None = None) -> None:
+    """Benchmark a random-weight model of `config`'s shape (default: Mistral-7B, or a small one)."""
     import cupy as cp
     from .gpu_model import GPUTransformer
 
-    cfg = bench_config(quick)
+    cfg = config or bench_config(quick)
+    label = label or ("small (--quick)" if quick else "Mistral-7B shape")
     say("\ncopy bandwidth")
     bw = BANDWIDTH["copy"] = copy_bandwidth((256 if quick else 2048) << 20)
     say(f"  device-to-device copy: {bw / 1e12:.2f} TB/s (bytes read + written)")
@@ -225,7 +228,7 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int) -
     t0 = time.perf_counter()
     gpu = GPUTransformer.random(cfg, dtype, seed=0)
     wbytes = gpu.weight_bytes
-    say(f"\nmodel: {'small (--quick)' if quick else 'Mistral-7B shape'}, random {dtype} weights made on the "
+    say(f"\nmodel: {label}, random {dtype} weights made on the "
         f"device in {time.perf_counter() - t0:.1f} s: {wbytes / 1e9:.2f} GB read per decode step; "
         f"roofline {bw / wbytes:.0f} tok/s")
 
@@ -447,6 +450,20 @@ def bench_hf(cfg: ModelConfig, n_new: int, prompt_len: int, ttft_len: int, bw: f
     say(f"\nHF transformers {transformers.__version__} (torch {torch.__version__}), eager fp16, same shape and workload")
     say(f"  TTFT {ttft_len} tokens {ttft * 1e3:.1f} ms; decode {tps:.1f} tok/s" +
         (f" ({100 * tps * 2 * sum(p.numel() for p in model.parameters()) / bw:.0f}% of copy BW)" if bw else ""))
+
+
+def run_bench(config: ModelConfig, label: str, dtype: str = "float16", n_new: int = 128, prompt_len: int = 16,
+              ttft_len: int = 512, peer: bool = True) -> int:
+    """`minillm bench --device cuda`: the benchmark part alone, for any model shape, then HF on the same shape."""
+    import cupy as cp
+    bench(False, dtype, n_new, prompt_len, ttft_len, config=config, label=label)
+    if peer:
+        cp.get_default_memory_pool().free_all_blocks()
+        try:
+            bench_hf(config, n_new, prompt_len, ttft_len, BANDWIDTH.get("copy"))
+        except Exception as e:  # noqa: BLE001 - a missing torch/transformers is not a minillm failure
+            say(f"\nHF transformers comparison skipped: {type(e).__name__}: {e}")
+    return 1 if FAILED else 0
 
 
 def main(argv=None) -> int:
