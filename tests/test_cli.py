@@ -215,3 +215,8 @@ def test_convert_quantized_then_info_shows_the_method(tiny_model, tmp_path):
 
 def test_bad_group_size_is_one_line(tiny_model):
     assert_one_line_error(run("generate", "-m", str(tiny_model), "--quant", "int4", "--group-size", "48", "hi"))
+
+
+def test_gpu_bench_needs_a_preset_shape_and_a_gpu():
+    assert_one_line_error(run("bench", "--device", "cuda"), "--random-weights")
+    assert_one_line_error(run("bench", "--device", "cuda", "--random-weights", "-m", "mistral-7b"), "GPU")
