@@ -113,19 +113,9 @@ def hf_peer(model):
     except ImportError:
         return None
     from .weights import save_hf_dir
-    tensors = {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.final_norm}
-    if not model.config.tie_embeddings:
-        tensors["lm_head.weight"] = model.lm_head
-    for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        names = {"attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_attn.k_proj",
-                 "wv": "self_attn.v_proj", "wo": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
-                 "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
-        for attr, hf_name in names.items():
-            tensors[p + hf_name + ".weight"] = as_f32(getattr(layer, attr))
     with tempfile.TemporaryDirectory() as tmp:
         save_hf_dir(tmp, model.config.replace(torch_dtype="float32"),
-                    {k: as_f32(v) for k, v in tensors.items()})
+                    {k: as_f32(v) for k, v in model.hf_tensors().items()})
         hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
     return hf.eval()
 

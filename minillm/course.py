@@ -188,8 +188,7 @@ def save_plot(filename: str, draw: Callable) -> Path | None:
 
 def hf_tensors(model) -> dict[str, np.ndarray]:
     """The HF-named weights of a loaded GQA `Transformer`, to convert them or rebuild it with another config."""
-    from .mla_convert import _tensors_of
-    return _tensors_of(model)
+    return model.hf_tensors()
 
 
 def best_time(fn: Callable, repeats: int = 3) -> float:

@@ -138,7 +138,7 @@ def main(argv=None) -> None:
     full = min(cfg.n_kv_heads * cfg.head_dim, cfg.dim)
     ranks = args.ranks or sorted({max(1, full // 8), full // 4, full // 2, full})
     key_ranks = args.key_ranks or list(range(1, cfg.n_kv_heads + 1))
-    tensors = _tensors_of(model)
+    tensors = model.hf_tensors()
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, args.tokens).tolist()
     if llm._tokenizer is not None:
         text = "The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, "
@@ -150,20 +150,6 @@ def main(argv=None) -> None:
               f"{row['bytes_per_token'] / row['gqa_bytes_per_token']:>7.0%} {row['max_abs_err']:>12.2e} "
               f"{row['rel_rms_err']:>9.2e} "
               f"{row['top1_agree']:>12.0%}")
-
-
-def _tensors_of(model: Transformer) -> dict[str, np.ndarray]:
-    """The HF-named tensors a loaded GQA Transformer holds (the inverse of Transformer.__init__)."""
-    t = {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.final_norm,
-         "lm_head.weight": model.lm_head}
-    for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        t |= {p + "input_layernorm.weight": layer.attn_norm, p + "post_attention_layernorm.weight": layer.mlp_norm,
-              p + "self_attn.q_proj.weight": layer.wq, p + "self_attn.k_proj.weight": layer.wk,
-              p + "self_attn.v_proj.weight": layer.wv, p + "self_attn.o_proj.weight": layer.wo,
-              p + "mlp.gate_proj.weight": layer.w_gate, p + "mlp.up_proj.weight": layer.w_up,
-              p + "mlp.down_proj.weight": layer.w_down}
-    return t
 
 
 if __name__ == "__main__":

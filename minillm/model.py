@@ -193,6 +193,19 @@ class Transformer:
         gate, up = gate_up[:, :self.config.ffn_dim], gate_up[:, self.config.ffn_dim:]
         return linear(silu(gate) * up, layer.w_down)                        # [T, dim]
 
+    def hf_tensors(self) -> dict[str, np.ndarray]:
+        """The HF-named weights this (GQA) model holds: the inverse of __init__, for conversions."""
+        t = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.final_norm,
+             "lm_head.weight": self.lm_head}
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            t |= {p + "input_layernorm.weight": layer.attn_norm, p + "post_attention_layernorm.weight": layer.mlp_norm,
+                  p + "self_attn.q_proj.weight": layer.wq, p + "self_attn.k_proj.weight": layer.wk,
+                  p + "self_attn.v_proj.weight": layer.wv, p + "self_attn.o_proj.weight": layer.wo,
+                  p + "mlp.gate_proj.weight": layer.w_gate, p + "mlp.up_proj.weight": layer.w_up,
+                  p + "mlp.down_proj.weight": layer.w_down}
+        return t
+
     def weights_read_per_token(self) -> list:
         """Every array one decode step reads, each once: what decode's memory traffic is made of."""
         arrays, seen = [], set()

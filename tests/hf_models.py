@@ -26,7 +26,7 @@ def save_random_model(config, path: Path, seed: int = 0):
     """Build an HF causal LM with random weights (norm gains too), save it, return the HF model."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):     # default gains are all ones: make them matter
