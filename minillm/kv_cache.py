@@ -35,9 +35,9 @@ class CacheBase:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in vars(self).values() if isinstance(a, np.ndarray))
+        return sum(a.nbytes for a in vars(self).values() if hasattr(a, "shape"))   # NumPy or CuPy arrays
 
-    def _end_of_write(self, n_new: int) -> int:
+    def end_of_write(self, n_new: int) -> int:
         """The position after `n_new` new ones, refusing to run past the capacity."""
         end = self.length + n_new
         if self.max_seq_len is not None and end > self.max_seq_len:
@@ -59,7 +59,7 @@ class KVCache(CacheBase):
         k_new, v_new: [n_kv_heads, T, head_dim] -> k, v: [n_kv_heads, length + T, head_dim]
         `length` itself advances once per forward pass, in `advance`, after the last layer.
         """
-        start, end = self.length, self._end_of_write(k_new.shape[1])
+        start, end = self.length, self.end_of_write(k_new.shape[1])
         self.k[layer, :, start:end] = k_new
         self.v[layer, :, start:end] = v_new
         return self.k[layer, :, :end], self.v[layer, :, :end]
@@ -90,7 +90,7 @@ class Int8KVCache(CacheBase):
     def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """k_new, v_new: [n_kv_heads, T, head_dim] -> fp32 k, v: [n_kv_heads, length + T, head_dim]"""
         n_kv, T, hd = k_new.shape
-        start, end = self.length, self._end_of_write(T)
+        start, end = self.length, self.end_of_write(T)
         for new, q, scale in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale)):
             w = quantize_int8(new.reshape(n_kv * T, hd))                   # one scale per vector
             q[layer, :, start:end] = w.qweight.reshape(n_kv, T, hd)
@@ -114,7 +114,7 @@ class MLACache(CacheBase):
 
         c_kv_new: [T, kv_lora_rank], k_rope_new: [T, rope] -> [length + T, kv_lora_rank], [length + T, rope]
         """
-        start, end = self.length, self._end_of_write(c_kv_new.shape[0])
+        start, end = self.length, self.end_of_write(c_kv_new.shape[0])
         self.c_kv[layer, start:end] = c_kv_new
         self.k_rope[layer, start:end] = k_rope_new
         return self.c_kv[layer, :end], self.k_rope[layer, :end]

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..backend import to_dtype
 from ..config import ModelConfig
+from ..kv_cache import CacheBase
 from ..layers import rope_inv_freq
 from .kernels import MAX_FUSED_NORM, Kernels, n_splits_for
 
@@ -64,7 +65,7 @@ class GPULayer:
     wdown: object       # [dim, ffn_dim]
 
 
-class GPUKVCache:
+class GPUKVCache(CacheBase):
     """Contiguous 16-bit KV cache on the device: k, v [n_layers, n_kv_heads, capacity, head_dim].
 
     Same contract as kv_cache.KVCache (length, advance, reset); a sliding window is applied by the
@@ -80,16 +81,6 @@ class GPUKVCache:
         self.length = 0
         self.graph = None
         self.graph_key = None       # (model, fuse_norm, gemv_version) the graph was captured for
-
-    def advance(self, n_tokens: int) -> None:
-        self.length += n_tokens
-
-    def reset(self) -> None:
-        self.length = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
 
 
 class GPUTransformer:
@@ -196,9 +187,7 @@ class GPUTransformer:
     def prefill(self, tokens, cache: GPUKVCache, all_logits: bool = False) -> np.ndarray:
         """Run the prompt, filling the cache.  -> logits [T, vocab] if all_logits else [vocab] (host fp32)"""
         tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
-        if cache.length + len(tokens) > cache.max_seq_len:
-            raise ValueError(f"KV cache is full: {cache.length + len(tokens)} positions > capacity "
-                             f"{cache.max_seq_len}")
+        cache.end_of_write(len(tokens))                 # refuses to run past the capacity
         outputs = []
         with self.stream:
             for start in range(0, len(tokens), self.prefill_chunk):
@@ -215,8 +204,7 @@ class GPUTransformer:
 
     def decode(self, token: int, cache: GPUKVCache) -> np.ndarray:
         """Run one new position against the cache.  -> logits [vocab] (host fp32)"""
-        if cache.length + 1 > cache.max_seq_len:
-            raise ValueError(f"KV cache is full: {cache.length + 1} positions > capacity {cache.max_seq_len}")
+        cache.end_of_write(1)                           # refuses to run past the capacity
         with self.stream:
             self.step.set(np.array([token, cache.length], dtype=np.int32))
             if self.use_graph:
