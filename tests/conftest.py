@@ -8,8 +8,17 @@ import pytest
 # skip the download. Bump the "-v1" when the converter's output changes.
 @pytest.fixture(scope="session")
 def smollm2_dir(request):
-    """The converted smollm2-135m weights dir (config.json, model.safetensors, tokenizer, source.gguf)."""
+    """The converted smollm2-135m weights dir (config.json, model.safetensors, tokenizer, source.gguf).
+
+    MINILLM_TEST_SMOLLM2=DIR uses a dir made elsewhere instead (the GPU machine has no network: there
+    tests/smollm2_pieces.py rebuilds the weights from uploaded pieces; tests needing source.gguf skip)."""
+    import os
+    from pathlib import Path
+
     from minillm.pull import pull
+
+    if os.environ.get("MINILLM_TEST_SMOLLM2"):
+        return Path(os.environ["MINILLM_TEST_SMOLLM2"])
 
     root = request.config.cache.mkdir("minillm-weights-v1")
     with pytest.MonkeyPatch.context() as mp:

@@ -101,9 +101,100 @@ def test_kv_append_writes_only_the_new_positions(k, T, n_heads, n_kv, hd, capaci
     (9, 9, 3, 64, 40, 2, None),          # prefill after a cached prefix (SmolLM2 heads)
     (9, 8, 2, 16, 40, 2, 6),             # prefill with a window
 ])
-@pytest.mark.parametrize("fused", [False, True], ids=["split+combine", "fused-combine"])
-def test_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, fused):
-    ok(checks.check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=fused))
+@pytest.mark.parametrize("version", [1, 2, 3], ids=["v1 split+combine", "v2 fused", "v3 gqa"])
+def test_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, version):
+    with attention_version(k, version):
+        ok(checks.check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=version >= 2))
+
+
+class attention_version:
+    """Run the fused-combine attention launches of a block with Kernels.attention_version = v (and v3's
+    attention_split_keys, attention_one_wave, attention_flags), restoring them after."""
+    NAMES = ("attention_version", "attention_split_keys", "attention_one_wave", "attention_flags")
+
+    def __init__(self, k: Kernels, version: int, split_keys: int = 0, one_wave: bool = True, flags: int = 0):
+        self.k, self.new = k, (version, split_keys, one_wave, flags)
+
+    def __enter__(self):
+        self.old = tuple(getattr(self.k, n) for n in self.NAMES)
+        for n, v in zip(self.NAMES, self.new):
+            setattr(self.k, n, v)
+
+    def __exit__(self, *exc):
+        for n, v in zip(self.NAMES, self.old):
+            setattr(self.k, n, v)
+
+
+# v3 (attention_gqa*): a block per KV head serving up to 4 query heads, splits chosen at run time
+@pytest.mark.parametrize("T,n_heads,n_kv,hd,length,n_splits,window,split_keys", [
+    (1, 32, 8, 128, 144, 17, None, 0),   # the benchmark's shape: 3 of 17 splits used (64 keys each)
+    (1, 32, 8, 128, 64, 17, None, 0),    # exactly one tile: one split, no combine
+    (1, 32, 8, 128, 65, 17, None, 0),    # one key past the tile: two splits
+    (1, 32, 8, 128, 640, 17, None, 0),   # 10 splits of 64
+    (1, 32, 8, 128, 5000, 17, 4096, 0),  # long, windowed: all 17 splits, several tiles each
+    (1, 12, 2, 128, 3000, 64, None, 0),  # group 6: two blocks per KV head (4 + 2 heads), 47 splits
+    (1, 9, 3, 64, 300, 8, None, 0),      # group 3 (SmolLM2): one block serves 3 heads
+    (1, 8, 1, 32, 1000, 16, None, 0),    # MQA, group 8: two blocks of 4
+    (1, 4, 2, 96, 200, 8, None, 0),      # hd 96: 12 pieces on 16 lanes (4 idle)
+    (1, 6, 2, 40, 150, 8, None, 0),      # hd 40: 5 pieces on 8 lanes
+    (1, 8, 8, 256, 90, 4, None, 0),      # MHA hd 256: 32 lanes a key, 32-key tiles
+    (1, 8, 2, 16, 2000, 8, 700, 0),      # hd 16: 2 lanes a key, 512-key tiles, window
+    (1, 8, 2, 64, 9, 4, None, 1),        # split_keys 1: 4 splits of 3 keys, the last one empty
+    (1, 8, 2, 64, 700, 64, None, 10),    # split_keys 10: all 64 splits (the combine's 2 splits a lane)
+    (5, 8, 2, 64, 300, 3, 100, 0),       # several queries (prefill through the decode kernel), window
+])
+def test_attention_v3_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, split_keys):
+    with attention_version(k, 3, split_keys):
+        ok(checks.check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=True))
+
+
+@pytest.mark.parametrize("one_wave,flags", [(False, 0), (True, 1), (False, 1)],
+                         ids=["all splits", "v2's fences", "all splits, v2's fences"])
+@pytest.mark.parametrize("length", [65, 2100])
+def test_attention_v3_settings_give_the_same_result(k, one_wave, flags, length):
+    """The grid capped at one wave of blocks or not (17 splits on 8 KV heads: 136 blocks), and the ticket
+    with one thread's release/acquire or v2's fences in every thread: the same attention."""
+    with attention_version(k, 3, 0, one_wave, flags):
+        ok(checks.check_attention(k, 1, 32, 8, 128, length, 17, fused=True))
+
+
+def test_attention_v3_falls_back_to_v2_when_head_dim_is_not_a_multiple_of_8(k):
+    launched = []
+    k.timer = lambda name, launch: (launched.append(name), launch())
+    try:
+        ok(checks.check_attention(k, 1, 4, 2, 36, 50, 3, fused=True))
+    finally:
+        k.timer = None
+    assert launched and set(launched) == {"attention_fused"}     # check_attention launches twice
+
+
+def test_attention_v3_in_a_graph_follows_the_length():
+    """One captured launch, replayed at lengths that need 1, 2, 10 and all 17 splits: the kernel picks
+    the split count from pos at each replay, and leaves the counters at zero for the next."""
+    from minillm.attention import attend
+    k, rng = Kernels("float16"), np.random.default_rng(5)
+    H, Hkv, hd, S, cap = 32, 8, 128, 17, 1200
+    qkv = rng.standard_normal((1, (H + 2 * Hkv) * hd)).astype(np.float32)
+    kc = rng.standard_normal((Hkv, cap, hd)).astype(np.float16)
+    vc = rng.standard_normal((Hkv, cap, hd)).astype(np.float16)
+    parts = (cp.zeros((1, H, S), cp.float32), cp.zeros((1, H, S), cp.float32), cp.zeros((1, H, S, hd), cp.float32),
+             cp.zeros((1, H), cp.uint32))
+    pos, out = cp.zeros(1, cp.int32), cp.zeros((1, H * hd), cp.float32)
+    d_qkv, d_kc, d_vc = cp.asarray(qkv), cp.asarray(kc), cp.asarray(vc)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        k.attention(d_qkv, 1, H, Hkv, hd, d_kc, d_vc, pos, None, parts, out)
+        graph = stream.end_capture()
+        for length in (1, 100, 640, 1200, 64):
+            pos.set(np.array([length - 1], np.int32))
+            out.fill(np.nan)
+            graph.launch(stream)
+            stream.synchronize()
+            want = attend(qkv[:, :H * hd].reshape(1, H, hd), kc[:, :length].astype(np.float32),
+                          vc[:, :length].astype(np.float32), None)
+            assert checks.rel_err(cp.asnumpy(out), want) <= 1e-4, length
+            assert int(parts[3].max()) == 0
 
 
 @pytest.mark.parametrize("T,n_heads,n_kv,hd,length,window", [

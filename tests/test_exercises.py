@@ -205,6 +205,198 @@ def kv_int8_scale_per_channel(x):
     return np.clip(np.rint(x / np.where(scales > 0, scales, 1)[:, None]), -127, 127).astype(np.int8), scales
 
 
+def fold_scales_rows(gain, w):
+    """Scales output rows: same shape on a square matrix, wrong numbers."""
+    return w * gain[:, None]
+
+
+def fold_divides(gain, w):
+    return w / gain[None, :]
+
+
+def fold_in_place(gain, w):
+    w *= gain[None, :]
+    return w
+
+
+def transfer_norms_at_weight_bytes(config, weight_bytes=2):
+    """Every parameter at weight_bytes: the fp32 norm gains counted as 16-bit."""
+    return config.n_params * weight_bytes, 8, config.vocab_size * 4
+
+
+def transfer_tied_head_twice(config, weight_bytes=2):
+    from minillm.course import transfer_bytes_reference
+    upload, up, down = transfer_bytes_reference(config, weight_bytes)
+    return upload + (config.vocab_size * config.dim * weight_bytes if config.tie_embeddings else 0), up, down
+
+
+def transfer_token_without_position(config, weight_bytes=2):
+    from minillm.course import transfer_bytes_reference
+    return transfer_bytes_reference(config, weight_bytes)[0], 4, config.vocab_size * 4
+
+
+def block_sum_numpy_order(values, n_threads):
+    return values.sum(axis=1, dtype=np.float32)
+
+
+def block_sum_contiguous_chunks(values, n_threads):
+    """Thread t adds a contiguous run of values instead of every n_threads-th one."""
+    from minillm.course import _warps_reduced, _xor_shuffle_sum
+    rows, n = values.shape
+    per = -(-n // n_threads)
+    padded = np.zeros((rows, n_threads * per), np.float32)
+    padded[:, :n] = values
+    acc = np.zeros((rows, n_threads), np.float32)
+    for j in range(per):
+        acc = acc + padded.reshape(rows, n_threads, per)[:, :, j]
+    return _warps_reduced(_xor_shuffle_sum(acc.reshape(rows, -1, 32))[..., 0])
+
+
+def block_sum_warps_in_a_loop(values, n_threads):
+    """Right per-warp trees, but the warp totals summed in a loop instead of warp 0's xor tree."""
+    from minillm.course import _xor_shuffle_sum
+    rows, n = values.shape
+    acc = np.zeros((rows, n_threads), np.float32)
+    for start in range(0, n, n_threads):
+        chunk = values[:, start:start + n_threads]
+        acc[:, :chunk.shape[1]] += chunk
+    partials = _xor_shuffle_sum(acc.reshape(rows, -1, 32))[..., 0]
+    total = np.zeros(rows, np.float32)
+    for w in range(partials.shape[1]):
+        total = total + partials[:, w]
+    return total
+
+
+def block_sum_in_float64(values, n_threads):
+    from minillm.course import block_sum_reference
+    return block_sum_reference(values, n_threads).astype(np.float64)
+
+
+def launches_without_the_embedding(config, gemv_version, fuse_norm):
+    from minillm.course import decode_launches_reference
+    return decode_launches_reference(config, gemv_version, fuse_norm) - 1
+
+
+def launches_v2_attention_as_one(config, gemv_version, fuse_norm):
+    """Counts the split + combine attention of gemv v1/v2 as one launch a layer."""
+    from minillm.course import decode_launches_reference
+    n = decode_launches_reference(config, gemv_version, fuse_norm)
+    return n - config.n_layers if gemv_version < 4 else n
+
+
+def launches_ignoring_the_v3_limit(config, gemv_version, fuse_norm):
+    """Right per-layer counts, but assumes fuse_norm always fuses."""
+    per_layer = (5 if fuse_norm else 7) if gemv_version >= 4 else (9 if fuse_norm else 11)
+    return 1 + per_layer * config.n_layers + (1 if fuse_norm else 2)
+
+
+def int4_words_high_nibble_first(words, scales, mins, in_features):
+    """Reads element 2j from the high nibble of byte j."""
+    from minillm.course import dequantize_int4_words_reference
+    b = words.astype("<u4").view(np.uint8)
+    return dequantize_int4_words_reference((((b & 0x0F) << 4) | (b >> 4)).view("<u4"), scales, mins, in_features)
+
+
+def int4_words_keeps_padding(words, scales, mins, in_features):
+    from minillm.course import dequantize_int4_words_reference
+    return dequantize_int4_words_reference(words, scales, mins, words.shape[1] * 8)
+
+
+def sse_text_field_only(body):
+    """Reads completion chunks only: a chat chunk's text is in delta.content, not in text."""
+    import json
+    text, finish = "", None
+    for line in body.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            for choice in json.loads(line[6:])["choices"]:
+                text += choice.get("text") or ""
+                finish = choice.get("finish_reason") or finish
+    return text, finish
+
+
+def sse_assumes_choices(body):
+    """Takes choices[0] of every chunk: the usage chunk has none."""
+    import json
+    text, finish = "", None
+    for line in body.splitlines():
+        if line.startswith("data: ") and line.strip() != "data: [DONE]":
+            choice = json.loads(line[6:])["choices"][0]
+            text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            finish = choice.get("finish_reason") or finish
+    return text, finish
+
+
+def sse_exact_done_line(body):
+    """Splits on "\n" only, so under CRLF the end marker is "[DONE]\r" and goes to json.loads."""
+    import json
+    text, finish = "", None
+    for line in body.split("\n"):
+        if not line.startswith("data: "):
+            continue
+        if line[6:] == "[DONE]":
+            break
+        for choice in json.loads(line[6:])["choices"]:
+            text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            finish = choice.get("finish_reason") or finish
+    return text, finish
+
+
+def gather_ignores_the_table(pool, block_table, length):
+    """Blocks 0, 1, 2, ... as if the table were always in order."""
+    keys = pool[:len(block_table)].reshape(-1, *pool.shape[2:])[:length]
+    return keys.transpose(1, 0, 2)
+
+
+def gather_positions_first(pool, block_table, length):
+    return pool[block_table].reshape(-1, *pool.shape[2:])[:length]
+
+
+def gather_whole_blocks(pool, block_table, length):
+    n = -(-length // pool.shape[1])
+    return pool[block_table[:n]].reshape(-1, *pool.shape[2:]).transpose(1, 0, 2)
+
+
+def pack_positions_from_zero(chunks):
+    tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t, _ in chunks])
+    positions = np.concatenate([np.arange(len(t)) for t, _ in chunks])
+    return tokens, positions, np.cumsum([len(t) for t, _ in chunks]) - 1
+
+
+def pack_last_rows_past_the_end(chunks):
+    tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t, _ in chunks])
+    positions = np.concatenate([np.arange(s, s + len(t)) for t, s in chunks])
+    return tokens, positions, np.cumsum([len(t) for t, _ in chunks])
+
+
+def prefix_tokens_not_blocks(prompt, cached, block_size):
+    best = 0
+    for seq in cached:
+        n = 0
+        while n < min(len(prompt) - 1, len(seq)) and prompt[n] == seq[n]:
+            n += 1
+        best = max(best, n)
+    return best
+
+
+def prefix_blocks_compared_alone(prompt, cached, block_size):
+    """Matches each block by its own tokens, wherever the prefix before it went."""
+    blocks = {tuple(seq[i:i + block_size]) for seq in cached for i in range(0, len(seq) - block_size + 1, block_size)}
+    n = 0
+    while n + block_size <= len(prompt) - 1 and tuple(prompt[n:n + block_size]) in blocks:
+        n += block_size
+    return n
+
+
+def prefix_reuses_the_last_token(prompt, cached, block_size):
+    best = 0
+    for seq in cached:
+        n = 0
+        while n < min(len(prompt), len(seq)) and prompt[n] == seq[n]:
+            n += 1
+        best = max(best, n // block_size * block_size)
+    return best
+
+
 @pytest.mark.parametrize("number,wrong,failing_case,words", [
     (1, rmsnorm_without_eps, "tiny activations", "max abs error"),
     (1, rmsnorm_eps_outside_the_root, "eps goes inside the square root", "max abs error"),
@@ -233,6 +425,32 @@ def kv_int8_scale_per_channel(x):
     (9, int4_symmetric, "all weights positive", "mins differ"),
     (10, kv_int8_scale_per_head, "20x larger", "one scale per head"),
     (10, kv_int8_scale_per_channel, "prefill", "one scale per (KV head, position)"),
+    (11, transfer_norms_at_weight_bytes, "SmolLM2", "gains stay fp32"),
+    (11, transfer_tied_head_twice, "Llama-3.2-1B", "sent once"),
+    (11, transfer_token_without_position, "Mistral", "the position goes up"),
+    (12, block_sum_numpy_order, "Mistral's dim", "NumPy's own order"),
+    (12, block_sum_contiguous_chunks, "SmolLM2's dim 576", "contiguous chunk"),
+    (12, block_sum_warps_in_a_loop, "1024 threads", "warp 0 reduces them"),
+    (12, block_sum_in_float64, "one warp", "float32"),
+    (13, launches_without_the_embedding, "Mistral-7B, gemv v4, norms fused", "outside the layers"),
+    (13, launches_v2_attention_as_one, "the first version", "each of the 32 layers launches 11"),
+    (13, launches_ignoring_the_v3_limit, "16384-wide", "MAX_FUSED_NORM"),
+    (14, int4_words_high_nibble_first, "which nibble is element 0", "LOW nibble"),
+    (14, int4_words_keeps_padding, "in = 200", "has shape [3, 256], expected [3, 200]"),
+    (15, fold_scales_rows, "rows or columns?", "scaled the rows"),
+    (15, fold_divides, "SmolLM2's q_proj", "divided by the gain"),
+    (15, fold_in_place, "square", "in place"),
+    (16, gather_ignores_the_table, "a scattered table", "read the blocks the table names"),
+    (16, gather_positions_first, "a table in order", "transpose"),
+    (16, gather_whole_blocks, "the last block partly filled", "cut the gathered blocks"),
+    (17, pack_positions_from_zero, "a decode step of 3", "continue from the chunk's `start`"),
+    (17, pack_last_rows_past_the_end, "one prompt of 5", "one past each chunk's end"),
+    (18, prefix_tokens_not_blocks, "a cached 40-token system prompt", "only whole blocks"),
+    (18, prefix_blocks_compared_alone, "after a different block 1", "expected 16"),
+    (18, prefix_reuses_the_last_token, "the prompt is a cached sequence", "last token must always be computed"),
+    (19, sse_text_field_only, "chat: a role chunk first", "expected 'Hello there!'"),
+    (19, sse_assumes_choices, "a usage chunk with no choices", "IndexError"),
+    (19, sse_exact_done_line, "CRLF line endings", "JSONDecodeError"),
 ])
 def test_subtly_wrong_exercise_fails_on_the_revealing_case(number, wrong, failing_case, words):
     report = check_exercise(number, wrong)

@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from minillm.cuda import flashnorm_gpu
 from minillm.cuda.kernels import KERNEL_DIR, SOURCES, kernel_source
 
 CU_FILES = sorted(KERNEL_DIR.glob("*.cu"))
+# Sources other modules load themselves (through kernels.module), beside kernels.py's own list.
+OTHER_SOURCES = {flashnorm_gpu.SOURCE: flashnorm_gpu.KERNELS}
 
 
 def test_every_source_is_listed():
-    assert sorted(p.stem for p in CU_FILES) == sorted(SOURCES)
+    assert sorted(p.stem for p in CU_FILES) == sorted(SOURCES + list(OTHER_SOURCES))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -36,7 +39,7 @@ def _nvrtc():
 
 
 @pytest.mark.skipif(_nvrtc() is None, reason="CuPy's NVRTC binding is not available")
-@pytest.mark.parametrize("name", SOURCES)
+@pytest.mark.parametrize("name", SOURCES + list(OTHER_SOURCES))
 def test_compiles_with_nvrtc_for_compute90(name: str):
     nvrtc = _nvrtc()
     prog = nvrtc.createProgram(kernel_source(name), f"{name}.cu", [], [])
@@ -60,3 +63,6 @@ def test_every_launched_kernel_is_defined():
     for sfx in ("f16", "bf16"):
         wanted = {n.replace("{sfx}", sfx) for n in re.findall(r'get\("\w+", f?"([\w{}]+)"\)', launcher)}
         assert wanted and wanted <= defined, wanted - defined
+        for names in OTHER_SOURCES.values():
+            wanted = {n.format(sfx=sfx) for n in names.values()}
+            assert wanted <= defined, wanted - defined

@@ -15,7 +15,17 @@ EVIDENCE = {5: ["MQA-1 (KV heads mean-pooled)", "perplexity"],
             7: ["max |rolling - full|", "users (rolling)", "H200-SXM"],
             8: ["error <= scale/2", "decode tok/s", "int8 -> fp32 widening"],
             9: ["element 2j (low)", "int4 asymmetric", "bits/weight"],
-            10: ["per token+head", "users int8", "Int8KVCache"]}
+            10: ["per token+head", "users int8", "Int8KVCache"],
+            16: ["paged, blocks of 16", "users in 4 GiB", "PagedKVCache.read"],
+            17: ["preempted", "recompute", "continuous, batch", "equal each request run alone: 5/5"],
+            18: ["served from cache", "radix tree", "LRU eviction"],
+            11: ["crosses the bus", "exercise 11's formula (course.transfer_bytes_reference)", "bytes: match",
+                 "same top-1"],
+            12: ["block of 256: strided + xor tree (v2)", "registers/thread", "v1 vs v2 vs the engine"],
+            13: ["launches/token", "v4 + norm fused (default)", "what the CUDA graph saves"],
+            14: ["roofline tok/s", "int4: magic-number codes vs unpack_int4", "% of issue rate", "GPU 2/2"],
+            15: ["max |folded - original|", "one step late", "Prop. 3", "[GPU 1/4] the race"],
+            19: ["data: [DONE]", "Engine via HTTP", "client - server", "largest batch"]}
 
 
 def test_lessons_are_numbered_in_order():

@@ -16,11 +16,21 @@ from ..backend import as_f32, to_dtype
 from ..config import ModelConfig
 from ..layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
 from ..model import Transformer
+from ..quant import quantize, quantize_checkpoint
 from .kernels import Kernels
+from .qweights import QuantMatrix
 
 # Relative tolerances: fp16 keeps 11 significant bits, bf16 8; fp32 paths are far tighter.
 TOL = {"float16": 2e-3, "bfloat16": 1.6e-2}
 F32_TOL = 1e-5
+# Quantized GEMVs (gemv_quant.cu v2) multiply codes and x in fp16 within each 16-byte chunk, then widen:
+# ~1e-3 of the largest output at worst, 10-100x below what quantizing the weights moved it already.
+QUANT_TOL = 3e-3
+
+
+def gemv_tol(n_in: int, quant: str | None) -> float:
+    """Same weights on both sides: fp32 summation order only, or the quantized kernels' fp16 products."""
+    return QUANT_TOL if quant is not None else F32_TOL * math.sqrt(n_in)
 
 
 def _cp():
@@ -59,6 +69,18 @@ def _sync():
     _cp().cuda.Device().synchronize()
 
 
+def weights(k: Kernels, rows: int, n_in: int, rng, quant: str | None = None, group_size: int = 128):
+    """Random W [rows, in] (variance 1/in) as the GPU holds it, and the fp32 reference it stands for:
+    16-bit (the weight dtype), or int8/int4 quantized by minillm.quant and uploaded as is.
+    -> (reference fp32 [rows, in] on the host, device matrix)"""
+    w = rng.standard_normal((rows, n_in)) / math.sqrt(n_in)
+    if quant is None:
+        w = narrow(w, k.dtype)
+        return as_f32(w), _cp().asarray(w)
+    q = quantize(w.astype(np.float32), quant, group_size)
+    return q.dequantize(), QuantMatrix.upload([q])
+
+
 # ---- kernels ----------------------------------------------------------------------------------------
 def check_rmsnorm(k: Kernels, T: int, dim: int, to_narrow: bool, seed: int = 0):
     cp, rng = _cp(), np.random.default_rng(seed)
@@ -71,69 +93,74 @@ def check_rmsnorm(k: Kernels, T: int, dim: int, to_narrow: bool, seed: int = 0):
     return rel_err(_host(out), want), (TOL[k.dtype] if to_narrow else F32_TOL)
 
 
-def check_gemv(k: Kernels, rows: int, n_in: int, version: int, accumulate: bool = False, seed: int = 0):
+def check_gemv(k: Kernels, rows: int, n_in: int, version: int, accumulate: bool = False, seed: int = 0,
+               quant: str | None = None, group_size: int = 128):
     cp, rng = _cp(), np.random.default_rng(seed)
-    w = narrow(rng.standard_normal((rows, n_in)) / math.sqrt(n_in), k.dtype)
+    w, dw = weights(k, rows, n_in, rng, quant, group_size)
     x = rng.standard_normal(n_in).astype(np.float32)
     y0 = rng.standard_normal(rows).astype(np.float32)
     y = cp.asarray(y0) if accumulate else poisoned(rows, np.float32)
-    k.gemv(cp.asarray(w), cp.asarray(x), y, accumulate=accumulate, version=version)
+    k.gemv(dw, cp.asarray(x), y, accumulate=accumulate, version=version)
     _sync()
-    want = as_f32(w).astype(np.float64) @ x.astype(np.float64) + (y0 if accumulate else 0)
-    return rel_err(_host(y), want), 1e-5 * math.sqrt(n_in)     # same weights: only fp32 summation order
+    want = w.astype(np.float64) @ x.astype(np.float64) + (y0 if accumulate else 0)
+    return rel_err(_host(y), want), gemv_tol(n_in, quant)
 
 
-def check_gemv_rmsnorm(k: Kernels, rows: int, n_in: int, seed: int = 0, version: int = 3):
+def check_gemv_rmsnorm(k: Kernels, rows: int, n_in: int, seed: int = 0, version: int = 3,
+                       quant: str | None = None, group_size: int = 128):
     cp, rng = _cp(), np.random.default_rng(seed)
-    w = narrow(rng.standard_normal((rows, n_in)) / math.sqrt(n_in), k.dtype)
+    w, dw = weights(k, rows, n_in, rng, quant, group_size)
     x = (rng.standard_normal(n_in) * 3).astype(np.float32)
     g = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
     y = poisoned(rows, np.float32)
-    k.gemv_rmsnorm(cp.asarray(w), cp.asarray(x), cp.asarray(g), 1e-5, y, version=version)
+    k.gemv_rmsnorm(dw, cp.asarray(x), cp.asarray(g), 1e-5, y, version=version)
     _sync()
-    want = as_f32(w).astype(np.float64) @ rmsnorm(x[None], g, 1e-5)[0].astype(np.float64)
-    return rel_err(_host(y), want), 1e-5 * math.sqrt(n_in)
+    want = w.astype(np.float64) @ rmsnorm(x[None], g, 1e-5)[0].astype(np.float64)
+    return rel_err(_host(y), want), gemv_tol(n_in, quant)
 
 
-def check_gemv_swiglu(k: Kernels, ffn: int, n_in: int, norm: bool, seed: int = 0):
+def check_gemv_swiglu(k: Kernels, ffn: int, n_in: int, norm: bool, seed: int = 0,
+                      quant: str | None = None, group_size: int = 128):
     """v4 gate/up GEMV with SwiGLU in the epilogue (and the RMSNorm in the prologue when `norm`)."""
     cp, rng = _cp(), np.random.default_rng(seed)
-    w = narrow(rng.standard_normal((2 * ffn, n_in)) / math.sqrt(n_in), k.dtype)
+    w, dw = weights(k, 2 * ffn, n_in, rng, quant, group_size)
     x = (rng.standard_normal(n_in) * 3).astype(np.float32)
     g = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
     out = poisoned(ffn, np.float32)
-    k.gemv_swiglu(cp.asarray(w), cp.asarray(x), cp.asarray(g) if norm else None, 1e-5, out)
+    k.gemv_swiglu(dw, cp.asarray(x), cp.asarray(g) if norm else None, 1e-5, out)
     _sync()
     h = rmsnorm(x[None], g, 1e-5)[0] if norm else x
-    gu = as_f32(w).astype(np.float64) @ h.astype(np.float64)
+    gu = w.astype(np.float64) @ h.astype(np.float64)
     want = silu(gu[:ffn]) * gu[ffn:]
-    return rel_err(_host(out), want), 1e-5 * math.sqrt(n_in)
+    if quant is not None:   # errors of gate and up reach the product scaled by the other's size, not by it
+        return float(np.abs(_host(out) - want).max() / (np.abs(gu[:ffn]).max() * np.abs(gu[ffn:]).max())), QUANT_TOL
+    return rel_err(_host(out), want), gemv_tol(n_in, quant)
 
 
 def check_gemv_qkv(k: Kernels, n_heads: int, n_kv: int, hd: int, n_in: int, pos0: int, capacity: int,
-                   norm: bool, seed: int = 0):
+                   norm: bool, seed: int = 0, quant: str | None = None, group_size: int = 128):
     """v4 q|k|v GEMV with RoPE and the KV-cache append in the epilogue (and the RMSNorm when `norm`):
     the rotated row against NumPy, and the cache (every other slot untouched) against the narrowed k, v."""
     cp, rng = _cp(), np.random.default_rng(seed)
     width = (n_heads + 2 * n_kv) * hd
-    w = narrow(rng.standard_normal((width, n_in)) / math.sqrt(n_in), k.dtype)
+    w, dw = weights(k, width, n_in, rng, quant, group_size)
     x = (rng.standard_normal(n_in) * 3).astype(np.float32)
     g = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
     inv_freq = rope_inv_freq(hd, 10000.0)
     old = narrow(rng.standard_normal((n_kv, capacity, hd)), k.dtype)
     kc, vc = cp.asarray(old), cp.asarray(old)
     y = poisoned(width, np.float32)
-    k.gemv_qkv(cp.asarray(w), cp.asarray(x), cp.asarray(g) if norm else None, 1e-5, y,
+    k.gemv_qkv(dw, cp.asarray(x), cp.asarray(g) if norm else None, 1e-5, y,
                cp.asarray(np.array([pos0], np.int32)), cp.asarray(inv_freq), kc, vc, n_heads, n_kv, hd)
     _sync()
     h = rmsnorm(x[None], g, 1e-5)[0] if norm else x
-    qkv = (as_f32(w).astype(np.float64) @ h.astype(np.float64)).astype(np.float32)
+    qkv = (w.astype(np.float64) @ h.astype(np.float64)).astype(np.float32)
     cos, sin = rope_tables(np.arange(pos0, pos0 + 1), inv_freq)
     n_rot = n_heads + n_kv
     rotated = apply_rope(qkv[None, :n_rot * hd].reshape(1, n_rot, hd), cos, sin).reshape(-1)
     want = np.concatenate([rotated, qkv[n_rot * hd:]])
     err = rel_err(_host(y), want)
-    tol = 1e-5 * math.sqrt(n_in) + 1e-5 * max(1, pos0) ** 0.5
+    tol = gemv_tol(n_in, quant) + 1e-5 * max(1, pos0) ** 0.5
     want_k, want_v = as_f32(old).copy(), as_f32(old).copy()
     if pos0 < capacity:
         new = want.reshape(n_heads + 2 * n_kv, hd)
@@ -255,6 +282,17 @@ def check_embed_cast(k: Kernels, vocab: int, dim: int, seed: int = 0):
     return max(err_embed, err_cast), 0.0                            # both exact (cast: bit for bit)
 
 
+def check_dequantize(k: Kernels, method: str, rows: int, n_in: int, group_size: int = 128, seed: int = 0):
+    """The prefill widening (gemv_quant.cu dequant_*) against minillm.quant's fp32 dequantization: every
+    element within one rounding to the weight dtype (q·s + m may be one fused multiply-add on the GPU)."""
+    rng = np.random.default_rng(seed)
+    w, dw = weights(k, rows, n_in, rng, method, group_size)
+    out = poisoned((rows, n_in), _narrow_dt(k.dtype))
+    k.dequantize(dw, out)
+    _sync()
+    return rel_err(_host(out), w), TOL[k.dtype]
+
+
 def _narrow_dt(dtype: str):
     return np.float16 if dtype == "float16" else np.uint16
 
@@ -274,9 +312,11 @@ def small_config(kind: str = "gqa", **changes) -> ModelConfig:
     return ModelConfig(**(base | changes))
 
 
-def random_cpu_model(config: ModelConfig, dtype: str = "float16", seed: int = 0) -> Transformer:
+def random_cpu_model(config: ModelConfig, dtype: str = "float16", seed: int = 0, quant: str | None = None,
+                     group_size: int = 128) -> Transformer:
     """A CPU Transformer with random weights already rounded to `dtype`, so the CPU and the GPU
-    multiply the same numbers (norm gains stay fp32, as the GPU keeps them)."""
+    multiply the same numbers (norm gains stay fp32, as the GPU keeps them). quant: the layer
+    matrices then quantized by minillm.quant (int8 / int4 in groups of `group_size`), as load() does."""
     rng = np.random.default_rng(seed)
     c, hd = config, config.head_dim
     mat = lambda rows, cols: narrow(rng.standard_normal((rows, cols)) / math.sqrt(cols), dtype)
@@ -295,6 +335,8 @@ def random_cpu_model(config: ModelConfig, dtype: str = "float16", seed: int = 0)
               p + "mlp.gate_proj.weight": mat(c.ffn_dim, c.dim),
               p + "mlp.up_proj.weight": mat(c.ffn_dim, c.dim),
               p + "mlp.down_proj.weight": mat(c.dim, c.ffn_dim)}
+    if quant is not None:
+        config, t = quantize_checkpoint(config, t, quant, group_size)
     return Transformer(config, t)
 
 
@@ -304,12 +346,15 @@ MODEL_TOL = {"float16": 5e-3, "bfloat16": 3e-2}     # seen in a CPU emulation: 6
 
 
 def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int = 20, seed: int = 0,
-                       fuse_norm: bool = False, gemv_version: int = 4, prefill_attention: str = "tiled"):
+                       fuse_norm: bool = False, gemv_version: int = 4, prefill_attention: str = "tiled",
+                       quant: str | None = None, group_size: int = 128, cpu=None):
     """Prefill logits (all positions) and teacher-forced decode logits, GPU vs CPU.
-    prefill_attention: "tiled" (prefill_attention.cu) or "decode" (the decode kernel, one query a token)."""
+    prefill_attention: "tiled" (prefill_attention.cu) or "decode" (the decode kernel, one query a token).
+    quant: int8/int4 layer matrices, the same on both sides. cpu: a CPU model to use instead of a
+    random one of `kind`'s shape."""
     from .gpu_model import GPUTransformer
-    cfg = small_config(kind)
-    cpu = random_cpu_model(cfg, dtype, seed)
+    cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
+    cfg = cpu.config
     gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
                                   prefill_attention=prefill_attention)
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, n_prompt + n_decode)
@@ -332,14 +377,17 @@ def greedy(model, prompt, n: int, cache) -> tuple[list[int], list[np.ndarray]]:
     return tokens, all_logits
 
 
-def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: bool = True, gemv_version: int = 4):
+def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: bool = True, gemv_version: int = 4,
+                 quant: str | None = None, group_size: int = 128, cpu=None, prompt=None):
     """Greedy continuations, GPU vs CPU. Returns (tokens equal, detail). A divergence is accepted only
-    at a near-tie: where the CPU's top two logits are closer than the logits' measured error."""
+    at a near-tie: where the CPU's top two logits are closer than the logits' measured error.
+    cpu, prompt: a given CPU model and prompt instead of random ones of `kind`'s shape."""
     from .gpu_model import GPUTransformer
-    cfg = small_config(kind)
-    cpu = random_cpu_model(cfg, dtype, seed)
+    cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
+    cfg = cpu.config
     gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version)
-    prompt = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8)
+    if prompt is None:
+        prompt = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8)
     want, cpu_logits = greedy(cpu, prompt, n, cpu.new_cache(64))
     got, gpu_logits = greedy(gpu, prompt, n, gpu.new_cache(64))
     for i, (a, b) in enumerate(zip(want, got)):
@@ -352,12 +400,12 @@ def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: b
 
 
 def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, fuse_norm: bool = False,
-                             gemv_version: int = 4):
+                             gemv_version: int = 4, quant: str | None = None, group_size: int = 128):
     """The same prompt and tokens through eager launches and through the replayed CUDA graph:
     the same kernels in the same order, so the logits must be bit-identical."""
     from .gpu_model import GPUTransformer
     cfg = small_config(kind)
-    gpu = GPUTransformer.from_cpu(random_cpu_model(cfg, dtype, seed), dtype, fuse_norm=fuse_norm,
+    gpu = GPUTransformer.from_cpu(random_cpu_model(cfg, dtype, seed, quant, group_size), dtype, fuse_norm=fuse_norm,
                                   gemv_version=gemv_version)
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8 + n)
     runs = []

@@ -24,8 +24,15 @@ the split combine fused], [o GEMV + residual], [rmsnorm + gate/up GEMV + SwiGLU]
 (`fuse_norm=False` puts a separate rmsnorm launch before the two normed GEMVs). `gemv_version=2` is the
 first version: ~11 launches a layer (9 with `fuse_norm`, which then uses gemv.cu v3), kept to compare.
 
-Not here yet: int8/int4 weights (a dequantizing GEMV), MLA, a rolling KV buffer (sliding windows use a
-contiguous cache and a mask), batching.
+int8/int4 weights (`from_cpu` of a model loaded with quant=..., or `random(..., quant=...)`): the layer
+matrices stay in minillm.quant's layout on the device (`qweights.QuantMatrix`, uploaded as is); the LM
+head and the embedding stay 16-bit, as on the CPU. Decode runs gemv_quant.cu, which dequantizes in
+registers behind the same v4 fusions (gemv_version 4 only). Prefill widens each quantized matrix into
+one reused 16-bit scratch buffer (the largest matrix: 235 MB for Mistral's gate|up) right before its
+cuBLAS GEMM: ~1.3 extra bytes written per weight per prefill chunk, cheap next to the GEMM at T = 512,
+and the full 16-bit model never exists in memory.
+
+Not here yet: MLA, a rolling KV buffer (sliding windows use a contiguous cache and a mask), batching.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ from ..config import ModelConfig
 from ..kv_cache import CacheBase
 from ..layers import rope_inv_freq
 from .kernels import MAX_FUSED_NORM, Kernels, n_splits_for
+from .qweights import QuantMatrix, is_quantized
 
 DTYPES = ("float16", "bfloat16")
 
@@ -58,11 +66,14 @@ def device_dtype(dtype: str):
 @dataclass
 class GPULayer:
     attn_norm: object   # [dim] fp32
-    wqkv: object        # [(n_heads + 2 n_kv_heads) * hd, dim] 16-bit
+    wqkv: object        # [(n_heads + 2 n_kv_heads) * hd, dim] 16-bit, or a QuantMatrix of that shape
     wo: object          # [dim, n_heads * hd]
     mlp_norm: object    # [dim] fp32
     wgu: object         # [2 * ffn_dim, dim]  (gate rows, then up rows)
     wdown: object       # [dim, ffn_dim]
+
+    def matrices(self) -> list:
+        return [self.wqkv, self.wo, self.wgu, self.wdown]
 
 
 class GPUKVCache(CacheBase):
@@ -80,11 +91,13 @@ class GPUKVCache(CacheBase):
         self.max_seq_len = capacity
         self.length = 0
         self.graph = None
-        self.graph_key = None       # (model, fuse_norm, gemv_version) the graph was captured for
+        self.graph_key = None       # the model and the settings the graph was captured with
 
 
 class GPUTransformer:
     prefill_chunk = 1024      # tokens per prefill pass (bounds the [T, 2 * ffn] fp32 scratch)
+    prefetch_next = False     # v4 decode: each GEMV prefetches the next one's first weights into L2 (its tail);
+                              # measured slower on the H200 (fp16 232 vs 243 tok/s), so off: an experiment to rerun
 
     def __init__(self, config: ModelConfig, layers: list[GPULayer], embed, final_norm, lm_head,
                  dtype: str = "float16", use_graph: bool = True, gemv_version: int = 4, fuse_norm: bool = True,
@@ -95,6 +108,10 @@ class GPUTransformer:
         self.config, self.layers, self.dtype = config, layers, dtype
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         self.use_graph, self.gemv_version = use_graph, gemv_version
+        quantized = [w for L in layers for w in L.matrices() if is_quantized(w)]
+        self.quant = quantized[0].method if quantized else None     # "int8", "int4" or None (16-bit)
+        if quantized and gemv_version < 4:
+            raise ValueError("int8/int4 weights decode with the v4-shaped kernels only (gemv_version=4)")
         self.fuse_norm = fuse_norm          # decode only; v3 (gemv_version < 4) also needs dim <= MAX_FUSED_NORM
         if prefill_attention not in ("tiled", "decode"):
             raise ValueError(f"prefill_attention is 'tiled' or 'decode', not {prefill_attention!r}")
@@ -121,61 +138,79 @@ class GPUTransformer:
         self._alpha = np.ones(1, np.float32)
         self._beta0 = np.zeros(1, np.float32)
         self._beta1 = np.ones(1, np.float32)
+        # prefill widens one quantized matrix at a time into this (the largest matrix's size, reused)
+        largest = max((w.shape[0] * w.shape[1] for w in quantized), default=0)
+        self._dense_scratch = cp.empty(largest, device_dtype(dtype)) if largest else None
         cp.cuda.Device().synchronize()     # uploads and zero-fills ran on the default stream: finish them
 
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
     def from_cpu(cls, model, dtype: str = "float16", **kw) -> "GPUTransformer":
-        """Copy a CPU `minillm.model.Transformer`'s weights to the device as fp16 or bf16."""
+        """Copy a CPU `minillm.model.Transformer`'s weights to the device: 16-bit matrices as fp16 or bf16,
+        int8/int4 ones (minillm.quant) as they are stored; norms fp32; embedding and LM head in `dtype`."""
         cp = _cp()
-        from ..quant import QuantizedWeight
         cfg = model.config
         if cfg.attention != "gqa":
             raise ValueError("the GPU path runs MHA/GQA/MQA models; MLA is CPU-only for now")
-        if any(isinstance(w, QuantizedWeight) for w in (model.layers[0].wq, model.layers[0].w_gate)):
-            raise ValueError("int8/int4 weights are CPU-only for now (the GPU path needs fp16/bf16)")
         dev = lambda a: cp.asarray(to_dtype(np.asarray(a), dtype))
         f32 = lambda a: cp.asarray(to_dtype(np.asarray(a), "float32"))
+
+        def stacked(*parts):                 # q|k|v or gate|up as one matrix (or one matrix alone)
+            from ..quant import QuantizedWeight
+            quantized = [isinstance(w, QuantizedWeight) for w in parts]
+            if all(quantized):
+                return QuantMatrix.upload(list(parts))
+            if any(quantized):
+                raise ValueError("a layer mixes quantized and 16-bit matrices; the GPU path needs one or the other")
+            return dev(np.concatenate(parts) if len(parts) > 1 else parts[0])
+
         layers = [GPULayer(attn_norm=f32(L.attn_norm),
-                           wqkv=dev(np.concatenate([L.wq, L.wk, L.wv])),
-                           wo=dev(L.wo),
+                           wqkv=stacked(L.wq, L.wk, L.wv),
+                           wo=stacked(L.wo),
                            mlp_norm=f32(L.mlp_norm),
-                           wgu=dev(np.concatenate([L.w_gate, L.w_up])),
-                           wdown=dev(L.w_down))
+                           wgu=stacked(L.w_gate, L.w_up),
+                           wdown=stacked(L.w_down))
                   for L in model.layers]
         embed = dev(model.embed)
         lm_head = embed if model.lm_head is model.embed else dev(model.lm_head)
         return cls(cfg, layers, embed, f32(model.final_norm), lm_head, dtype=dtype, **kw)
 
     @classmethod
-    def random(cls, config: ModelConfig, dtype: str = "float16", seed: int = 0, **kw) -> "GPUTransformer":
-        """Random weights of `config`'s shape, made on the device (uniform, variance 1/fan_in): for
-        speed measurements, where the weight values do not matter."""
+    def random(cls, config: ModelConfig, dtype: str = "float16", seed: int = 0, quant: str | None = None,
+               group_size: int = 128, **kw) -> "GPUTransformer":
+        """Random weights of `config`'s shape, made on the device (uniform, variance 1/fan_in; with `quant`,
+        random int8/int4 codes of that spread): for speed measurements, where the values do not matter."""
         cp = _cp()
         kern = Kernels(dtype)
         c, hd = config, config.head_dim
         counter = [seed * 1000]
 
-        def mat(rows, cols):
+        def dense(rows, cols):
             w = cp.empty((rows, cols), dtype=device_dtype(dtype))
             counter[0] += 1
             kern.fill_uniform(w, counter[0], (3.0 / cols) ** 0.5)
             return w
 
+        def mat(rows, cols):                 # a layer matrix: quantized when asked
+            if quant is None:
+                return dense(rows, cols)
+            counter[0] += 1
+            return QuantMatrix.random(quant, rows, cols, kern, group_size, counter[0])
+
         ones = lambda: cp.ones(c.dim, cp.float32)
         layers = [GPULayer(ones(), mat((c.n_heads + 2 * c.n_kv_heads) * hd, c.dim), mat(c.dim, c.n_heads * hd),
                            ones(), mat(2 * c.ffn_dim, c.dim), mat(c.dim, c.ffn_dim))
                   for _ in range(c.n_layers)]
-        embed = mat(c.vocab_size, c.dim)
-        lm_head = embed if c.tie_embeddings else mat(c.vocab_size, c.dim)
+        embed = dense(c.vocab_size, c.dim)
+        lm_head = embed if c.tie_embeddings else dense(c.vocab_size, c.dim)
         cp.cuda.Device().synchronize()
         return cls(config, layers, embed, ones(), lm_head, dtype=dtype, **kw)
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights a decode step reads (every matrix once; the embedding only one row)."""
-        per_layer = sum(w.nbytes for L in self.layers for w in (L.wqkv, L.wo, L.wgu, L.wdown,
-                                                                 L.attn_norm, L.mlp_norm))
+        """Bytes of weights a decode step reads (every matrix once, quantized ones as stored: codes, scales,
+        mins; the embedding only one row)."""
+        per_layer = sum(w.nbytes for L in self.layers for w in L.matrices() + [L.attn_norm, L.mlp_norm])
         return per_layer + self.lm_head.nbytes + self.final_norm.nbytes
 
     def new_cache(self, max_seq_len: int | None = None) -> GPUKVCache:
@@ -222,22 +257,28 @@ class GPUTransformer:
         logits into `self.logits`. No allocation, no host sync, no cuBLAS: capturable."""
         c, k, v = self.config, self.k, self.gemv_version
         hd = c.head_dim
+        if self.quant and v < 4:
+            raise ValueError("int8/int4 weights decode with the v4-shaped kernels only (gemv_version=4)")
         parts = self._decode_parts(cache)
         k.embed(self.step_tokens, self.embed, self.x)                                  # [1, dim]
         if v >= 4:
             # v4: 5 launches a layer. norm+qkv+rope+kv_append | attention (+combine) | o (+residual) |
             # norm+gate_up+swiglu | down (+residual)
+            # Each GEMV can name the next one's weights (nxt, with prefetch_next): its last blocks then
+            # prefetch their start into L2 during the launch gap and the next kernel's ramp.
             x = self.x[0]
+            nxt = (lambda w, halves=False: (w, halves)) if self.prefetch_next else (lambda w, halves=False: None)
             for i, L in enumerate(self.layers):
+                after = self.layers[i + 1].wqkv if i + 1 < len(self.layers) else self.lm_head
                 src, gain = self._norm_input(L.attn_norm)
                 k.gemv_qkv(L.wqkv, src, gain, c.norm_eps, self.qkv[0], self.step_pos, self.inv_freq,
-                           cache.k[i], cache.v[i], c.n_heads, c.n_kv_heads, hd, "qkv")
+                           cache.k[i], cache.v[i], c.n_heads, c.n_kv_heads, hd, "qkv", next_w=nxt(L.wo))
                 k.attention(self.qkv, 1, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], self.step_pos,
                             c.sliding_window, parts, self.attn)                        # [1, n_heads * hd]
-                k.gemv(L.wo, self.attn[0], x, True, v, "o")                            # x += o_proj(attn)
+                k.gemv(L.wo, self.attn[0], x, True, v, "o", next_w=nxt(L.wgu, True))   # x += o_proj(attn)
                 src, gain = self._norm_input(L.mlp_norm)
-                k.gemv_swiglu(L.wgu, src, gain, c.norm_eps, self.act[0], "gate_up")    # [ffn]
-                k.gemv(L.wdown, self.act[0], x, True, v, "down")                       # x += down(act)
+                k.gemv_swiglu(L.wgu, src, gain, c.norm_eps, self.act[0], "gate_up", next_w=nxt(L.wdown))  # [ffn]
+                k.gemv(L.wdown, self.act[0], x, True, v, "down", next_w=nxt(after))     # x += down(act)
             self._norm_gemv(self.x, self.final_norm, self.lm_head, self.logits[None], "lm_head")
             return
         for i, L in enumerate(self.layers):
@@ -283,7 +324,9 @@ class GPUTransformer:
 
     def _graph_for(self, cache: GPUKVCache):
         """The decode step captured as a CUDA graph for this cache (captured on first use)."""
-        key = (self, self._fused(), self.gemv_version)
+        k = self.k
+        key = (self, self._fused(), self.gemv_version, self.prefetch_next, k.quant_flags, k.quant_blocks_per_sm,
+               k.prefetch_next_bytes)
         if cache.graph is None or cache.graph_key != key:
             self._decode_parts(cache)                    # allocate scratch before capturing
             self.stream.begin_capture()
@@ -344,13 +387,15 @@ class GPUTransformer:
         return logits
 
     def gemm(self, a, w, out, accumulate: bool = False) -> None:
-        """out [T, rows] fp32 (+)= a [T, in] (16-bit) @ w [rows, in]ᵀ, on cuBLAS with fp32 accumulation.
+        """out [T, rows] fp32 (+)= a [T, in] (16-bit) @ w [rows, in]ᵀ, on cuBLAS with fp32 accumulation
+        (a quantized w is first widened to 16 bits: `_dense`).
 
         Row-major a and w are column-major aᵀ and wᵀ to cuBLAS, so out (row-major [T, rows] = column-
         major [rows, T]) = op(W) · aᵀ with op = transpose: m = rows, n = T, k = in."""
         cp = _cp()
         from cupy_backends.cuda.libs import cublas
         from cupy.cuda import runtime
+        w = self._dense(w)
         T, n_in = a.shape
         rows = w.shape[0]
         ab_type = runtime.CUDA_R_16F if self.dtype == "float16" else runtime.CUDA_R_16BF
@@ -362,3 +407,13 @@ class GPUTransformer:
                       self._alpha.ctypes.data, w.data.ptr, ab_type, n_in, a.data.ptr, ab_type, n_in,
                       beta.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, rows,
                       cublas.CUBLAS_COMPUTE_32F, -1)        # -1: CUBLAS_GEMM_DEFAULT
+
+    def _dense(self, w):
+        """w itself when 16-bit; a quantized w widened into the shared scratch buffer (valid until the
+        next call: the GEMM that reads it runs first, on the same stream)."""
+        if not is_quantized(w):
+            return w
+        rows, n_in = w.shape
+        out = self._dense_scratch[:rows * n_in].reshape(rows, n_in)
+        self.k.dequantize(w, out)
+        return out

@@ -1,5 +1,8 @@
 """Load `kernels/*.cu` as CuPy RawModules and launch them with documented shapes.
 
+The GEMV launchers take a 16-bit matrix (a CuPy array) or a quantized one (`qweights.QuantMatrix`,
+int8/int4): the same call picks gemv.cu v4 or gemv_quant.cu, with the same fused prologue/epilogues.
+
 Every kernel takes 16-bit weights as raw bits (`cupy.float16`, or `cupy.uint16` holding bf16: the same
 convention as the CPU side's `np.uint16`), fp32 activations, and reads positions and token ids from
 device buffers so that a captured CUDA graph sees new values on each replay. Scalars are passed as
@@ -11,26 +14,43 @@ CUDA-event timings for the selfcheck).
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 
+from .qweights import is_quantized
+
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
-SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "decode_attention", "prefill_attention", "gemv", "embed"]
+SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "decode_attention", "prefill_attention", "gemv", "embed",
+           "gemv_quant"]
 ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
+GQA_THREADS, GQA_MAX_SPLITS = 256, 64  # decode_attention.cu v3 (attention_gqa*): block size, most splits
 V4_WARPS = 4                           # as #defined in gemv.cu (row pairs per block)
 PF_ROWS, PF_THREADS = 32, 128          # as #defined in prefill_attention.cu (query rows, threads per block)
 PF_HDS = (32, 64, 128)                 # its compile-time head_dim bounds (hd <= HD, hd % 4 == 0)
 MAX_FUSED_NORM = 12000                 # gemv_rmsnorm_v3 keeps in floats in shared memory (+ static): < 48 KB
+QWARPS = 8                             # as #defined in gemv_quant.cu (row pairs per block)
+QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
+QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
 
 
 def kernel_source(name: str) -> str:
-    """The text of kernels/NAME.cu with `#include "common.cuh"` pasted in.
+    """The text of kernels/NAME.cu with every `#include "X.cuh"` pasted in (each header once).
 
     Pasting (rather than -I) keeps NVRTC free of include paths and makes CuPy's compile cache,
-    keyed by the source text, notice a change to common.cuh."""
-    common = (KERNEL_DIR / "common.cuh").read_text()
-    return (KERNEL_DIR / f"{name}.cu").read_text().replace('#include "common.cuh"', common)
+    keyed by the source text, notice a change to a header."""
+    return _paste_includes((KERNEL_DIR / f"{name}.cu").read_text(), set())
+
+
+def _paste_includes(text: str, seen: set) -> str:
+    def paste(match) -> str:
+        header = match.group(1)
+        if header in seen:                          # `#pragma once`, done by hand
+            return ""
+        seen.add(header)
+        return _paste_includes((KERNEL_DIR / header).read_text(), seen)
+    return re.sub(r'^#include "([\w.]+\.cuh)"$', paste, text, flags=re.M)
 
 
 def suffix(dtype) -> str:
@@ -60,7 +80,23 @@ def _grid_for(n: int, block: int = 256, cap: int = 132 * 16) -> int:
 
 class Kernels:
     """Launch helpers for one weight dtype ("float16" or "bfloat16"). Every function is fetched at
-    construction, so nothing compiles or loads while a CUDA graph is being captured."""
+    construction, so nothing compiles or loads while a CUDA graph is being captured.
+
+    Tunables (read at each launch; a captured graph keeps the values it was captured with):
+    quant_blocks_per_sm: gemv_quant.cu's grid; quant_flags: its look-ahead prefetch (Q_LOOKAHEAD bits);
+    prefetch_next_bytes: how much of the next GEMV's weights a GEMV prefetches into L2 (0: none)."""
+    # The L2 prefetches are off by default: on the H200 (2026-11-29) every setting tried was 1-12% slower
+    # in a decode graph (lessons/BENCHMARKS.md): the GEMVs are issue- and ramp-bound, not waiting on HBM.
+    quant_blocks_per_sm = QUANT_BLOCKS_PER_SM     # 0: one block per QWARPS row pairs, no looping
+    quant_flags = 0                               # Q_LOOKAHEAD (1): each warp prefetches its next pair
+    quant_version = 2                             # 2: fp16 x, HFMA2 products; 1: fp32 x (plain GEMV only)
+    prefetch_next_bytes = 12 << 20                # with prefetch_next: ~3 µs of HBM time, a gap and a ramp
+    prefetch_tail = 264                           # blocks at the end of a grid that do it (2 per SM)
+    attention_version = 3                         # fused-combine attention: 3 (a block per KV head's group,
+                                                  # adaptive splits) or 2 (a block per query head and split)
+    attention_split_keys = 0                      # v3: fewest keys per split (0: one tile, 64 keys at hd 128)
+    attention_one_wave = True                     # v3: at most as many blocks as SMs (a block per SM fits)
+    attention_flags = 0                           # v3: GQA_HEAVY_FENCE (1): v2's fences around the ticket
 
     def __init__(self, dtype: str = "float16"):
         self.dtype = dtype
@@ -85,12 +121,33 @@ class Kernels:
             "gemv_qkv_v4": get("gemv", f"gemv_qkv_v4_{sfx}"),
             "gemv_rmsnorm_qkv_v4": get("gemv", f"gemv_rmsnorm_qkv_v4_{sfx}"),
             "attention_fused": get("decode_attention", f"attention_fused_{sfx}"),
+            "attention_gqa1": get("decode_attention", f"attention_gqa1_{sfx}"),
+            "attention_gqa2": get("decode_attention", f"attention_gqa2_{sfx}"),
+            "attention_gqa4": get("decode_attention", f"attention_gqa4_{sfx}"),
             "prefill_attention_hd32": get("prefill_attention", f"prefill_attention_hd32_{sfx}"),
             "prefill_attention_hd64": get("prefill_attention", f"prefill_attention_hd64_{sfx}"),
             "prefill_attention_hd128": get("prefill_attention", f"prefill_attention_hd128_{sfx}"),
             "embed": get("embed", f"embed_{sfx}"),
             "cast": get("embed", f"cast_to_{sfx}"),
             "fill_uniform": get("embed", f"fill_uniform_{sfx}"),
+            # int8 / int4 weights (gemv_quant.cu): the v4 variants' names with the method for "v4"
+            "gemv_int8": get("gemv_quant", f"gemv_int8_{sfx}"),
+            "gemv_rmsnorm_int8": get("gemv_quant", f"gemv_rmsnorm_int8_{sfx}"),
+            "gemv_swiglu_int8": get("gemv_quant", f"gemv_swiglu_int8_{sfx}"),
+            "gemv_rmsnorm_swiglu_int8": get("gemv_quant", f"gemv_rmsnorm_swiglu_int8_{sfx}"),
+            "gemv_qkv_int8": get("gemv_quant", f"gemv_qkv_int8_{sfx}"),
+            "gemv_rmsnorm_qkv_int8": get("gemv_quant", f"gemv_rmsnorm_qkv_int8_{sfx}"),
+            "gemv_int4": get("gemv_quant", f"gemv_int4_{sfx}"),
+            "gemv_rmsnorm_int4": get("gemv_quant", f"gemv_rmsnorm_int4_{sfx}"),
+            "gemv_swiglu_int4": get("gemv_quant", f"gemv_swiglu_int4_{sfx}"),
+            "gemv_rmsnorm_swiglu_int4": get("gemv_quant", f"gemv_rmsnorm_swiglu_int4_{sfx}"),
+            "gemv_qkv_int4": get("gemv_quant", f"gemv_qkv_int4_{sfx}"),
+            "gemv_rmsnorm_qkv_int4": get("gemv_quant", f"gemv_rmsnorm_qkv_int4_{sfx}"),
+            "gemv_int8_v1": get("gemv_quant", f"gemv_int8_v1_{sfx}"),     # v1 (fp32 x), plain only: to compare
+            "gemv_int4_v1": get("gemv_quant", f"gemv_int4_v1_{sfx}"),
+            "dequant_int8": get("gemv_quant", f"dequant_int8_{sfx}"),
+            "dequant_int4": get("gemv_quant", f"dequant_int4_{sfx}"),
+            "fill_random_words": get("gemv_quant", "fill_random_words"),
         }
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
@@ -100,6 +157,16 @@ class Kernels:
         self._nil_u16 = cp.zeros(8, cp.uint16)
         self._nil_i32 = cp.zeros(8, cp.int32)
         self.timer = None
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        self.n_sms = props["multiProcessorCount"]
+        self.prefetch_tail = 2 * self.n_sms
+        # gemv_quant.cu stages x in dynamic shared memory: a 14336-wide int8 row needs 72 KB (> the 48 KB
+        # default), so allow each quantized GEMV the device's opt-in maximum once, here, not mid-capture.
+        optin = props.get("sharedMemPerBlockOptin") or cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
+        self.max_quant_smem = optin - 1024                # 97: cudaDevAttrMaxSharedMemoryPerBlockOptin
+        for name, f in self.fn.items():
+            if name.startswith("gemv_") and ("int8" in name or "int4" in name):
+                f.max_dynamic_shared_size_bytes = self.max_quant_smem
 
     def _launch(self, name: str, grid, block, args, label: str = "", shared_mem: int = 0) -> None:
         fn = self.fn[name]
@@ -115,20 +182,24 @@ class Kernels:
         name = "rmsnorm" if out.dtype == np.float32 else "rmsnorm_narrow"
         self._launch(name, (T,), (256,), (x, gain, out, np.int32(dim), np.float32(eps)))
 
-    def gemv(self, w, x, y, accumulate: bool = False, version: int = 2, label: str = "") -> None:
+    def gemv(self, w, x, y, accumulate: bool = False, version: int = 2, label: str = "", next_w=None) -> None:
         """y [rows] fp32 (+)= w [rows, in] · x [in] fp32; in % 8 == 0. `label` names it for the timer.
         version 1, 2 (8 rows a block, one warp a row) or 4 (two rows a warp, 16 loads in flight a lane)."""
         rows, n_in = w.shape
+        if version >= 4 or is_quantized(w):
+            self._v4("gemv_v4", w, x, None, 0.0, y, (rows + 1) // 2, accumulate, label, next_w=next_w)
+            return
         if n_in % 8:
             raise ValueError(f"gemv needs in % 8 == 0, got {n_in}")
-        if version >= 4:
-            self._v4("gemv_v4", w, x, None, 0.0, y, (rows + 1) // 2, accumulate, label)
-            return
         self._launch(f"gemv_v{version}", ((rows + 7) // 8,), (256,),
                      (w, x, y, np.int32(rows), np.int32(n_in), np.int32(1 if accumulate else 0)), label)
 
-    def _v4(self, name, w, x, gain, eps, y, pairs, accumulate=False, label="", qkv=None) -> None:
-        """Launch a gemv.cu v4 variant: one warp per row pair, V4_WARPS pairs a block."""
+    def _v4(self, name, w, x, gain, eps, y, pairs, accumulate=False, label="", qkv=None, next_w=None) -> None:
+        """Launch a gemv.cu v4 variant: one warp per row pair, V4_WARPS pairs a block (or, for a
+        quantized w, the gemv_quant.cu kernel of the same variant)."""
+        if is_quantized(w):
+            self._quant(name, w, x, gain, eps, y, pairs, accumulate, label, qkv, next_w)
+            return
         rows, n_in = w.shape
         if n_in % 8:
             raise ValueError(f"gemv needs in % 8 == 0, got {n_in}")
@@ -143,18 +214,96 @@ class Kernels:
         self._launch(name, ((pairs + V4_WARPS - 1) // V4_WARPS,), (32 * V4_WARPS,),
                      (w, x, self._nil_f32 if gain is None else gain, np.float32(eps), y, np.int32(rows),
                       np.int32(n_in), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos,
-                      inv_freq, np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd)), label)
+                      inv_freq, np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd)) + self._next_args(next_w), label)
 
-    def gemv_swiglu(self, w, x, gain, eps: float, out, label: str = "") -> None:
+    def _quant(self, name, w, x, gain, eps, y, pairs, accumulate=False, label="", qkv=None, next_w=None) -> None:
+        """Launch the gemv_quant.cu twin of v4 variant `name` (gemv_v4, gemv_swiglu_v4, gemv_qkv_v4) for a
+        QuantMatrix w: same arguments and epilogues; x is staged in shared memory, so in is not bound
+        to % 8 (int8 rows are padded to 16 bytes on upload, int4 rows to whole groups by quant.py)."""
+        rows, n_in = w.shape
+        name = name.replace("_v4", f"_{w.method}")
+        if gain is not None:
+            name = name.replace("gemv_", "gemv_rmsnorm_", 1)
+        chunk, sums = QUANT_CHUNK[w.method], (4 * w.n_chunks if w.method == "int4" else 0)
+        if self.quant_version == 1:          # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
+            if name != f"gemv_{w.method}":
+                raise ValueError(f"{name}: the v1 quantized GEMV is kept for plain y = W·x only")
+            name += "_v1"
+            smem = w.n_chunks * (chunk + 4) * 4 + sums
+        else:                                # v2: x as fp16, chunk/2 + 4 words a chunk, 2^-e per chunk (+ Σx)
+            smem = w.n_chunks * (chunk // 2 + 5) * 4 + sums
+        if smem > self.max_quant_smem:
+            raise ValueError(f"{name}: a {n_in}-wide row needs {smem} bytes of shared memory for x "
+                             f"(this device allows {self.max_quant_smem})")
+        cpg = max(1, w.group_size // 32)                       # 16-byte chunks per int4 group
+        shift = cpg.bit_length() - 1 if cpg & (cpg - 1) == 0 else -1
+        if qkv is None:
+            kc = vc = self._nil_u16
+            capacity, pos, inv_freq, n_heads, n_kv_heads, hd = 0, self._nil_i32, self._nil_f32, 0, 0, 0
+        else:
+            kc, vc, pos, inv_freq, n_heads, n_kv_heads, hd = qkv
+            capacity = kc.shape[1]
+        self._launch(name, (self.quant_grid(pairs),), (32 * QWARPS,),
+                     (w.qweight, w.scales, self._nil_u16 if w.mins is None else w.mins, np.int32(w.n_chunks),
+                      np.int32(w.n_groups), np.int32(cpg), np.int32(shift), x,
+                      self._nil_f32 if gain is None else gain, np.float32(eps), np.int32(n_in), np.int32(pairs), y,
+                      np.int32(rows), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos, inv_freq,
+                      np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd), np.int32(self.quant_flags))
+                     + self._next_args(next_w), label, shared_mem=smem)
+
+    def _next_args(self, next_w) -> tuple:
+        """Kernel arguments naming the next GEMV's weights for the L2 prefetch in a GEMV's tail (NextWeights
+        in gemv_epilogue.cuh). next_w: None, a matrix, or (matrix, halves): halves = it is [gate; up],
+        whose two halves the next kernel starts reading at once."""
+        none = (np.uint64(0), np.uint64(0), np.uint64(0), np.uint64(0), np.int32(0))
+        w, halves = next_w if isinstance(next_w, tuple) else (next_w, False)
+        a = w.qweight if is_quantized(w) else w
+        ptr = getattr(getattr(a, "data", None), "ptr", None)          # None: not a device array (a stand-in)
+        if w is None or ptr is None or not self.prefetch_next_bytes:
+            return none
+        tail = np.int32(self.prefetch_tail)
+        if halves:
+            half = a.nbytes // 2
+            n = np.uint64(min(half, self.prefetch_next_bytes // 2))
+            return np.uint64(ptr), n, np.uint64(ptr + half), n, tail
+        return np.uint64(ptr), np.uint64(min(a.nbytes, self.prefetch_next_bytes)), np.uint64(0), np.uint64(0), tail
+
+    def quant_grid(self, pairs: int) -> int:
+        """Blocks for a quantized GEMV over `pairs` row pairs: about quant_blocks_per_sm per SM, each warp
+        taking the same number of pairs in turn (0: one pair per warp, as v4 does)."""
+        need = -(-pairs // QWARPS)
+        if not self.quant_blocks_per_sm:
+            return need
+        per_warp = -(-need // (self.quant_blocks_per_sm * self.n_sms))
+        return -(-need // per_warp)
+
+    def dequantize(self, w, out) -> None:
+        """out [rows, in] (16-bit, the weight dtype) = the QuantMatrix w, widened for prefill's cuBLAS GEMM."""
+        rows, n_in = w.shape
+        if out.shape != (rows, n_in):
+            raise ValueError(f"dequantize: w {w.shape}, out {out.shape}")
+        mins = self._nil_u16 if w.mins is None else w.mins
+        self._launch(f"dequant_{w.method}", (_grid_for(rows * -(-n_in // 8), cap=132 * 32),), (256,),
+                     (w.qweight, w.scales, mins, np.int32(w.qweight.shape[1]), np.int32(w.n_groups),
+                      np.int32(max(1, w.group_size)), out, np.int32(rows), np.int32(n_in)))
+
+    def fill_random_words(self, out, seed: int) -> None:
+        """Random bits into any device array whose size is whole 32-bit words (random int8/int4 codes)."""
+        if out.nbytes % 4:
+            raise ValueError("fill_random_words: the array must be whole 32-bit words")
+        n = out.nbytes // 4
+        self._launch("fill_random_words", (_grid_for(n, cap=132 * 64),), (256,), (out, np.uint64(n), np.uint32(seed)))
+
+    def gemv_swiglu(self, w, x, gain, eps: float, out, label: str = "", next_w=None) -> None:
         """out [ffn] fp32 = silu(g) · u, [g; u] = w [2 ffn, in] · x, with x = rmsnorm(x, gain) when gain is
         not None (v4: the gate/up vector never reaches memory)."""
         rows = w.shape[0]
         if rows % 2 or out.shape != (rows // 2,):
             raise ValueError(f"gemv_swiglu: w has {rows} rows (gate; up), out {out.shape}")
-        self._v4("gemv_swiglu_v4", w, x, gain, eps, out, rows // 2, label=label)
+        self._v4("gemv_swiglu_v4", w, x, gain, eps, out, rows // 2, label=label, next_w=next_w)
 
     def gemv_qkv(self, w, x, gain, eps: float, qkv, pos, inv_freq, k_cache, v_cache, n_heads: int,
-                 n_kv_heads: int, head_dim: int, label: str = "") -> None:
+                 n_kv_heads: int, head_dim: int, label: str = "", next_w=None) -> None:
         """One decode token: qkv [width] fp32 = w · x (x = rmsnorm(x, gain) when gain is not None), RoPE on
         the q and k heads at position pos[0], k and v into k_cache, v_cache [n_kv_heads, capacity, hd]
         (one layer) at pos[0]: rmsnorm + GEMV + rope + kv_append in one v4 launch."""
@@ -162,14 +311,14 @@ class Kernels:
         if rows != (n_heads + 2 * n_kv_heads) * head_dim or head_dim % 2 or qkv.shape != (rows,):
             raise ValueError(f"gemv_qkv: w {w.shape}, qkv {qkv.shape}, heads {n_heads}+2x{n_kv_heads} x {head_dim}")
         self._v4("gemv_qkv_v4", w, x, gain, eps, qkv, rows // 2, label=label,
-                 qkv=(k_cache, v_cache, pos, inv_freq, n_heads, n_kv_heads, head_dim))
+                 qkv=(k_cache, v_cache, pos, inv_freq, n_heads, n_kv_heads, head_dim), next_w=next_w)
 
-    def gemv_rmsnorm(self, w, x, gain, eps: float, y, label: str = "", version: int = 3) -> None:
+    def gemv_rmsnorm(self, w, x, gain, eps: float, y, label: str = "", version: int = 3, next_w=None) -> None:
         """y [rows] fp32 = w [rows, in] · rmsnorm(x [in] fp32, gain [in] fp32): the norm fused in.
         version 3: a block reduction into shared memory (in <= MAX_FUSED_NORM); 4: each warp sums x² itself."""
         rows, n_in = w.shape
-        if version >= 4:
-            self._v4("gemv_v4", w, x, gain, eps, y, (rows + 1) // 2, label=label)
+        if version >= 4 or is_quantized(w):
+            self._v4("gemv_v4", w, x, gain, eps, y, (rows + 1) // 2, label=label, next_w=next_w)
             return
         if n_in % 8 or n_in > MAX_FUSED_NORM:
             raise ValueError(f"gemv_rmsnorm needs in % 8 == 0 and in <= {MAX_FUSED_NORM}, got {n_in}")
@@ -196,7 +345,9 @@ class Kernels:
 
         parts = (m [T, H, S], l [T, H, S], acc [T, H, S, hd]) fp32 scratch; S = n_splits is parts' last
         dim. Query t sits at pos[0] + t; window None or 0 = full causal. A fourth element, counters
-        [T, H] uint32 zero-filled (and left zero), selects the one-launch kernel with the combine fused."""
+        [T, H] uint32 zero-filled (and left zero), selects a one-launch kernel with the combine fused:
+        v3 (attention_version 3, head_dim % 8 == 0): a block per KV head and split for the whole GQA
+        group, S the most splits (<= 64), fewer at run time when the context is short; else v2."""
         if head_dim > MAX_HD:
             raise ValueError(f"head_dim {head_dim} > {MAX_HD}")
         part_m, part_l, part_acc = parts[:3]
@@ -204,14 +355,29 @@ class Kernels:
         capacity = k_cache.shape[1]
         args = (qkv, np.int32(qkv.shape[-1]), k_cache, v_cache, np.int32(capacity), np.int32(n_heads),
                 np.int32(n_kv_heads), np.int32(head_dim), pos, np.int32(window or 0),
-                np.float32(1.0 / math.sqrt(head_dim)), part_m, part_l, part_acc)
-        if len(parts) == 4:              # v2: the combine fused into the last split block (parts[3]: counters)
+                np.float32(1.0 / math.sqrt(head_dim)))
+        scratch = (part_m, part_l, part_acc)
+        if len(parts) == 4:              # the combine fused into the last split block (parts[3]: counters)
             counters = parts[3]
             if counters.dtype != np.uint32 or counters.size < n_tokens * n_heads:
                 raise ValueError("attention counters: uint32 [T, n_heads], zero-filled")
-            self._launch("attention_fused", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,), args + (counters, out))
+            if self.attention_version >= 3 and head_dim % 8 == 0 and n_heads % n_kv_heads == 0:
+                if n_splits > GQA_MAX_SPLITS:
+                    raise ValueError(f"attention v3: at most {GQA_MAX_SPLITS} splits, got {n_splits}")
+                group = n_heads // n_kv_heads
+                gm = group if group <= 2 else 4                     # query heads per block (1, 2 or 4)
+                blocks = n_kv_heads * -(-group // gm)
+                most = n_splits                                     # a second wave of blocks would double the time
+                if self.attention_one_wave:
+                    most = max(1, min(n_splits, getattr(self, "n_sms", 132) // blocks))
+                self._launch(f"attention_gqa{gm}", (blocks, n_splits, n_tokens), (GQA_THREADS,),
+                             args + (np.int32(self.attention_split_keys), np.int32(most), np.int32(self.attention_flags))
+                             + scratch + (counters, out))
+                return
+            self._launch("attention_fused", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,),
+                         args + scratch + (counters, out))
             return
-        self._launch("attention_split", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,), args)
+        self._launch("attention_split", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,), args + scratch)
         self._launch("attention_combine", (n_heads, n_tokens), (128,),
                      (part_m, part_l, part_acc, out, np.int32(n_heads), np.int32(head_dim), np.int32(n_splits)))
 
@@ -260,7 +426,9 @@ class Kernels:
 
 
 def n_splits_for(n_heads: int, capacity: int, n_sms: int = 132) -> int:
-    """Flash-decoding splits: enough (head, split) blocks to cover the SMs about 4 times, but never
-    splits shorter than 16 keys at full capacity."""
+    """Flash-decoding splits, the most a launch may use (the scratch's S): enough (head, split) blocks
+    to cover the SMs about 4 times, at most 64, but never splits shorter than 16 keys at full capacity.
+    Attention v3 uses only ceil(keys / 64) of them (hd 128) while the context is short: the kernel
+    decides at each launch from the current length, so a captured graph stays right."""
     want = math.ceil(4 * n_sms / n_heads)
-    return int(max(1, min(want, 64, math.ceil(capacity / 16))))
+    return int(max(1, min(want, GQA_MAX_SPLITS, math.ceil(capacity / 16))))

@@ -101,6 +101,14 @@ def kernel_checks(quick: bool) -> None:
             ("swiglu -> fp32", lambda: checks.check_swiglu(k, 1, 14336, False)),
             ("swiglu -> 16-bit", lambda: checks.check_swiglu(k, 4, 1536, True)),
             ("embed + cast", lambda: checks.check_embed_cast(k, 300, 72)),
+            ("gemv int8 257x4096 accumulate", lambda: checks.check_gemv(k, 257, 4096, 4, True, quant="int8")),
+            ("gemv int4 g128 64x14336", lambda: checks.check_gemv(k, 64, 14336, 4, quant="int4")),
+            ("gemv int4 g128 13x200 (padded group)", lambda: checks.check_gemv(k, 13, 200, 4, quant="int4")),
+            ("gemv+rmsnorm+swiglu int8 ffn 300 in 4096", lambda: checks.check_gemv_swiglu(k, 300, 4096, True, quant="int8")),
+            ("gemv+rmsnorm+swiglu int4 ffn 1000 in 576", lambda: checks.check_gemv_swiglu(k, 1000, 576, True, quant="int4")),
+            ("gemv+rmsnorm+qkv+rope+kv int8 32+8x128", lambda: checks.check_gemv_qkv(k, 32, 8, 128, 4096, 4000, 4100, True, quant="int8")),
+            ("gemv+rmsnorm+qkv+rope+kv int4 9+3x64", lambda: checks.check_gemv_qkv(k, 9, 3, 64, 576, 17, 40, True, quant="int4")),
+            ("dequantize int4 g32 512x4096", lambda: checks.check_dequantize(k, "int4", 512, 4096, 32)),
         ]
         if quick:
             cases = cases[::2]
@@ -129,6 +137,14 @@ def model_checks(quick: bool) -> None:
                     err, tol = checks.check_model_logits(kind, dtype, fuse_norm=fuse, gemv_version=version)
                     verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
                 guarded(label, one)
+        for kind in ("gqa", "mistral"):
+            for quant in ("int8", "int4"):
+                label = f"{SHORT[dtype]} logits {kind} {quant} weights"
+
+                def q(kind=kind, dtype=dtype, label=label, quant=quant):
+                    err, tol = checks.check_model_logits(kind, dtype, fuse_norm=True, quant=quant)
+                    verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
+                guarded(label, q)
         for kind in ("gqa", "mistral"):
             label = f"{SHORT[dtype]} logits {kind} old prefill attention"
 
@@ -454,10 +470,16 @@ def bench_hf(cfg: ModelConfig, n_new: int, prompt_len: int, ttft_len: int, bw: f
 
 
 def run_bench(config: ModelConfig, label: str, dtype: str = "float16", n_new: int = 128, prompt_len: int = 16,
-              ttft_len: int = 512, peer: bool = True) -> int:
-    """`minillm bench --device cuda`: the benchmark part alone, for any model shape, then HF on the same shape."""
+              ttft_len: int = 512, peer: bool = True, quant: str | None = None, group_size: int = 128) -> int:
+    """`minillm bench --device cuda`: the benchmark part alone, for any model shape, then HF on the same shape
+    (HF in fp16 also next to int8/int4: eager transformers has no int8/int4 kernels of its own)."""
     import cupy as cp
-    bench(False, dtype, n_new, prompt_len, ttft_len, config=config, label=label)
+    if quant:
+        from .qbench import bench_quant
+        bench_quant(config, label, quant, dtype, n_new, prompt_len, ttft_len, group_size,
+                    show_targets=config == bench_config(False))
+    else:
+        bench(False, dtype, n_new, prompt_len, ttft_len, config=config, label=label)
     if peer:
         cp.get_default_memory_pool().free_all_blocks()
         try:

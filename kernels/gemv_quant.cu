@@ -1,0 +1,708 @@
+// gemv_quant.cu: y = W·x for weight-only quantized W (int8 per row, int4 in groups), dequantized in registers.
+//
+// CPU reference: minillm.quant (Int8Weight / Int4Weight .dequantize(), then the matmul in
+// QuantizedWeight.matmul). Decode at batch 1 reads every weight byte once per token, so the bytes are the
+// time: int8 reads half of fp16's bytes, int4 in groups of 128 a little over a quarter. The catch is the
+// arithmetic: at 4 TB/s, int4 is 8·10¹² weights a second, a quarter of the H200's fp32 issue rate, so
+// turning a code into a float must cost one or two instructions, not a conversion unit's eight.
+//
+// The layouts are minillm/quant.py's, uploaded as they are:
+//   int8: q int8 [rows, in16] (in16 = in rounded up to 16 by the uploader; the extra columns meet x = 0),
+//         scales fp32 [rows]:                  W[r, k] = q[r, k] · scale[r]
+//   int4: q uint8 [rows, in_padded / 2], byte j = element 2j (low nibble) | element 2j+1 (high nibble) << 4,
+//         scales, mins fp16 [rows, in_padded / g] (g a multiple of 32):
+//                                              W[r, k] = q[r, k] · scale[r, k / g] + min[r, k / g]
+//   A 16-byte load is 16 int8 or 32 int4 weights of one row ("a chunk"); with g % 32 == 0 an int4 chunk
+//   never straddles two groups, so it needs one scale and one min.
+//
+// v1 (gemv_int8_v1_*, gemv_int4_v1_*: plain y = W·x only, kept to compare) is gemv.cu v4's structure with
+// a dequantizing inner loop: one warp per row pair, 16-byte streaming loads (several in flight per lane
+// before any arithmetic), fp32 accumulation, one warp-shuffle reduction, and the same prologue/epilogues
+// (RMSNorm fused in; plain / + residual, SwiGLU, RoPE + KV append: gemv_epilogue.cuh). What is new:
+//  - Dequantization by bit tricks on fp16 (no <cuda_fp16.h>: common.cuh): a byte or a nibble OR-ed under
+//    the fp16 exponent of 1024 (0x6400) reads as 1024 + code; one f16x2 subtraction (or fused
+//    multiply-add, for a high nibble, which reads as 1024 + 16·code) leaves the code as an exact small
+//    float, two at a time. Per weight that is ~1 integer/half instruction, one fp16->fp32 widening and
+//    one FMA, all exact: the only rounding is fp32 accumulation, as in the fp16 kernel.
+//  - int4: Σ_k (q·s + m)·x_k over a chunk = s·Σ q·x + m·Σ x, so the min costs one FMA per chunk and row,
+//    given Σ x of the chunk, which the block computes once (x is shared by all rows).
+//  - x (times the norm gain when fused) is staged in shared memory once per block. A lane's chunk needs
+//    64 (int8) or 128 (int4) bytes of x; read from global memory, one such float4 load across a warp would
+//    touch 16 or 32 cache lines. In shared memory, padding each chunk of x by 4 floats makes the same
+//    reads conflict-free (32 consecutive chunks start in 32 different 4-bank groups... eight per phase).
+//  - Blocks loop over row pairs (the launcher sizes the grid to ~2 blocks per SM), so x is staged a few
+//    hundred times per matrix instead of once per 16 rows. The first pair's rows are prefetched into L2
+//    before the staging. Optionally (flags: Q_LOOKAHEAD) each warp also prefetches its next pair while it
+//    computes this one (cp.async.bulk.prefetch: no registers held). Measured on the H200 that was 1-3%
+//    slower (lessons/BENCHMARKS.md), so the launcher leaves it off.
+//
+// Where v1 stood (H200, Mistral-7B shapes, in a CUDA graph): int8 2.3-2.8 TB/s on gate_up/down but
+// 1.6-1.7 on qkv/o; int4 1.0-1.8 TB/s. The compiled loop spends ~4.2 (int8) and ~5.2 (int4) instructions
+// per weight against the ~4 that 4 TB/s leaves at int4 (lesson 14), and all warps of an SM load, then
+// compute, in step. What would close the gap: the products on tensor cores (mma.sync with the codes
+// widened to fp16 in the A fragment, x as B: no per-weight widening or FMA), and loads of the next step
+// issued before the current step's arithmetic (register double-buffering).
+//
+// v2 (every other kernel here: the decode step's) keeps v1's structure and cuts the instructions per weight:
+// the products are done two at a time in fp16 (HFMA2) and only a chunk's sum is widened to fp32.
+//  - x is staged in shared memory as fp16 (half of v1's bytes: shared-memory bandwidth was near its limit at
+//    int4 rates), each chunk of C values scaled by its own power of two 2^e_c and stored in the order the
+//    dequantizer produces code pairs: (x0, x2), (x1, x3) per 4 for int8; (x0, x4) .. (x3, x7) per 8 for int4;
+//    then 16 bytes of padding a chunk (conflict-free 16-byte reads, as in v1).
+//  - Per 16-byte chunk and row: the codes become exact f16x2 pairs (v1's bit tricks; int4 centred, n - 8),
+//    HFMA2 with the x pairs into one f16x2 partial (8 instructions for 16 int8 weights, 16 for 32 int4),
+//    then the two halves are widened, added and multiplied by 2^-e_c into the fp32 accumulator; the row's
+//    scale (int8), or the group's scale and (min + 8·scale)·Σx (int4, Σx of the chunk in fp32 from the
+//    unrounded x), are applied in fp32.
+//  - int4's (w & mask) | 0x6400 is one LOP3 (inline PTX; as C it compiled to two), and its scale/min
+//    addresses are 32-bit offsets from the arrays' bases.
+// Per weight (the compiled inner loop, sm_90 SASS, counted statically over one step of the loop):
+// int8 4.0 -> 2.8 instructions, int4 5.1 -> 2.9.
+// Precision (why fp16 products are honest here). A chunk's partial is Σ code·x over 16 (int8) or 32 (int4)
+// weights, each half of the f16x2 summing 8 or 16 of them. The codes are exact; x·2^e_c is rounded to fp16
+// once (relative error <= 2^-11) and each HFMA2 rounds the running half-sum (by <= 2^-11 of it). The scaling
+// (largest |x| of the chunk in [16, 32)) is exact, keeps every partial below 2^15 (<= 8·128·32 for int8,
+// 16·8·32 for int4): no overflow whatever the activations' range, and x's smaller elements stay normal
+// fp16 numbers down to 2^-18 of the chunk's largest. Centring int4's codes matters: Σ n·x carries 7.5·Σx,
+// which the min cancels later, and fp16 rounds relative to the partial's size (3x the error uncentred).
+// Measured against the same quantized weights with exact x (an emulation of this arithmetic over the tests'
+// shapes, and the H200): at most ~1.4e-3 of the output's largest |value| (tests/test_cuda_quant.py QUANT_TOL
+// = 3e-3); on the H200, 3-8e-4 (v1: 2e-7). The quantization itself moves a 257x4096 GEMV's output by 1.4e-2
+// (int8) and 1.1e-1 (int4) of that scale: 26x and 160x what the fp16 products add. Whole small models,
+// GPU vs CPU, stay within the fp16 model tolerance (5e-3; emulated: 1.0-1.6e-3 from this alone).
+//
+// Where v2 stands (H200, 2026-11-29, Mistral-7B shapes, µs a launch in a CUDA graph over the 32 layers'
+// matrices; v1 -> v2, plain y = W·x):
+//     int8: qkv 13.2 -> 12.1, o 10.8 -> 9.9, gate_up 34.2 -> 32.5 (3.6 TB/s), down 25.4 -> 22.8
+//     int4: qkv 11.6 -> 9.8,  o 8.4 -> 8.0,  gate_up 31.5 -> 23.8 (2.6 TB/s), down 22.3 -> 18.2
+// int4's large matrices gain 18-24%, int8's 5-10%: int8 was less issue-bound than counted. What remains is
+// mostly not arithmetic: the small matrices (qkv, o: 9-17 MB) sit at an 8-12 µs floor of launch, staging x
+// and one HBM round trip whatever their bytes, and a warp's steps still load, then compute, in turn (int4
+// down: 448 chunks a row in 4 sequential steps of 4). Next: register double-buffering of the steps,
+// and fewer, larger launches (o_proj in attention's epilogue; a persistent per-layer kernel).
+#include "gemv_epilogue.cuh"
+
+#define Q_WARPS 8           // row pairs in flight per block (block = 256 threads)
+
+// ---- dequantization: codes -> exact small floats ---------------------------------------------------------
+__device__ __forceinline__ unsigned int hsub2(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+__device__ __forceinline__ unsigned int hfma2(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+#define F16X2_1024 0x64006400u       // (1024, 1024)
+#define F16X2_1152 0x64806480u       // (1152, 1152) = 1024 + 128
+#define F16X2_SIXTEENTH 0x2C002C00u  // (1/16, 1/16)
+#define F16X2_MINUS_64 0xD400D400u   // (-64, -64)
+
+// acc + Σ of 4 int8 weights (one 32-bit word, element 0 in the low byte) times x.x .. x.w.
+// Flipping each byte's sign bit gives b + 128 in 0..255; under the exponent of 1024 that reads 1152 + b.
+__device__ __forceinline__ float dot4_i8(unsigned int w, float4 x, float acc) {
+    unsigned int u = w ^ 0x80808080u;
+    unsigned int b02 = hsub2(__byte_perm(u, 0x64646464u, 0x4240), F16X2_1152);   // (b0, b2)
+    unsigned int b13 = hsub2(__byte_perm(u, 0x64646464u, 0x4341), F16X2_1152);   // (b1, b3)
+    acc = fmaf(F16::lo(b02), x.x, acc);
+    acc = fmaf(F16::lo(b13), x.y, acc);
+    acc = fmaf(F16::hi(b02), x.z, acc);
+    acc = fmaf(F16::hi(b13), x.w, acc);
+    return acc;
+}
+
+// acc + Σ of 8 int4 codes (one 32-bit word: nibble i, bits 4i..4i+3, is element i) times xa (elements
+// 0..3) and xb (4..7). Masking nibbles 0 and 4 into the two halves gives (1024 + n0, 1024 + n4); nibbles
+// 1 and 5 sit 4 bits higher and read (1024 + 16·n1, 1024 + 16·n5): /16 - 64 gives n1, n5 exactly.
+__device__ __forceinline__ float dot8_i4(unsigned int w, float4 xa, float4 xb, float acc) {
+    unsigned int n04 = hsub2((w & 0x000F000Fu) | F16X2_1024, F16X2_1024);
+    unsigned int n15 = hfma2((w & 0x00F000F0u) | F16X2_1024, F16X2_SIXTEENTH, F16X2_MINUS_64);
+    w >>= 8;
+    unsigned int n26 = hsub2((w & 0x000F000Fu) | F16X2_1024, F16X2_1024);
+    unsigned int n37 = hfma2((w & 0x00F000F0u) | F16X2_1024, F16X2_SIXTEENTH, F16X2_MINUS_64);
+    acc = fmaf(F16::lo(n04), xa.x, acc);
+    acc = fmaf(F16::lo(n15), xa.y, acc);
+    acc = fmaf(F16::lo(n26), xa.z, acc);
+    acc = fmaf(F16::lo(n37), xa.w, acc);
+    acc = fmaf(F16::hi(n04), xb.x, acc);
+    acc = fmaf(F16::hi(n15), xb.y, acc);
+    acc = fmaf(F16::hi(n26), xb.z, acc);
+    acc = fmaf(F16::hi(n37), xb.w, acc);
+    return acc;
+}
+
+// ---- staging x in shared memory ------------------------------------------------------------------------
+// x (times gain when NORM) -> xs, chunk c of C floats at xs[c * (C + 4)], zeros from `in` up to the padded
+// width n_chunks · C. Returns Σ x² (NORM; every thread must call: block barriers inside).
+template <int C, bool NORM>
+__device__ __forceinline__ float stage_x(const float* __restrict__ x, const float* __restrict__ gain, int in,
+                                         int n_chunks, float* __restrict__ xs) {
+    int n4 = n_chunks * (C / 4);
+    bool vec = (in & 3) == 0;              // whole float4s (x itself is 16-byte aligned: a CuPy allocation)
+    float ss = 0.0f;
+#pragma unroll 4
+    for (int i4 = threadIdx.x; i4 < n4; i4 += blockDim.x) {
+        int i = 4 * i4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f), g = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        if (vec) {
+            if (i < in) {
+                v = reinterpret_cast<const float4*>(x)[i4];
+                if (NORM) g = reinterpret_cast<const float4*>(gain)[i4];
+            }
+        } else {
+            if (i < in) { v.x = x[i]; if (NORM) g.x = gain[i]; }
+            if (i + 1 < in) { v.y = x[i + 1]; if (NORM) g.y = gain[i + 1]; }
+            if (i + 2 < in) { v.z = x[i + 2]; if (NORM) g.z = gain[i + 2]; }
+            if (i + 3 < in) { v.w = x[i + 3]; if (NORM) g.w = gain[i + 3]; }
+        }
+        if (NORM) {
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            v.x *= g.x; v.y *= g.y; v.z *= g.z; v.w *= g.w;
+        }
+        *reinterpret_cast<float4*>(xs + (i / C) * (C + 4) + (i % C)) = v;
+    }
+    if (NORM) ss = block_sum(ss);
+    __syncthreads();
+    return ss;
+}
+
+// Row pair p's weights into L2 (one bulk prefetch a row, by lane 0) and, for int4, its rows' scales and mins
+// (lanes 1-4, a 128-byte line at a time): issued a pair or two ahead, the loads of pair p then hit L2.
+template <int EPI, bool INT4>
+__device__ __forceinline__ void prefetch_pair(int p, int pairs, int rows, int hd, const uint4* qw, int n_chunks,
+                                              const void* scales, const u16* mins, int n_groups) {
+    RowPair r;
+    if (p >= pairs || !row_pair<EPI>(p, rows, hd, r)) return;
+    int lane = threadIdx.x & 31;
+    if (lane == 0) {
+        prefetch_l2(qw + (size_t)r.ra * n_chunks, (unsigned int)n_chunks * 16u);
+        if (r.rb != r.ra) prefetch_l2(qw + (size_t)r.rb * n_chunks, (unsigned int)n_chunks * 16u);
+    } else if (INT4 && lane <= 4) {
+        const u16* base = lane <= 2 ? static_cast<const u16*>(scales) : mins;
+        const char* row = reinterpret_cast<const char*>(base + (size_t)((lane & 1) ? r.ra : r.rb) * n_groups);
+        for (int off = 0; off < 2 * n_groups; off += 128)
+            asm volatile("prefetch.global.L2 [%0];" :: "l"(row + off));
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(row + 2 * n_groups - 1));   // the last line
+    }
+}
+
+// ---- the two formats: a row pair's dot products --------------------------------------------------------
+struct Int8Rows {
+    static constexpr int C = 16;           // weights (and floats of x) per 16-byte chunk
+    static constexpr int U = 8;            // chunks in flight per lane per row (x 2 rows: 4 KB a warp)
+    static constexpr bool CHUNK_SUMS = false;
+
+    // x -> shared memory (returns Σ x² for the norm): v1 keeps it fp32, C + 4 floats a chunk
+    template <bool NORM>
+    static __device__ __forceinline__ float stage(const float* x, const float* gain, int in, int n_chunks, float* smem) {
+        return stage_x<C, NORM>(x, gain, in, n_chunks, smem);
+    }
+
+    // acc_a, acc_b = Σ_k W[r, k]·xs[k] for r = ra, rb (every lane gets them)
+    static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales, const u16* mins,
+                                               int n_chunks, int n_groups, int cpg, int cpg_shift,
+                                               const float* xs, int ra, int rb, float& acc_a, float& acc_b) {
+        int lane = threadIdx.x & 31;
+        float s_a = static_cast<const float*>(scales)[ra], s_b = static_cast<const float*>(scales)[rb];
+        const uint4* wa = qw + (size_t)ra * n_chunks;
+        const uint4* wb = qw + (size_t)rb * n_chunks;
+        float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f;            // two chains a row: more in flight
+        for (int base = 0; base < n_chunks; base += 32 * U) {
+            uint4 va[U], vb[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) { va[u] = ld_stream(wa + i); vb[u] = ld_stream(wb + i); }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) {
+                    const float4* x4 = reinterpret_cast<const float4*>(xs + i * (C + 4));
+                    float4 x0 = x4[0], x1 = x4[1], x2 = x4[2], x3 = x4[3];
+                    a0 = dot4_i8(va[u].x, x0, a0); b0 = dot4_i8(vb[u].x, x0, b0);
+                    a1 = dot4_i8(va[u].y, x1, a1); b1 = dot4_i8(vb[u].y, x1, b1);
+                    a0 = dot4_i8(va[u].z, x2, a0); b0 = dot4_i8(vb[u].z, x2, b0);
+                    a1 = dot4_i8(va[u].w, x3, a1); b1 = dot4_i8(vb[u].w, x3, b1);
+                }
+            }
+        }
+        acc_a = warp_sum(a0 + a1) * s_a;
+        acc_b = warp_sum(b0 + b1) * s_b;
+    }
+};
+
+struct Int4Rows {
+    static constexpr int C = 32;
+    static constexpr int U = 4;            // x 2 rows x 16 bytes: 4 KB a warp; a 4096-wide row is one step
+    static constexpr bool CHUNK_SUMS = true;
+
+    // x -> shared memory as fp32, then Σ x of each chunk after it (the min's term)
+    template <bool NORM>
+    static __device__ __forceinline__ float stage(const float* x, const float* gain, int in, int n_chunks, float* smem) {
+        float ss = stage_x<C, NORM>(x, gain, in, n_chunks, smem);
+        float* xsum = smem + (size_t)n_chunks * (C + 4);
+        for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+            const float4* x4 = reinterpret_cast<const float4*>(smem + c * (C + 4));
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < C / 4; k++) {
+                float4 v = x4[k];
+                s += (v.x + v.y) + (v.z + v.w);
+            }
+            xsum[c] = s;
+        }
+        __syncthreads();
+        return ss;
+    }
+
+    static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales,
+                                               const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
+                                               int cpg_shift, const float* xs, int ra, int rb,
+                                               float& acc_a, float& acc_b) {
+        int lane = threadIdx.x & 31;
+        const float* xsum = xs + (size_t)n_chunks * (C + 4);
+        const u16* sa = static_cast<const u16*>(scales) + (size_t)ra * n_groups;
+        const u16* sb = static_cast<const u16*>(scales) + (size_t)rb * n_groups;
+        const u16* ma = mins + (size_t)ra * n_groups;
+        const u16* mb = mins + (size_t)rb * n_groups;
+        const uint4* wa = qw + (size_t)ra * n_chunks;
+        const uint4* wb = qw + (size_t)rb * n_chunks;
+        acc_a = 0.0f;
+        acc_b = 0.0f;
+        for (int base = 0; base < n_chunks; base += 32 * U) {
+            uint4 va[U], vb[U];
+            u16 s_a[U], m_a[U], s_b[U], m_b[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {                              // weights, scales and mins all in flight
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) {
+                    va[u] = ld_stream(wa + i);
+                    vb[u] = ld_stream(wb + i);
+                    int g = cpg_shift >= 0 ? i >> cpg_shift : i / cpg;   // the chunk's group
+                    s_a[u] = sa[g]; m_a[u] = ma[g]; s_b[u] = sb[g]; m_b[u] = mb[g];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) {
+                    const float4* x4 = reinterpret_cast<const float4*>(xs + i * (C + 4));
+                    float pa0 = 0.0f, pa1 = 0.0f, pb0 = 0.0f, pb1 = 0.0f;   // Σ q·x over the chunk
+                    float4 xa = x4[0], xb = x4[1];
+                    pa0 = dot8_i4(va[u].x, xa, xb, pa0); pb0 = dot8_i4(vb[u].x, xa, xb, pb0);
+                    xa = x4[2]; xb = x4[3];
+                    pa1 = dot8_i4(va[u].y, xa, xb, pa1); pb1 = dot8_i4(vb[u].y, xa, xb, pb1);
+                    xa = x4[4]; xb = x4[5];
+                    pa0 = dot8_i4(va[u].z, xa, xb, pa0); pb0 = dot8_i4(vb[u].z, xa, xb, pb0);
+                    xa = x4[6]; xb = x4[7];
+                    pa1 = dot8_i4(va[u].w, xa, xb, pa1); pb1 = dot8_i4(vb[u].w, xa, xb, pb1);
+                    float X = xsum[i];                                      // Σ x over the chunk
+                    acc_a = fmaf(F16::to_float(s_a[u]), pa0 + pa1, fmaf(F16::to_float(m_a[u]), X, acc_a));
+                    acc_b = fmaf(F16::to_float(s_b[u]), pb0 + pb1, fmaf(F16::to_float(m_b[u]), X, acc_b));
+                }
+            }
+        }
+        acc_a = warp_sum(acc_a);
+        acc_b = warp_sum(acc_b);
+    }
+};
+
+// ---- v2: x in fp16, two products per instruction (HFMA2), one fp32 widening per chunk ----------------------
+// f16x2 helpers (the codes' bit tricks above give exact f16x2 pairs)
+__device__ __forceinline__ unsigned int pack_f16x2(float lo, float hi) {
+    unsigned int d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));   // d.hi = first source, d.lo = second
+    return d;
+}
+
+// the f16x2 partial's two halves, widened and added in fp32
+__device__ __forceinline__ float f16x2_sum(unsigned int p) { return F16::lo(p) + F16::hi(p); }
+
+// acc + (b0, b2)·(x0, x2) + (b1, b3)·(x1, x3), in f16x2: 4 int8 weights (one word) against their x pairs
+__device__ __forceinline__ unsigned int dot4_i8_h2(unsigned int w, unsigned int x02, unsigned int x13,
+                                                   unsigned int acc) {
+    unsigned int u = w ^ 0x80808080u;
+    unsigned int b02 = hsub2(__byte_perm(u, 0x64646464u, 0x4240), F16X2_1152);
+    unsigned int b13 = hsub2(__byte_perm(u, 0x64646464u, 0x4341), F16X2_1152);
+    return hfma2(b13, x13, hfma2(b02, x02, acc));
+}
+
+// (w & MASK) | F16X2_1024 in one LOP3: written as C, the compiler emits an AND and an OR (SASS takes one
+// immediate per instruction), one more instruction per two weights
+template <unsigned int MASK>
+__device__ __forceinline__ unsigned int and_or_1024(unsigned int w) {
+    unsigned int d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(MASK), "n"(F16X2_1024));   // (a & b) | c
+    return d;
+}
+
+#define F16X2_1032 0x64086408u       // (1032, 1032) = 1024 + 8
+#define F16X2_MINUS_72 0xD480D480u   // (-72, -72) = -64 - 8
+
+// acc + Σ of 8 int4 codes, centred (n - 8, in -8..7), times their x pairs (x0, x4), (x1, x5), (x2, x6),
+// (x3, x7) = x.x .. x.w. Centring costs nothing here (other constants in the same two instructions) and
+// keeps the fp16 partial small: Σ n·x over a chunk carries 7.5·Σx, a large term that the min cancels
+// again later, and fp16 rounds relative to the partial's size (the error of the int4 GEMV drops ~3x).
+// The 8 comes back in fp32: s·Σ(n - 8)·x + (m + 8·s)·Σx.
+__device__ __forceinline__ unsigned int dot8_i4_h2(unsigned int w, uint4 x, unsigned int acc) {
+    unsigned int n04 = hsub2(and_or_1024<0x000F000Fu>(w), F16X2_1032);
+    unsigned int n15 = hfma2(and_or_1024<0x00F000F0u>(w), F16X2_SIXTEENTH, F16X2_MINUS_72);
+    w >>= 8;
+    unsigned int n26 = hsub2(and_or_1024<0x000F000Fu>(w), F16X2_1032);
+    unsigned int n37 = hfma2(and_or_1024<0x00F000F0u>(w), F16X2_SIXTEENTH, F16X2_MINUS_72);
+    acc = hfma2(n04, x.x, acc);
+    acc = hfma2(n15, x.y, acc);
+    acc = hfma2(n26, x.z, acc);
+    return hfma2(n37, x.w, acc);
+}
+
+#define X_TOP 5              // each chunk of x is scaled so that its largest |value| lies in [2^(X_TOP-1), 2^X_TOP)
+
+// x (times gain when NORM) -> shared memory in fp16, one chunk of C values per thread at a time:
+//   xh: [n_chunks][C/2 + 4] 32-bit words, the chunk's f16x2 pairs (in the dequantizer's order) then 16 bytes
+//       of padding, which makes a warp's 16-byte reads of 32 consecutive chunks conflict-free;
+//   xscale [n_chunks]: 2^-e_c, the factor that undoes the chunk's scaling;
+//   xsum [n_chunks] (INT4): Σ x of the chunk in fp32 (unrounded, unscaled: the min's term).
+// Zeros from `in` to the padded width. Returns Σ x² (NORM; every thread must call: block barriers inside).
+template <int C, bool INT4, bool NORM>
+__device__ __forceinline__ float stage_x_f16(const float* __restrict__ x, const float* __restrict__ gain, int in,
+                                             int n_chunks, unsigned int* __restrict__ xh, float* __restrict__ xscale,
+                                             float* __restrict__ xsum) {
+    bool vec = (in & 3) == 0;              // whole float4s (x is 16-byte aligned: a CuPy allocation)
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+        int i0 = c * C;
+        float v[C];
+        if (vec && i0 + C <= in) {
+#pragma unroll
+            for (int k = 0; k < C / 4; k++) {
+                float4 a = reinterpret_cast<const float4*>(x + i0)[k];
+                v[4 * k] = a.x; v[4 * k + 1] = a.y; v[4 * k + 2] = a.z; v[4 * k + 3] = a.w;
+                if (NORM) {
+                    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+                    float4 g = reinterpret_cast<const float4*>(gain + i0)[k];
+                    v[4 * k] *= g.x; v[4 * k + 1] *= g.y; v[4 * k + 2] *= g.z; v[4 * k + 3] *= g.w;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < C; k++) {
+                float a = i0 + k < in ? x[i0 + k] : 0.0f;
+                if (NORM) {
+                    ss += a * a;
+                    a *= i0 + k < in ? gain[i0 + k] : 0.0f;
+                }
+                v[k] = a;
+            }
+        }
+        float mx = 0.0f, sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < C; k++) {
+            mx = fmaxf(mx, fabsf(v[k]));
+            sum += v[k];
+        }
+        // mx in [2^ex, 2^(ex+1)): scale by 2^e, e = X_TOP - 1 - ex (clamped: both 2^e and 2^-e stay normal)
+        int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
+        int e = mx > 0.0f ? min(max(X_TOP - 1 - ex, -120), 120) : 0;
+        float up = __uint_as_float((unsigned int)(127 + e) << 23), down = __uint_as_float((unsigned int)(127 - e) << 23);
+        unsigned int* dst = xh + (size_t)c * (C / 2 + 4);
+#pragma unroll
+        for (int k = 0; k < C / 8; k++) {              // 8 values -> 4 words (one 16-byte store)
+            const float* g8 = v + 8 * k;
+            uint4 w;
+            if (INT4) {                                 // (x0, x4), (x1, x5), (x2, x6), (x3, x7)
+                w.x = pack_f16x2(g8[0] * up, g8[4] * up);
+                w.y = pack_f16x2(g8[1] * up, g8[5] * up);
+                w.z = pack_f16x2(g8[2] * up, g8[6] * up);
+                w.w = pack_f16x2(g8[3] * up, g8[7] * up);
+            } else {                                    // (x0, x2), (x1, x3), (x4, x6), (x5, x7)
+                w.x = pack_f16x2(g8[0] * up, g8[2] * up);
+                w.y = pack_f16x2(g8[1] * up, g8[3] * up);
+                w.z = pack_f16x2(g8[4] * up, g8[6] * up);
+                w.w = pack_f16x2(g8[5] * up, g8[7] * up);
+            }
+            reinterpret_cast<uint4*>(dst)[k] = w;
+        }
+        xscale[c] = down;
+        if (INT4) xsum[c] = sum;
+    }
+    if (NORM) ss = block_sum(ss);
+    __syncthreads();
+    return ss;
+}
+
+struct Int8RowsH {
+    static constexpr int C = 16;
+    static constexpr int U = 8;            // chunks in flight per lane per row, as v1
+    static constexpr int XW = C / 2 + 4;   // 32-bit words of staged x per chunk (48 bytes)
+    static constexpr bool CHUNK_SUMS = false;
+
+    template <bool NORM>
+    static __device__ __forceinline__ float stage(const float* x, const float* gain, int in, int n_chunks, float* smem) {
+        unsigned int* xh = reinterpret_cast<unsigned int*>(smem);
+        float* xscale = smem + (size_t)n_chunks * XW;
+        return stage_x_f16<C, false, NORM>(x, gain, in, n_chunks, xh, xscale, nullptr);
+    }
+
+    static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales, const u16* mins,
+                                               int n_chunks, int n_groups, int cpg, int cpg_shift,
+                                               const float* smem, int ra, int rb, float& acc_a, float& acc_b) {
+        int lane = threadIdx.x & 31;
+        const unsigned int* xh = reinterpret_cast<const unsigned int*>(smem);
+        const float* xscale = smem + (size_t)n_chunks * XW;
+        float s_a = static_cast<const float*>(scales)[ra], s_b = static_cast<const float*>(scales)[rb];
+        const uint4* wa = qw + (size_t)ra * n_chunks;
+        const uint4* wb = qw + (size_t)rb * n_chunks;
+        float a = 0.0f, b = 0.0f;
+        for (int base = 0; base < n_chunks; base += 32 * U) {
+            uint4 va[U], vb[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) { va[u] = ld_stream(wa + i); vb[u] = ld_stream(wb + i); }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) {
+                    const uint4* x4 = reinterpret_cast<const uint4*>(xh + i * XW);
+                    uint4 x0 = x4[0], x1 = x4[1];                 // 16 values of x: 8 pairs
+                    unsigned int pa = 0u, pb = 0u;                // f16x2 (0, 0)
+                    pa = dot4_i8_h2(va[u].x, x0.x, x0.y, pa); pb = dot4_i8_h2(vb[u].x, x0.x, x0.y, pb);
+                    pa = dot4_i8_h2(va[u].y, x0.z, x0.w, pa); pb = dot4_i8_h2(vb[u].y, x0.z, x0.w, pb);
+                    pa = dot4_i8_h2(va[u].z, x1.x, x1.y, pa); pb = dot4_i8_h2(vb[u].z, x1.x, x1.y, pb);
+                    pa = dot4_i8_h2(va[u].w, x1.z, x1.w, pa); pb = dot4_i8_h2(vb[u].w, x1.z, x1.w, pb);
+                    float down = xscale[i];
+                    a = fmaf(f16x2_sum(pa), down, a);
+                    b = fmaf(f16x2_sum(pb), down, b);
+                }
+            }
+        }
+        acc_a = warp_sum(a) * s_a;
+        acc_b = warp_sum(b) * s_b;
+    }
+};
+
+struct Int4RowsH {
+    static constexpr int C = 32;
+    static constexpr int U = 4;
+    static constexpr int XW = C / 2 + 4;   // 80 bytes of staged x per chunk
+    static constexpr bool CHUNK_SUMS = true;
+
+    template <bool NORM>
+    static __device__ __forceinline__ float stage(const float* x, const float* gain, int in, int n_chunks, float* smem) {
+        unsigned int* xh = reinterpret_cast<unsigned int*>(smem);
+        float* xscale = smem + (size_t)n_chunks * XW;
+        return stage_x_f16<C, true, NORM>(x, gain, in, n_chunks, xh, xscale, xscale + n_chunks);
+    }
+
+    static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales,
+                                               const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
+                                               int cpg_shift, const float* smem, int ra, int rb,
+                                               float& acc_a, float& acc_b) {
+        int lane = threadIdx.x & 31;
+        const unsigned int* xh = reinterpret_cast<const unsigned int*>(smem);
+        const float* xscale = smem + (size_t)n_chunks * XW;
+        const float* xsum = xscale + n_chunks;
+        // scales and mins of both rows by 32-bit element offsets from the arrays' bases (cheaper addresses)
+        const u16* S = static_cast<const u16*>(scales);
+        unsigned int off_a = (unsigned int)ra * n_groups, off_b = (unsigned int)rb * n_groups;
+        const uint4* wa = qw + (size_t)ra * n_chunks;
+        const uint4* wb = qw + (size_t)rb * n_chunks;
+        acc_a = 0.0f;
+        acc_b = 0.0f;
+        for (int base = 0; base < n_chunks; base += 32 * U) {
+            uint4 va[U], vb[U];
+            u16 s_a[U], m_a[U], s_b[U], m_b[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {                              // weights, scales and mins all in flight
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) {
+                    va[u] = ld_stream(wa + i);
+                    vb[u] = ld_stream(wb + i);
+                    unsigned int g = cpg_shift >= 0 ? (unsigned int)i >> cpg_shift : (unsigned int)(i / cpg);
+                    s_a[u] = S[off_a + g];                             // the chunk's group's scales and mins
+                    m_a[u] = mins[off_a + g];
+                    s_b[u] = S[off_b + g];
+                    m_b[u] = mins[off_b + g];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) {
+                    const uint4* x4 = reinterpret_cast<const uint4*>(xh + i * XW);
+                    unsigned int pa = 0u, pb = 0u;
+                    uint4 xq = x4[0];                                       // values 0..7 of the chunk
+                    pa = dot8_i4_h2(va[u].x, xq, pa); pb = dot8_i4_h2(vb[u].x, xq, pb);
+                    xq = x4[1];
+                    pa = dot8_i4_h2(va[u].y, xq, pa); pb = dot8_i4_h2(vb[u].y, xq, pb);
+                    xq = x4[2];
+                    pa = dot8_i4_h2(va[u].z, xq, pa); pb = dot8_i4_h2(vb[u].z, xq, pb);
+                    xq = x4[3];
+                    pa = dot8_i4_h2(va[u].w, xq, pa); pb = dot8_i4_h2(vb[u].w, xq, pb);
+                    float down = xscale[i], X = xsum[i], X8 = 8.0f * X;     // 2^-e_c, Σ x of the chunk
+                    // s·(Σ(n - 8)·x + 8·Σx) + m·Σx
+                    acc_a = fmaf(F16::to_float(s_a[u]), fmaf(f16x2_sum(pa), down, X8),
+                                 fmaf(F16::to_float(m_a[u]), X, acc_a));
+                    acc_b = fmaf(F16::to_float(s_b[u]), fmaf(f16x2_sum(pb), down, X8),
+                                 fmaf(F16::to_float(m_b[u]), X, acc_b));
+                }
+            }
+        }
+        acc_a = warp_sum(acc_a);
+        acc_b = warp_sum(acc_b);
+    }
+};
+
+// ---- the kernel -----------------------------------------------------------------------------------------
+#define Q_LOOKAHEAD 1        // flags bit: prefetch each warp's next row pair into L2 while computing this one
+#define Q_LOOKAHEAD_2 2      // flags bit: two pairs ahead instead of one
+
+template <class F, class W, bool NORM, int EPI>
+__device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const void* __restrict__ scales,
+                                           const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
+                                           int cpg_shift, const float* __restrict__ x, const float* __restrict__ gain,
+                                           float eps, int in, int pairs, int rows, const Epilogue<W>& ep, int flags,
+                                           const NextWeights& next) {
+    extern __shared__ float4 smem4[];
+    float* smem = reinterpret_cast<float*>(smem4);                    // x as the format stages it (F::stage)
+    int lane = threadIdx.x & 31;
+    int first = blockIdx.x * Q_WARPS + (threadIdx.x >> 5);            // this warp's first row pair
+    int stride = gridDim.x * Q_WARPS;                                  // ... and the distance to its next
+    int ahead = (flags & Q_LOOKAHEAD) ? ((flags & Q_LOOKAHEAD_2) ? 2 : 1) : 0;
+    for (int d = 0; d <= ahead; d++)                                   // on their way during the staging
+        prefetch_pair<EPI, F::CHUNK_SUMS>(first + d * stride, pairs, rows, ep.hd, qw, n_chunks, scales, mins, n_groups);
+    if (threadIdx.x == 0 && first + stride >= pairs) next.prefetch();  // a block with one round: now
+
+    float ss = F::template stage<NORM>(x, gain, in, n_chunks, smem);
+    float inv_rms = NORM ? rsqrtf(ss / (float)in + eps) : 1.0f;
+
+    RowPair r;
+    for (int p = first; p < pairs; p += stride) {                      // warp-uniform
+        if (ahead)
+            prefetch_pair<EPI, F::CHUNK_SUMS>(p + (ahead + 1) * stride, pairs, rows, ep.hd, qw, n_chunks, scales,
+                                              mins, n_groups);
+        if (threadIdx.x == 0 && p > first && p + stride >= pairs) next.prefetch();   // this block's last round
+        if (!row_pair<EPI>(p, rows, ep.hd, r)) break;
+        float acc_a, acc_b;
+        F::dot(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, smem, r.ra, r.rb, acc_a, acc_b);
+        if (lane == 0) ep.template store<EPI>(r, p, acc_a * inv_rms, acc_b * inv_rms);
+    }
+}
+
+// grid (any; the launcher: ~2 blocks per SM), block (32 * Q_WARPS = 256), dynamic shared memory
+// v2: n_chunks * (C / 2 + 5) * 4 bytes (+ n_chunks * 4 for int4); v1: n_chunks * (C + 4) * 4 (+ n_chunks * 4
+// for int4). One signature for both formats and every variant:
+//   qw [rows, n_chunks] 16-byte chunks; scales: fp32 [rows] (int8) or fp16 [rows, n_groups] (int4);
+//   mins fp16 [rows, n_groups] (int4; int8: any pointer); cpg = chunks per group (g / 32), cpg_shift its
+//   log2 or -1; x [in] fp32; gain [in] fp32 (NORM); pairs = ceil(rows / 2) (PLAIN), rows / 2 (SWIGLU, QKV);
+//   y, the QKV arguments and next_* as in gemv.cu v4 (gemv_epilogue.cuh); flags: Q_LOOKAHEAD(_2).
+#define GEMV_QUANT_KERNEL(NAME, F, W, NORM, EPI)                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * Q_WARPS, 2) NAME(                                          \
+        const uint4* qw, const void* scales, const u16* mins, int n_chunks, int n_groups, int cpg, int cpg_shift,\
+        const float* x, const float* gain, float eps, int in, int pairs, float* y, int rows, int accumulate,     \
+        u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,            \
+        int n_kv_heads, int hd, int flags, const unsigned char* next_a, unsigned long long next_bytes_a,         \
+        const unsigned char* next_b, unsigned long long next_bytes_b, int next_tail) {                          \
+        Epilogue<W> ep{y, accumulate, k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads, hd};       \
+        NextWeights next{next_a, next_bytes_a, next_b, next_bytes_b, next_tail};                                \
+        gemv_quant<F, W, NORM, EPI>(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in,    \
+                                    pairs, rows, ep, flags, next);                                               \
+    }
+GEMV_QUANT_KERNEL(gemv_int8_f16, Int8RowsH, F16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_int8_bf16, Int8RowsH, BF16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_f16, Int8RowsH, F16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_bf16, Int8RowsH, BF16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_swiglu_int8_f16, Int8RowsH, F16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_swiglu_int8_bf16, Int8RowsH, BF16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_f16, Int8RowsH, F16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_bf16, Int8RowsH, BF16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_qkv_int8_f16, Int8RowsH, F16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_qkv_int8_bf16, Int8RowsH, BF16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_f16, Int8RowsH, F16, true, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_bf16, Int8RowsH, BF16, true, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_int4_f16, Int4RowsH, F16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_int4_bf16, Int4RowsH, BF16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_f16, Int4RowsH, F16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_bf16, Int4RowsH, BF16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_swiglu_int4_f16, Int4RowsH, F16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_swiglu_int4_bf16, Int4RowsH, BF16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_f16, Int4RowsH, F16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_bf16, Int4RowsH, BF16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_qkv_int4_f16, Int4RowsH, F16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_qkv_int4_bf16, Int4RowsH, BF16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_f16, Int4RowsH, F16, true, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_bf16, Int4RowsH, BF16, true, EPI_QKV)
+// v1, plain y (+)= W·x only: kept to compare (minillm.cuda.qbench times both)
+GEMV_QUANT_KERNEL(gemv_int8_v1_f16, Int8Rows, F16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_int8_v1_bf16, Int8Rows, BF16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_int4_v1_f16, Int4Rows, F16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_int4_v1_bf16, Int4Rows, BF16, false, EPI_PLAIN)
+
+// ---- prefill: the whole matrix back to 16 bits for cuBLAS ---------------------------------------------------
+// out [rows, in] 16-bit = W, 8 consecutive elements of a row per thread (one 16-byte store when in % 8 == 0).
+// An int4 run of 8 is one 32-bit word of codes in one group (c0 % 8 == 0, g % 32 == 0).
+template <class W, bool INT4>
+__device__ void dequantize(const unsigned char* __restrict__ q, const void* __restrict__ scales,
+                           const u16* __restrict__ mins, int row_bytes, int n_groups, int group, u16* __restrict__ out,
+                           int rows, int in) {
+    int per_row = (in + 7) >> 3;
+    size_t n = (size_t)rows * per_row;
+    for (size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(t / per_row);
+        int c0 = (int)(t - (size_t)r * per_row) * 8;
+        const unsigned char* row = q + (size_t)r * row_bytes;
+        float v[8];
+        if (INT4) {
+            unsigned int w = *reinterpret_cast<const unsigned int*>(row + c0 / 2);
+            size_t g = (size_t)r * n_groups + c0 / group;
+            float s = F16::to_float(static_cast<const u16*>(scales)[g]), m = F16::to_float(mins[g]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = (float)((w >> (4 * k)) & 15u) * s + m;
+        } else {
+            uint2 b = *reinterpret_cast<const uint2*>(row + c0);
+            float s = static_cast<const float*>(scales)[r];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                unsigned int word = k < 4 ? b.x : b.y;
+                v[k] = (float)(signed char)((word >> (8 * (k & 3))) & 0xFFu) * s;
+            }
+        }
+        u16* dst = out + (size_t)r * in + c0;
+        if ((in & 7) == 0) {
+            uint4 packed;
+            packed.x = W::from_float(v[0]) | ((unsigned int)W::from_float(v[1]) << 16);
+            packed.y = W::from_float(v[2]) | ((unsigned int)W::from_float(v[3]) << 16);
+            packed.z = W::from_float(v[4]) | ((unsigned int)W::from_float(v[5]) << 16);
+            packed.w = W::from_float(v[6]) | ((unsigned int)W::from_float(v[7]) << 16);
+            *reinterpret_cast<uint4*>(dst) = packed;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (c0 + k < in) dst[k] = W::from_float(v[k]);
+        }
+    }
+}
+
+// grid (any), block (256): q, scales (, mins) as for the GEMV (row_bytes = n_chunks * 16) -> out [rows, in]
+#define DEQUANT_KERNEL(NAME, W, INT4)                                                                            \
+    extern "C" __global__ void NAME(const unsigned char* q, const void* scales, const u16* mins, int row_bytes,  \
+                                    int n_groups, int group, u16* out, int rows, int in) {                       \
+        dequantize<W, INT4>(q, scales, mins, row_bytes, n_groups, group, out, rows, in);                        \
+    }
+DEQUANT_KERNEL(dequant_int8_f16, F16, false)
+DEQUANT_KERNEL(dequant_int8_bf16, BF16, false)
+DEQUANT_KERNEL(dequant_int4_f16, F16, true)
+DEQUANT_KERNEL(dequant_int4_bf16, BF16, true)
+
+// Random codes for benchmarks, made on the device: out [n] 32-bit words = hash_u32(k, seed).
+extern "C" __global__ void fill_random_words(unsigned int* out, unsigned long long n, unsigned int seed) {
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x)
+        out[k] = hash_u32(k, seed);
+}

@@ -1,0 +1,348 @@
+"""Lesson 11 — from NumPy to CuPy: what moves to the GPU, what stays on the host, and what crossing costs.
+
+Up to now every array lived in host memory and NumPy ran on the CPU. A GPU computes from its own
+memory (141 GB of HBM3e at ~4.3 TB/s on an H200) at the far end of a bus that is ~100x slower (PCIe or
+NVLink-C2C, tens of GB/s). So the first question of a GPU port is where each array lives:
+
+    moves to the device, once:  the weights (fp16, 2 bytes a weight; the norm gains stay fp32)
+    made on the device:         the KV cache and every activation buffer: nothing crosses the bus
+    crosses at every token:     the token id and its position up (8 bytes), the logits down (vocab × 4 B)
+    stays on the host:          the tokenizer, the sampler, the generate loop, stop strings
+
+CuPy is NumPy's API over device arrays, and NumPy hands `np.exp(x)`, `np.concatenate(...)` to CuPy when
+x is a CuPy array (NEP 13 and 18), so the engine's own layers, attention and KV cache run unchanged on
+the GPU once their arrays are CuPy arrays. We measure the bus, run the engine's Transformer that way,
+then the engine's GPUTransformer (fp16, hand-written kernels, a CUDA graph), and compare both with the
+CPU model's logits. Lessons 12 and 13 explain the difference in speed between the two.
+
+Run: python lessons/11_numpy_to_cupy.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
+Without a GPU the lesson runs its CPU parts and lists the GPU measurements it skipped.
+"""
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+
+import numpy as np
+
+from minillm.backend import as_f32
+from minillm.course import lesson_model, print_table, quick, run_gpu_parts, transfer_bytes_reference, why_no_gpu
+from minillm.kv_cache import KVCache
+from minillm.layers import rope_tables
+from minillm.model import LayerWeights, Transformer
+from minillm.sampling import Sampler, SamplingParams
+
+
+# NEW: where each array lives, and what crosses the bus ------------------------------------------------
+def upload_bytes(model: Transformer, weight_bytes: int = 2) -> int:
+    """Bytes GPUTransformer.from_cpu copies to the device, counted from the model's own arrays: every
+    matrix at weight_bytes, the norm gains as fp32, a tied LM head once (it is the embedding)."""
+    total = model.embed.size * weight_bytes + model.final_norm.size * 4
+    if model.lm_head is not model.embed:
+        total += model.lm_head.size * weight_bytes
+    for L in model.layers:
+        total += sum(w.size for w in (L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down)) * weight_bytes
+        total += (L.attn_norm.size + L.mlp_norm.size) * 4
+    return total
+
+
+def decode_buffer_bytes(cfg) -> int:
+    """The fp32 activation buffers GPUTransformer allocates once on the device for the decode step:
+    residual x, normed h, qkv, attention out, gate|up, SwiGLU out, logits."""
+    qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    return 4 * (2 * cfg.dim + qkv + cfg.n_heads * cfg.head_dim + 3 * cfg.ffn_dim + cfg.vocab_size)
+
+
+def host_us(fn, repeats: int) -> float:
+    """Best µs of fn() over `repeats` runs (the least disturbed by other work on the machine)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return 1e6 * best
+# -------------------------------------------------------------------------------------------------------
+
+
+# NEW: the engine's Transformer with its arrays on the device ---------------------------------------------
+def cupy_transformer(cpu: Transformer):
+    """minillm.model.Transformer with every array copied to the GPU (fp32, as on the CPU): `forward` and
+    `new_cache` below are the only methods rewritten; rmsnorm, attention, SwiGLU, the KV cache's append
+    are the engine's own code, and CuPy runs them because NumPy hands CuPy arrays over to it."""
+    import cupy as cp
+
+    class CuPyTransformer(Transformer):
+        def __init__(self):
+            sent = {}                                             # id(host array) -> its device copy
+
+            def dev(a):
+                if id(a) not in sent:                             # a tied LM head is the embedding: sent once
+                    sent[id(a)] = cp.asarray(as_f32(a))           # host -> device, fp32
+                return sent[id(a)]
+            self.config, self.rope_gain = cpu.config, cpu.rope_gain
+            self.embed, self.lm_head, self.final_norm = dev(cpu.embed), dev(cpu.lm_head), dev(cpu.final_norm)
+            self.inv_freq = cp.asarray(cpu.inv_freq)
+            self.layers = [device_layer(L, dev) for L in cpu.layers]
+            self.attend = self.attention_block
+            self.bytes_sent = sum(a.nbytes for a in sent.values()) + self.inv_freq.nbytes
+
+        def new_cache(self, max_seq_len=None) -> KVCache:
+            """The engine's KVCache with its two arrays made on the device: nothing crosses the bus."""
+            c, n = self.config, max_seq_len or self.config.max_seq_len
+            cache = KVCache(c, 0)
+            cache.k = cp.zeros((c.n_layers, c.n_kv_heads, n, c.head_dim), cp.float32)
+            cache.v = cp.zeros_like(cache.k)
+            cache.max_seq_len = n
+            return cache
+
+        def forward(self, tokens, cache, last_only=False, skip_head=False):
+            """Transformer.forward, but the positions are made on the device: CuPy refuses to mix a NumPy
+            array into device arithmetic (an implicit copy), and rope_tables would do exactly that."""
+            positions = cp.arange(cache.length, cache.length + len(tokens))    # NEW: made on the device
+            cos, sin = rope_tables(positions, self.inv_freq)                    # [T, hd/2] each, on the device
+            x = self.embed[tokens]                     # [T, dim]: a NumPy index is copied up (8 bytes a token)
+            for i, layer in enumerate(self.layers):
+                x = x + self.attend(x, layer, i, cache, cos, sin)
+                x = x + self.ffn(x, layer)
+            cache.advance(len(tokens))
+            if skip_head:
+                return None
+            return self.head(x[-1:] if last_only else x)                         # [T or 1, vocab] on the device
+
+    return CuPyTransformer()
+
+
+def device_layer(L: LayerWeights, dev) -> LayerWeights:
+    """One layer's weights on the device, keeping the engine's layout: q|k|v and gate|up as single stacks,
+    the separate names as views of them (so attention still does one matmul for q, k and v)."""
+    wqkv, w_gate_up = dev(L.wqkv), dev(L.w_gate_up)
+    nq, nk, ffn = len(L.wq), len(L.wk), len(L.w_gate)
+    return LayerWeights(attn_norm=dev(L.attn_norm), wq=wqkv[:nq], wk=wqkv[nq:nq + nk], wv=wqkv[nq + nk:],
+                        wo=dev(L.wo), mlp_norm=dev(L.mlp_norm), w_gate=w_gate_up[:ffn], w_up=w_gate_up[ffn:],
+                        w_down=dev(L.w_down), wqkv=wqkv, w_gate_up=w_gate_up)
+# -------------------------------------------------------------------------------------------------------
+
+
+def cpu_reference(model, prompt: list[int], n_new: int) -> tuple[list[int], list[np.ndarray], list[float]]:
+    """Greedy decoding on the CPU engine: (tokens fed after the prompt, logits after the prompt and after
+    each of them, seconds per decode step). The GPU runs are fed the same tokens and compared step by step."""
+    cache = model.new_cache(len(prompt) + n_new + 1)
+    logits = [model.prefill(prompt, cache)]
+    tokens, times = [], []
+    for _ in range(n_new):
+        tokens.append(int(np.argmax(logits[-1])))
+        start = time.perf_counter()
+        logits.append(model.decode(tokens[-1], cache))
+        times.append(time.perf_counter() - start)
+    return tokens, logits, times
+
+
+def compare(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[float, float, int]:
+    """(max |Δ logit|, that relative to the largest |logit|, steps whose top-1 token agrees)."""
+    err = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
+    scale = max(float(np.abs(w).max()) for w in want)
+    agree = sum(int(np.argmax(g) == np.argmax(w)) for g, w in zip(got, want))
+    return err, err / scale, agree
+
+
+def main():
+    small = quick()
+    llm = lesson_model()
+    model, cfg = llm.model, llm.config
+    n_new = 4 if small else 16
+    context = cfg.max_seq_len
+    prompt = llm.prompt_ids("The capital of France is", chat=False)
+
+    # 1. Where every array of the model lives on the GPU path, and which bytes cross the bus.
+    up_counted = upload_bytes(model)
+    upload, up_step, down_step = transfer_bytes_reference(cfg)            # exercise 11's answer
+    layer_bytes = sum(w.size for L in model.layers for w in (L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down)) * 2
+    norm_bytes = (2 * cfg.n_layers + 1) * cfg.dim * 4
+    tied = model.lm_head is model.embed
+    kv_bytes = cfg.kv_bytes_per_token(2) * context
+    print_table(f"Lesson 11 — where each array of the model lives on the GPU path ({cfg.n_layers} layers, "
+                f"dim {cfg.dim}, vocab {cfg.vocab_size:,})",
+                ["what", "where", "bytes", "crosses the bus"],
+                [[f"layer matrices (q, k, v, o, gate, up, down) x {cfg.n_layers}", "device, fp16",
+                  f"{layer_bytes:,}", "once, at load"],
+                 [f"embedding [{cfg.vocab_size}, {cfg.dim}]" + (" = the tied LM head" if tied else " + LM head"),
+                  "device, fp16", f"{model.embed.size * 2 * (1 if tied else 2):,}", "once, at load"],
+                 [f"RMSNorm gains, {2 * cfg.n_layers + 1} x [{cfg.dim}]", "device, fp32", f"{norm_bytes:,}",
+                  "once, at load"],
+                 [f"KV cache for {context:,} positions", "made on the device, fp16", f"{kv_bytes:,}", "never"],
+                 ["decode buffers (x, qkv, attention, gate|up, logits)", "made on the device, fp32",
+                  f"{decode_buffer_bytes(cfg):,}", "never"],
+                 ["token id + position", "host -> device", f"{up_step}", "every token"],
+                 [f"logits [{cfg.vocab_size}] fp32", "device -> host", f"{down_step:,}", "every token"],
+                 ["tokenizer, sampler, generate loop, stop strings", "host (Python)", "-", "never"]])
+    print(f"upload counted from the model's arrays: {up_counted:,} bytes; exercise 11's formula "
+          f"(course.transfer_bytes_reference): {upload:,} bytes: {'match' if up_counted == upload else 'MISMATCH'}")
+
+    # 2. What stays on the host, measured here: the work per token that never goes to the GPU.
+    tokens, cpu_logits, cpu_times = cpu_reference(model, prompt, n_new)
+    logits = cpu_logits[0]
+    reps = 5 if small else 50
+    top_p = Sampler(SamplingParams(temperature=0.8, top_p=0.9, seed=0))
+    stream = llm.tokenizer.stream_decoder()
+    cpu_ms = 1e3 * statistics.median(cpu_times)
+    sampling_us = host_us(lambda: top_p(logits), reps)
+    host_rows = [["greedy: argmax over the logits", f"{host_us(lambda: np.argmax(logits), reps):,.0f}"],
+                 ["temperature 0.8 + top-p 0.9 (sort of the vocab)", f"{sampling_us:,.0f}"],
+                 ["tokenizer: one token to text (stream decoder)",
+                  f"{host_us(lambda: stream.push(tokens[0]), reps):,.0f}"],
+                 ["for scale: one decode step of the CPU engine (fp32)", f"{1e3 * cpu_ms:,.0f}"]]
+    print_table(f"what stays on the host, per token, measured on this CPU (best of {reps}; vocab {cfg.vocab_size:,})",
+                ["work", "µs"], host_rows)
+
+    # 3. The GPU: the bus, the upload, the engine's code through CuPy, GPUTransformer.
+    state, results = {}, {}
+
+    def bus():
+        from minillm.cuda.selfcheck import copy_bandwidth
+        sizes = [8, cfg.vocab_size * 4, 16 << 20] + ([] if small else [256 << 20])
+        rows = []
+        for n in sizes:
+            reps = 20 if n < (1 << 20) else (3 if small else 5)
+            (up_p, down_p), (up_q, down_q) = copy_us(n, False, reps), copy_us(n, True, reps)
+            rows.append([f"{n:,}"] + [f"{t:,.1f}  ({n / t / 1e3:,.2f})" for t in (up_p, up_q, down_p, down_q)])
+            state["h2d pageable GB/s"] = n / up_p / 1e3
+        print_table("host <-> device copies: µs per copy (GB/s), median; pageable = ordinary NumPy memory, "
+                    "pinned = page-locked (cupyx.empty_pinned)",
+                    ["bytes", "up, pageable", "up, pinned", "down, pageable", "down, pinned"], rows)
+        d2d = copy_bandwidth((64 if small else 1024) << 20)
+        state["d2d"] = d2d
+        print(f"for contrast, a copy inside device memory: {d2d / 1e12:.2f} TB/s (read + write). A small copy "
+              f"costs its latency, not its bytes: compare the 8-byte step buffer with the {down_step:,}-byte logits.")
+
+    def upload_part():
+        import cupy as cp
+        from minillm.cuda.gpu_model import GPUTransformer
+        start = time.perf_counter()
+        gpu = GPUTransformer.from_cpu(model, dtype="float16")
+        cp.cuda.Device().synchronize()
+        seconds = time.perf_counter() - start
+        held = {id(a): a for L in gpu.layers for a in (L.attn_norm, L.wqkv, L.wo, L.mlp_norm, L.wgu, L.wdown)}
+        held.update({id(a): a for a in (gpu.embed, gpu.lm_head, gpu.final_norm)})
+        on_device = sum(a.nbytes for a in held.values())
+        start = time.perf_counter()
+        cache = gpu.new_cache(context)
+        cp.cuda.Device().synchronize()
+        cache_ms = 1e3 * (time.perf_counter() - start)
+        state["gpu"] = gpu
+        bus_rate = state.get("h2d pageable GB/s")
+        print_table("GPUTransformer.from_cpu(model, 'float16') and its KV cache",
+                    ["what", "value"],
+                    [["weights held on the device", f"{on_device:,} bytes"],
+                     ["exercise 11's upload formula",
+                      f"{upload:,} bytes ({'match' if on_device == upload else 'MISMATCH'})"],
+                     ["from_cpu wall time (host fp16 cast + q|k|v, gate|up stacking + copies)", f"{seconds:.2f} s"],
+                     ["the copies alone at the pageable rate measured above",
+                      f"{upload / (bus_rate * 1e9):.3f} s" if bus_rate else "(the bus part did not run)"],
+                     [f"new_cache({context:,}): made on the device, 0 bytes over the bus",
+                      f"{cache.nbytes:,} bytes in {cache_ms:.1f} ms"]])
+        del cache
+
+    def through_cupy():
+        import cupy as cp
+        if cfg.attention != "gqa" or cfg.sliding_window is not None or model.layers[0].wqkv is None:
+            print("  skipped: this part needs a GQA model without a sliding window, with plain float weights "
+                  "(the sliding-window mask is built with NumPy at every step)")
+            return
+        start = time.perf_counter()
+        port = cupy_transformer(model)
+        cp.cuda.Device().synchronize()
+        print(f"  the engine's Transformer on the device: {port.bytes_sent:,} bytes of fp32 weights sent in "
+              f"{time.perf_counter() - start:.2f} s")
+        cache = port.new_cache(len(prompt) + n_new + 1)
+        try:                                   # prefill: T > 1 positions need the causal mask
+            port.prefill(prompt, cache)
+            print("  prefill of the prompt ran through CuPy")
+        except Exception as e:  # noqa: BLE001 - show what CuPy says and go on
+            print(f"  prefill stops at the causal mask (attention.mask_bias builds it with NumPy on the host): "
+                  f"{type(e).__name__}: {str(e).splitlines()[0]}\n"
+                  f"  CuPy will not mix a NumPy array into device arithmetic (that would be a hidden copy every "
+                  f"time; only index arrays are copied up for you). Decode, one position, needs no mask: we "
+                  f"feed the prompt one position at a time.")
+        cache = port.new_cache(len(prompt) + n_new + 1)
+        for t in prompt:
+            last = port.decode(t, cache)
+        got, times = [last.get()], []
+        for t in tokens:
+            start = time.perf_counter()
+            got.append(port.decode(t, cache).get())                      # logits down: [vocab] fp32
+            times.append(time.perf_counter() - start)
+        results["cupy"] = (1e3 * statistics.median(times), *compare(got, cpu_logits))
+        del port, cache
+        cp.get_default_memory_pool().free_all_blocks()
+
+    def engine_gpu():
+        import cupy as cp
+        from minillm.cuda.gpu_model import GPUTransformer
+        gpu = state.get("gpu") or GPUTransformer.from_cpu(model, dtype="float16")
+        cache = gpu.new_cache(len(prompt) + n_new + 1)
+        for attempt in ("warm-up (captures the CUDA graph)", "timed"):
+            cache.reset()
+            got, times = [gpu.prefill(prompt, cache)], []
+            for t in tokens:
+                start = time.perf_counter()
+                got.append(gpu.decode(t, cache))                             # host fp32 logits
+                times.append(time.perf_counter() - start)
+        results["gpu"] = (1e3 * statistics.median(times), *compare(got, cpu_logits))
+        del gpu, cache
+        state.pop("gpu", None)
+        cp.get_default_memory_pool().free_all_blocks()
+
+    failed = run_gpu_parts([("the bus: host <-> device copies, pageable and pinned", bus),
+                            ("the upload: GPUTransformer.from_cpu and a KV cache made on the device", upload_part),
+                            ("the engine's own Transformer code on CuPy arrays (fp32 weights)", through_cupy),
+                            ("GPUTransformer: fp16 weights, hand-written kernels, CUDA graph", engine_gpu)])
+
+    no_gpu = "skipped (no GPU)" if why_no_gpu() else "not measured"
+    rows = [["CPU engine (NumPy, fp32): the reference", "host", f"{cpu_ms:.2f}", f"{1e3 / cpu_ms:,.0f}", "0", "-",
+             f"{n_new + 1}/{n_new + 1}"]]
+    for key, label, where in (("cupy", "the engine's Transformer on CuPy arrays", "GPU, fp32"),
+                              ("gpu", "GPUTransformer (kernels + CUDA graph)", "GPU, fp16")):
+        if key in results:
+            ms, err, rel, agree = results[key]
+            rows.append([label, where, f"{ms:.2f}", f"{1e3 / ms:,.0f}", f"{err:.2e}", f"{rel:.1e}",
+                         f"{agree}/{n_new + 1}"])
+        else:
+            rows.append([label, where] + [no_gpu] * 5)
+    print_table(f"one decode step, the same {n_new} tokens fed to each path (ms: median; logits compared with the "
+                f"CPU after the prompt and after each token)",
+                ["path", "weights", "ms/token", "tok/s", "max |Δ logit|", "relative", "same top-1"], rows)
+    if "cupy" in results and "gpu" in results:
+        print(f"Same model, same GPU: the engine's NumPy code on CuPy takes {results['cupy'][0]:.2f} ms a token, "
+              f"GPUTransformer {results['gpu'][0]:.2f} ms. The weights are only 2x smaller; the rest is hundreds of "
+              f"small CuPy launches per layer (lesson 13) and unfused elementwise passes (lesson 12).")
+    if "gpu" in results:
+        print(f"What stayed on the host matters now: top-p sampling took {sampling_us:,.0f} µs on this CPU, "
+              f"GPUTransformer's whole decode step {1e3 * results['gpu'][0]:,.0f} µs (greedy argmax is cheap).")
+    if failed:
+        sys.exit(f"GPU parts failed: {', '.join(failed)}")
+
+
+def copy_us(nbytes: int, pinned: bool, reps: int) -> tuple[float, float]:
+    """Median µs of one host -> device and one device -> host copy of nbytes (each synchronous)."""
+    import cupy as cp
+    import cupyx
+    host = cupyx.empty_pinned(nbytes, np.uint8) if pinned else np.empty(nbytes, np.uint8)
+    host[:] = 1                                          # touch every page before timing
+    dev = cp.empty(nbytes, cp.uint8)
+    stream = cp.cuda.get_current_stream()
+    up, down = [], []
+    for _ in range(reps + 1):                            # the first pair warms up and is dropped
+        start = time.perf_counter()
+        dev.set(host)
+        stream.synchronize()
+        up.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        dev.get(out=host)                                # blocks until the copy is done
+        down.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(up[1:]), 1e6 * statistics.median(down[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Batched execution: one forward pass for several sequences, each at its own length, over the paged pool.
+
+The new tokens of every sequence in the batch, prompt chunks and single decode tokens alike, are packed
+into one token matrix [N, dim] (N = the sum of their counts), so every projection and MLP is one GEMM
+over all of them: a decode step of B sequences reads each weight once instead of B times, and that is
+where batching's throughput comes from (decode is bound by reading the weights). Only attention is
+per sequence: each one attends over its own keys, read through its block table.
+
+    sequence a: 5 prompt tokens at 0..4    ─┐
+    sequence b: 1 decode token at 37        ├─ x [7, dim] ── q,k,v = one GEMM ── write K,V into their slots
+    sequence c: 1 decode token at 12       ─┘        attention: a over 0..4, b over 0..37, c over 0..12
+
+The weights and the layer functions are the Transformer's own (`qkv`, `ffn`, `head`): nothing is
+forked, so a change to the model (FlashNorm, quantized weights) is a change here too. Sliding-window
+models keep every position in the pool and apply the window as a mask, as Int8KVCache does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .attention import grouped_attention
+from .backend import as_f32
+from .errors import MiniLLMError
+from .layers import linear, rope_tables
+from .paged_kv import PagedKVCache
+
+
+@dataclass
+class SeqChunk:
+    """One sequence's share of a forward pass: tokens to run, where they start, where its KV lives."""
+    token_ids: list[int]        # the new tokens: a prompt (or a chunk of it), or the last sampled token
+    start: int                  # position of token_ids[0] = how many positions are already in the pool
+    block_table: list[int]      # blocks for positions 0 .. start + len(token_ids) - 1
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+class BatchedRunner:
+    """Runs a Transformer's weights over many sequences at once, their KV in a PagedKVCache."""
+
+    def __init__(self, model, pool: PagedKVCache):
+        check_supported(model)
+        self.model, self.pool = model, pool
+
+    def forward(self, chunks: list[SeqChunk], all_logits: bool = False) -> np.ndarray:
+        """Run every chunk; -> logits [len(chunks), vocab] at each chunk's last token
+        (all_logits: [N, vocab], every token, in chunk order)."""
+        m = self.model
+        tokens, positions, last_rows = pack(chunks)                                         # [N], [N], [B]
+        slots = [self.pool.slots(c.block_table, c.start, c.end) for c in chunks]
+        blocks = np.concatenate([b for b, _ in slots])                                      # [N]
+        offsets = np.concatenate([o for _, o in slots])                                     # [N]
+        cos, sin = rope_tables(positions, m.inv_freq)                                       # [N, hd/2] each
+        x = as_f32(m.embed[tokens])                                                         # [N, dim]
+        for i, layer in enumerate(m.layers):
+            x = x + self.attention(x, layer, i, chunks, cos, sin, blocks, offsets)
+            x = x + m.ffn(x, layer)
+        if not all_logits:
+            x = x[last_rows]                                                                # [B, dim]
+        return m.head(x)                                                                    # [B or N, vocab]
+
+    def attention(self, x, layer, i: int, chunks: list[SeqChunk], cos, sin, blocks, offsets) -> np.ndarray:
+        """Projections for all N tokens at once; attention one sequence at a time.   x: [N, dim] -> [N, dim]"""
+        q, k, v = self.model.qkv(x, layer, cos, sin)          # q [N, n_heads, hd], k, v [N, n_kv, hd]
+        self.pool.write(i, blocks, offsets, k, v)
+        out = np.empty((x.shape[0], q.shape[1] * q.shape[2]), dtype=np.float32)   # [N, n_heads * hd]
+        row = 0
+        for c in chunks:
+            T = len(c.token_ids)
+            keys, values = self.pool.read(i, c.block_table, c.end)                 # [n_kv, end, hd] each
+            out[row:row + T] = grouped_attention(q[row:row + T], keys, values, self.model.config.sliding_window)
+            row += T
+        return linear(out, layer.wo)                                               # [N, dim]
+
+
+def pack(chunks: list[SeqChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batch as one token matrix: every chunk's token ids one after another [N], the position
+    of each [N], and the row of each chunk's last token [B] (its next-token logits come from there)."""
+    tokens = np.concatenate([np.asarray(c.token_ids, dtype=np.int64) for c in chunks])       # [N]
+    positions = np.concatenate([np.arange(c.start, c.end) for c in chunks])                 # [N]
+    last_rows = np.cumsum([len(c.token_ids) for c in chunks]) - 1                           # [B]
+    return tokens, positions, last_rows
+
+
+def check_supported(model) -> None:
+    """The engine runs Llama-style (GQA) attention on the CPU Transformer; say so clearly otherwise."""
+    from .model import Transformer
+    if not isinstance(model, Transformer):
+        raise MiniLLMError("the batching engine runs on --device cpu only for now (the GPU path comes later)")
+    if model.config.attention != "gqa":
+        raise MiniLLMError("MLA attention is not supported by the batching engine yet; use llm.generate")

@@ -1,0 +1,266 @@
+"""The engine: continuous batching over a paged KV cache, with prefix caching.
+
+    engine = minillm.Engine(llm)
+    rid = engine.add_request("Once upon a time", max_tokens=32)
+    while engine.has_unfinished():
+        for event in engine.step():             # one batched forward pass for every running request
+            print(event.request_id, event.text, event.finished)
+
+The step loop is the whole engine: schedule (scheduler.py), run the batch (batched.py), sample each
+request with its own sampler, detokenize, finish the ones that are done (their blocks go back to the
+pool, or stay in the prefix cache). `generate(prompts)` runs the loop for a list of prompts and returns
+one `Generation` per prompt, like `llm.generate` does for one.
+
+Thread safety: `add_request`, `abort`, `step` and `stats` take one lock, so a server may run `step()`
+in a loop on one thread and call the others from its request handlers.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Sequence as Seq
+
+import numpy as np
+
+from .batched import BatchedRunner, SeqChunk, check_supported
+from .errors import MiniLLMError
+from .generate import Generation, _TextCollector
+from .paged_kv import DEFAULT_BLOCK_SIZE, BlockManager, PagedKVCache
+from .prefix_cache import PrefixCache
+from .sampling import Sampler, SamplingParams
+from .scheduler import Scheduler, Sequence
+
+DEFAULT_MAX_KV_BYTES = 512 << 20        # the pool when neither num_blocks nor max_kv_bytes is given
+
+
+@dataclass
+class StepEvent:
+    """What one step produced for one request."""
+    request_id: int
+    token_ids: list[int]                # new this step (empty when it stopped at EOS, or was aborted)
+    text: str                           # new text this step; text that may become a stop string is held back
+    finished: bool
+    finish_reason: str | None           # "stop" | "length" | "abort" | None while running
+
+
+@dataclass(eq=False)
+class Request:
+    """A sequence plus what the engine keeps per request: sampler, stop rules, text, timings."""
+    seq: Sequence
+    sampler: Sampler
+    stop_ids: set[int]
+    text: _TextCollector
+    arrival: float
+    pieces: list[str] = field(default_factory=list)      # text produced since the last event
+    sample_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def generation(self) -> Generation:
+        """The result in `llm.generate`'s form (times measured from add_request)."""
+        times, n = self.sample_times, len(self.seq.output_ids)
+        ttft = times[0] - self.arrival if times else 0.0
+        decode_s = times[n - 1] - times[0] if n > 1 else 0.0
+        latencies = [b - a for a, b in zip([self.arrival] + times, times)]
+        return Generation(self.text.text, list(self.seq.output_ids), self.seq.prompt_len, ttft, decode_s,
+                          self.finish_reason or "abort", latencies)
+
+
+class Engine:
+    """Continuous batching for one model: many requests, one batched forward pass per step."""
+
+    def __init__(self, llm, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
+                 max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int = 512,
+                 prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True):
+        """kv_cache: "float32" or "int8" (default: as the model was loaded). The pool holds
+        `num_blocks` blocks of `block_size` tokens, or as many as fit in `max_kv_bytes`."""
+        check_supported(llm.model)
+        if block_size < 1 or max_batch < 1 or max_batch_tokens < 1:
+            raise MiniLLMError("block_size, max_batch and max_batch_tokens must be >= 1")
+        self.llm, self.config = llm, llm.config
+        kv_cache = kv_cache or llm.model.kv_cache_dtype
+        if kv_cache not in ("float32", "int8"):
+            raise MiniLLMError(f"unknown kv_cache {kv_cache!r}; choose float32 or int8")
+        if num_blocks is None:
+            per_block = PagedKVCache(self.config, 1, block_size, kv_cache).nbytes
+            num_blocks = (max_kv_bytes or DEFAULT_MAX_KV_BYTES) // per_block
+        if num_blocks < 1:
+            raise MiniLLMError(f"max_kv_bytes={max_kv_bytes} holds no KV block of {block_size} tokens")
+        self.pool = PagedKVCache(self.config, num_blocks, block_size, kv_cache)
+        self.prefix_cache = PrefixCache() if prefix_caching else None
+        self.blocks = BlockManager(num_blocks, self.prefix_cache)
+        self.scheduler = Scheduler(self.blocks, block_size, max_batch, max_batch_tokens, self.prefix_cache,
+                                   chunked_prefill)
+        self.runner = BatchedRunner(llm.model, self.pool)
+        self.requests: dict[int, Request] = {}           # unfinished ones
+        self._events: list[StepEvent] = []               # aborts, reported by the next step
+        self._lock = threading.RLock()
+        self._next_id = 0
+        self._counters = dict(tokens_generated=0, tokens_computed=0, prompt_tokens_computed=0, steps=0,
+                              batch_size=0, peak_blocks_used=0)
+
+    # ---- requests in ---------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int] | list[dict], max_tokens: int = 64, temperature: float = 0.0,
+                    top_p: float = 1.0, top_k: int = 0, stop: Seq[str] = (), seed: int | None = None,
+                    chat: bool = False, ignore_eos: bool = False) -> int:
+        """Queue a request (text, token ids, or chat messages); -> its request id. top_k=0 and
+        top_p=1.0 mean no filter; ignore_eos runs to max_tokens (benchmarks: fixed output lengths)."""
+        return self._add(prompt, max_tokens, temperature, top_p, top_k, stop, seed, chat, ignore_eos).seq.request_id
+
+    def _add(self, prompt, max_tokens, temperature, top_p, top_k, stop, seed, chat, ignore_eos=False) -> Request:
+        if max_tokens < 1:
+            raise MiniLLMError(f"max_tokens must be >= 1, got {max_tokens}")
+        try:
+            params = SamplingParams(temperature, top_k or None, None if top_p == 1.0 else top_p, seed)
+        except ValueError as e:
+            raise MiniLLMError(str(e)) from None
+        ids = self._prompt_ids(prompt, chat)
+        max_tokens = min(max_tokens, self.config.max_seq_len - len(ids))
+        self._check_fits(len(ids) + max_tokens - 1)
+        tokenizer = self._tokenizer()
+        stop_ids = set() if ignore_eos else set(self.config.eos_token_ids) | set(tokenizer.eos_ids if tokenizer else ())
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            pieces: list[str] = []
+            request = Request(Sequence(rid, list(ids), len(ids), max_tokens), Sampler(params), stop_ids,
+                              _TextCollector(tokenizer, list(stop), pieces.append), time.perf_counter(), pieces)
+            self.requests[rid] = request
+            self.scheduler.add(request.seq)
+        return request
+
+    def _prompt_ids(self, prompt, chat: bool) -> list[int]:
+        if not prompt:
+            raise MiniLLMError("the prompt is empty")
+        if isinstance(prompt, (list, tuple)) and not isinstance(prompt[0], dict):
+            ids = [int(t) for t in prompt]
+            if min(ids) < 0 or max(ids) >= self.config.vocab_size:
+                raise MiniLLMError(f"token ids must be in [0, {self.config.vocab_size})")
+        else:
+            ids = self.llm.prompt_ids(prompt, chat=chat or None)
+        if not ids:
+            raise MiniLLMError("the prompt is empty")
+        if len(ids) >= self.config.max_seq_len:
+            raise MiniLLMError(f"the prompt is {len(ids)} tokens; this model's context is {self.config.max_seq_len}")
+        return ids
+
+    def _check_fits(self, n_positions: int) -> None:
+        """A request that needs more blocks than the whole pool could never finish: refuse it now."""
+        need = math.ceil(n_positions / self.pool.block_size)
+        if need > self.pool.num_blocks:
+            raise MiniLLMError(f"this request needs {need} KV blocks of {self.pool.block_size} tokens; the pool "
+                               f"has {self.pool.num_blocks}: lower max_tokens or give the engine more KV memory")
+
+    def _tokenizer(self):
+        try:
+            return self.llm.tokenizer
+        except MiniLLMError:
+            return None                      # token-id prompts still work; texts stay empty
+
+    def abort(self, request_id: int) -> bool:
+        """Stop a request now and free its blocks; its final event comes with the next step.
+        False if it is unknown or already finished."""
+        with self._lock:
+            request = self.requests.get(request_id)
+            if request is None:
+                return False
+            self._finish(request, "abort")
+            self._events.append(StepEvent(request_id, [], "".join(request.pieces), True, "abort"))
+            request.pieces.clear()
+            return True
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def step(self) -> list[StepEvent]:
+        """Schedule, run one batched forward pass, sample; -> what each request produced."""
+        with self._lock:
+            events, self._events = self._events, []
+            batch = self.scheduler.schedule()
+            self._count_step(batch)
+            if not batch:
+                return events
+            chunks = [SeqChunk(seq.tokens[seq.num_computed:seq.num_computed + n], seq.num_computed,
+                               seq.block_table) for seq, n in batch]
+            logits = self.runner.forward(chunks)                     # [len(batch), vocab]
+            for (seq, n), row in zip(batch, logits):
+                self.scheduler.advance(seq, n)
+                if seq.num_pending == 0:                             # caught up: its next token is due
+                    events.append(self._sample(self.requests[seq.request_id], row))
+            return events
+
+    def _sample(self, request: Request, logits: np.ndarray) -> StepEvent:
+        """The same rules as generate.generate_ids: EOS stops (and is not output), then stop strings,
+        then max_tokens."""
+        seq = request.seq
+        token = request.sampler(logits)
+        request.sample_times.append(time.perf_counter())
+        new, reason = [], None
+        if token in request.stop_ids:
+            reason = "stop"
+        else:
+            new = [token]
+            seq.tokens.append(token)
+            self._counters["tokens_generated"] += 1
+            if request.text.push(token):
+                reason = "stop"
+            elif len(seq.output_ids) >= seq.max_tokens:
+                reason = "length"
+        if reason is not None:
+            self._finish(request, reason)
+        text = "".join(request.pieces)
+        request.pieces.clear()
+        return StepEvent(seq.request_id, new, text, reason is not None, reason)
+
+    def _finish(self, request: Request, reason: str) -> None:
+        request.finish_reason = reason
+        request.text.finish()                                        # release held-back text
+        self.scheduler.finish(request.seq)
+        del self.requests[request.seq.request_id]
+
+    def _count_step(self, batch) -> None:
+        c = self._counters
+        c["steps"] += 1
+        c["batch_size"] = len(batch)
+        c["tokens_computed"] += sum(n for _, n in batch)
+        c["prompt_tokens_computed"] += sum(max(0, min(seq.num_computed + n, seq.prompt_len) - seq.num_computed)
+                                           for seq, n in batch)      # before `advance`: num_computed is old
+        c["peak_blocks_used"] = max(c["peak_blocks_used"], self.blocks.num_used)
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self.requests or self._events)
+
+    def stats(self) -> dict:
+        """Counters for monitoring: queue lengths, blocks, tokens, the last batch, prefix-cache hits.
+        Blocks: used (held by requests) + cached (unused, kept for their prefix) + free = total."""
+        with self._lock:
+            c, cache = self._counters, self.prefix_cache
+            return dict(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                        blocks_used=self.blocks.num_used, blocks_total=self.blocks.num_blocks,
+                        blocks_cached=cache.num_unused if cache else 0, blocks_free=len(self.blocks.free),
+                        tokens_generated=c["tokens_generated"],
+                        batch_size=c["batch_size"], prefix_hit_tokens=cache.hit_tokens if cache else 0,
+                        prompt_tokens_computed=c["prompt_tokens_computed"], tokens_computed=c["tokens_computed"],
+                        preemptions=self.scheduler.preemptions,
+                        steps=c["steps"], kv_bytes_per_block=self.pool.bytes_per_block,
+                        peak_kv_bytes=c["peak_blocks_used"] * self.pool.bytes_per_block)
+
+    # ---- the convenience loop ------------------------------------------------------------------
+    def generate(self, prompts: list, max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, stop: Seq[str] = (), seed: int | None = None,
+                 chat: bool = False) -> list[Generation]:
+        """Run every prompt through the engine together; -> one Generation per prompt, in order.
+        It drives `step()` itself: other requests in the engine advance too, their events unseen."""
+        if isinstance(prompts, str) or any(isinstance(p, int) for p in prompts):
+            raise MiniLLMError("Engine.generate takes a list of prompts (texts, token-id lists or message lists)")
+        requests = []
+        try:
+            for prompt in prompts:
+                requests.append(self._add(prompt, max_tokens, temperature, top_p, top_k, stop, seed, chat))
+        except MiniLLMError:
+            for request in requests:
+                self.abort(request.seq.request_id)
+            raise
+        while not all(r.seq.finished for r in requests):
+            self.step()
+        return [r.generation() for r in requests]

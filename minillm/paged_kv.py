@@ -1,0 +1,198 @@
+"""The paged KV cache: one pool of fixed-size blocks for every sequence, and a block table per sequence.
+
+A contiguous cache (kv_cache.py) reserves max_seq_len positions per sequence up front. Most requests
+stop far short of that, so most of the reservation is never written: with many users, memory runs out
+long before it is used. Paging (vLLM's PagedAttention) hands out blocks of `block_size` positions as a
+sequence grows; a sequence only wastes the unfilled tail of its last block (< block_size positions).
+
+    pool.k[layer]          [n_blocks, block_size, n_kv_heads, head_dim]   every sequence's keys
+    block_table            [b0, b1, b2, ...]   block j holds positions j*block_size .. (j+1)*block_size - 1
+    position p             lives in block block_table[p // block_size], slot p % block_size
+
+Attention reads a sequence's keys back through its table: on the CPU a NumPy gather (a copy of the
+blocks, the price of paging here), on a GPU a paged attention kernel that follows the table itself.
+
+`BlockManager` owns the blocks: a free list, a reference count per block (a block shared by several
+sequences, through the prefix cache, is freed when the last one lets go), and, with a `PrefixCache`,
+the blocks that are unused but still hold a known prefix (evicted least recently used first).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig
+from .kv_cache import CacheBase
+from .quant import quantize_int8
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+class PagedKVCache:
+    """The pool of blocks, float32 or int8 (with a scale per position and KV head, as Int8KVCache).
+
+    Layout is token-major inside a block, [block_size, n_kv_heads, head_dim], like the rows the q/k/v
+    projection produces: writing T new tokens is one scatter, and reading a sequence back is one gather
+    whose result is already [L, n_kv_heads, head_dim] (a transpose view away from what attention wants).
+    """
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                 dtype: str = "float32"):
+        if dtype not in ("float32", "int8"):
+            raise ValueError(f"paged KV dtype must be float32 or int8, got {dtype!r}")
+        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        # np.zeros maps untouched pages lazily: a large pool costs memory only as blocks get written.
+        self.k = np.zeros(shape, dtype=np.int8 if dtype == "int8" else np.float32)  # [layers, blocks, bs, n_kv, hd]
+        self.v = np.zeros(shape, dtype=self.k.dtype)
+        if dtype == "int8":
+            self.k_scale = np.zeros(shape[:4], dtype=np.float32)                  # [layers, blocks, bs, n_kv]
+            self.v_scale = np.zeros(shape[:4], dtype=np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in vars(self).values() if hasattr(a, "nbytes"))
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.nbytes // self.num_blocks
+
+    def slots(self, block_table, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(block, offset) of positions start .. stop-1 of the sequence with this table.   -> 2 × [T]"""
+        positions = np.arange(start, stop)
+        return np.asarray(block_table, dtype=np.int64)[positions // self.block_size], positions % self.block_size
+
+    def write(self, layer: int, blocks: np.ndarray, offsets: np.ndarray, k_new: np.ndarray,
+              v_new: np.ndarray) -> None:
+        """Scatter new keys and values into their slots.   blocks, offsets: [T]; k_new, v_new: [T, n_kv, hd]"""
+        if self.dtype == "float32":
+            self.k[layer, blocks, offsets] = k_new
+            self.v[layer, blocks, offsets] = v_new
+            return
+        T, n_kv, hd = k_new.shape
+        for new, q, scale in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale)):
+            w = quantize_int8(new.reshape(T * n_kv, hd))                # one scale per (token, head) vector
+            q[layer, blocks, offsets] = w.qweight.reshape(T, n_kv, hd)
+            scale[layer, blocks, offsets] = w.scales.reshape(T, n_kv)
+
+    def read(self, layer: int, block_table, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """One sequence's first `length` keys and values, in fp32.   -> k, v: [n_kv, length, hd] (views)"""
+        blocks = np.asarray(block_table[:math.ceil(length / self.block_size)], dtype=np.int64)
+        out = []
+        for pool, scale in ((self.k, getattr(self, "k_scale", None)), (self.v, getattr(self, "v_scale", None))):
+            x = pool[layer, blocks]                                     # [nb, bs, n_kv, hd]  the gather (a copy)
+            x = x.reshape(-1, *x.shape[2:])[:length]                    # [length, n_kv, hd]
+            if scale is not None:
+                x = x * scale[layer, blocks].reshape(-1, x.shape[1])[:length, :, None]
+            out.append(x.transpose(1, 0, 2))                            # [n_kv, length, hd]
+        return out[0], out[1]
+
+
+class BlockManager:
+    """Hands out blocks and takes them back, counting owners so blocks can be shared.
+
+    Every block is in exactly one state: free (in `free`), used (refcount > 0), or cached-unused
+    (refcount 0, content known to the prefix cache, reclaimed LRU-first when the free list is empty).
+    """
+
+    def __init__(self, num_blocks: int, prefix_cache=None):
+        self.num_blocks = num_blocks
+        # A stack, lowest ids on top: a freed block is the next one handed out, so a big pool's pages
+        # that were never written stay unmapped (np.zeros) and the blocks in use stay few and warm.
+        self.free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.refcount = [0] * num_blocks
+        self.prefix_cache = prefix_cache
+
+    @property
+    def num_free(self) -> int:
+        """Blocks a new owner can get now: free ones plus cached ones nobody uses."""
+        return len(self.free) + (self.prefix_cache.num_unused if self.prefix_cache else 0)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def allocate(self) -> int:
+        """One block for a new owner; raises MemoryError when every block is in use."""
+        if self.free:
+            block = self.free.pop()
+        elif self.prefix_cache is not None and self.prefix_cache.num_unused:
+            block = self.prefix_cache.evict()                           # least recently used prefix goes
+        else:
+            raise MemoryError("no free KV blocks")
+        self.refcount[block] = 1
+        return block
+
+    def share(self, block: int) -> None:
+        """One more owner of a block holding a cached prefix (a prefix-cache hit)."""
+        if self.refcount[block] == 0:
+            self.prefix_cache.touch(block)                              # in use again: not evictable
+        self.refcount[block] += 1
+
+    def release(self, block: int) -> None:
+        if self.refcount[block] <= 0:
+            raise RuntimeError(f"block {block} released more often than it was allocated")
+        self.refcount[block] -= 1
+        if self.refcount[block] == 0:
+            if self.prefix_cache is not None and self.prefix_cache.holds(block):
+                self.prefix_cache.park(block)                           # keep its prefix until the space is needed
+            else:
+                self.free.append(block)
+
+    def release_all(self, block_table: list[int]) -> None:
+        """Release a sequence's blocks, last first: its deepest blocks are then evicted before its
+        prefix, which more requests share."""
+        for block in reversed(block_table):
+            self.release(block)
+        block_table.clear()
+
+
+class BlockTableCache(CacheBase):
+    """One sequence in the paged pool, with the contiguous caches' contract (`append`, `advance`),
+    so `Transformer.prefill` / `decode` run through a block table unchanged (lesson 16, tests).
+    Blocks are allocated as positions arrive; `free()` gives them back."""
+
+    def __init__(self, pool: PagedKVCache, manager: BlockManager):
+        self.pool, self.manager = pool, manager
+        self.block_table: list[int] = []
+        self.length = 0
+
+    def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """k_new, v_new: [n_kv, T, hd] -> k, v: [n_kv, length + T, hd], gathered through the table"""
+        end = self.length + k_new.shape[1]
+        while len(self.block_table) * self.pool.block_size < end:
+            self.block_table.append(self.manager.allocate())
+        blocks, offsets = self.pool.slots(self.block_table, self.length, end)
+        self.pool.write(layer, blocks, offsets, k_new.transpose(1, 0, 2), v_new.transpose(1, 0, 2))
+        return self.pool.read(layer, self.block_table, end)
+
+    def free(self) -> None:
+        self.manager.release_all(self.block_table)
+        self.length = 0
+
+
+# ---- fragmentation: what each way of reserving memory costs --------------------------------------
+
+@dataclass
+class AllocationReport:
+    used_bytes: int                 # positions actually written
+    contiguous_bytes: int           # one max-length region per sequence (kv_cache.KVCache)
+    paged_bytes: int                # whole blocks, as many as each sequence needs
+
+    @property
+    def contiguous_waste(self) -> float:
+        return 1 - self.used_bytes / self.contiguous_bytes if self.contiguous_bytes else 0.0
+
+    @property
+    def paged_waste(self) -> float:
+        return 1 - self.used_bytes / self.paged_bytes if self.paged_bytes else 0.0
+
+
+def compare_allocation(lengths, max_len: int, block_size: int, bytes_per_token: int) -> AllocationReport:
+    """KV bytes reserved for sequences of these lengths: contiguous at `max_len` each vs paged."""
+    used = sum(lengths)
+    paged = sum(math.ceil(n / block_size) for n in lengths) * block_size
+    return AllocationReport(used * bytes_per_token, len(lengths) * max_len * bytes_per_token,
+                            paged * bytes_per_token)

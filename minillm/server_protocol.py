@@ -1,0 +1,204 @@
+"""The OpenAI wire format `minillm serve` speaks: request schemas, response bodies, error bodies.
+
+Only shapes live here (pydantic models in, plain dicts out); nothing here knows about the engine,
+so the server file reads as "parse, submit, stream" and this file as the API reference.
+The subset: /v1/completions and /v1/chat/completions with temperature, top_p, max_tokens, stop,
+seed and n=1, streamed as server-sent events or not, with usage counts and a finish_reason.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ApiError(Exception):
+    """A request the server refuses; it becomes OpenAI's error JSON with this HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# ---- requests -----------------------------------------------------------------------------------
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False          # one last chunk with the usage counts and no choices
+
+
+# Parameters of OpenAI's API that would change the output and that minillm does not implement:
+# refused with a 400 rather than silently ignored. The value is what "not asked for" looks like.
+_UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
+                "suffix": (None, ""), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+                "logit_bias": (None, {}), "tools": (None, []), "response_format": (None, {"type": "text"})}
+
+
+class _Sampling(BaseModel):
+    """The fields both endpoints share. Ranges follow OpenAI's API reference."""
+    model_config = ConfigDict(extra="allow")     # unknown fields are ignored, as OpenAI's clients expect
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)   # OpenAI's default is 1, not greedy
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)                        # an extension (vLLM has it too); 0 = off
+    ignore_eos: bool = False                           # vLLM's extension for benchmarks: run to max_tokens
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: list[str] = []                      # a string or a list of strings on the wire
+    seed: int | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError(f"only n=1 is supported, got n={n}")
+        return n
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, stop):
+        stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
+        if isinstance(stops, list) and len(stops) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
+        return stops
+
+    @field_validator("stop")
+    @classmethod
+    def _drop_empty(cls, stops: list[str]) -> list[str]:
+        return [s for s in stops if s]
+
+    def refuse_unsupported(self) -> None:
+        for name, value in (self.model_extra or {}).items():
+            if name in _UNSUPPORTED and value not in _UNSUPPORTED[name]:
+                raise ApiError(400, f"{name} is not supported by minillm serve", param=name,
+                               code="unsupported_parameter")
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions: one prompt, as text or as token ids."""
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    max_tokens: int | None = Field(16, ge=1)          # the legacy endpoint's default
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        # A list of strings (or of id lists) is a batch of prompts: n>1 by another name.
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ValueError(f"one prompt per request is supported, got {len(prompt)}")
+            prompt = prompt[0]
+        if len(prompt) == 0:
+            raise ValueError("the prompt is empty")
+        return prompt
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict] | None = None
+
+    def text(self) -> str:
+        """The message's text: a string, or the text parts of a list of content parts."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        if any(part.get("type") != "text" for part in self.content):
+            raise ApiError(400, "only text content parts are supported", param="messages")
+        return "".join(part.get("text", "") for part in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions: messages rendered through the model's chat template."""
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)   # the newer name of max_tokens
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def plain_messages(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+def parse(schema: type[_Sampling], raw: bytes) -> _Sampling:
+    """The request body as `schema`, or an ApiError naming the first bad field."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        request = schema.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])          # "temperature", "messages.0.role"
+        message = first["msg"].removeprefix("Value error, ")
+        param = str(first["loc"][0]) if first["loc"] else None
+        raise ApiError(400, f"{where}: {message}" if where else message, param=param) from None
+    request.refuse_unsupported()
+    return request
+
+
+# ---- responses ----------------------------------------------------------------------------------
+
+def new_id(kind: Literal["cmpl", "chatcmpl"]) -> str:
+    return f"{kind}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(id: str, model: str, text: str, finish_reason: str | None, counts: dict | None) -> dict:
+    """A /v1/completions response (counts given) or one streamed chunk of it (counts None)."""
+    body = {"id": id, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+    if counts is not None:
+        body["usage"] = counts
+    return body
+
+
+def chat_completion(id: str, model: str, text: str, finish_reason: str, counts: dict) -> dict:
+    return {"id": id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish_reason}],
+            "usage": counts}
+
+
+def chat_chunk(id: str, model: str, delta: dict, finish_reason: str | None) -> dict:
+    """One streamed chunk: the first carries the role, the next ones text, the last the finish."""
+    return {"id": id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+
+
+def usage_chunk(id: str, model: str, object: str, counts: dict) -> dict:
+    """The extra last chunk `stream_options.include_usage` asks for: no choices, only usage."""
+    return {"id": id, "object": object, "created": int(time.time()), "model": model, "choices": [],
+            "usage": counts}
+
+
+def model_list(name: str, created: int, max_model_len: int, vocab_size: int) -> dict:
+    """The one model served; max_model_len as vLLM reports it, vocab_size for benchmark clients."""
+    card = {"id": name, "object": "model", "created": created, "owned_by": "minillm",
+            "max_model_len": max_model_len, "vocab_size": vocab_size}
+    return {"object": "list", "data": [card]}
+
+
+def sse(data: dict | str) -> str:
+    """One server-sent event: `data: <json>` and a blank line."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+SSE_DONE = sse("[DONE]")

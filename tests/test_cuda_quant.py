@@ -1,0 +1,280 @@
+"""int8 / int4 weights on the GPU (kernels/gemv_quant.cu): each quantized GEMV against NumPy on the same
+quantized weights (dequantize, then matmul), and whole models GPU vs CPU with the same quantization.
+
+Skipped where there is no CuPy or no CUDA device. The SmolLM2 tests use the `smollm2_dir` fixture, or
+MINILLM_TEST_SMOLLM2=DIR (an HF-layout dir: on the GPU machine, a cut of the real weights made by
+tests/smollm2_pieces.py, since its network is closed).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+try:
+    _N_DEVICES = cp.cuda.runtime.getDeviceCount()
+except Exception:      # no driver, or a driver too old for this CuPy
+    _N_DEVICES = 0
+if _N_DEVICES == 0:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import minillm  # noqa: E402
+from minillm.cuda import checks  # noqa: E402
+from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
+from minillm.cuda.kernels import Kernels  # noqa: E402
+from minillm.cuda.qweights import QuantMatrix  # noqa: E402
+
+DTYPES = ["float16", "bfloat16"]
+# (method, group size): int4 in the default groups of 128, and the smallest (SmolLM2's Q4_1 grid)
+FORMATS = [("int8", 0), ("int4", 128), ("int4", 32)]
+FORMAT_IDS = ["int8", "int4-g128", "int4-g32"]
+
+
+@pytest.fixture(scope="module", params=DTYPES)
+def k(request) -> Kernels:
+    return Kernels(request.param)
+
+
+def ok(result):
+    err, tol = result
+    assert err <= tol, f"error {err:.3e} > tolerance {tol:.1e}"
+
+
+# gemv_quant.cu v2 multiplies in fp16: x rounded to fp16 (per chunk, scaled by a power of two) and the
+# products of a 16-byte chunk summed in f16x2 before fp32 takes over (the kernel's header comment has the
+# argument). So its error against the same quantized weights with exact x is ~2^-11 of the output's scale,
+# not fp32's ~1e-7: a NumPy emulation of the kernel's arithmetic gave at most 1.1e-3 (int8) and 1.4e-3
+# (int4) over these tests' shapes and seeds; the fp32 v1 stays within checks' 1e-5·sqrt(in). The quantization
+# itself moves the outputs far more (int8 ~1e-2, int4 ~1e-1 of the output's scale).
+QUANT_TOL = 3e-3
+
+
+def ok_fp16_products(result):
+    err, _ = result
+    assert err <= QUANT_TOL, f"error {err:.3e} > tolerance {QUANT_TOL:.1e} (fp16 products)"
+
+
+# ---- the kernels ------------------------------------------------------------------------------------
+# widths: tiny, a row that is not a multiple of 16 (int8 pads it) or of the group size (int4 pads it),
+# SmolLM2's 576 (4.5 groups of 128), Mistral's 4096 and 14336 (several loop steps, 72 KB of staged x)
+SHAPES = [(1, 16), (13, 40), (100, 200), (7, 576), (257, 4096), (4096, 1024), (64, 14336)]
+
+
+@pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("rows,n_in", SHAPES)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_quantized_gemv_matches_numpy(k, method, group, rows, n_in, accumulate):
+    ok_fp16_products(checks.check_gemv(k, rows, n_in, 4, accumulate, quant=method, group_size=group))
+
+
+@pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("rows,n_in", [(13, 40), (257, 4096), (64, 14336)])
+def test_quantized_gemv_v1_matches_numpy_to_fp32_rounding(k, method, group, rows, n_in):
+    """v1 (x in fp32, fp32 products), kept to compare: within checks' fp32 tolerance, as before."""
+    k.quant_version = 1
+    try:
+        ok(checks.check_gemv(k, rows, n_in, 4, quant=method, group_size=group))
+        with pytest.raises(ValueError, match="plain"):                 # no fused variants in v1
+            k.gemv_swiglu(checks.weights(k, 4, 32, np.random.default_rng(0), method, group)[1],
+                          cp.ones(32, cp.float32), None, 1e-5, cp.empty(2, cp.float32))
+    finally:
+        k.quant_version = 2
+
+
+@pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("scale", [1e-6, 1e4], ids=["tiny x", "huge x"])
+def test_quantized_gemv_v2_keeps_fp16_in_range(k, method, group, scale):
+    """x far outside fp16's comfortable range (x·code would overflow fp16 at 1e4, and 1e-6 is subnormal):
+    the per-chunk power-of-two scaling keeps the products exact enough, with one outlier 30x the rest."""
+    rng = np.random.default_rng(7)
+    ref, w = checks.weights(k, 96, 1000, rng, method, group)
+    x = rng.standard_normal(1000) * scale
+    x[123] = 30 * scale
+    y = checks.poisoned(96, np.float32)
+    k.gemv(w, cp.asarray(x.astype(np.float32)), y)
+    cp.cuda.Device().synchronize()
+    want = ref.astype(np.float64) @ x.astype(np.float32).astype(np.float64)
+    assert checks.rel_err(cp.asnumpy(y), want) <= QUANT_TOL
+
+
+@pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("rows,n_in", [(1, 16), (13, 64), (101, 4096), (33, 100), (7, 14336)])
+def test_quantized_gemv_with_fused_rmsnorm_matches_numpy(k, method, group, rows, n_in):
+    ok_fp16_products(checks.check_gemv_rmsnorm(k, rows, n_in, version=4, quant=method, group_size=group))
+
+
+def swiglu_error(k, method, group, ffn, n_in, norm, seed=0) -> float:
+    """The fused gate/up + SwiGLU kernel's error, relative to max|gate|·max|up|: the scale its inputs'
+    errors (QUANT_TOL of each vector's largest value) reach the output with. Relative to the output's own
+    largest value instead (as checks.check_gemv_swiglu measures), one small silu(g)·u (ffn = 1) could ask
+    for more precision than the GEMV outputs it is made of have."""
+    from minillm.layers import rmsnorm, silu
+    rng = np.random.default_rng(seed)
+    w, dw = checks.weights(k, 2 * ffn, n_in, rng, method, group)
+    x = (rng.standard_normal(n_in) * 3).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
+    out = checks.poisoned(ffn, np.float32)
+    k.gemv_swiglu(dw, cp.asarray(x), cp.asarray(g) if norm else None, 1e-5, out)
+    cp.cuda.Device().synchronize()
+    h = rmsnorm(x[None], g, 1e-5)[0] if norm else x
+    gu = w.astype(np.float64) @ h.astype(np.float64)
+    want = silu(gu[:ffn]) * gu[ffn:]
+    got = cp.asnumpy(out).astype(np.float64)
+    if np.isnan(got).any():
+        return np.inf
+    return float(np.abs(got - want).max() / (np.abs(gu[:ffn]).max() * np.abs(gu[ffn:]).max()))
+
+
+@pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("ffn,n_in", [(1, 16), (7, 72), (300, 4096), (1000, 576)])
+@pytest.mark.parametrize("norm", [False, True])
+def test_quantized_gemv_swiglu_matches_numpy(k, method, group, ffn, n_in, norm):
+    err = swiglu_error(k, method, group, ffn, n_in, norm)
+    assert err <= QUANT_TOL, f"error {err:.3e} > tolerance {QUANT_TOL:.1e}"
+
+
+@pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("n_heads,n_kv,hd,n_in,pos0,capacity", [(32, 8, 128, 4096, 4000, 4100), (9, 3, 64, 576, 17, 40),
+                                                                (4, 1, 256, 264, 0, 5), (8, 2, 64, 128, 50, 50)])
+@pytest.mark.parametrize("norm", [False, True])
+def test_quantized_gemv_qkv_rope_kv_append_matches_numpy(k, method, group, n_heads, n_kv, hd, n_in, pos0, capacity,
+                                                         norm):
+    ok_fp16_products(checks.check_gemv_qkv(k, n_heads, n_kv, hd, n_in, pos0, capacity, norm, quant=method,
+                                           group_size=group))
+
+
+@pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("rows,n_in", [(3, 40), (64, 576), (512, 4096)])
+def test_prefill_dequantize_matches_numpy(k, method, group, rows, n_in):
+    ok(checks.check_dequantize(k, method, rows, n_in, group))
+
+
+@pytest.mark.parametrize("blocks_per_sm", [0, 1, 2])
+def test_quantized_gemv_is_the_same_for_any_grid(blocks_per_sm):
+    """The launcher's grid (one pair per warp, or warps looping over pairs) changes nothing: each row's
+    sum runs in the same order whoever computes it."""
+    k = Kernels("float16")
+    rng = np.random.default_rng(3)
+    _, w = checks.weights(k, 3001, 576, rng, "int4", 64)
+    x = cp.asarray(rng.standard_normal(576).astype(np.float32))
+    outs = []
+    for b in (blocks_per_sm, 0):
+        k.quant_blocks_per_sm = b
+        y = checks.poisoned(3001, np.float32)
+        k.gemv(w, x, y)
+        outs.append(cp.asnumpy(y))
+    assert np.array_equal(outs[0], outs[1]) and not np.isnan(outs[0]).any()
+
+
+def test_quantized_rows_too_wide_for_shared_memory_are_refused():
+    """v2 stages x in 52 bytes per 16 int8 weights: a 96K-wide row needs 312 KB, more than an SM has."""
+    k = Kernels("float16")
+    w = QuantMatrix("int8", cp.zeros((2, 96 * 1024), cp.int8), cp.ones(2, cp.float32), None, 96 * 1024)
+    with pytest.raises(ValueError, match="shared memory"):
+        k.gemv(w, cp.zeros(96 * 1024, cp.float32), cp.zeros(2, cp.float32))
+
+
+# ---- whole models, GPU vs CPU with the same quantization -------------------------------------------------
+KINDS = ["gqa", "mqa", "tied", "mistral", "hd64", "llama3"]
+
+
+@pytest.mark.parametrize("fuse_norm", [False, True], ids=["norm", "fused-norm"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_quantized_gpu_logits_match_cpu(kind, method, group, dtype, fuse_norm):
+    ok(checks.check_model_logits(kind, dtype, fuse_norm=fuse_norm, quant=method, group_size=group))
+
+
+@pytest.mark.parametrize("method,group", [("int8", 0), ("int4", 96)], ids=["int8", "int4-g96"])
+def test_quantized_logits_with_rows_padded_to_whole_groups(method, group):
+    """dim 128 in groups of 96: every int4 row ends in a padded group (and prefill widens it back)."""
+    ok(checks.check_model_logits("gqa", "float16", quant=method, group_size=group))
+
+
+@pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("kind", ["gqa", "mistral", "tied"])
+def test_quantized_greedy_continuation_matches_cpu(kind, method, group):
+    same, detail = checks.check_greedy(kind, "float16", quant=method, group_size=group)
+    assert same, detail
+
+
+@pytest.mark.parametrize("fuse_norm", [False, True], ids=["norm", "fused-norm"])
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_graph_replay_equals_eager(method, fuse_norm):
+    same, detail = checks.check_graph_equals_eager("mistral", "float16", fuse_norm=fuse_norm, quant=method)
+    assert same, detail
+
+
+def test_quantized_models_refuse_the_old_gemv_versions():
+    cpu = checks.random_cpu_model(checks.small_config("gqa"), "float16", quant="int8")
+    with pytest.raises(ValueError, match="gemv_version=4"):
+        GPUTransformer.from_cpu(cpu, "float16", gemv_version=2)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_weight_bytes_count_the_quantized_bytes(method):
+    """What a decode step reads: codes + scales (+ mins) of every layer matrix, the 16-bit head, the norms."""
+    cfg = checks.small_config("gqa", dim=256, ffn_dim=512)
+    gpu = GPUTransformer.random(cfg, "float16", quant=method)
+    c, hd = cfg, cfg.head_dim
+    shapes = [((c.n_heads + 2 * c.n_kv_heads) * hd, c.dim), (c.dim, c.n_heads * hd), (2 * c.ffn_dim, c.dim),
+              (c.dim, c.ffn_dim)]
+    if method == "int8":
+        per_matrix = [rows * cols + 4 * rows for rows, cols in shapes]                       # codes + fp32 scale
+    else:
+        per_matrix = [rows * cols // 2 + 2 * 2 * rows * (cols // 128) for rows, cols in shapes]   # + fp16 s, m
+    want = c.n_layers * (sum(per_matrix) + 2 * 4 * c.dim) + 2 * c.vocab_size * c.dim + 4 * c.dim
+    assert gpu.weight_bytes == want
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_random_quantized_model_decodes_finite_logits(method):
+    gpu = GPUTransformer.random(checks.small_config("mistral"), "float16", quant=method, seed=2)
+    cache = gpu.new_cache(64)
+    logits = gpu.prefill(np.arange(1, 20), cache)
+    for _ in range(5):
+        logits = gpu.decode(int(np.argmax(logits)), cache)
+    assert np.isfinite(logits).all()
+
+
+# ---- SmolLM2 (real weights) and the public API ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2(request) -> Path:
+    path = os.environ.get("MINILLM_TEST_SMOLLM2")
+    if path:
+        return Path(path)
+    try:
+        return request.getfixturevalue("smollm2_dir")
+    except Exception as e:  # noqa: BLE001 - no network and no local copy: nothing to test against
+        pytest.skip(f"SmolLM2 weights not available here ({type(e).__name__})")
+
+
+def _smollm2_cpu(path: Path, method: str):
+    return minillm.load(str(path), quant=method, dtype="float16").model
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_smollm2_quantized_logits_match_cpu(smollm2, method):
+    cpu = _smollm2_cpu(smollm2, method)
+    ok(checks.check_model_logits("", "float16", n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu))
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_smollm2_quantized_greedy_16_tokens_match_cpu(smollm2, method):
+    cpu = _smollm2_cpu(smollm2, method)
+    prompt = [1, 504, 3458, 282, 253, 1351, 28, 665, 253, 2754, 282]     # ids of a short English prompt
+    same, detail = checks.check_greedy("", "float16", n=16, cpu=cpu, prompt=np.array(prompt))
+    assert same, detail
+
+
+def test_load_on_cuda_with_quant_matches_cpu(smollm2):
+    ids = list(range(5, 45))
+    cpu = minillm.load(str(smollm2), quant="int4", dtype="float16").logits(ids)
+    gpu_llm = minillm.load(str(smollm2), device="cuda", quant="int4", dtype="float16")
+    assert isinstance(gpu_llm.model, GPUTransformer) and gpu_llm.model.quant == "int4"
+    gpu = gpu_llm.logits(ids)
+    assert np.abs(gpu - cpu).max() <= checks.MODEL_TOL["float16"] * np.abs(cpu).max()
