@@ -257,10 +257,19 @@ def _smollm2_cpu(path: Path, method: str):
     return minillm.load(str(path), quant=method, dtype="float16").model
 
 
+# The whole 30-layer SmolLM2 stacks ~200 quantized GEMVs, each ~1e-3 off in fp16 products (above): on the
+# H200 (2026-11-29) int4's logits came out 7.3e-3 of their largest value from the CPU's, over the fp16
+# model's 5e-3. Twice that measurement is the bound; quantizing itself moves these logits (CPU, fp16 vs
+# quantized, 40 positions) by 0.13 (int8) and 0.97 (int4) of their largest value, and the greedy test
+# below asks for the same tokens.
+QUANT_MODEL_TOL = 1.5e-2
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_smollm2_quantized_logits_match_cpu(smollm2, method):
     cpu = _smollm2_cpu(smollm2, method)
-    ok(checks.check_model_logits("", "float16", n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu))
+    err, _ = checks.check_model_logits("", "float16", n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu)
+    assert err <= QUANT_MODEL_TOL, f"error {err:.3e} > tolerance {QUANT_MODEL_TOL:.1e}"
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
