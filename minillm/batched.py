@@ -87,9 +87,10 @@ def pack(chunks: list[SeqChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def check_supported(model) -> None:
-    """The engine runs Llama-style (GQA) attention on the CPU Transformer; say so clearly otherwise."""
+    """The engine runs Llama-style (GQA) attention, on the CPU Transformer or the GPUTransformer
+    (cuda/gpu_batched.py); say so clearly otherwise."""
     from .model import Transformer
-    if not isinstance(model, Transformer):
-        raise MiniLLMError("the batching engine runs on --device cpu only for now (the GPU path comes later)")
+    if not isinstance(model, Transformer) and type(model).__name__ != "GPUTransformer":
+        raise MiniLLMError(f"the batching engine runs a Transformer or a GPUTransformer, not {type(model).__name__}")
     if model.config.attention != "gqa":
         raise MiniLLMError("MLA attention is not supported by the batching engine yet; use llm.generate")

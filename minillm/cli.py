@@ -299,9 +299,15 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
     if random_weights:
         if model not in PRESETS:
             raise click.BadParameter(f"--random-weights needs a preset name, got {model!r}", param_hint="--model")
-        from .bench import random_model
         from .llm import LLM
-        llm = LLM(PRESETS[model].config, random_model(PRESETS[model].config), name=model)
+        if device == "cuda":         # made on the device in fp16: a 7B model in fp32 on the host is 29 GB
+            from .llm import _check_device
+            _check_device("cuda")
+            from .cuda.gpu_model import GPUTransformer
+            llm = LLM(PRESETS[model].config, GPUTransformer.random(PRESETS[model].config, "float16"), name=model)
+        else:
+            from .bench import random_model
+            llm = LLM(PRESETS[model].config, random_model(PRESETS[model].config), name=model)
     else:
         llm = _load(model, device, None)
     serve_bench.run_cli(llm, n_requests, concurrency, prefix_share, workload, prompt_len, output_len,

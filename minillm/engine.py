@@ -6,7 +6,8 @@
         for event in engine.step():             # one batched forward pass for every running request
             print(event.request_id, event.text, event.finished)
 
-The step loop is the whole engine: schedule (scheduler.py), run the batch (batched.py), sample each
+The step loop is the whole engine: schedule (scheduler.py), run the batch (batched.py; on the GPU
+cuda/gpu_batched.py, the pool on the device, logits [B, vocab] copied back once a step), sample each
 request with its own sampler, detokenize, finish the ones that are done (their blocks go back to the
 pool, or stay in the prefix cache). `generate(prompts)` runs the loop for a list of prompts and returns
 one `Generation` per prompt, like `llm.generate` does for one.
@@ -33,6 +34,13 @@ from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler, Sequence
 
 DEFAULT_MAX_KV_BYTES = 512 << 20        # the pool when neither num_blocks nor max_kv_bytes is given
+DEFAULT_GPU_KV_BYTES = 8 << 30          # the same on the GPU: 64k tokens of a Mistral-7B (128 KB each)
+
+
+def _gpu():
+    """minillm.cuda.gpu_batched, imported only when an engine runs on the device."""
+    from .cuda import gpu_batched
+    return gpu_batched
 
 
 @dataclass
@@ -73,26 +81,42 @@ class Engine:
     def __init__(self, llm, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
                  max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int = 512,
                  prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True):
-        """kv_cache: "float32" or "int8" (default: as the model was loaded). The pool holds
-        `num_blocks` blocks of `block_size` tokens, or as many as fit in `max_kv_bytes`."""
+        """kv_cache: "float32" or "int8" (default: as the model was loaded; on the GPU the pool is the
+        model's 16-bit dtype). The pool holds `num_blocks` blocks of `block_size` tokens, or as many as
+        fit in `max_kv_bytes`. A GPUTransformer (llm loaded with device="cuda") runs on the device."""
         check_supported(llm.model)
         if block_size < 1 or max_batch < 1 or max_batch_tokens < 1:
             raise MiniLLMError("block_size, max_batch and max_batch_tokens must be >= 1")
         self.llm, self.config = llm, llm.config
+        on_gpu = type(llm.model).__name__ == "GPUTransformer"
+        if on_gpu:
+            # The device pool is 16-bit, the model's dtype; "float32" (the CLI's default) means "not int8"
+            # here, as it does for llm.load on cuda.
+            if kv_cache == "int8":
+                raise MiniLLMError("on --device cuda, the engine's KV cache is 16-bit: int8 KV is not available yet")
+            kv_cache = llm.model.dtype
         kv_cache = kv_cache or llm.model.kv_cache_dtype
-        if kv_cache not in ("float32", "int8"):
+        if not on_gpu and kv_cache not in ("float32", "int8"):
             raise MiniLLMError(f"unknown kv_cache {kv_cache!r}; choose float32 or int8")
         if num_blocks is None:
-            per_block = PagedKVCache(self.config, 1, block_size, kv_cache).nbytes
-            num_blocks = (max_kv_bytes or DEFAULT_MAX_KV_BYTES) // per_block
+            per_block = (_gpu().DevicePagedKV.bytes_per_block_for(self.config, block_size) if on_gpu
+                         else PagedKVCache(self.config, 1, block_size, kv_cache).nbytes)
+            default = DEFAULT_GPU_KV_BYTES if on_gpu else DEFAULT_MAX_KV_BYTES
+            num_blocks = (max_kv_bytes or default) // per_block
+            if on_gpu and max_kv_bytes is None:          # no more than max_batch full contexts (small models)
+                num_blocks = min(num_blocks, max_batch * math.ceil(self.config.max_seq_len / block_size))
         if num_blocks < 1:
             raise MiniLLMError(f"max_kv_bytes={max_kv_bytes} holds no KV block of {block_size} tokens")
-        self.pool = PagedKVCache(self.config, num_blocks, block_size, kv_cache)
+        if on_gpu:                                       # pool and attention on the device; the rest stays here
+            self.pool = _gpu().DevicePagedKV(self.config, num_blocks, block_size, kv_cache)
+            self.runner = _gpu().GPUBatchedRunner(llm.model, self.pool)
+        else:
+            self.pool = PagedKVCache(self.config, num_blocks, block_size, kv_cache)
+            self.runner = BatchedRunner(llm.model, self.pool)
         self.prefix_cache = PrefixCache() if prefix_caching else None
         self.blocks = BlockManager(num_blocks, self.prefix_cache)
         self.scheduler = Scheduler(self.blocks, block_size, max_batch, max_batch_tokens, self.prefix_cache,
                                    chunked_prefill)
-        self.runner = BatchedRunner(llm.model, self.pool)
         self.requests: dict[int, Request] = {}           # unfinished ones
         self._events: list[StepEvent] = []               # aborts, reported by the next step
         self._lock = threading.RLock()

@@ -139,12 +139,14 @@ def _folded(config: ModelConfig, tensors: dict):
 
 def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_cache: str):
     """The same weights on the GPU (fp16 or bf16; int8/int4 layer matrices stay quantized), decoding
-    through a captured CUDA graph."""
+    through a captured CUDA graph; MLA models run GPUMLATransformer (cuBLAS through CuPy, no graph)."""
+    from .cuda.gpu_mla import GPUMLATransformer
     from .cuda.gpu_model import GPUTransformer
     if kv_cache != "float32":
         raise MiniLLMError("on --device cuda, the int8 KV cache is not available yet (the GPU cache is 16-bit)")
+    gpu_class = GPUMLATransformer if transformer.config.attention == "mla" else GPUTransformer
     try:
-        return GPUTransformer.from_cpu(transformer, dtype="bfloat16" if dtype == "bfloat16" else "float16")
+        return gpu_class.from_cpu(transformer, dtype="bfloat16" if dtype == "bfloat16" else "float16")
     except ValueError as e:
         raise MiniLLMError(str(e)) from None
 

@@ -32,7 +32,9 @@ one reused 16-bit scratch buffer (the largest matrix: 235 MB for Mistral's gate|
 cuBLAS GEMM: ~1.3 extra bytes written per weight per prefill chunk, cheap next to the GEMM at T = 512,
 and the full 16-bit model never exists in memory.
 
-Not here yet: MLA, a rolling KV buffer (sliding windows use a contiguous cache and a mask), batching.
+MLA models run on the device through `gpu_mla.GPUMLATransformer` (CuPy ops and cuBLAS, no graph); many
+sequences at once through the engine's GPU path (`gpu_batched.py`). Not here yet: a rolling KV buffer
+(sliding windows use a contiguous cache and a mask), an int8 KV cache.
 """
 from __future__ import annotations
 
@@ -104,7 +106,7 @@ class GPUTransformer:
                  prefill_attention: str = "tiled"):
         cp = _cp()
         if config.attention != "gqa":
-            raise ValueError("the GPU path runs MHA/GQA/MQA models; MLA is CPU-only for now")
+            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs on GPUMLATransformer (cuda/gpu_mla.py)")
         self.config, self.layers, self.dtype = config, layers, dtype
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         self.use_graph, self.gemv_version = use_graph, gemv_version
@@ -151,7 +153,7 @@ class GPUTransformer:
         cp = _cp()
         cfg = model.config
         if cfg.attention != "gqa":
-            raise ValueError("the GPU path runs MHA/GQA/MQA models; MLA is CPU-only for now")
+            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs on GPUMLATransformer (cuda/gpu_mla.py)")
         dev = lambda a: cp.asarray(to_dtype(np.asarray(a), dtype))
         f32 = lambda a: cp.asarray(to_dtype(np.asarray(a), "float32"))
 

@@ -23,7 +23,7 @@ from .qweights import is_quantized
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "decode_attention", "prefill_attention", "gemv", "embed",
-           "gemv_quant"]
+           "gemv_quant", "paged_attention"]   # paged_attention: loaded by gpu_batched.py (the batching engine)
 ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
 GQA_THREADS, GQA_MAX_SPLITS = 256, 64  # decode_attention.cu v3 (attention_gqa*): block size, most splits
 V4_WARPS = 4                           # as #defined in gemv.cu (row pairs per block)

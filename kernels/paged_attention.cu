@@ -1,0 +1,156 @@
+// paged_attention.cu: attention for a batch of sequences whose K/V live in the paged pool (vLLM's
+// PagedAttention), plus the two small kernels around it that a mixed batch needs: RoPE at per-token
+// positions, and the write of new keys/values into their (block, slot).
+//
+// CPU reference: minillm.cuda.gpu_batched.paged_attention_reference (a NumPy gather through the block
+// table, then the plain softmax), and minillm.batched / minillm.paged_kv for the layout:
+//
+//     k_pool, v_pool (one layer)  [num_blocks, block_size, n_kv_heads, hd]   16-bit
+//     block_tables                [B, max_blocks] int32   row b = sequence b's blocks (padded past its end)
+//     position p of sequence b    block block_tables[b][p / block_size], slot p % block_size
+//
+// A batch is N query tokens (the rows of the fused qkv matrix, after RoPE): a decode contributes one row,
+// a prefill chunk T rows. Row t belongs to sequence token_seq[t] and sits at position token_pos[t]; it
+// sees that sequence's keys [lo, p], lo = 0 or p - window + 1 (sliding window; window = 0: none). Its own
+// key is already in the pool (paged_kv_write runs first), so causality inside a chunk is just "keys up
+// to my position". One kernel serves decode and prefill alike: simple, and the engine's chunks are short
+// (a token budget per step), so a prefill chunk re-reading its keys once per query costs little here.
+//
+// v1 (this file): one block per (query row, query head), PA_WARPS warps. Each warp takes every
+// PA_WARPS-th key of the range, follows the block table to find it, and keeps its own online-softmax
+// state (running max m, sum l, unnormalized acc) in registers: its lanes hold hd/32 dims of q, K and V
+// (hd <= 256) and a warp shuffle gives each score. The warp states merge in shared memory:
+//     M = max_w m_w,  L = Σ_w l_w·e^(m_w − M),  out = Σ_w acc_w·e^(m_w − M) / L
+// GQA: query head h reads KV head h / (n_heads / n_kv_heads); the query heads of a group re-read the
+// same K/V from L2 (a v2 would serve the group from one block). All accumulation is fp32.
+#include "common.cuh"
+
+#define PA_WARPS 4
+#define PA_MAX_HD 256
+#define PA_PER_LANE (PA_MAX_HD / 32)
+
+template <class W>
+__device__ void paged_attention(const float* __restrict__ q, int q_stride, const u16* __restrict__ k_pool,
+                                const u16* __restrict__ v_pool, int block_size, int n_heads, int n_kv_heads,
+                                int hd, const int* __restrict__ block_tables, int max_blocks,
+                                const int* __restrict__ token_seq, const int* __restrict__ token_pos,
+                                int window, float scale, float* __restrict__ out) {
+    __shared__ float sm_m[PA_WARPS], sm_l[PA_WARPS], sm_acc[PA_WARPS][PA_MAX_HD];
+    int t = blockIdx.x, h = blockIdx.y;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int p = token_pos[t];
+    int lo = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
+    const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
+    int kvh = h / (n_heads / n_kv_heads);
+    size_t slot_stride = (size_t)n_kv_heads * hd;          // elements from one slot to the next
+
+    const float* qh = q + (size_t)t * q_stride + (size_t)h * hd;
+    float qr[PA_PER_LANE], acc[PA_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PA_PER_LANE; i++) {
+        int d = lane + 32 * i;
+        qr[i] = d < hd ? qh[d] * scale : 0.0f;             // fold 1/√hd into q once
+        acc[i] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    for (int j = lo + warp; j <= p; j += PA_WARPS) {
+        size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
+        const u16* kj = k_pool + slot * slot_stride + (size_t)kvh * hd;
+        const u16* vj = v_pool + slot * slot_stride + (size_t)kvh * hd;
+        float sc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PA_PER_LANE; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) sc += qr[i] * W::to_float(kj[d]);
+        }
+        sc = warp_sum(sc);
+        float m_new = fmaxf(m, sc);
+        float correction = expf(m - m_new);                // m = -inf on a warp's first key: e^-inf = 0
+        float pj = expf(sc - m_new);
+        l = l * correction + pj;
+#pragma unroll
+        for (int i = 0; i < PA_PER_LANE; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) acc[i] = acc[i] * correction + pj * W::to_float(vj[d]);
+        }
+        m = m_new;
+    }
+    if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
+#pragma unroll
+    for (int i = 0; i < PA_PER_LANE; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) sm_acc[warp][d] = acc[i];
+    }
+    __syncthreads();
+    // Merge: at least one warp saw a key (the query's own), so M is finite; a warp that saw none has
+    // m = -inf, l = 0 and weighs e^-inf = 0.
+    float M = NEG_INF;
+#pragma unroll
+    for (int w = 0; w < PA_WARPS; w++) M = fmaxf(M, sm_m[w]);
+    float L = 0.0f, weight[PA_WARPS];
+#pragma unroll
+    for (int w = 0; w < PA_WARPS; w++) { weight[w] = expf(sm_m[w] - M); L += sm_l[w] * weight[w]; }
+    float* o = out + (size_t)t * n_heads * hd + (size_t)h * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < PA_WARPS; w++) s += sm_acc[w][d] * weight[w];
+        o[d] = s / L;
+    }
+}
+
+// grid (N, n_heads), block (32 * PA_WARPS); q = the qkv rows [N, q_stride] fp32, out [N, n_heads * hd] fp32
+#define PAGED_ATTENTION_KERNEL(name, W)                                                                        \
+    extern "C" __global__ void name(const float* q, int q_stride, const u16* k_pool, const u16* v_pool,       \
+                                    int block_size, int n_heads, int n_kv_heads, int hd,                       \
+                                    const int* block_tables, int max_blocks, const int* token_seq,             \
+                                    const int* token_pos, int window, float scale, float* out) {               \
+        paged_attention<W>(q, q_stride, k_pool, v_pool, block_size, n_heads, n_kv_heads, hd, block_tables,     \
+                           max_blocks, token_seq, token_pos, window, scale, out);                              \
+    }
+PAGED_ATTENTION_KERNEL(paged_attention_f16, F16)
+PAGED_ATTENTION_KERNEL(paged_attention_bf16, BF16)
+
+
+// The new keys and values of each qkv row into the pool: row t -> flat slot slots[t] (= block ·
+// block_size + offset), one layer. Same job as kv_append.cu, but the destination comes from a slot list,
+// not from pos[0] + t: a batch's rows belong to different sequences, each in its own blocks.
+// grid (N, n_kv_heads), block (min(hd, 256))
+template <class W>
+__device__ void paged_kv_write(const float* __restrict__ qkv, int row_stride, int n_heads, int n_kv_heads,
+                               int hd, const int* __restrict__ slots, u16* __restrict__ k_pool,
+                               u16* __restrict__ v_pool) {
+    int t = blockIdx.x, kvh = blockIdx.y;
+    const float* row = qkv + (size_t)t * row_stride;
+    const float* k = row + (size_t)(n_heads + kvh) * hd;
+    const float* v = row + (size_t)(n_heads + n_kv_heads + kvh) * hd;
+    size_t dst = ((size_t)slots[t] * n_kv_heads + kvh) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        k_pool[dst + d] = W::from_float(k[d]);
+        v_pool[dst + d] = W::from_float(v[d]);
+    }
+}
+
+#define PAGED_KV_WRITE_KERNEL(name, W)                                                                         \
+    extern "C" __global__ void name(const float* qkv, int row_stride, int n_heads, int n_kv_heads, int hd,    \
+                                    const int* slots, u16* k_pool, u16* v_pool) {                              \
+        paged_kv_write<W>(qkv, row_stride, n_heads, n_kv_heads, hd, slots, k_pool, v_pool);                    \
+    }
+PAGED_KV_WRITE_KERNEL(paged_kv_write_f16, F16)
+PAGED_KV_WRITE_KERNEL(paged_kv_write_bf16, BF16)
+
+
+// RoPE (HF's half-split layout, as rope.cu) with each row's own position: rope.cu reads one start
+// position for contiguous rows, but a batch's rows sit at unrelated positions.
+// grid (N, n_heads + n_kv_heads), block (hd / 2); qkv [N, row_stride] fp32, in place
+extern "C" __global__ void rope_at_positions(float* qkv, int row_stride, int hd, const int* token_pos,
+                                             const float* inv_freq) {
+    int t = blockIdx.x, head = blockIdx.y, i = threadIdx.x, half = hd / 2;
+    if (i >= half) return;
+    float angle = (float)token_pos[t] * inv_freq[i];
+    float c = cosf(angle), s = sinf(angle);
+    float* v = qkv + (size_t)t * row_stride + (size_t)head * hd;
+    float x1 = v[i], x2 = v[i + half];
+    v[i] = x1 * c - x2 * s;
+    v[i + half] = x2 * c + x1 * s;
+}

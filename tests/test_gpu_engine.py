@@ -1,0 +1,280 @@
+"""The batching engine on the GPU: paged attention against NumPy, the device forward pass against the CPU's,
+and the engine's greedy outputs through paging, prefix caching and preemption.
+
+Two halves. The first runs anywhere: gpu_batched.py's forward pass with HostOps (the NumPy reference of
+each kernel) against the CPU BatchedRunner, and the engine driving that twin, so the plumbing (slots,
+block tables, positions) is checked without a GPU. The second needs CuPy and a CUDA device (skipped
+otherwise): the kernels against HostOps, the device runner against both, the engine on the device.
+
+Why greedy outputs are checked "teacher-forced" rather than token for token: the device computes in
+fp16 and cuBLAS picks different kernels for different batch shapes, so at a near-tie (two logits closer
+than fp16 noise) the argmax may differ from the CPU's, and one flip changes everything after it. So for
+each request we run the CPU model (fp32 math on the same fp16-rounded weights) once over prompt + the
+engine's output, and check that every token the engine chose is the CPU's argmax at that position or
+within fp16 noise of it (GREEDY_TOL), and that nearly all are the argmax exactly. A real bug (a wrong
+slot, table, position or mask) gives logits unrelated to the CPU's: its picks land far below the max.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minillm.backend import to_dtype
+from minillm.batched import BatchedRunner, SeqChunk
+from minillm.cuda import checks
+from minillm.cuda.gpu_batched import (DevicePagedKV, GPUBatchedRunner, HostModel, HostOps, batch_meta,
+                                      paged_attention_reference)
+from minillm.engine import Engine
+from minillm.llm import LLM
+from minillm.paged_kv import PagedKVCache
+
+try:
+    import cupy as cp
+    _N_DEVICES = cp.cuda.runtime.getDeviceCount()
+except Exception:      # no CuPy, no driver, or a driver too old for this CuPy
+    cp, _N_DEVICES = None, 0
+needs_gpu = pytest.mark.skipif(_N_DEVICES == 0, reason="no CuPy or no CUDA device")
+
+GREEDY_TOL = 0.05          # logits are O(1) here (max ≈ 3); fp16 noise in them is ~1e-2
+LOGITS_TOL = checks.MODEL_TOL["float16"]      # relative to the largest |logit|
+LENGTHS = [3, 40, 17, 9, 26, 1]
+
+
+def small(kind: str = "gqa", **changes):
+    """A small config with no EOS (every request runs to max_tokens) and room for the prompts."""
+    return checks.small_config(kind, eos_token_id=None, max_seq_len=256, **changes)
+
+
+def prompts(lengths=LENGTHS, prefix=(), seed=7):
+    rng = np.random.default_rng(seed)
+    return [list(prefix) + rng.integers(3, 500, n).tolist() for n in lengths]
+
+
+def to_f32(a):
+    return to_dtype(a, "float32")
+
+
+def rel(got, want) -> float:
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+
+
+def schedule_by_hand(block_size: int, num_blocks: int, seed: int = 0):
+    """Three steps of a mixed batch, with block tables scattered over the pool (not 0, 1, 2, ...):
+    step 1 prefills a (20 tokens) and b (7); step 2 decodes a, prefills the rest of b, starts c (5 of 9);
+    step 3 decodes a and b, finishes c's prompt. -> list of steps, each a list of SeqChunk"""
+    rng = np.random.default_rng(seed)
+    free = rng.permutation(num_blocks).tolist()
+    take = lambda n: [free.pop() for _ in range(n)]
+    toks = lambda n: rng.integers(3, 500, n).tolist()
+    ta, tb, tc = take(-(-23 // block_size)), take(-(-14 // block_size)), take(-(-10 // block_size))
+    a, b, c = toks(23), toks(14), toks(9)
+    return [[SeqChunk(a[:20], 0, ta), SeqChunk(b[:7], 0, tb)],
+            [SeqChunk(a[20:21], 20, ta), SeqChunk(b[7:13], 7, tb), SeqChunk(c[:5], 0, tc)],
+            [SeqChunk(a[21:22], 21, ta), SeqChunk(b[13:14], 13, tb), SeqChunk(c[5:9], 5, tc)]]
+
+
+def assert_teacher_forced_greedy(cpu_model, prompt_list, results):
+    """Each engine token is the CPU's greedy choice given the same prefix, up to fp16 noise (see top)."""
+    exact = total = 0
+    for prompt, result in zip(prompt_list, results):
+        out = result.token_ids
+        assert out, "no tokens came back"
+        ids = prompt + out
+        logits = cpu_model.prefill(ids, cpu_model.new_cache(len(ids)), all_logits=True)   # [L, vocab]
+        rows = logits[len(prompt) - 1:len(ids) - 1]                                        # [len(out), vocab]
+        chosen = rows[np.arange(len(out)), out]
+        assert np.all(chosen >= rows.max(axis=1) - GREEDY_TOL), (rows.max(axis=1) - chosen).max()
+        exact += int((rows.argmax(axis=1) == np.asarray(out)).sum())
+        total += len(out)
+    assert exact >= 0.9 * total, f"only {exact} of {total} tokens are the CPU's argmax"
+
+
+# ---- anywhere: the NumPy twin ---------------------------------------------------------------------
+
+def test_the_kernels_gpu_batched_launches_are_defined():
+    """A typo in a kernel name would otherwise surface only on the GPU machine."""
+    import re
+    from pathlib import Path
+    from minillm.cuda.kernels import KERNEL_DIR, SOURCES
+    assert "paged_attention" in SOURCES                         # so test_kernels_compile builds it
+    defined = set(re.findall(r'extern "C" __global__ void (\w+)\(', (KERNEL_DIR / "paged_attention.cu").read_text()))
+    defined |= set(re.findall(r'^PAGED_\w+_KERNEL\((\w+),', (KERNEL_DIR / "paged_attention.cu").read_text(), re.M))
+    source = (Path(__file__).parents[1] / "minillm" / "cuda" / "gpu_batched.py").read_text()
+    wanted = re.findall(r'get_function\(f?"([\w{}]+)"\)', source)
+    assert len(wanted) == 3
+    for sfx in ("f16", "bf16"):
+        assert {w.replace("{sfx}", sfx) for w in wanted} <= defined
+
+
+def test_batch_meta_points_each_row_at_its_own_slot():
+    chunks = [SeqChunk([5, 6, 7], 0, [9, 2]), SeqChunk([8], 17, [4, 0, 3])]       # block size 8
+    m = batch_meta(chunks, 8, np.asarray)
+    assert m.positions.tolist() == [0, 1, 2, 17] and m.seq_of_row.tolist() == [0, 0, 0, 1]
+    assert m.slots.tolist() == [9 * 8, 9 * 8 + 1, 9 * 8 + 2, 3 * 8 + 1]               # 17 = block 2, offset 1
+    assert m.block_tables.tolist() == [[9, 0, 0], [4, 0, 3]] and m.last_rows.tolist() == [2, 3]
+    assert m.tokens.dtype == np.int32
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_paged_attention_reference_equals_the_cpu_gather(window):
+    """The reference the kernel is tested against agrees with paged_kv.read + grouped_attention."""
+    from minillm.attention import grouped_attention
+    config = small("gqa")
+    rng = np.random.default_rng(3)
+    pool = PagedKVCache(config, 12, 4)
+    pool.k[0] = rng.standard_normal(pool.k[0].shape)
+    pool.v[0] = rng.standard_normal(pool.v[0].shape)
+    chunks = [SeqChunk([1] * 6, 3, [7, 2, 11]), SeqChunk([1], 9, [0, 5, 8])]
+    m = batch_meta(chunks, 4, np.asarray)
+    qkv = rng.standard_normal((7, (config.n_heads + 2 * config.n_kv_heads) * config.head_dim)).astype(np.float32)
+    got = paged_attention_reference(qkv, pool.k[0], pool.v[0], m.block_tables, m.seq_of_row, m.positions,
+                                    config.n_heads, window)
+    q = qkv[:, :config.n_heads * config.head_dim].reshape(7, config.n_heads, config.head_dim)
+    for rows, c in ((slice(0, 6), chunks[0]), (slice(6, 7), chunks[1])):
+        k, v = pool.read(0, c.block_table, c.end)
+        np.testing.assert_allclose(got[rows], grouped_attention(q[rows], k, v, window), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["gqa", "mistral", "hd64"])
+def test_numpy_twin_of_the_gpu_forward_matches_the_cpu_batched_path(kind):
+    config = small(kind)
+    cpu = checks.random_cpu_model(config, "float16")
+    cpu_runner = BatchedRunner(cpu, PagedKVCache(config, 24, 4))
+    twin = GPUBatchedRunner(HostModel.from_cpu(cpu), DevicePagedKV(config, 24, 4, xp=np), HostOps(HostModel.from_cpu(cpu)))
+    for step in schedule_by_hand(4, 24):
+        want = cpu_runner.forward(step)                                       # [B, vocab]
+        got = twin.forward(step)
+        assert got.shape == want.shape == (len(step), config.vocab_size)
+        assert rel(got, want) < LOGITS_TOL
+
+
+def _twin_engine(cpu, **options) -> Engine:
+    """An Engine on the CPU model whose pool and runner are swapped for gpu_batched's NumPy twin."""
+    engine = Engine(LLM(cpu.config, cpu), **options)
+    host = HostModel.from_cpu(cpu)
+    engine.pool = DevicePagedKV(cpu.config, engine.pool.num_blocks, engine.pool.block_size, xp=np)
+    engine.runner = GPUBatchedRunner(host, engine.pool, HostOps(host))
+    return engine
+
+
+def test_numpy_twin_engine_greedy_through_preemption():
+    cpu = checks.random_cpu_model(small("gqa"), "float16")
+    engine = _twin_engine(cpu, num_blocks=16, block_size=4)     # 64 positions for 6 requests of up to 56
+    results = engine.generate(prompts(), max_tokens=16)
+    assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
+    assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)
+    assert_teacher_forced_greedy(cpu, prompts(), results)
+
+
+# ---- on the device ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def models():
+    """(cpu, gpu) for a few shapes: the CPU model holds the fp16-rounded weights the GPU got."""
+    from minillm.cuda.gpu_model import GPUTransformer
+    out = {}
+    for kind in ("gqa", "mistral", "hd64"):
+        cpu = checks.random_cpu_model(small(kind), "float16")
+        out[kind] = (cpu, GPUTransformer.from_cpu(cpu, "float16"))
+    return out
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [dict(), dict(dim=512, n_heads=4, n_kv_heads=1), dict(n_kv_heads=8)],
+                         ids=["gqa-hd16", "mqa-hd128", "mha-hd16"])
+@pytest.mark.parametrize("window", [0, 6])
+def test_paged_kernels_match_numpy(dtype, shape, window):
+    """rope_at_positions, paged_kv_write and paged_attention against HostOps, on a mixed batch with
+    scattered block tables; every output poisoned (NaN) before the kernels run."""
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.cuda.gpu_batched import DeviceOps
+    config = small("gqa", sliding_window=window or None, **shape)
+    gpu = GPUTransformer.from_cpu(checks.random_cpu_model(config, dtype), dtype)
+    host = HostOps(HostModel(config, [], None, None, None, cp.asnumpy(gpu.inv_freq), dtype))
+    dev = DeviceOps(gpu)
+    steps = schedule_by_hand(4, 24, seed=1)
+    chunks = steps[2]                                          # decodes and a prefill chunk, together
+    rng = np.random.default_rng(5)
+    pool_h = DevicePagedKV(config, 24, 4, dtype, xp=np)
+    pool_h.k[0] = checks.narrow(rng.standard_normal(pool_h.k[0].shape), dtype)   # earlier positions' K/V
+    pool_h.v[0] = checks.narrow(rng.standard_normal(pool_h.v[0].shape), dtype)
+    pool_d = DevicePagedKV(config, 24, 4, dtype)
+    pool_d.k[0], pool_d.v[0] = cp.asarray(pool_h.k[0]), cp.asarray(pool_h.v[0])
+    meta_h, meta_d = batch_meta(chunks, 4, np.asarray), batch_meta(chunks, 4, cp.asarray)
+    N = sum(len(c.token_ids) for c in chunks)
+    qkv_h = rng.standard_normal((N, (config.n_heads + 2 * config.n_kv_heads) * config.head_dim)).astype(np.float32)
+    qkv_d = cp.asarray(qkv_h)
+    cp.cuda.Device().synchronize()          # the copies above ran on the default stream, the kernels won't
+    with gpu.stream:
+        host.rope(qkv_h, meta_h.positions)
+        dev.rope(qkv_d, meta_d.positions)
+        host.kv_write(qkv_h, meta_h.slots, pool_h.k[0], pool_h.v[0])
+        dev.kv_write(qkv_d, meta_d.slots, pool_d.k[0], pool_d.v[0])
+        out = cp.full((N, config.n_heads * config.head_dim), cp.nan, cp.float32)
+        dev.attention(qkv_d, pool_d.k[0], pool_d.v[0], meta_d, out=out)
+        gpu.stream.synchronize()
+    np.testing.assert_allclose(cp.asnumpy(qkv_d), qkv_h, rtol=1e-5, atol=1e-5)       # RoPE in place
+    ulp = 1e-3 if dtype == "float16" else 1.6e-2           # cosf vs np.cos may round a k differently
+    for d, h in ((pool_d.k[0], pool_h.k[0]), (pool_d.v[0], pool_h.v[0])):            # every slot, written or not
+        np.testing.assert_allclose(to_f32(cp.asnumpy(d)), to_f32(h), rtol=ulp, atol=ulp)
+    # attention alone: the reference reads exactly what the kernel read (the device's qkv and pool)
+    want = host.attention(cp.asnumpy(qkv_d), cp.asnumpy(pool_d.k[0]), cp.asnumpy(pool_d.v[0]), meta_h)
+    got = cp.asnumpy(out)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+
+
+@needs_gpu
+@pytest.mark.parametrize("kind", ["gqa", "mistral", "hd64"])
+def test_gpu_forward_of_a_mixed_batch_matches_the_cpu_and_the_twin(models, kind):
+    cpu, gpu = models[kind]
+    config = cpu.config
+    cpu_runner = BatchedRunner(cpu, PagedKVCache(config, 24, 4))
+    host = HostModel.from_cpu(cpu)
+    twin = GPUBatchedRunner(host, DevicePagedKV(config, 24, 4, xp=np), HostOps(host))
+    device = GPUBatchedRunner(gpu, DevicePagedKV(config, 24, 4))
+    for step in schedule_by_hand(4, 24):
+        want, same_math = cpu_runner.forward(step), twin.forward(step)
+        got = device.forward(step)
+        assert got.shape == want.shape and np.isfinite(got).all()
+        assert rel(got, want) < LOGITS_TOL
+        assert rel(got, same_math) < LOGITS_TOL / 2
+
+
+@needs_gpu
+@pytest.mark.parametrize("options", [dict(), dict(max_batch_tokens=8), dict(num_blocks=16, block_size=4)],
+                         ids=["default", "chunked-prefill", "tiny-pool-preempts"])
+def test_gpu_engine_greedy_equals_cpu_greedy(models, options):
+    cpu, gpu = models["gqa"]
+    engine = Engine(LLM(gpu.config, gpu), **options)
+    assert isinstance(engine.runner, GPUBatchedRunner)
+    results = engine.generate(prompts(), max_tokens=16)
+    assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)
+    assert engine.stats()["blocks_used"] == 0
+    if "num_blocks" in options:
+        assert engine.stats()["preemptions"] > 0
+    assert_teacher_forced_greedy(cpu, prompts(), results)
+
+
+@needs_gpu
+def test_gpu_engine_prefix_caching_skips_the_prefix_and_keeps_the_outputs(models):
+    cpu, gpu = models["mistral"]                              # sliding window 6: the mask crosses blocks
+    system = np.random.default_rng(1).integers(3, 500, 37).tolist()   # 2 full blocks of 16, and 5 more
+    ps = prompts([4, 11, 20], prefix=system)
+    engine = Engine(LLM(gpu.config, gpu))
+    first = engine.generate(ps[:1], max_tokens=8)
+    before = engine.stats()
+    rest = engine.generate(ps[1:], max_tokens=8)
+    after = engine.stats()
+    assert after["prefix_hit_tokens"] - before["prefix_hit_tokens"] == 2 * 32
+    assert after["prompt_tokens_computed"] - before["prompt_tokens_computed"] == sum(map(len, ps[1:])) - 2 * 32
+    assert_teacher_forced_greedy(cpu, ps, first + rest)
+
+
+@needs_gpu
+def test_gpu_engine_refuses_int8_kv(models):
+    from minillm.errors import MiniLLMError
+    cpu, gpu = models["gqa"]
+    with pytest.raises(MiniLLMError, match="int8"):
+        Engine(LLM(gpu.config, gpu), kv_cache="int8")
