@@ -1,0 +1,53 @@
+"""The course: the numbered lessons, what they share, and the exercise grader.
+
+Lessons live in `lessons/NN_name.py` and exercises in `lessons/exercises/exNN_name.py` of a source
+checkout. Every exercise's reference solution is the engine's own code (`minillm.layers.rmsnorm`,
+`minillm.kv_cache.KVCache.append`, ...), so a student who passes has written what the engine runs.
+
+    lessons.py       finding and running lessons; what every lesson shares (its model, tables, plots)
+    gpu_parts.py     the lessons' GPU parts (run, or skipped without a GPU); a decode step's launches
+    cases.py         Case, Exercise, CaseFailed and the expect_* checks the exercises are written in
+    ex_basics.py     exercises 01-04: RMSNorm, the KV cache write, RoPE, top-p
+    ex_attention.py  exercises 05-07: pooled KV heads, MLA in latent space, the sliding-window mask
+    ex_quant.py      exercises 08-10, 14: int8 rows, int4 groups, int8 KV vectors, int4 as 32-bit words
+    ex_gpu.py        exercises 11-13: bytes over the bus, a block's fp32 sum, launches per token
+    ex_flashnorm.py  exercise 15: the RMSNorm gain folded into the next projection
+    ex_serving.py    exercises 16-19: the block table, the packed batch, the prefix cache, SSE streams
+    registry.py      EXERCISES: every exercise by number
+    grader.py        check_exercise: grade a student's file, case by case
+
+Everything a lesson, a test or the CLI uses is importable from `minillm.course` itself.
+"""
+from .cases import Case, CaseFailed, Exercise, expect_close, expect_unchanged
+from .ex_basics import kv_cache_update_reference
+from .ex_flashnorm import fold_rmsnorm_reference
+from .ex_gpu import (_warps_reduced, _xor_shuffle_sum, block_sum_reference, decode_launches_reference,
+                     transfer_bytes_reference)
+from .ex_quant import (dequantize_int4_words_reference, quantize_int4_reference, quantize_int8_reference,
+                       quantize_kv_int8_reference)
+from .ex_serving import cached_prefix_reference, gather_reference, pack_reference, stream_text_reference
+from .gpu_parts import gpu_description, record_decode_launches, recording_decode_step, run_gpu_parts, why_no_gpu
+from .grader import CaseResult, Report, check_exercise, exercise_path, load_exercise
+from .lessons import (DEFAULT_LESSON_MODEL, EXERCISES_DIR, LESSONS_DIR, MODEL_ENV, OUT_DIR, QUICK_ENV, Lesson,
+                      StandInTokenizer, best_time, default_lesson_model, find_lesson, hf_tensors, lesson_model,
+                      list_lessons, print_table, quick, run_lesson, save_plot)
+from .registry import EXERCISES
+
+__all__ = [
+    # lessons
+    "DEFAULT_LESSON_MODEL", "EXERCISES_DIR", "LESSONS_DIR", "MODEL_ENV", "OUT_DIR", "QUICK_ENV", "Lesson",
+    "StandInTokenizer", "best_time", "default_lesson_model", "find_lesson", "hf_tensors", "lesson_model",
+    "list_lessons", "print_table", "quick", "run_lesson", "save_plot",
+    # GPU parts
+    "gpu_description", "record_decode_launches", "recording_decode_step", "run_gpu_parts", "why_no_gpu",
+    # exercises and the grader
+    "Case", "CaseFailed", "CaseResult", "EXERCISES", "Exercise", "Report", "check_exercise", "exercise_path",
+    "expect_close", "expect_unchanged", "load_exercise",
+    # the engine's references (the lessons measure with some of them)
+    "block_sum_reference", "cached_prefix_reference", "decode_launches_reference",
+    "dequantize_int4_words_reference", "fold_rmsnorm_reference", "gather_reference",
+    "kv_cache_update_reference", "pack_reference", "quantize_int4_reference", "quantize_int8_reference",
+    "quantize_kv_int8_reference", "stream_text_reference", "transfer_bytes_reference",
+    # private, but tests/test_exercises.py checks the block-sum emulation's steps directly
+    "_warps_reduced", "_xor_shuffle_sum",
+]

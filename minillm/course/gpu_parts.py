@@ -1,0 +1,112 @@
+"""The helpers of the lessons with GPU parts (11-15): run each part under its heading or list it as
+skipped without a GPU, and record a decode step's kernel launches on the CPU (lesson and exercise 13)."""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+def why_no_gpu() -> str | None:
+    """None when CuPy can use a CUDA device; else one line saying why a lesson's GPU parts are skipped."""
+    try:
+        import cupy
+    except Exception as e:  # noqa: BLE001 - any import failure means the same thing here
+        return f"CuPy is not importable ({type(e).__name__}); pip install 'minillm[gpu]' on a GPU machine"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - no driver, no device: the message says which
+        return f"CuPy {cupy.__version__} finds no usable CUDA device ({str(e).splitlines()[0]})"
+    return None if n > 0 else f"CuPy {cupy.__version__} sees no CUDA device"
+
+
+def gpu_description() -> str:
+    """One line naming the GPU, for the top of a lesson's GPU measurements."""
+    import cupy as cp
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    return (f"{name} (sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs, "
+            f"{props['totalGlobalMem'] / 2**30:.0f} GiB), CuPy {cp.__version__}")
+
+
+def run_gpu_parts(parts: Sequence[tuple[str, Callable[[], None]]]) -> list[str]:
+    """Run a lesson's GPU parts in order, each under a numbered heading, or list them as skipped.
+
+    A part that raises prints its traceback and the next part still runs, so one run on a GPU machine
+    shows every failure next to the part it belongs to.   -> the names of the parts that failed"""
+    import traceback
+    why = why_no_gpu()
+    if why is not None:
+        print(f"\nGPU parts skipped: {why}. On a machine with a GPU this lesson also measures:")
+        for i, (name, _) in enumerate(parts, 1):
+            print(f"  [GPU {i}/{len(parts)}] {name}: skipped (no GPU)")
+        return []
+    print(f"\nGPU: {gpu_description()}")
+    failed = []
+    for i, (name, part) in enumerate(parts, 1):
+        print(f"\n[GPU {i}/{len(parts)}] {name}", flush=True)
+        try:
+            part()
+        except Exception:  # noqa: BLE001 - report it under its heading and go on
+            traceback.print_exc(file=sys.stdout)
+            print(f"[GPU {i}/{len(parts)}] {name}: FAILED (traceback above)", flush=True)
+            failed.append(name)
+    return failed
+
+
+# ---- a decode step's kernel launches, recorded on the CPU (lesson 13, exercise 13) ---------------------
+
+def record_decode_launches(config, gemv_version: int = 4, fuse_norm: bool = True,
+                           capacity: int = 256) -> list[str]:
+    """The kernel launches of one GPUTransformer decode step, in order ("embed", "gemv_v4 o", ...),
+    recorded on the CPU by `recording_decode_step`."""
+    step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity)
+    step()
+    return launches
+
+
+def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
+                          capacity: int = 256) -> tuple[Callable[[], None], list[str]]:
+    """(step, launches): step() runs the engine's own `GPUTransformer.decode_step` on the CPU and
+    appends the name of each kernel it would launch to `launches`.
+
+    Its `Kernels` records each launch through the `timer` hook (the one the selfcheck times kernels
+    with) instead of running it, and every array is a shape-only NumPy view (np.broadcast_to: no
+    memory). No GPU, no CuPy: everything the engine's Python does per launch runs, the launch does not."""
+    from collections import defaultdict
+
+    from ..cuda.gpu_model import GPUKVCache, GPULayer, GPUTransformer
+    from ..cuda.kernels import Kernels, n_splits_for
+
+    def shaped(*shape, dtype=np.float32):
+        return np.broadcast_to(np.zeros((), dtype), shape)
+
+    launches: list[str] = []
+    k = Kernels.__new__(Kernels)                       # no __init__: nothing to compile, no CuPy
+    k.dtype, k.fn = "float16", defaultdict(lambda: None)
+    k._nil_f32 = k._nil_u16 = k._nil_i32 = None
+    k.timer = lambda name, launch: launches.append(name)           # record; never call launch()
+    c, hd, w16 = config, config.head_dim, np.float16
+    m = GPUTransformer.__new__(GPUTransformer)
+    m.config, m.k, m.dtype, m.use_graph, m.quant = c, k, "float16", False, None     # 16-bit weights
+    m.gemv_version, m.fuse_norm = gemv_version, fuse_norm
+    m.q_width, m.qkv_width = c.n_heads * hd, (c.n_heads + 2 * c.n_kv_heads) * hd
+    m.layers = [GPULayer(shaped(c.dim), shaped(m.qkv_width, c.dim, dtype=w16), shaped(c.dim, m.q_width, dtype=w16),
+                         shaped(c.dim), shaped(2 * c.ffn_dim, c.dim, dtype=w16), shaped(c.dim, c.ffn_dim, dtype=w16))
+                for _ in range(c.n_layers)]
+    m.embed = shaped(c.vocab_size, c.dim, dtype=w16)
+    m.lm_head = m.embed if c.tie_embeddings else shaped(c.vocab_size, c.dim, dtype=w16)
+    m.final_norm, m.inv_freq = shaped(c.dim), shaped(hd // 2)
+    m.step = shaped(2, dtype=np.int32)
+    m.step_tokens, m.step_pos = m.step[0:1], m.step[1:2]
+    m.x, m.h, m.qkv, m.attn = shaped(1, c.dim), shaped(1, c.dim), shaped(1, m.qkv_width), shaped(1, m.q_width)
+    m.gu, m.act, m.logits = shaped(1, 2 * c.ffn_dim), shaped(1, c.ffn_dim), shaped(c.vocab_size)
+    s = n_splits_for(c.n_heads, capacity)
+    parts = (shaped(1, c.n_heads, s), shaped(1, c.n_heads, s), shaped(1, c.n_heads, s, hd),
+             shaped(1, c.n_heads, dtype=np.uint32))
+    m._decode_parts = lambda cache: parts              # the engine's allocates on the device
+    cache = GPUKVCache.__new__(GPUKVCache)
+    cache.k = cache.v = shaped(c.n_layers, c.n_kv_heads, capacity, hd, dtype=w16)
+    cache.max_seq_len, cache.length = capacity, 0
+    return (lambda: m.decode_step(cache)), launches

@@ -1,0 +1,111 @@
+"""The exercise grader: load a student's `lessons/exercises/exNN_name.py`, run every case of the
+exercise on its function, and report each case's verdict.
+
+`minillm exercise check N` and `pytest lessons/exercises --exercise N` both call `check_exercise`."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from ..errors import MiniLLMError
+from .cases import CaseFailed
+from .lessons import EXERCISES_DIR, LESSONS_DIR
+from .registry import EXERCISES
+
+
+@dataclass
+class CaseResult:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class Report:
+    number: int
+    function: str
+    source: str
+    cases: list[CaseResult] = field(default_factory=list)
+    note: str = ""       # a message for the whole exercise (not written yet, not found, ...)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(c.passed for c in self.cases) and not self.note
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        return [c for c in self.cases if not c.passed]
+
+    def __str__(self) -> str:
+        lines = [f"exercise {self.number:02d}: {self.function} ({self.source})"]
+        lines += [f"  {'PASS' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in self.cases]
+        if self.note:
+            lines.append(f"  {self.note}")
+        n_ok = sum(c.passed for c in self.cases)
+        verdict = "passed" if self.passed else "FAILED"
+        lines.append(f"{verdict}: {n_ok}/{len(self.cases)} cases")
+        return "\n".join(lines)
+
+
+def check_exercise(number: int, module: ModuleType | Callable | str | Path | None = None) -> Report:
+    """Grade exercise `number`: the student's file by default, or a given module, file or function."""
+    exercise = EXERCISES.get(number)
+    if exercise is None:
+        raise MiniLLMError(f"no exercise {number:02d} (exercises: {', '.join(f'{n:02d}' for n in EXERCISES)})")
+    fn, source = _student_function(exercise, module)
+    report = Report(number, exercise.function, source)
+    if fn is None:
+        report.note = f"{source} has no function {exercise.function}()"
+        return report
+    for case in exercise.cases():
+        try:
+            detail = exercise.check(fn, case)
+            report.cases.append(CaseResult(case.name, True, detail))
+        except NotImplementedError:
+            report.cases.append(CaseResult(case.name, False, "raised NotImplementedError"))
+            report.note = (f"{exercise.function}() is not written yet: open {source}, read the docstring, "
+                           f"and replace `raise NotImplementedError` with your code")
+            break
+        except CaseFailed as e:
+            report.cases.append(CaseResult(case.name, False, str(e)))
+        except Exception as e:  # a student's bug is a failed case, not a crash of the grader
+            report.cases.append(CaseResult(case.name, False, f"raised {type(e).__name__}: {e}"))
+    return report
+
+
+def exercise_path(number: int) -> Path:
+    matches = sorted(EXERCISES_DIR.glob(f"ex{number:02d}_*.py"))
+    if not matches:
+        raise MiniLLMError(f"no file lessons/exercises/ex{number:02d}_*.py in {EXERCISES_DIR}")
+    return matches[0]
+
+
+def load_exercise(number: int, path: str | Path | None = None) -> ModuleType:
+    """Import a student's exercise file as a fresh module (edits are picked up every time)."""
+    path = Path(path) if path is not None else exercise_path(number)
+    spec = importlib.util.spec_from_file_location(f"minillm_exercise_{number:02d}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _student_function(exercise, module) -> tuple[Callable | None, str]:
+    if module is None or isinstance(module, (str, Path)):
+        path = Path(module) if module is not None else exercise_path(exercise.number)
+        module = load_exercise(exercise.number, path)
+        source = _display(path)
+    elif isinstance(module, ModuleType):
+        source = _display(Path(module.__file__)) if getattr(module, "__file__", None) else module.__name__
+    else:
+        return module, getattr(module, "__qualname__", repr(module))   # a function given directly
+    return getattr(module, exercise.function, None), source
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(LESSONS_DIR.parent))
+    except ValueError:
+        return str(path)

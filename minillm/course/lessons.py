@@ -1,0 +1,195 @@
+"""Finding and running the lessons, and what every lesson shares: its model, its tables, its plots.
+
+Lessons live in `lessons/NN_name.py` of a source checkout. Environment variables the lessons honour:
+    MINILLM_LESSON_MODEL   a preset, a weights folder or a .gguf (default smollm2-135m, pulled on
+                           first use), or `random:PRESET` for random weights of that preset's shape
+    MINILLM_LESSON_QUICK   1: tiny sizes, so a lesson runs in seconds (the smoke tests use it)
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import MiniLLMError
+
+LESSONS_DIR = Path(__file__).resolve().parents[2] / "lessons"
+EXERCISES_DIR = LESSONS_DIR / "exercises"
+OUT_DIR = LESSONS_DIR / "out"
+MODEL_ENV, QUICK_ENV = "MINILLM_LESSON_MODEL", "MINILLM_LESSON_QUICK"
+DEFAULT_LESSON_MODEL = "smollm2-135m"
+
+
+# ---- finding and running lessons --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Lesson:
+    number: int
+    name: str          # "forward_pass"
+    path: Path
+    title: str         # the first line of the lesson's docstring
+
+
+def list_lessons() -> list[Lesson]:
+    """Every `lessons/NN_name.py`, in order."""
+    lessons = []
+    for path in sorted(LESSONS_DIR.glob("[0-9][0-9]_*.py")):
+        number, name = path.stem.split("_", 1)
+        lessons.append(Lesson(int(number), name, path, _first_doc_line(path)))
+    return lessons
+
+
+def find_lesson(number: int) -> Lesson:
+    for lesson in list_lessons():
+        if lesson.number == number:
+            return lesson
+    known = ", ".join(f"{l.number:02d} {l.name}" for l in list_lessons()) or "none found"
+    raise MiniLLMError(f"no lesson {number:02d} in {LESSONS_DIR} (lessons: {known})")
+
+
+def run_lesson(number: int, quick: bool = False, model: str | None = None) -> int:
+    """Run lesson `number` as its own process (as `python lessons/NN_name.py` would); its exit code."""
+    lesson = find_lesson(number)
+    env = dict(os.environ)
+    if quick:
+        env[QUICK_ENV] = "1"
+    if model is not None:
+        env[MODEL_ENV] = model
+    # The checkout's minillm first, so an uninstalled checkout runs its own engine.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LESSONS_DIR.parent), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, str(lesson.path)], env=env).returncode
+
+
+def _first_doc_line(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        line = line.strip().strip('"').strip()
+        if line:
+            return line
+    return ""
+
+
+# ---- what every lesson shares ---------------------------------------------------------------------
+
+def quick() -> bool:
+    """True when the lesson should use tiny sizes (a smoke run, not a measurement)."""
+    return os.environ.get(QUICK_ENV, "") not in ("", "0")
+
+
+def default_lesson_model() -> str:
+    """The real SmolLM2 weights if they are already on disk, else random weights of the same shape."""
+    from ..pull import resolve
+    try:
+        resolve(DEFAULT_LESSON_MODEL)
+        return DEFAULT_LESSON_MODEL
+    except MiniLLMError:
+        return f"random:{DEFAULT_LESSON_MODEL}"
+
+
+def lesson_model():
+    """The model a lesson runs on ($MINILLM_LESSON_MODEL, default smollm2-135m); prints which it is."""
+    import minillm
+    from ..bench import random_model
+    from ..config import PRESETS
+    from ..llm import LLM
+
+    spec = os.environ.get(MODEL_ENV) or DEFAULT_LESSON_MODEL
+    if spec.startswith("random:"):
+        preset = spec.split(":", 1)[1]
+        if preset not in PRESETS:
+            raise SystemExit(f"{MODEL_ENV}={spec}: unknown preset {preset!r} ({', '.join(PRESETS)})")
+        cfg = PRESETS[preset].config
+        print(f"model: random weights in the shape of {preset} (speeds are honest; texts are gibberish)")
+        return LLM(cfg, random_model(cfg), StandInTokenizer(cfg.vocab_size), name=spec, chat_default=False)
+    try:
+        llm = minillm.load(spec)
+    except MiniLLMError as e:
+        raise SystemExit(f"cannot load {spec}: {e}\n(or run on random weights: "
+                         f"{MODEL_ENV}=random:{DEFAULT_LESSON_MODEL})") from None
+    print(f"model: {spec} ({llm.config.n_layers} layers, dim {llm.config.dim}, "
+          f"{llm.config.n_params / 1e6:.0f}M parameters)")
+    return llm
+
+
+class StandInTokenizer:
+    """Stands in for a real tokenizer next to random weights: one id per byte, ids shown as <id>."""
+    add_bos, bos_id, eos_ids, chat_template = False, None, [], None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str, allow_special: bool = False) -> list[int]:
+        return [(256 + b) % self.vocab_size for b in text.encode()]
+
+    def decode(self, ids) -> str:
+        return "".join(f"<{int(i)}>" for i in ids)
+
+    def stream_decoder(self):
+        tok = self
+
+        class _Stream:
+            def push(self, token_id: int) -> str:
+                return tok.decode([token_id])
+
+            def flush(self) -> str:
+                return ""
+        return _Stream()
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence]) -> None:
+    """Print rows under headers, columns aligned (numbers right, text left)."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    numeric = [all(_looks_numeric(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(values):
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric))
+    print(f"\n{title}")
+    print(line(headers))
+    print("  ".join("-" * w for w in widths))
+    for r in cells:
+        print(line(r))
+
+
+def _looks_numeric(s: str) -> bool:
+    return bool(s) and (s[0].isdigit() or s[0] in "-+.") and not s.startswith("--")
+
+
+def save_plot(filename: str, draw: Callable) -> Path | None:
+    """Draw a figure with `draw(ax)` and write it to lessons/out/; skip with a note without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"plot {filename} skipped: matplotlib is not installed (pip install 'minillm[lessons]')")
+        return None
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    draw(ax)
+    fig.tight_layout()
+    path = OUT_DIR / filename
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: {path}")
+    return path
+
+
+def hf_tensors(model) -> dict[str, np.ndarray]:
+    """The HF-named weights of a loaded GQA `Transformer`, to convert them or rebuild it with another config."""
+    return model.hf_tensors()
+
+
+def best_time(fn: Callable, repeats: int = 3) -> float:
+    """The fastest of `repeats` runs of fn(), in seconds: the least disturbed by other work."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)

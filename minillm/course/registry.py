@@ -1,0 +1,53 @@
+"""EXERCISES: every exercise by number, with the function a student writes, its lesson, the engine's
+reference, its cases and its check."""
+from __future__ import annotations
+
+from typing import Callable
+
+from .cases import Exercise
+from .ex_attention import _check_mask, _check_mla, _check_pool, _mask_cases, _mla_cases, _pool_cases
+from .ex_basics import (_check_kv, _check_rmsnorm, _check_rope, _check_top_p, _kv_cases, _rmsnorm_cases,
+                        _rope_cases, _top_p_cases, kv_cache_update_reference)
+from .ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
+from .ex_gpu import (_block_sum_cases, _check_block_sum, _check_launches, _check_transfer, _launch_cases,
+                     _transfer_cases, block_sum_reference, decode_launches_reference, transfer_bytes_reference)
+from .ex_quant import (_check_int4, _check_int4_words, _check_int8, _check_kv_int8, _int4_cases, _int4_word_cases,
+                       _int8_cases, _kv_int8_cases, dequantize_int4_words_reference, quantize_int4_reference,
+                       quantize_int8_reference, quantize_kv_int8_reference)
+from .ex_serving import (_check_gather, _check_pack, _check_prefix, _check_sse, _gather_cases, _pack_cases,
+                         _prefix_cases, _sse_cases, cached_prefix_reference, gather_reference, pack_reference,
+                         stream_text_reference)
+
+
+def _reference(name: str) -> Callable:
+    def ref(*args, **kwargs):
+        from .. import attention, kv_heads, layers, mla, sampling
+        return {"rmsnorm": layers.rmsnorm, "apply_rope": layers.apply_rope,
+                "top_p_filter": sampling.top_p_filter, "pool_heads": kv_heads.pool_heads,
+                "absorbed_attention": mla.absorbed_attention,
+                "attention_mask": attention.attention_mask}[name](*args, **kwargs)
+    ref.__qualname__ = f"minillm reference {name}"
+    return ref
+
+
+EXERCISES: dict[int, Exercise] = {e.number: e for e in [
+    Exercise(1, "rmsnorm", 1, _reference("rmsnorm"), _rmsnorm_cases, _check_rmsnorm),
+    Exercise(2, "kv_cache_update", 2, kv_cache_update_reference, _kv_cases, _check_kv),
+    Exercise(3, "apply_rope", 3, _reference("apply_rope"), _rope_cases, _check_rope),
+    Exercise(4, "top_p_filter", 4, _reference("top_p_filter"), _top_p_cases, _check_top_p),
+    Exercise(5, "mean_pool_kv_heads", 5, _reference("pool_heads"), _pool_cases, _check_pool),
+    Exercise(6, "absorbed_attention", 6, _reference("absorbed_attention"), _mla_cases, _check_mla),
+    Exercise(7, "sliding_window_mask", 7, _reference("attention_mask"), _mask_cases, _check_mask),
+    Exercise(8, "quantize_int8_per_row", 8, quantize_int8_reference, _int8_cases, _check_int8),
+    Exercise(9, "quantize_int4_groupwise", 9, quantize_int4_reference, _int4_cases, _check_int4),
+    Exercise(10, "quantize_kv_int8", 10, quantize_kv_int8_reference, _kv_int8_cases, _check_kv_int8),
+    Exercise(11, "transfer_bytes", 11, transfer_bytes_reference, _transfer_cases, _check_transfer),
+    Exercise(12, "block_sum", 12, block_sum_reference, _block_sum_cases, _check_block_sum),
+    Exercise(13, "decode_launches", 13, decode_launches_reference, _launch_cases, _check_launches),
+    Exercise(14, "dequantize_int4_words", 14, dequantize_int4_words_reference, _int4_word_cases, _check_int4_words),
+    Exercise(15, "fold_rmsnorm_into_linear", 15, fold_rmsnorm_reference, _fold_cases, _check_fold),
+    Exercise(16, "gather_through_block_table", 16, gather_reference, _gather_cases, _check_gather),
+    Exercise(17, "pack_batch", 17, pack_reference, _pack_cases, _check_pack),
+    Exercise(18, "cached_prefix_tokens", 18, cached_prefix_reference, _prefix_cases, _check_prefix),
+    Exercise(19, "stream_text", 19, stream_text_reference, _sse_cases, _check_sse),
+]}
