@@ -13,13 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-try:
-    _N_DEVICES = cp.cuda.runtime.getDeviceCount()
-except Exception:      # no driver, or a driver too old for this CuPy
-    _N_DEVICES = 0
-if _N_DEVICES == 0:
-    pytest.skip("no CUDA device", allow_module_level=True)
+from gpu_skip import cupy_with_a_device
+
+cp = cupy_with_a_device()
 
 import minillm  # noqa: E402
 from minillm.cuda import checks  # noqa: E402

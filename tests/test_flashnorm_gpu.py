@@ -7,13 +7,9 @@ import math
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-try:
-    _N_DEVICES = cp.cuda.runtime.getDeviceCount()
-except Exception:      # no driver, or a driver too old for this CuPy
-    _N_DEVICES = 0
-if _N_DEVICES == 0:
-    pytest.skip("no CUDA device", allow_module_level=True)
+from gpu_skip import cupy_with_a_device
+
+cp = cupy_with_a_device()
 
 from minillm.backend import as_f32  # noqa: E402
 from minillm.cuda.checks import narrow  # noqa: E402
