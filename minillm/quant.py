@@ -9,18 +9,61 @@ int8, symmetric per output channel (one fp32 scale per row of W [out, in]):
 
 int4, asymmetric in groups of `group_size` consecutive inputs of a row (a scale and a min each, fp16):
 
-    scale = (max - min) / 15                q = round((W - min) / scale) in [0, 15]  W ≈ q · scale + min
+    q = clip(round((W - min) / scale), 0, 15)               W ≈ q · scale + min
 
 Why asymmetric for int4: with only 16 levels, a symmetric grid (q in [-7, 7], scale = max|W| / 7)
 spends levels on the side of zero the group does not reach and uses 15 of its 16 codes; the
-asymmetric grid fits [min, max] exactly. Measured on SmolLM2-135M's layer matrices, groups of 128:
-relative RMS weight error 0.100 asymmetric vs 0.125 symmetric (int8: 0.0085), and mean NLL over
-1024 tokens of evaluate.eval_text() +15.5% asymmetric vs +18.9% symmetric over fp32 (int8: +0.1%;
-int4 groups of 64: +9.7%). SmolLM2 is a hard case: its weights come from a Q4_1 GGUF, already
-4-bit in groups of 32, which groups of 128 round a second time; int4 in groups of 32 gives those
-weights back exactly (Q4_1 is this very grid). A min costs 2 bytes a group (1/8 bit a weight at
-g=128). Both fp16 values are rounded so that min16 <= min and min16 + 15·scale16 >= max: every
-weight stays on the grid and its error is at most scale / 2.
+asymmetric grid can sit anywhere. A min costs 2 bytes a group (1/8 bit a weight at g=128).
+
+Which grid. The simple one spans the group, min = its min and scale = (max - min) / 15
+(`minmax_grid`, what exercise 09 writes); both fp16 values are rounded so that min16 <= min and
+min16 + 15·scale16 >= max, so every weight is on the grid, at most scale / 2 from its value. Two
+things make it wasteful. One large weight stretches the step for all 128. And the error that
+matters is the layer's output error, in which weight j's error is multiplied by input j: in
+SmolLM2 a few input channels carry activations thousands of times larger than the median
+("massive activations"; in the last layer's down projection the top channel's mean square is
+6000× the median), so an error there costs thousands of times more. `search_grid` therefore picks,
+per group, the (scale, min) that minimizes
+
+    Σ_j a_j · (w_j - ŵ_j)²        a_j = E[x_j²], the mean square of input column j
+
+(the diagonal of the inputs' second moments: llama.cpp calls it the importance matrix). For fixed
+codes the best (scale, min) is a 2×2 weighted least-squares solve; the search tries 17 candidate
+codings (grids from the group's min, steps from span/11 to span/19), refits each, keeps the best,
+then alternates nearest codes and refits (Lloyd) until nothing improves. It keeps min/max's grid
+where nothing beats it, so a group min/max already represents exactly stays exact.
+`quantize_checkpoint` measures a_j with `input_importance`: 2048 random token ids through the
+fp32 model (which channels are large is the model's property, not the text's; random ids and
+Python docstrings as calibration text gave the same perplexity within noise, and no evaluation
+text can leak into the quantizer).
+
+What clipping does to the error bound: the search may choose a grid narrower than [min, max]. A
+weight inside [min16, min16 + 15·scale16] still errs by at most scale16 / 2; one outside is stored
+as the nearest end, so its error is exactly its distance to that end (at least that, at most that
+plus nothing: the tests pin both).
+
+Measured on SmolLM2-135M (perplexity over fp32 on evaluate.eval_text(), windows of 256 tokens; the
+first 256 / 510 / 4697 scored tokens, i.e. the test's slice, lesson 09's, `minillm eval
+perplexity`'s default):
+
+    int4 g128, min/max grid                         +56.5% / +64.9% / +53.4%
+    int4 g128, searched, uniform weights            +34.4% / +38.3% / +47.7%
+    int4 g128, searched, importance (the engine)    +14.0% / +14.0% / +13.2%   (NLL +4.6 / 4.4 / 4.2%)
+    int4 g64,  min/max grid                         +26.2% / +37.5% / +33.4%
+    int4 g64,  searched, importance                 +8.1% / +9.4% / +7.3%
+    int4 g32,  either                               exact (0.0%)
+    int8                                            +0.4% / +0.4% / +0.1%
+
+SmolLM2 is a hard case: its weights come from a Q4_1 GGUF, already 4-bit in groups of 32, which
+groups of 64 and 128 round a second time; int4 in groups of 32 gives them back exactly (Q4_1 is
+this very grid). The g128 numbers move by ±2 points with details that barely change the weighted
+error (1024 instead of 2048 calibration tokens: +15.7 / 16.0 / 14.7%), so +15% is not a margin
+this method has everywhere. The cost: quantizing SmolLM2 takes ~12 s on this shared 2-core machine
+(2.2-4.9 s of calibration, 7-8 s of search; min/max took 0.7 s). A Mistral-7B-shaped checkpoint:
+90 ns a weight, i.e. ~11 minutes of search for its 7 billion (0.85 GB peak for its largest
+matrix, 14336 × 4096, quantized on its own), plus a few minutes of calibration prefill. GPTQ-style error feedback, which also moves codes off their nearest value, measured
++9.7 / 13.0 / 10.5% with real text for calibration (and worse than this search with random ids):
+not done here.
 
 The int4 layout (what a CUDA kernel will stream), for W [out, in], groups of g (a multiple of 32):
 
@@ -45,9 +88,9 @@ packed uint8 above), `P.scales` (fp32 [out] for int8, fp16 [out, groups] for int
 seven matrices of each layer (q, k, v, o, gate, up, down). The embedding and the LM head keep their
 stored dtype: the embedding is a lookup (one row per token, no matmul to speed up), and the head
 turns the last hidden state straight into logits, where its errors are not averaged away by later
-layers (GPTQ and AWQ keep it too). Measured on SmolLM2 (tied head, 256 tokens): quantizing the head
-as well moves the NLL from +0.14% to +0.21% at int8 and from +15.7% to +19.9% at int4 g128, for
-113 MB of fp32 saved out of 538. Convert with dtype="bfloat16" to halve the head instead.
+layers (GPTQ and AWQ keep it too). Measured on SmolLM2 (tied head, 256 tokens, min/max grids):
+quantizing the head as well moves the NLL from +0.14% to +0.21% at int8 and from +15.7% to +19.9%
+at int4 g128, for 113 MB of fp32 saved out of 538. Convert with dtype="bfloat16" to halve the head instead.
 
 CPU speed, honestly: NumPy has no int8 or int4 matrix product, so `QuantizedWeight.matmul` widens
 a block of rows to fp32 (a few MB, so the whole fp32 matrix never exists) and multiplies that.
@@ -72,6 +115,8 @@ METHODS = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
 BLOCK_BYTES = 4 << 20          # fp32 bytes widened at a time by `QuantizedWeight.matmul`
 SUFFIXES = (".qweight", ".scales", ".mins")   # the checkpoint tensors of a quantized matrix
+CALIBRATION_TOKENS = 2048       # random tokens run through the model before int4 (input_importance)
+CALIBRATION_WINDOW = 256        # tokens per prefill, as in evaluate.perplexity's default windows
 
 # The matrices of each layer that get quantized, and which model width is their input.
 LAYER_MATRICES = {"self_attn.q_proj": "dim", "self_attn.k_proj": "dim", "self_attn.v_proj": "dim",
@@ -162,33 +207,154 @@ def quantize_int8(w: np.ndarray) -> Int8Weight:
     return Int8Weight(q, scales.astype(np.float32))
 
 
-def quantize_int4(w: np.ndarray, group_size: int = 128) -> Int4Weight:
-    """Asymmetric int4 in groups of `group_size` along the input, packed two a byte (module docstring)."""
+def quantize_int4(w: np.ndarray, group_size: int = 128, search: bool = False,
+                  importance: np.ndarray | None = None) -> Int4Weight:
+    """Asymmetric int4 in groups of `group_size` along the input, packed two a byte (module docstring).
+
+    search=False: each group's grid runs from its min to its max (exercise 09 writes this one).
+    search=True (what `quantize` and the engine use): the grid found by `search_grid`, which
+    minimizes the group's squared error weighted by `importance` [in] (uniform when None).
+    """
     if group_size <= 0 or group_size % 32:
         raise MiniLLMError(f"int4 group size must be a multiple of 32 (e.g. {GROUP_SIZES}), got {group_size}")
     w = as_f32(w)
     out_dim, in_dim = w.shape
     w = np.pad(w, ((0, 0), (0, -in_dim % group_size)), mode="edge")       # [out, in_padded]
     groups = w.reshape(out_dim, -1, group_size)                            # [out, groups, g]
-    lo, hi = groups.min(axis=-1), groups.max(axis=-1)                      # [out, groups]
-    # Round min down and scale up to fp16, so that [min16, min16 + 15·scale16] still covers [lo, hi].
+    scales, mins = minmax_grid(groups)
+    if search:
+        weights = np.ones(in_dim, np.float32) if importance is None else np.asarray(importance, np.float32)
+        # The padding columns are dropped on dequantize: their error costs nothing.
+        weights = np.pad(weights, (0, w.shape[1] - in_dim)).reshape(groups.shape[1:])   # [groups, g]
+        scales, mins = search_grid(groups, weights, scales, mins)
+    q = nearest_codes(groups, scales.astype(np.float32), mins.astype(np.float32))
+    return Int4Weight(pack_int4(q.astype(np.uint8).reshape(out_dim, -1)), scales, mins, in_dim)
+
+
+def minmax_grid(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's grid from its min to its max.   groups: [..., g] -> fp16 scales, mins [...]
+
+    min is rounded down and scale up to fp16, so that [min16, min16 + 15·scale16] still covers
+    [min, max]: every weight is on the grid, at most scale / 2 from its code's value."""
+    lo, hi = groups.min(axis=-1), groups.max(axis=-1)
     mins = lo.astype(np.float16)
     mins = np.where(mins.astype(np.float32) > lo, np.nextafter(mins, np.float16(-np.inf)), mins)
     scales = ((hi - mins.astype(np.float32)) / 15.0).astype(np.float16)
     short = mins.astype(np.float32) + 15.0 * scales.astype(np.float32) < hi
-    scales = np.where(short, np.nextafter(scales, np.float16(np.inf)), scales)
-    s, m = scales.astype(np.float32)[..., None], mins.astype(np.float32)[..., None]
-    q = np.rint((groups - m) / np.where(s > 0, s, 1.0))                    # [out, groups, g]
-    q = np.clip(q, 0, 15).astype(np.uint8).reshape(out_dim, -1)            # [out, in_padded]
-    return Int4Weight(pack_int4(q), scales, mins, in_dim)
+    return np.where(short, np.nextafter(scales, np.float16(np.inf)), scales), mins
 
 
-def quantize(w: np.ndarray, method: str, group_size: int = 128) -> QuantizedWeight:
-    """quantize_int8 or quantize_int4 by name."""
+def nearest_codes(groups: np.ndarray, scales: np.ndarray, mins: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The code 0..15 nearest to each weight, as float32.   groups: [..., g]; scales, mins: [...]"""
+    out = np.subtract(groups, mins[..., None], out=out)
+    out *= (1.0 / np.where(scales > 0, scales, 1.0))[..., None]
+    np.rint(out, out=out)
+    return np.clip(out, 0, 15, out=out)
+
+
+# ---- the grid search -------------------------------------------------------------------------------
+# Candidate grids start at the group's min with step span / (15 + t): t < 0 reaches past the max,
+# t > 0 clips it. Each candidate's codes are refit by weighted least squares, and the refit grid is
+# judged by its real error (every weight re-rounded to its nearest code); then Lloyd rounds
+# (nearest codes -> refit) polish the best. Measured on SmolLM2, int4-g128, perplexity over 4697
+# tokens: these settings +13.2% over fp32; 9 values of t and 3 rounds +16.4%; judging candidates by
+# the refit's own residual instead of re-rounding (half the time) +16.5%; min/max alone +53%.
+SEARCH_SHIFTS = tuple(np.arange(-4.0, 4.01, 0.5))
+LLOYD_ROUNDS = 5
+SEARCH_BLOCK = 1 << 18          # weights per block of rows: fewer, larger blocks spend less in Python
+
+
+def search_grid(groups: np.ndarray, weights: np.ndarray, scales: np.ndarray, mins: np.ndarray):
+    """Per group, the (scale, min) that minimizes Σ weight·(scale·code + min - w)² over the
+    candidates above; min/max's (`scales`, `mins`) is kept where nothing beats it (so a group that
+    min/max represents exactly stays exact).   groups: [out, G, g], weights: [G, g] -> fp16 [out, G]
+
+    Row blocks run on `threads.n_threads()` threads: NumPy releases the GIL in these loops."""
+    from .threads import n_threads, parallel_map
+
+    row_size = groups.shape[1] * groups.shape[2]
+    rows = max(1, min(SEARCH_BLOCK // row_size, -(-len(groups) // n_threads())))   # a block for every thread
+    starts = range(0, len(groups), rows)
+    found = parallel_map(lambda r: _GroupFit(groups[r:r + rows], weights).search(scales[r:r + rows], mins[r:r + rows]),
+                         starts)
+    return np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found])
+
+
+class _GroupFit:
+    """Weighted least squares for the grids of a block of groups.   x: [R, G, g], weights a: [G, g]
+
+    For fixed codes L the best (scale, min) solves a 2×2 system in five sums over the group:
+    Σa, ΣaL, ΣaL², Σax, ΣaLx (the normal equations of Σ a·(scale·L + min - x)²)."""
+
+    def __init__(self, x: np.ndarray, a: np.ndarray):
+        self.x, self.a = x, a
+        self.n = a.sum(axis=-1).astype(np.float64)                         # [G]
+        self.sx = np.einsum("rgj,gj->rg", x, a).astype(np.float64)        # [R, G]
+        lo, hi = x.min(axis=-1), x.max(axis=-1)
+        span = np.where(hi > lo, hi - lo, 1.0)
+        self.position = (x - lo[..., None]) / span[..., None]              # 0 at the min, 1 at the max  [R, G, g]
+        self.codes, self.tmp = np.empty_like(x), np.empty_like(x)          # reused buffers [R, G, g]
+
+    def search(self, scales16: np.ndarray, mins16: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """-> fp16 scales, mins [R, G]: the best candidate, where it beats the given (min/max) grid."""
+        start = (scales16.astype(np.float64), mins16.astype(np.float64))
+        start_error = self.error(*start)
+        best = start + (start_error,)
+        for t in SEARCH_SHIFTS:
+            best = self.keep_better(self.codes_at(t), best)
+        for _ in range(LLOYD_ROUNDS):
+            before = best[2]
+            best = self.keep_better(nearest_codes(self.x, *(b.astype(np.float32) for b in best[:2]), out=self.codes),
+                                    best)
+            if np.array_equal(best[2], before):                            # converged: the next round repeats this one
+                break
+        # fp16 moves the grid a little: keep the search's result only where it still wins.
+        s16, m16 = best[0].astype(np.float16), best[1].astype(np.float16)
+        wins = self.error(s16.astype(np.float64), m16.astype(np.float64)) < start_error
+        return np.where(wins, s16, scales16), np.where(wins, m16, mins16)
+
+    def codes_at(self, t: float) -> np.ndarray:
+        """Codes on the grid from each group's min with step span / (15 + t).   -> [R, G, g]"""
+        np.multiply(self.position, np.float32(15.0 + t), out=self.codes)
+        np.rint(self.codes, out=self.codes)
+        return np.clip(self.codes, 0, 15, out=self.codes)
+
+    def keep_better(self, codes: np.ndarray, best: tuple) -> tuple:
+        """Refit (scale, min) to `codes`; keep it where its error beats best = (scale, min, error)."""
+        weighted = np.multiply(codes, self.a, out=self.tmp)                 # a·L  [R, G, g]
+        sl = np.einsum("rgj->rg", weighted).astype(np.float64)             # (einsum: 4× faster than .sum here)
+        sll = np.einsum("rgj,rgj->rg", weighted, codes).astype(np.float64)
+        slx = np.einsum("rgj,rgj->rg", weighted, self.x).astype(np.float64)
+        det = self.n * sll - sl * sl
+        solvable = det > 1e-9 * self.n * sll                               # codes not all equal
+        det = np.where(solvable, det, 1.0)
+        scale = (self.n * slx - sl * self.sx) / det
+        low = (sll * self.sx - sl * slx) / det
+        usable = solvable & (scale > 0)
+        scale, low = np.where(usable, scale, best[0]), np.where(usable, low, best[1])
+        err = self.error(scale, low)
+        better = usable & (err < best[2])
+        return tuple(np.where(better, new, old) for new, old in zip((scale, low, err), best))
+
+    def error(self, scale: np.ndarray, low: np.ndarray) -> np.ndarray:
+        """Σ a·(scale·code + min - x)² with each weight on its nearest code.   -> [R, G]
+
+        In units of the step: u = (x - min) / scale, code = clip(round(u)), error = scale²·(u - code)²."""
+        s32 = np.where(scale > 0, scale, 1.0).astype(np.float32)          # scale 0: a constant group, exact
+        u = np.subtract(self.x, low.astype(np.float32)[..., None], out=self.tmp)
+        u *= (1.0 / s32)[..., None]
+        codes = np.clip(np.rint(u, out=self.codes), 0, 15, out=self.codes)
+        u -= codes
+        np.square(u, out=u)
+        return np.einsum("rgj,gj->rg", u, self.a).astype(np.float64) * np.square(scale)
+
+
+def quantize(w: np.ndarray, method: str, group_size: int = 128, importance: np.ndarray | None = None) -> QuantizedWeight:
+    """quantize_int8, or quantize_int4 with the grid search (weighted by `importance`), by name."""
     if method == "int8":
         return quantize_int8(w)
     if method == "int4":
-        return quantize_int4(w, group_size)
+        return quantize_int4(w, group_size, search=True, importance=importance)
     raise MiniLLMError(f"unknown quantization {method!r}; choose one of {', '.join(METHODS)}")
 
 
@@ -220,12 +386,19 @@ def quantization_entry(method: str, group_size: int) -> dict:
     return {"method": method, "group_size": group_size} if method == "int4" else {"method": method}
 
 
+def _is_layer_matrix(name: str) -> bool:
+    return name.startswith("model.layers.") and name.removesuffix(".weight").split(".", 3)[3] in LAYER_MATRICES
+
+
 def quantize_checkpoint(config: ModelConfig, tensors: dict[str, np.ndarray], method: str,
-                        group_size: int = 128, progress: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+                        group_size: int = 128, progress: bool = False,
+                        calibration_tokens: int = CALIBRATION_TOKENS) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Quantize every layer matrix of an HF-named checkpoint, one tensor at a time.
 
     The other tensors (norms, embedding, LM head) pass through untouched. Only one matrix is ever
     widened to fp32 at once, so memory holds the (memory-mapped) source plus the quantized result.
+    int4 first runs `calibration_tokens` random tokens through the model to weight each matrix's
+    grid search by its input columns' mean square (`input_importance`; 0: uniform weights).
     """
     from tqdm.auto import tqdm
 
@@ -233,14 +406,60 @@ def quantize_checkpoint(config: ModelConfig, tensors: dict[str, np.ndarray], met
     if config.quantization:
         raise MiniLLMError(f"this checkpoint is already quantized ({config.quantization}); "
                            f"quantize the original weights instead")
+    importance = {}
+    if method == "int4" and calibration_tokens > 0:
+        importance = input_importance(config, tensors, calibration_tokens, progress=progress)
     out: dict[str, np.ndarray] = {}
     for name, a in tqdm(tensors.items(), desc=f"quantizing to {method}", unit="tensor", disable=not progress):
         prefix = name.removesuffix(".weight")
-        if name.startswith("model.layers.") and prefix.split(".", 3)[3] in LAYER_MATRICES:
-            out.update(quantize(a, method, group_size).tensors(prefix))
+        if _is_layer_matrix(name):
+            out.update(quantize(a, method, group_size, importance.get(name)).tensors(prefix))
         else:
             out[name] = a
     return config.replace(quantization=quantization_entry(method, group_size)), out
+
+
+# ---- which input columns matter: activation statistics ----------------------------------------------
+
+
+def input_importance(config: ModelConfig, tensors: dict[str, np.ndarray], n_tokens: int = CALIBRATION_TOKENS,
+                     seed: int = 0, progress: bool = False) -> dict[str, np.ndarray]:
+    """Mean square of every input column of every layer matrix, over `n_tokens` random token ids
+    run through the model in windows of CALIBRATION_WINDOW.   -> {"model.layers.i.<part>.weight": [in]}
+
+    Random ids, not text: what is measured (which channels carry large activations) is a property
+    of the model, and no text that a perplexity test might use ever reaches the quantizer."""
+    from tqdm.auto import tqdm
+
+    from .model import Transformer
+
+    recorders = {name: _InputRecorder(a) for name, a in tensors.items() if _is_layer_matrix(name)}
+    model = Transformer(config, {**tensors, **recorders})
+    ids = np.random.default_rng(seed).integers(0, config.vocab_size, n_tokens)
+    for start in tqdm(range(0, n_tokens, CALIBRATION_WINDOW), desc="calibrating", unit="window", disable=not progress):
+        window = ids[start:start + CALIBRATION_WINDOW]
+        model.prefill(window, model.new_cache(len(window)))
+    return {name: r.mean_square() for name, r in recorders.items()}
+
+
+class _InputRecorder(QuantizedWeight):
+    """Stands in for a layer matrix during calibration: multiplies like it (layers.linear calls
+    `matmul`) and keeps the sum of squares of each input column."""
+
+    def __init__(self, weight: np.ndarray):
+        self.weight, self.sum_sq, self.rows = weight, np.zeros(weight.shape[1]), 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.weight.shape
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        self.sum_sq += np.square(x).sum(axis=0, dtype=np.float64)          # [in]
+        self.rows += x.shape[0]
+        return x @ as_f32(self.weight).T
+
+    def mean_square(self) -> np.ndarray:
+        return (self.sum_sq / max(self.rows, 1)).astype(np.float32)
 
 
 def gather(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict:

@@ -50,6 +50,58 @@ def test_int4_error_is_at_most_half_a_step(shape, group_size):
     assert np.all(np.abs(w_hat - w) <= step / 2 * (1 + 1e-3) + 1e-6)
 
 
+def _grid_bounds(q):
+    """Per element of a quantized matrix: its group's step, lowest and highest grid value (fp32)."""
+    n_in = q.shape[1]
+    expand = lambda a: np.repeat(a.astype(np.float32), q.group_size, axis=1)[:, :n_in]
+    step, low = expand(q.scales), expand(q.mins)
+    return step, low, low + 15 * step
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_searched_int4_error_is_half_a_step_inside_its_grid_plus_the_clipped_distance(shape, group_size, weighted):
+    """The search may clip: a weight outside [min, min + 15·scale] lands on the nearest end, so its
+    error is its distance to that end; inside, at most half a step, as with min/max."""
+    w = _matrix(shape)
+    importance = np.random.default_rng(3).gamma(0.3, size=shape[1]) if weighted else None
+    q = quant.quantize_int4(w, group_size, search=True, importance=importance)
+    assert q.scales.dtype == q.mins.dtype == np.float16 and q.shape == shape
+    step, low, high = _grid_bounds(q)
+    clipped = np.maximum(0, np.maximum(low - w, w - high))
+    error = np.abs(q.dequantize() - w)
+    assert np.all(error <= step / 2 * (1 + 1e-3) + clipped + 1e-6)
+    assert np.all(error >= clipped - 1e-6)                       # nothing outside the grid is represented
+
+
+def _group_errors(q, w, importance):
+    """Σ importance·error² per (row, group).   -> [out, groups]"""
+    padded = -w.shape[1] % q.group_size
+    sq = np.pad((q.dequantize() - w) ** 2 * importance, ((0, 0), (0, padded)))
+    return sq.reshape(w.shape[0], -1, q.group_size).sum(-1)
+
+
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_int4_search_never_loses_to_min_max_and_usually_wins(group_size):
+    w = _matrix((48, 257), seed=4)
+    importance = np.random.default_rng(5).gamma(0.3, size=257).astype(np.float32)
+    plain = _group_errors(quant.quantize_int4(w, group_size), w, importance)
+    searched = _group_errors(quant.quantize_int4(w, group_size, search=True, importance=importance), w, importance)
+    assert np.all(searched <= plain * (1 + 1e-5) + 1e-9)      # group by group
+    assert searched.sum() < 0.8 * plain.sum()                    # measured 0.44 (g32) and 0.62 (g128)
+
+
+def test_int4_search_spends_its_levels_where_the_importance_is():
+    w = _matrix((256, 128), seed=6)
+    importance = np.ones(128, np.float32)
+    importance[7] = 1000.0                                       # one input column matters 1000× more
+    column_rms = lambda q: float(np.sqrt(((q.dequantize() - w)[:, 7] ** 2).mean()))
+    uniform = column_rms(quant.quantize_int4(w, 128, search=True))
+    focused = column_rms(quant.quantize_int4(w, 128, search=True, importance=importance))
+    assert focused < 0.1 * uniform                               # measured 0.013
+
+
 def test_int4_quantizes_bf16_and_fp16_like_their_fp32_values():
     w = _matrix((16, 96))
     bits = f32_to_bf16(w)
@@ -120,6 +172,23 @@ def test_int8_logits_stay_close_to_fp32(random_model):
     int4 = minillm.load(str(random_model), quant="int4", group_size=32).logits(ids)
     assert np.abs(int8 - ref).max() < 0.1 * ref.std()
     assert np.abs(int8 - ref).max() < np.abs(int4 - ref).max() / 5
+
+
+def test_input_importance_is_the_mean_square_of_each_matrix_input(random_model):
+    from minillm.layers import rmsnorm
+    from minillm.llm import read_checkpoint
+
+    config, tensors, _ = read_checkpoint(random_model)
+    importance = quant.input_importance(config, tensors, n_tokens=40, seed=7)
+    assert set(importance) == {k for k in tensors if quant._is_layer_matrix(k)}
+    # Layer 0's q, k and v all read the normed embeddings of the (random) calibration tokens.
+    ids = np.random.default_rng(7).integers(0, config.vocab_size, 40)
+    h = rmsnorm(np.asarray(tensors["model.embed_tokens.weight"])[ids],
+                tensors["model.layers.0.input_layernorm.weight"], config.norm_eps)   # [40, dim]
+    for part in ("q_proj", "k_proj", "v_proj"):
+        np.testing.assert_allclose(importance[f"model.layers.0.self_attn.{part}.weight"], (h ** 2).mean(0), rtol=1e-5)
+    assert importance["model.layers.2.mlp.down_proj.weight"].shape == (config.ffn_dim,)
+    assert np.all(importance["model.layers.2.mlp.down_proj.weight"] > 0)
 
 
 @pytest.mark.parametrize("method,group_size", [("int8", 128), ("int4", 32)])
@@ -223,36 +292,40 @@ def test_int8_kv_cache_decode_matches_its_prefill(random_model):
 
 # ---- the real model: quality on text -----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def nll(smollm2_dir):
-    """Mean NLL per token of the first 256 tokens of minillm.evaluate's text, for load(**kw)."""
+def ppl(smollm2_dir):
+    """Perplexity over the first 256 tokens of minillm.evaluate's text, for load(**kw)."""
     from minillm.evaluate import eval_text, perplexity
 
     text = eval_text(2000)
     return lambda **kw: perplexity(minillm.load(str(smollm2_dir), **kw), text, context=256,
-                                   max_tokens=256).nll_mean
+                                   max_tokens=256).ppl
 
 
 @pytest.fixture(scope="module")
-def fp32_nll(nll):
-    return nll()
+def fp32_ppl(ppl):
+    return ppl()
 
 
 @pytest.mark.parametrize("kw,limit", [
-    (dict(quant="int8"), 0.01),
-    (dict(kv_cache="int8"), 0.01),
-    # Measured +15.7% here (+15.5% over 1024 tokens, +19% over the first 128): SmolLM2's weights come
-    # from a Q4_1 GGUF (4-bit groups of 32), and groups of 128 round that grid a second time.
-    # Groups of 64: +8% (+9.7% over 1024 tokens); groups of 32: exact (the test below).
-    (dict(quant="int4", group_size=128), 0.20),
+    (dict(quant="int8"), 0.01),                                  # measured +0.4%
+    (dict(kv_cache="int8"), 0.01),                               # measured -0.02%
+    # The issue's bound. Measured +14.0% here, +14.0% over lesson 09's 510 tokens, +13.2% over
+    # `minillm eval perplexity`'s 4697; min/max grids gave +56.5 / 64.9 / 53.4% (quant.py's weighted
+    # grid search is what brings it down, and the margin is thin: see quant.py). SmolLM2's weights
+    # come from a Q4_1 GGUF (4-bit groups of 32), which groups of 128 round a second time.
+    # Groups of 64: +8.1%; groups of 32: exact (the test below).
+    (dict(quant="int4", group_size=128), 0.15),
 ])
-def test_smollm2_nll_stays_close_to_fp32(nll, fp32_nll, kw, limit):
-    assert nll(**kw) <= fp32_nll * (1 + limit)
+def test_smollm2_perplexity_stays_close_to_fp32(ppl, fp32_ppl, kw, limit):
+    assert ppl(**kw) <= fp32_ppl * (1 + limit)
 
 
-def test_smollm2_int4_in_groups_of_32_recovers_its_q4_1_weights_exactly(smollm2_dir):
+@pytest.mark.parametrize("search", [False, True])
+def test_smollm2_int4_in_groups_of_32_recovers_its_q4_1_weights_exactly(smollm2_dir, search):
     """Q4_1 is asymmetric 4-bit in groups of 32 with fp16 scale and min: our int4-g32 grid is the
-    same grid, so quantizing the dequantized GGUF weights gives them back bit for bit."""
+    same grid, so quantizing the dequantized GGUF weights gives them back bit for bit (the search
+    keeps min/max's grid wherever nothing beats it, and nothing beats an exact fit)."""
     from minillm.weights import load_hf_dir
     _, tensors = load_hf_dir(smollm2_dir)
     w = tensors["model.layers.0.mlp.up_proj.weight"]
-    assert np.array_equal(quant.quantize_int4(w, 32).dequantize(), w)
+    assert np.array_equal(quant.quantize_int4(w, 32, search=search).dequantize(), w)
