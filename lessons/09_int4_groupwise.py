@@ -149,7 +149,8 @@ def main():
                     for i in range(cfg.n_layers) for m in LAYER_MATRICES
                     for rows, cols in [np.shape(tensors[f"model.layers.{i}.{m}.weight"])])
     model_rows.append(["int4 symmetric", "max|w|", g_sym, f"{sym_bytes / 1e6:.1f}",
-                       f"{8 * sym_bytes / (layer_fp32 / 4):.3f}", f"{r.ppl:.3f}", f"{100 * (r.ppl / base.ppl - 1):+.1f}%", ""])
+                       f"{8 * sym_bytes / (layer_fp32 / 4):.3f}", f"{r.ppl:.3f}",
+                       f"{100 * (r.ppl / base.ppl - 1):+.1f}%", ""])
 
     print_table("Lesson 09 — packing two 4-bit codes in a byte (minillm.quant.pack_int4): element 2j low, 2j+1 high",
                 ["byte j", "element 2j (low)", "element 2j+1 (high)", "bits high|low", "hex"], pack_rows)

@@ -86,8 +86,12 @@ def prefill_flops(cfg: ModelConfig, n_tokens: int) -> float:
     """Matrix FLOPs of a prefill: 2 per weight per token in the layers, causal attention, one LM head row."""
     per_layer = cfg.dim * cfg.head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 3 * cfg.dim * cfg.ffn_dim
     weights = 2 * cfg.n_layers * per_layer * n_tokens
-    attention = 2 * 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * n_tokens * (n_tokens + 1) / 2
-    return weights + attention + 2 * cfg.vocab_size * cfg.dim
+    return weights + attention_flops(cfg, n_tokens) + 2 * cfg.vocab_size * cfg.dim
+
+
+def attention_flops(cfg: ModelConfig, n_tokens: int) -> float:
+    """q·kᵀ and p·v over the causal triangle, every layer and head."""
+    return 2 * 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * n_tokens * (n_tokens + 1) / 2
 
 
 def bench_minillm(model, prompt: list[int], new_tokens: int, repeats: int) -> Result:
@@ -143,6 +147,23 @@ def bench_hf(hf, prompt: list[int], new_tokens: int, repeats: int) -> Result:
     return Result("HF transformers (eager)", statistics.median(ttfts), 1.0 / statistics.median(steps))
 
 
+def interleaved(model, hf, prompt: list[int], new_tokens: int, repeats: int) -> list[Result]:
+    """minillm and (when given) HF measured in alternating rounds, after one warm-up round each:
+    on a shared machine a burst of someone else's work then slows both sides, not one. Each
+    result is the median over rounds (TTFT; decode tok/s of each round's median step)."""
+    sides = [("minillm (NumPy)", lambda: bench_minillm(model, prompt, new_tokens, 1))]
+    if hf is not None:
+        sides.append(("HF transformers (eager)", lambda: bench_hf(hf, prompt, new_tokens, 1)))
+    rounds: dict[str, list[Result]] = {name: [] for name, _ in sides}
+    for i in range(repeats + 1):
+        for name, measure in sides:
+            result = measure()
+            if i > 0:                                   # round 0 warms caches and thread pools
+                rounds[name].append(result)
+    return [Result(name, statistics.median(r.ttft_s for r in rs), statistics.median(r.decode_tok_s for r in rs))
+            for name, rs in rounds.items()]
+
+
 def random_model(cfg: ModelConfig, seed: int = 0):
     """A model of `cfg`'s shape with random weights: speed does not depend on the values."""
     from .model import Transformer
@@ -172,21 +193,43 @@ def quantized(model, method: str, group_size: int = 128):
     return Transformer(*quantize_checkpoint(model.config, model.hf_tensors(), method, group_size))
 
 
+PREFILL_PARTS = {"weight matmuls": ("layers.py", "linear"), "attention": ("attention.py", "grouped_attention"),
+                 "silu": ("layers.py", "silu"), "rmsnorm": ("layers.py", "rmsnorm"),
+                 "rope": ("layers.py", "apply_rope")}
+
+
+def prefill_breakdown(model, prompt: list[int]) -> dict[str, float]:
+    """Where one prefill's wall time goes, in seconds, from cProfile's cumulative times: the weight
+    matmuls (`layers.linear`), attention (its small per-block matmuls and softmax), SiLU, RMSNorm,
+    RoPE, and "other" (residual adds, cache writes, reshapes, the embedding lookup)."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.runcall(model.prefill, prompt, model.new_cache(len(prompt) + 1))
+    stats = pstats.Stats(profile).stats             # {(file, line, function): (calls, ..., cumulative s, ...)}
+
+    def cumulative(file: str, function: str) -> float:
+        return sum(row[3] for (path, _, name), row in stats.items() if path.endswith(file) and name == function)
+    parts = {label: cumulative(*where) for label, where in PREFILL_PARTS.items()}
+    parts["other"] = cumulative("model.py", "prefill") - sum(parts.values())
+    return parts
+
+
 def run(model, prompt_tokens: int = 512, new_tokens: int = 32, repeats: int = 3, peer: bool = True,
         echo=print) -> dict:
     """Measure and print the table; return the numbers (for docs and tests)."""
     cfg = model.config
     prompt = np.random.default_rng(0).integers(100, cfg.vocab_size, prompt_tokens).tolist()
     echo(f"machine: {machine_description()}")
+    load_before = os.getloadavg()[0]
     copy_bw, gemv_bw, flops = copy_bandwidth(), gemv_bandwidth(), matmul_flops()
     echo(f"measured: copy {copy_bw / 1e9:.1f} GB/s · fp32 GEMV {gemv_bw / 1e9:.1f} GB/s · "
          f"fp32 matmul {flops / 1e9:.0f} GFLOP/s")
-    results = [bench_minillm(model, prompt, new_tokens, repeats)]
     hf = hf_peer(model) if peer else None
-    if hf is not None:
-        results.append(bench_hf(hf, prompt, new_tokens, repeats))
-    elif peer:
+    if peer and hf is None:
         echo("peer: HF transformers not installed (pip install 'minillm[test]')")
+    results = interleaved(model, hf, prompt, new_tokens, repeats)
     bytes_per_token = decode_bytes_per_token(model, prompt_tokens + new_tokens // 2)
     work = prefill_flops(cfg, prompt_tokens)
     echo(f"decode reads {bytes_per_token / 1e6:.1f} MB per token; prefill of {prompt_tokens} tokens "
@@ -205,4 +248,12 @@ def run(model, prompt_tokens: int = 512, new_tokens: int = 32, repeats: int = 3,
         numbers["hf"] = theirs
         echo(f"minillm / HF: decode {ours.decode_tok_s / theirs.decode_tok_s:.2f}×, "
              f"prefill {theirs.ttft_s / ours.ttft_s:.2f}×")
+    parts = prefill_breakdown(model, prompt)
+    weight_flops = prefill_flops(cfg, prompt_tokens) - attention_flops(cfg, prompt_tokens)
+    echo(f"minillm prefill, where the time goes (one profiled run, {sum(parts.values()) * 1e3:.0f} ms): "
+         + " · ".join(f"{label} {t * 1e3:.0f} ms" for label, t in parts.items())
+         + f" (weight matmuls at {weight_flops / parts['weight matmuls'] / 1e9:.0f} GFLOP/s)")
+    echo(f"load average (1 min): {load_before:.2f} at the start, {os.getloadavg()[0]:.2f} at the end "
+         f"(this machine's {os.cpu_count()} cores are shared: other work slows both sides)")
+    numbers["prefill_parts"] = parts
     return numbers

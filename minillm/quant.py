@@ -30,8 +30,8 @@ per group, the (scale, min) that minimizes
 (the diagonal of the inputs' second moments: llama.cpp calls it the importance matrix). For fixed
 codes the best (scale, min) is a 2×2 weighted least-squares solve; the search tries 17 candidate
 codings (grids from the group's min, steps from span/11 to span/19), refits each, keeps the best,
-then alternates nearest codes and refits (Lloyd) until nothing improves. It keeps min/max's grid
-where nothing beats it, so a group min/max already represents exactly stays exact.
+then alternates nearest codes and refits (Lloyd, up to 5 rounds) until nothing improves. It keeps
+min/max's grid where nothing beats it, so a group min/max already represents exactly stays exact.
 `quantize_checkpoint` measures a_j with `input_importance`: 2048 random token ids through the
 fp32 model (which channels are large is the model's property, not the text's; random ids and
 Python docstrings as calibration text gave the same perplexity within noise, and no evaluation
@@ -58,12 +58,12 @@ SmolLM2 is a hard case: its weights come from a Q4_1 GGUF, already 4-bit in grou
 groups of 64 and 128 round a second time; int4 in groups of 32 gives them back exactly (Q4_1 is
 this very grid). The g128 numbers move by ±2 points with details that barely change the weighted
 error (1024 instead of 2048 calibration tokens: +15.7 / 16.0 / 14.7%), so +15% is not a margin
-this method has everywhere. The cost: quantizing SmolLM2 takes ~12 s on this shared 2-core machine
-(2.2-4.9 s of calibration, 7-8 s of search; min/max took 0.7 s). A Mistral-7B-shaped checkpoint:
-90 ns a weight, i.e. ~11 minutes of search for its 7 billion (0.85 GB peak for its largest
-matrix, 14336 × 4096, quantized on its own), plus a few minutes of calibration prefill. GPTQ-style error feedback, which also moves codes off their nearest value, measured
-+9.7 / 13.0 / 10.5% with real text for calibration (and worse than this search with random ids):
-not done here.
+this method has everywhere. GPTQ-style error feedback (which moves codes off their nearest value)
+measured +9.7 / 13.0 / 10.5% with real text for calibration, worse than this search with random
+ids: not done here. The cost: quantizing SmolLM2 takes ~12 s on this shared 2-core machine (~5 s
+of calibration prefill, ~7 s of search; min/max took 0.7 s). A Mistral-7B-shaped checkpoint:
+90 ns a weight, ~11 minutes of search for its 7 billion (0.85 GB peak for its largest matrix,
+14336 × 4096, quantized on its own), plus a few minutes of calibration prefill.
 
 The int4 layout (what a CUDA kernel will stream), for W [out, in], groups of g (a multiple of 32):
 
@@ -244,7 +244,8 @@ def minmax_grid(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(short, np.nextafter(scales, np.float16(np.inf)), scales), mins
 
 
-def nearest_codes(groups: np.ndarray, scales: np.ndarray, mins: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def nearest_codes(groups: np.ndarray, scales: np.ndarray, mins: np.ndarray,
+                  out: np.ndarray | None = None) -> np.ndarray:
     """The code 0..15 nearest to each weight, as float32.   groups: [..., g]; scales, mins: [...]"""
     out = np.subtract(groups, mins[..., None], out=out)
     out *= (1.0 / np.where(scales > 0, scales, 1.0))[..., None]
@@ -349,7 +350,8 @@ class _GroupFit:
         return np.einsum("rgj,gj->rg", u, self.a).astype(np.float64) * np.square(scale)
 
 
-def quantize(w: np.ndarray, method: str, group_size: int = 128, importance: np.ndarray | None = None) -> QuantizedWeight:
+def quantize(w: np.ndarray, method: str, group_size: int = 128,
+             importance: np.ndarray | None = None) -> QuantizedWeight:
     """quantize_int8, or quantize_int4 with the grid search (weighted by `importance`), by name."""
     if method == "int8":
         return quantize_int8(w)

@@ -3,10 +3,13 @@
 NumPy's matrix products run on every core through BLAS, but its elementwise functions and
 reductions (exp, multiply, sum, ...) run on one. They do release the GIL while they loop over a
 large array, so plain Python threads, each given its own slice, run them on several cores at once.
-`parallel_map` does that; `n_threads` says how many threads it uses.
+`parallel_map` does that; `n_threads` says how many threads it uses. quant.search_grid (seconds
+of pure elementwise work) runs on it.
 
-Handing work to a sleeping thread is not free: ~0.1-0.2 ms on this 2-core VM, the time of ~100k
-exps. So callers split only large arrays, and the calling thread works too instead of waiting.
+Where it does not pay: between matmuls. After each BLAS call OpenBLAS's idle workers keep
+spinning for a while and hold the other cores, so splitting prefill's softmax or SiLU over
+threads made them slower on this 2-core VM (measured; see attention.py). And handing work to a
+sleeping thread costs ~0.1 ms here, the time of ~70k exps: split only large arrays.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -57,10 +62,13 @@ def parallel_map(fn: Callable[..., T], *iterables: Iterable) -> list[T]:
                 return
             results[i] = fn(*items[i])
 
+    errors = np.geterr()                        # np.errstate is per thread: helpers take the caller's
+
     def flagged_work() -> None:                 # nested parallel_map calls in here run in place
         _in_worker.active = True
         try:
-            work()
+            with np.errstate(**errors):
+                work()
         finally:
             _in_worker.active = False
 

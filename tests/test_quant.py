@@ -155,6 +155,48 @@ def test_quantized_linear_equals_dequantize_then_matmul(method, monkeypatch):
     assert w.nbytes == (300 * 257 + 300 * 4 if method == "int8" else 300 * 160 + 2 * 300 * 5 * 2)
 
 
+# ---- the thread pool the grid search runs on (minillm.threads) ---------------------------------------
+
+def test_parallel_map_keeps_order_and_runs_nested_calls_in_place(monkeypatch):
+    import threading
+
+    from minillm.threads import parallel_map
+    monkeypatch.setenv("MINILLM_THREADS", "3")
+    assert parallel_map(lambda a, b: a * b, range(10), range(10, 20)) == [a * (a + 10) for a in range(10)]
+
+    def inner(_):
+        return threading.get_ident(), parallel_map(lambda j: (threading.get_ident(), j), range(4))
+    outer = parallel_map(inner, range(6))
+    for ident, nested in outer:                                    # a nested map stays on its caller's thread
+        assert [j for _, j in nested] == [0, 1, 2, 3] and {t for t, _ in nested} == {ident}
+
+
+def test_parallel_map_raises_what_a_worker_raised(monkeypatch):
+    from minillm.threads import parallel_map
+    monkeypatch.setenv("MINILLM_THREADS", "2")
+
+    def fail_on_3(i):
+        if i == 3:
+            raise ValueError("item 3")
+        return i
+    with pytest.raises(ValueError, match="item 3"):
+        parallel_map(fail_on_3, range(8))
+
+
+def test_thread_count_follows_minillm_then_blas_settings(monkeypatch):
+    from minillm.threads import n_threads
+    for var in ("MINILLM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert n_threads() == 3
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")            # the lessons' single-core timing setting
+    assert n_threads() == 1
+    monkeypatch.setenv("MINILLM_THREADS", "4")
+    assert n_threads() == 4
+    monkeypatch.setenv("MINILLM_THREADS", "zero")              # not a count: ignored
+    assert n_threads() == 1
+
+
 # ---- whole models ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def random_model(tmp_path_factory):
