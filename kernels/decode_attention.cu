@@ -271,23 +271,65 @@ __device__ __forceinline__ void widen8(uint4 w, float* f) {
     f[4] = W::lo(w.z); f[5] = W::hi(w.z); f[6] = W::lo(w.w); f[7] = W::hi(w.w);
 }
 
-// A tile's K and V rows for this thread (slot, piece): keys t0 + i * slots + slot, zeros past `end`.
-__device__ __forceinline__ void load_tile(const u16* K, const u16* V, int hd, int t0, int end, int slots, int slot,
-                                          bool active, uint4* kw, uint4* vw) {
+// How the cache holds a "piece" (8 consecutive values of a K or V row) and how it becomes 8 floats.
+// KV16<W>: the weight dtype, 16 bytes a piece. KV8: int8 codes, 8 bytes a piece, and one fp32 scale per
+// (KV head, position) vector (kv_int8.cu writes them: value = code · scale). The scale is applied once per
+// key, not per value: a score is (q·k8)·k_scale, and a probability p weighs v8 by p·v_scale.
+template <class W>
+struct KV16 {
+    using Elem = u16;
+    using Piece = uint4;
+    static constexpr bool SCALED = false;
+    static __device__ __forceinline__ Piece load(const Elem* p) { return ld_nc_v4(p); }
+    static __device__ __forceinline__ Piece zero() { return make_uint4(0u, 0u, 0u, 0u); }
+    static __device__ __forceinline__ void widen(Piece w, float* f) { widen8<W>(w, f); }
+};
+
+struct KV8 {
+    using Elem = signed char;
+    using Piece = uint2;
+    static constexpr bool SCALED = true;
+    static __device__ __forceinline__ Piece load(const Elem* p) {
+        uint2 v;
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+        return v;
+    }
+    static __device__ __forceinline__ Piece zero() { return make_uint2(0u, 0u); }
+    static __device__ __forceinline__ void widen(Piece w, float* f) {   // byte k of a word, sign-extended
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            f[k] = (float)((int)(w.x << (24 - 8 * k)) >> 24);
+            f[4 + k] = (float)((int)(w.y << (24 - 8 * k)) >> 24);
+        }
+    }
+};
+
+// A tile's K and V rows for this thread (slot, piece): keys t0 + i * slots + slot, zeros past `end`; with
+// KV8 also the keys' scales (ks, vs; 0 past `end`, unused for 16-bit caches).
+template <class KV>
+__device__ __forceinline__ void load_tile(const typename KV::Elem* K, const typename KV::Elem* V, const float* KS,
+                                          const float* VS, int hd, int t0, int end, int slots, int slot, bool active,
+                                          typename KV::Piece* kw, typename KV::Piece* vw, float* ks, float* vs) {
 #pragma unroll
     for (int i = 0; i < GQA_LOADS; i++) {
         int j = t0 + i * slots + slot;
-        kw[i] = vw[i] = make_uint4(0u, 0u, 0u, 0u);
+        kw[i] = vw[i] = KV::zero();
+        ks[i] = vs[i] = 0.0f;
         if (active && j < end) {
-            kw[i] = ld_nc_v4(K + (size_t)j * hd);
-            vw[i] = ld_nc_v4(V + (size_t)j * hd);
+            kw[i] = KV::load(K + (size_t)j * hd);
+            vw[i] = KV::load(V + (size_t)j * hd);
+            if (KV::SCALED) {
+                ks[i] = __ldg(KS + j);
+                vs[i] = __ldg(VS + j);
+            }
         }
     }
 }
 
-template <class W, int GM>
-__device__ void attention_gqa(const float* __restrict__ q, int q_stride, const u16* __restrict__ k_cache,
-                              const u16* __restrict__ v_cache, int capacity, int n_heads, int n_kv_heads, int hd,
+template <class KV, int GM>
+__device__ void attention_gqa(const float* __restrict__ q, int q_stride, const typename KV::Elem* __restrict__ k_cache,
+                              const typename KV::Elem* __restrict__ v_cache, const float* __restrict__ k_scale,
+                              const float* __restrict__ v_scale, int capacity, int n_heads, int n_kv_heads, int hd,
                               const int* pos, int window, float scale, int split_keys, int max_splits, int flags,
                               float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_acc,
                               unsigned int* __restrict__ counters, float* __restrict__ out) {
@@ -343,24 +385,28 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const u
         for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
     }
 
-    const u16* K = k_cache + (size_t)kvh * capacity * hd + piece * 8;
-    const u16* V = v_cache + (size_t)kvh * capacity * hd + piece * 8;
-    uint4 kw[GQA_LOADS], vw[GQA_LOADS];
-    load_tile(K, V, hd, start, end, slots, slot, active, kw, vw);
+    const typename KV::Elem* K = k_cache + (size_t)kvh * capacity * hd + piece * 8;
+    const typename KV::Elem* V = v_cache + (size_t)kvh * capacity * hd + piece * 8;
+    const float* KS = KV::SCALED ? k_scale + (size_t)kvh * capacity : nullptr;    // [capacity] of this KV head
+    const float* VS = KV::SCALED ? v_scale + (size_t)kvh * capacity : nullptr;
+    typename KV::Piece kw[GQA_LOADS], vw[GQA_LOADS];
+    float ks[GQA_LOADS], vs[GQA_LOADS];
+    load_tile<KV>(K, V, KS, VS, hd, start, end, slots, slot, active, kw, vw, ks, vs);
     for (int t0 = start; t0 < end; t0 += tile) {        // block-uniform
-        uint4 kn[GQA_LOADS], vn[GQA_LOADS];             // the next tile's rows, in flight during this one's math
-        load_tile(K, V, hd, t0 + tile, end, slots, slot, active, kn, vn);
+        typename KV::Piece kn[GQA_LOADS], vn[GQA_LOADS];   // the next tile's rows, in flight during this one's math
+        float ksn[GQA_LOADS], vsn[GQA_LOADS];
+        load_tile<KV>(K, V, KS, VS, hd, t0 + tile, end, slots, slot, active, kn, vn, ksn, vsn);
         float sc[GQA_LOADS][GM];                        // scores, then probabilities
 #pragma unroll
         for (int i = 0; i < GQA_LOADS; i++) {
             float kf[8];
-            widen8<W>(kw[i], kf);
+            KV::widen(kw[i], kf);
 #pragma unroll
             for (int g = 0; g < GM; g++) {
                 float d = 0.0f;
 #pragma unroll
                 for (int e = 0; e < 8; e++) d = fmaf(qr[g][e], kf[e], d);
-                sc[i][g] = d;
+                sc[i][g] = KV::SCALED ? d * ks[i] : d;  // q·(k8·s) = (q·k8)·s: each lane's part, summed below
             }
         }
         // sum the slot's lpk partial dot products: one xor stage at a time over all GQA_LOADS x GM scores, so
@@ -402,13 +448,17 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const u
 #pragma unroll
         for (int i = 0; i < GQA_LOADS; i++) {
             float vf[8];
-            widen8<W>(vw[i], vf);
+            KV::widen(vw[i], vf);
 #pragma unroll
-            for (int g = 0; g < GM; g++)
+            for (int g = 0; g < GM; g++) {
+                float p = KV::SCALED ? sc[i][g] * vs[i] : sc[i][g];    // p·(v8·s): the scale once per key
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[g][e] = fmaf(sc[i][g], vf[e], acc[g][e]);
+                for (int e = 0; e < 8; e++) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
+            }
             kw[i] = kn[i];
             vw[i] = vn[i];
+            ks[i] = ksn[i];
+            vs[i] = vsn[i];
         }
     }
 
@@ -518,8 +568,9 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const u
         const float* q, int q_stride, const u16* k_cache, const u16* v_cache, int capacity, int n_heads,         \
         int n_kv_heads, int hd, const int* pos, int window, float scale, int split_keys, int max_splits,         \
         int flags, float* part_m, float* part_l, float* part_acc, unsigned int* counters, float* out) {         \
-        attention_gqa<W, GM>(q, q_stride, k_cache, v_cache, capacity, n_heads, n_kv_heads, hd, pos, window,     \
-                             scale, split_keys, max_splits, flags, part_m, part_l, part_acc, counters, out);     \
+        attention_gqa<KV16<W>, GM>(q, q_stride, k_cache, v_cache, nullptr, nullptr, capacity, n_heads,          \
+                                   n_kv_heads, hd, pos, window, scale, split_keys, max_splits, flags, part_m,    \
+                                   part_l, part_acc, counters, out);                                            \
     }
 ATTENTION_GQA_KERNEL(attention_gqa1_f16, F16, 1)
 ATTENTION_GQA_KERNEL(attention_gqa1_bf16, BF16, 1)
@@ -527,3 +578,19 @@ ATTENTION_GQA_KERNEL(attention_gqa2_f16, F16, 2)
 ATTENTION_GQA_KERNEL(attention_gqa2_bf16, BF16, 2)
 ATTENTION_GQA_KERNEL(attention_gqa4_f16, F16, 4)
 ATTENTION_GQA_KERNEL(attention_gqa4_bf16, BF16, 4)
+
+// The same over an int8 KV cache: k_cache, v_cache int8 [n_kv_heads, capacity, hd] (one layer), k_scale,
+// v_scale fp32 [n_kv_heads, capacity]. Half the bytes a key of the 16-bit kernels, whatever the weights.
+#define ATTENTION_GQA_INT8_KERNEL(NAME, GM)                                                                      \
+    extern "C" __global__ void __launch_bounds__(GQA_THREADS, 1) NAME(                                           \
+        const float* q, int q_stride, const signed char* k_cache, const signed char* v_cache,                    \
+        const float* k_scale, const float* v_scale, int capacity, int n_heads, int n_kv_heads, int hd,           \
+        const int* pos, int window, float scale, int split_keys, int max_splits, int flags, float* part_m,       \
+        float* part_l, float* part_acc, unsigned int* counters, float* out) {                                   \
+        attention_gqa<KV8, GM>(q, q_stride, k_cache, v_cache, k_scale, v_scale, capacity, n_heads, n_kv_heads,  \
+                               hd, pos, window, scale, split_keys, max_splits, flags, part_m, part_l, part_acc,  \
+                               counters, out);                                                                   \
+    }
+ATTENTION_GQA_INT8_KERNEL(attention_gqa1_int8, 1)
+ATTENTION_GQA_INT8_KERNEL(attention_gqa2_int8, 2)
+ATTENTION_GQA_INT8_KERNEL(attention_gqa4_int8, 4)

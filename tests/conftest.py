@@ -36,3 +36,11 @@ def smollm2_gguf(smollm2_dir, tmp_path_factory):
     alone = tmp_path_factory.mktemp("smollm2-gguf") / "SmolLM2-135M-Instruct.Q4_1.gguf"
     alone.symlink_to((smollm2_dir / SOURCE_GGUF).resolve())
     return alone
+
+
+@pytest.fixture(scope="module", params=["float16", "bfloat16"])
+def k(request):
+    """The GPU kernels (minillm.cuda.kernels.Kernels) for each 16-bit weight dtype; GPU test modules only
+    (they skip themselves first where there is no device: tests/gpu_skip.py)."""
+    from minillm.cuda.kernels import Kernels
+    return Kernels(request.param)

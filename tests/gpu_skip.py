@@ -13,3 +13,12 @@ def cupy_with_a_device():
     if n_devices == 0:
         pytest.skip("no CUDA device", allow_module_level=True)
     return cp
+
+
+DTYPES = ["float16", "bfloat16"]
+
+
+def ok(result):
+    """Assert a minillm.cuda.checks result: (error, tolerance)."""
+    err, tol = result
+    assert err <= tol, f"error {err:.3e} > tolerance {tol:.1e}"

@@ -182,7 +182,6 @@ def test_eval_perplexity_prints_the_number(tiny_model):
 
 
 def test_convert_kv_heads_writes_a_checkpoint_hf_loads(tmp_path):
-    import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
     save_random_model(llama_config(n_heads=8, n_kv_heads=4), tmp_path / "src")

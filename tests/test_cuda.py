@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_skip import cupy_with_a_device
+from gpu_skip import DTYPES, cupy_with_a_device, ok
 
 cp = cupy_with_a_device()
 
@@ -16,17 +16,6 @@ from minillm.cuda import checks  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
 
-DTYPES = ["float16", "bfloat16"]
-
-
-@pytest.fixture(scope="module", params=DTYPES)
-def k(request) -> Kernels:
-    return Kernels(request.param)
-
-
-def ok(result):
-    err, tol = result
-    assert err <= tol, f"error {err:.3e} > tolerance {tol:.1e}"
 
 
 @pytest.mark.parametrize("T,dim", [(1, 64), (3, 576), (2, 4096), (5, 100)])

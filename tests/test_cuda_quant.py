@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_skip import cupy_with_a_device
+from gpu_skip import DTYPES, cupy_with_a_device, ok
 
 cp = cupy_with_a_device()
 
@@ -23,20 +23,9 @@ from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
 from minillm.cuda.qweights import QuantMatrix  # noqa: E402
 
-DTYPES = ["float16", "bfloat16"]
 # (method, group size): int4 in the default groups of 128, and the smallest (SmolLM2's Q4_1 grid)
 FORMATS = [("int8", 0), ("int4", 128), ("int4", 32)]
 FORMAT_IDS = ["int8", "int4-g128", "int4-g32"]
-
-
-@pytest.fixture(scope="module", params=DTYPES)
-def k(request) -> Kernels:
-    return Kernels(request.param)
-
-
-def ok(result):
-    err, tol = result
-    assert err <= tol, f"error {err:.3e} > tolerance {tol:.1e}"
 
 
 # gemv_quant.cu v2 multiplies in fp16: x rounded to fp16 (per chunk, scaled by a power of two) and the

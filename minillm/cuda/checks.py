@@ -201,6 +201,80 @@ def check_kv_append(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, capaci
     return err, 0.0                                                 # a copy: exact
 
 
+def check_kv_append_int8(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, capacity: int, pos0: int,
+                         seed: int = 0):
+    """kv_int8.cu's quantizer against Int8KVCache.append on the same fp32 k and v (one vector all zeros):
+    the same codes and scales, and nothing written outside positions pos0..pos0+T-1."""
+    from ..kv_cache import Int8KVCache
+    cp, rng = _cp(), np.random.default_rng(seed)
+    qkv = (rng.standard_normal((T, (n_heads + 2 * n_kv) * hd)) * 3).astype(np.float32)
+    qkv[0, n_heads * hd:(n_heads + 1) * hd] = 0.0                       # an all-zero key: scale 0, codes 0
+    ref = Int8KVCache(ModelConfig(vocab_size=8, dim=n_heads * hd, n_layers=1, n_heads=n_heads, n_kv_heads=n_kv,
+                                  ffn_dim=8), capacity)
+    ref.length = pos0
+    new = qkv.reshape(T, n_heads + 2 * n_kv, hd).transpose(1, 0, 2)    # [heads, T, hd]
+    ref.append(0, new[n_heads:n_heads + n_kv], new[n_heads + n_kv:])
+    kc, vc = cp.full((n_kv, capacity, hd), 99, cp.int8), cp.full((n_kv, capacity, hd), 99, cp.int8)
+    ks, vs = cp.full((n_kv, capacity), np.nan, cp.float32), cp.full((n_kv, capacity), np.nan, cp.float32)
+    want_k, want_v = np.full((n_kv, capacity, hd), 99, np.int8), np.full((n_kv, capacity, hd), 99, np.int8)
+    want_ks, want_vs = np.full((n_kv, capacity), np.nan, np.float32), np.full((n_kv, capacity), np.nan, np.float32)
+    span = slice(pos0, pos0 + T)
+    want_k[:, span], want_v[:, span] = ref.k[0, :, span], ref.v[0, :, span]
+    want_ks[:, span], want_vs[:, span] = ref.k_scale[0, :, span], ref.v_scale[0, :, span]
+    k.kv_append_int8(cp.asarray(qkv), T, n_heads, n_kv, hd, kc, vc, ks, vs, cp.asarray(np.array([pos0], np.int32)))
+    _sync()
+    codes_off = max(int(np.abs(_host(a).astype(np.int32) - w).max()) for a, w in ((kc, want_k), (vc, want_v)))
+    scales_same = all(np.array_equal(_host(a), w, equal_nan=True) for a, w in ((ks, want_ks), (vs, want_vs)))
+    return (float(codes_off) if scales_same else math.inf), 0.0      # exact: the same division and rounding
+
+
+def check_attention_int8(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, length: int, n_splits: int,
+                         window: int | None = None, seed: int = 0):
+    """Attention over an int8 cache (attention_gqa*_int8) against NumPy attention over the dequantized
+    keys and values (what Int8KVCache.append returns); twice on the same counters. Scales past `length`
+    are NaN: a kernel that reads a key it should not returns NaN."""
+    cp, rng = _cp(), np.random.default_rng(seed)
+    capacity = length + 3
+    qkv = rng.standard_normal((T, (n_heads + 2 * n_kv) * hd)).astype(np.float32)
+    kc, vc = (rng.integers(-127, 128, (n_kv, capacity, hd)).astype(np.int8) for _ in range(2))
+    ks, vs = ((0.01 + rng.random((n_kv, capacity))).astype(np.float32) / 10 for _ in range(2))
+    ks[:, length:] = vs[:, length:] = np.nan
+    q = qkv[:, :n_heads * hd].reshape(T, n_heads, hd)
+    keys, values = kc[:, :length] * ks[:, :length, None], vc[:, :length] * vs[:, :length, None]
+    want = attend(q, keys, values, window)
+    parts = (poisoned((T, n_heads, n_splits), np.float32), poisoned((T, n_heads, n_splits), np.float32),
+             poisoned((T, n_heads, n_splits, hd), np.float32), cp.zeros((T, n_heads), cp.uint32))
+    d = [cp.asarray(a) for a in (qkv, kc, vc, ks, vs)]
+    pos = cp.asarray(np.array([length - T], np.int32))
+    err = 0.0
+    for _ in range(2):
+        out = poisoned((T, n_heads * hd), np.float32)
+        k.attention(d[0], T, n_heads, n_kv, hd, d[1], d[2], pos, window, parts, out, scales=(d[3], d[4]))
+        _sync()
+        err = max(err, rel_err(_host(out), want))
+        if int(cp.asnumpy(parts[3]).max()) != 0:
+            return math.inf, 1e-4                                   # a counter was left non-zero
+    return err, 1e-4                                                # the same values: fp32 math only
+
+
+def check_kv_dequantize(k: Kernels, n_kv: int, hd: int, capacity: int, n: int, seed: int = 0):
+    """kv_dequant: positions [0, n) widened to the weight dtype, code · scale, and nothing else written."""
+    cp, rng = _cp(), np.random.default_rng(seed)
+    kc, vc = (rng.integers(-127, 128, (n_kv, capacity, hd)).astype(np.int8) for _ in range(2))
+    ks, vs = (rng.random((n_kv, capacity)).astype(np.float32) for _ in range(2))
+    k_out, v_out = poisoned((n_kv, capacity, hd), _narrow_dt(k.dtype)), poisoned((n_kv, capacity, hd), _narrow_dt(k.dtype))
+    k.kv_dequantize(*(cp.asarray(a) for a in (kc, vc, ks, vs)), n, k_out, v_out)
+    _sync()
+    err = 0.0
+    for codes, scales, got in ((kc, ks, k_out), (vc, vs, v_out)):
+        want = as_f32(narrow(codes[:, :n] * scales[:, :n, None], k.dtype))
+        got = _host(got)
+        if n < capacity and not np.isnan(got[:, n:]).all():
+            return math.inf, 0.0                                    # wrote past the positions asked for
+        err = max(err, rel_err(got[:, :n], want))
+    return err, 0.0                                                 # one rounding, the same on both sides
+
+
 def check_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, length: int, n_splits: int,
                     window: int | None = None, capacity: int | None = None, seed: int = 0, fused: bool = False):
     """T queries that are the last T of `length` cached positions; n_splits flash-decoding splits.
@@ -345,18 +419,24 @@ def random_cpu_model(config: ModelConfig, dtype: str = "float16", seed: int = 0,
 MODEL_TOL = {"float16": 5e-3, "bfloat16": 3e-2}     # seen in a CPU emulation: 6e-4 and 4e-3
 
 
+def _with_kv_cache(cpu: Transformer, kv_cache: str) -> dict:
+    """Make the CPU model use the cache kind the GPU is given; -> GPUTransformer keyword arguments."""
+    cpu.kv_cache_dtype = "int8" if kv_cache == "int8" else "float32"
+    return {"kv_cache": kv_cache}
+
+
 def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int = 20, seed: int = 0,
                        fuse_norm: bool = False, gemv_version: int = 4, prefill_attention: str = "tiled",
-                       quant: str | None = None, group_size: int = 128, cpu=None):
+                       quant: str | None = None, group_size: int = 128, cpu=None, kv_cache: str = "16-bit"):
     """Prefill logits (all positions) and teacher-forced decode logits, GPU vs CPU.
     prefill_attention: "tiled" (prefill_attention.cu) or "decode" (the decode kernel, one query a token).
     quant: int8/int4 layer matrices, the same on both sides. cpu: a CPU model to use instead of a
-    random one of `kind`'s shape."""
+    random one of `kind`'s shape. kv_cache "int8": both sides quantize keys and values (Int8KVCache)."""
     from .gpu_model import GPUTransformer
     cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
     cfg = cpu.config
     gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
-                                  prefill_attention=prefill_attention)
+                                  prefill_attention=prefill_attention, **_with_kv_cache(cpu, kv_cache))
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, n_prompt + n_decode)
     err = rel_err(gpu.prefill(ids[:n_prompt], gpu.new_cache(64), all_logits=True),
                   cpu.prefill(ids[:n_prompt], cpu.new_cache(64), all_logits=True))
@@ -378,14 +458,15 @@ def greedy(model, prompt, n: int, cache) -> tuple[list[int], list[np.ndarray]]:
 
 
 def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: bool = True, gemv_version: int = 4,
-                 quant: str | None = None, group_size: int = 128, cpu=None, prompt=None):
+                 quant: str | None = None, group_size: int = 128, cpu=None, prompt=None, kv_cache: str = "16-bit"):
     """Greedy continuations, GPU vs CPU. Returns (tokens equal, detail). A divergence is accepted only
     at a near-tie: where the CPU's top two logits are closer than the logits' measured error.
     cpu, prompt: a given CPU model and prompt instead of random ones of `kind`'s shape."""
     from .gpu_model import GPUTransformer
     cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
     cfg = cpu.config
-    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version)
+    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
+                                  **_with_kv_cache(cpu, kv_cache))
     if prompt is None:
         prompt = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8)
     want, cpu_logits = greedy(cpu, prompt, n, cpu.new_cache(64))
@@ -400,13 +481,14 @@ def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: b
 
 
 def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, fuse_norm: bool = False,
-                             gemv_version: int = 4, quant: str | None = None, group_size: int = 128):
+                             gemv_version: int = 4, quant: str | None = None, group_size: int = 128,
+                             kv_cache: str = "16-bit"):
     """The same prompt and tokens through eager launches and through the replayed CUDA graph:
     the same kernels in the same order, so the logits must be bit-identical."""
     from .gpu_model import GPUTransformer
     cfg = small_config(kind)
     gpu = GPUTransformer.from_cpu(random_cpu_model(cfg, dtype, seed, quant, group_size), dtype, fuse_norm=fuse_norm,
-                                  gemv_version=gemv_version)
+                                  gemv_version=gemv_version, kv_cache=kv_cache)
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8 + n)
     runs = []
     for use_graph in (False, True):

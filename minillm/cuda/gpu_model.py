@@ -32,9 +32,15 @@ one reused 16-bit scratch buffer (the largest matrix: 235 MB for Mistral's gate|
 cuBLAS GEMM: ~1.3 extra bytes written per weight per prefill chunk, cheap next to the GEMM at T = 512,
 and the full 16-bit model never exists in memory.
 
+int8 KV cache (`kv_cache="int8"`, minillm.kv_cache.Int8KVCache's format: a symmetric scale per token and KV
+head): kv_int8.cu quantizes each new key and value from the fp32 qkv row (the v4 qkv GEMV then only
+rotates, `k_cache=None`), decode attention reads the codes and scales directly (attention_gqa*_int8: 0.52 of
+the 16-bit cache's bytes at hd 128), and prefill widens the layer's cached positions into a 16-bit scratch
+for its tiled kernel. Attention sees the quantized keys and values in both phases, as on the CPU.
+
 MLA models run on the device through `gpu_mla.GPUMLATransformer` (CuPy ops and cuBLAS, no graph); many
 sequences at once through the engine's GPU path (`gpu_batched.py`). Not here yet: a rolling KV buffer
-(sliding windows use a contiguous cache and a mask), an int8 KV cache.
+(sliding windows use a contiguous cache and a mask).
 """
 from __future__ import annotations
 
@@ -96,6 +102,27 @@ class GPUKVCache(CacheBase):
         self.graph_key = None       # the model and the settings the graph was captured with
 
 
+class GPUInt8KVCache(CacheBase):
+    """Contiguous int8 KV cache on the device (kv_int8.cu): k, v int8 [n_layers, n_kv_heads, capacity, hd]
+    and a scale per vector, k_scale, v_scale fp32 [n_layers, n_kv_heads, capacity]. Same contract as
+    GPUKVCache; its graph reads codes and scales."""
+
+    def __init__(self, config: ModelConfig, capacity: int):
+        cp = _cp()
+        shape = (config.n_layers, config.n_kv_heads, capacity, config.head_dim)
+        self.k = cp.zeros(shape, dtype=cp.int8)
+        self.v = cp.zeros(shape, dtype=cp.int8)
+        self.k_scale = cp.zeros(shape[:3], dtype=cp.float32)
+        self.v_scale = cp.zeros(shape[:3], dtype=cp.float32)
+        self.max_seq_len = capacity
+        self.length = 0
+        self.graph = None
+        self.graph_key = None
+
+
+KV_CACHES = ("16-bit", "int8")     # "16-bit": the weight dtype (fp16 or bf16)
+
+
 class GPUTransformer:
     prefill_chunk = 1024      # tokens per prefill pass (bounds the [T, 2 * ffn] fp32 scratch)
     prefetch_next = False     # v4 decode: each GEMV prefetches the next one's first weights into L2 (its tail);
@@ -103,8 +130,13 @@ class GPUTransformer:
 
     def __init__(self, config: ModelConfig, layers: list[GPULayer], embed, final_norm, lm_head,
                  dtype: str = "float16", use_graph: bool = True, gemv_version: int = 4, fuse_norm: bool = True,
-                 prefill_attention: str = "tiled"):
+                 prefill_attention: str = "tiled", kv_cache: str = "16-bit"):
         cp = _cp()
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache is one of {KV_CACHES}, not {kv_cache!r}")
+        if kv_cache == "int8" and config.head_dim % 8:
+            raise ValueError(f"the GPU int8 KV cache needs head_dim % 8 == 0, not {config.head_dim}")
+        self.kv_cache = kv_cache
         if config.attention != "gqa":
             raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs on GPUMLATransformer (cuda/gpu_mla.py)")
         self.config, self.layers, self.dtype = config, layers, dtype
@@ -143,6 +175,7 @@ class GPUTransformer:
         # prefill widens one quantized matrix at a time into this (the largest matrix's size, reused)
         largest = max((w.shape[0] * w.shape[1] for w in quantized), default=0)
         self._dense_scratch = cp.empty(largest, device_dtype(dtype)) if largest else None
+        self._kv_scratch = None          # int8 KV cache: prefill's 16-bit K/V of one layer (sized on first use)
         cp.cuda.Device().synchronize()     # uploads and zero-fills ran on the default stream: finish them
 
     # ---- construction ----------------------------------------------------------------------------
@@ -215,10 +248,13 @@ class GPUTransformer:
         per_layer = sum(w.nbytes for L in self.layers for w in L.matrices() + [L.attn_norm, L.mlp_norm])
         return per_layer + self.lm_head.nbytes + self.final_norm.nbytes
 
-    def new_cache(self, max_seq_len: int | None = None) -> GPUKVCache:
-        """A KV cache for up to `max_seq_len` positions (default: the model's context)."""
+    def new_cache(self, max_seq_len: int | None = None) -> GPUKVCache | GPUInt8KVCache:
+        """A KV cache for up to `max_seq_len` positions (default: the model's context), 16-bit or int8."""
+        capacity = max_seq_len or self.config.max_seq_len
         with self.stream:        # zero-filled on our stream, so no later kernel can overtake the fill
-            return GPUKVCache(self.config, max_seq_len or self.config.max_seq_len, self.dtype)
+            if self.kv_cache == "int8":
+                return GPUInt8KVCache(self.config, capacity)
+            return GPUKVCache(self.config, capacity, self.dtype)
 
     # ---- the two phases --------------------------------------------------------------------------
     def prefill(self, tokens, cache: GPUKVCache, all_logits: bool = False) -> np.ndarray:
@@ -273,10 +309,12 @@ class GPUTransformer:
             for i, L in enumerate(self.layers):
                 after = self.layers[i + 1].wqkv if i + 1 < len(self.layers) else self.lm_head
                 src, gain = self._norm_input(L.attn_norm)
+                into = (None, None) if self.kv_cache == "int8" else (cache.k[i], cache.v[i])   # int8: next line
                 k.gemv_qkv(L.wqkv, src, gain, c.norm_eps, self.qkv[0], self.step_pos, self.inv_freq,
-                           cache.k[i], cache.v[i], c.n_heads, c.n_kv_heads, hd, "qkv", next_w=nxt(L.wo))
-                k.attention(self.qkv, 1, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], self.step_pos,
-                            c.sliding_window, parts, self.attn)                        # [1, n_heads * hd]
+                           *into, c.n_heads, c.n_kv_heads, hd, "qkv", next_w=nxt(L.wo))
+                if self.kv_cache == "int8":
+                    self._append_kv(i, cache, self.qkv, 1)
+                self._attend(i, cache, self.qkv, 1, parts, self.attn)                  # [1, n_heads * hd]
                 k.gemv(L.wo, self.attn[0], x, True, v, "o", next_w=nxt(L.wgu, True))   # x += o_proj(attn)
                 src, gain = self._norm_input(L.mlp_norm)
                 k.gemv_swiglu(L.wgu, src, gain, c.norm_eps, self.act[0], "gate_up", next_w=nxt(L.wdown))  # [ffn]
@@ -286,14 +324,30 @@ class GPUTransformer:
         for i, L in enumerate(self.layers):
             self._norm_gemv(self.x, L.attn_norm, L.wqkv, self.qkv, "qkv")               # [1, qkv_width]
             k.rope(self.qkv, 1, c.n_heads + c.n_kv_heads, hd, self.step_pos, self.inv_freq)
-            k.kv_append(self.qkv, 1, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], self.step_pos)
-            k.attention(self.qkv, 1, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], self.step_pos,
-                        c.sliding_window, parts[:3], self.attn)                        # [1, n_heads * hd]
+            self._append_kv(i, cache, self.qkv, 1)
+            self._attend(i, cache, self.qkv, 1, parts if self.kv_cache == "int8" else parts[:3], self.attn)
             k.gemv(L.wo, self.attn[0], self.x[0], True, v, "o")                        # x += o_proj(attn)
             self._norm_gemv(self.x, L.mlp_norm, L.wgu, self.gu, "gate_up")              # [1, 2 * ffn]
             k.swiglu(self.gu, self.act)                                                # [1, ffn]
             k.gemv(L.wdown, self.act[0], self.x[0], True, v, "down")                   # x += down(act)
         self._norm_gemv(self.x, self.final_norm, self.lm_head, self.logits[None], "lm_head")   # [vocab]
+
+    def _append_kv(self, i: int, cache, qkv, T: int) -> None:
+        """Layer i's keys and values of the T qkv rows [T, width] into the cache at step_pos: a copy into
+        the 16-bit cache, or quantized into the int8 one."""
+        c = self.config
+        if self.kv_cache == "int8":
+            self.k.kv_append_int8(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i],
+                                  cache.k_scale[i], cache.v_scale[i], self.step_pos)
+        else:
+            self.k.kv_append(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i], self.step_pos)
+
+    def _attend(self, i: int, cache, qkv, T: int, parts, out) -> None:
+        """The decode attention kernel for T queries of qkv against layer i's cache -> out [T, n_heads * hd]."""
+        c = self.config
+        scales = (cache.k_scale[i], cache.v_scale[i]) if self.kv_cache == "int8" else None
+        self.k.attention(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i], self.step_pos,
+                         c.sliding_window, parts, out, scales=scales)
 
     def _fused(self) -> bool:
         """Is the RMSNorm folded into the GEMV that follows it? (v3 keeps x in shared memory: dim-bound)"""
@@ -359,18 +413,20 @@ class GPUTransformer:
             s = max(1, min(16, (4 * self.n_sms) // (c.n_heads * T)))   # splits only when T is small
             parts = (cp.empty((T, c.n_heads, s), cp.float32), cp.empty((T, c.n_heads, s), cp.float32),
                      cp.empty((T, c.n_heads, s, hd), cp.float32), cp.zeros((T, c.n_heads), cp.uint32))
+            if self.kv_cache != "int8":
+                parts = parts[:3]       # the 16-bit cache: split + combine kernels (the first prefill path)
         k.embed(tokens, self.embed, x)                                                    # [T, dim]
         for i, L in enumerate(self.layers):
             k.rmsnorm(x, L.attn_norm, hn, c.norm_eps)                                     # [T, dim] 16-bit
             self.gemm(hn, L.wqkv, qkv)                                                    # [T, qkv_width]
             k.rope(qkv, T, c.n_heads + c.n_kv_heads, hd, pos, self.inv_freq)
-            k.kv_append(qkv, T, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], pos)
+            self._append_kv(i, cache, qkv, T)
             if tiled:
-                k.prefill_attention(qkv, T, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], pos,
+                keys, values = self._prefill_kv(i, cache, T)
+                k.prefill_attention(qkv, T, c.n_heads, c.n_kv_heads, hd, keys, values, pos,
                                     c.sliding_window, attn)                               # [T, n_heads * hd]
             else:
-                k.attention(qkv, T, c.n_heads, c.n_kv_heads, hd, cache.k[i], cache.v[i], pos,
-                            c.sliding_window, parts, attn)                                # [T, n_heads * hd]
+                self._attend(i, cache, qkv, T, parts, attn)                               # [T, n_heads * hd]
             k.cast(attn, attn_n)
             self.gemm(attn_n, L.wo, x, accumulate=True)                                   # x += o_proj(attn)
             k.rmsnorm(x, L.mlp_norm, hn, c.norm_eps)
@@ -379,6 +435,20 @@ class GPUTransformer:
             self.gemm(act_n, L.wdown, x, accumulate=True)                                 # x += down(act)
         cache.advance(T)
         return x
+
+    def _prefill_kv(self, i: int, cache, T: int):
+        """Layer i's keys and values in 16 bits for the tiled prefill kernel: the cache's own arrays, or
+        (int8 cache) its first length + T positions widened into a scratch reused by every layer."""
+        if self.kv_cache != "int8":
+            return cache.k[i], cache.v[i]
+        cp = _cp()
+        shape = cache.k.shape[1:]                                  # [n_kv_heads, capacity, hd]
+        if self._kv_scratch is None or self._kv_scratch[0].shape != shape:
+            self._kv_scratch = tuple(cp.empty(shape, device_dtype(self.dtype)) for _ in range(2))
+        keys, values = self._kv_scratch
+        self.k.kv_dequantize(cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], cache.length + T,
+                             keys, values)
+        return keys, values
 
     def _head_all(self, x):
         cp = _cp()

@@ -22,7 +22,7 @@ import numpy as np
 from .qweights import is_quantized
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
-SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "decode_attention", "prefill_attention", "gemv", "embed",
+SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "kv_int8", "decode_attention", "prefill_attention", "gemv", "embed",
            "gemv_quant", "paged_attention"]   # paged_attention: loaded by gpu_batched.py (the batching engine)
 ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
 GQA_THREADS, GQA_MAX_SPLITS = 256, 64  # decode_attention.cu v3 (attention_gqa*): block size, most splits
@@ -124,6 +124,11 @@ class Kernels:
             "attention_gqa1": get("decode_attention", f"attention_gqa1_{sfx}"),
             "attention_gqa2": get("decode_attention", f"attention_gqa2_{sfx}"),
             "attention_gqa4": get("decode_attention", f"attention_gqa4_{sfx}"),
+            "attention_gqa1_int8": get("decode_attention", "attention_gqa1_int8"),   # over an int8 KV cache
+            "attention_gqa2_int8": get("decode_attention", "attention_gqa2_int8"),
+            "attention_gqa4_int8": get("decode_attention", "attention_gqa4_int8"),
+            "kv_append_int8": get("kv_int8", "kv_append_int8"),
+            "kv_dequant": get("kv_int8", f"kv_dequant_{sfx}"),
             "prefill_attention_hd32": get("prefill_attention", f"prefill_attention_hd32_{sfx}"),
             "prefill_attention_hd64": get("prefill_attention", f"prefill_attention_hd64_{sfx}"),
             "prefill_attention_hd128": get("prefill_attention", f"prefill_attention_hd128_{sfx}"),
@@ -205,12 +210,7 @@ class Kernels:
             raise ValueError(f"gemv needs in % 8 == 0, got {n_in}")
         if gain is not None:
             name = name.replace("gemv_", "gemv_rmsnorm_", 1)
-        if qkv is None:
-            kc = vc = self._nil_u16
-            capacity, pos, inv_freq, n_heads, n_kv_heads, hd = 0, self._nil_i32, self._nil_f32, 0, 0, 0
-        else:
-            kc, vc, pos, inv_freq, n_heads, n_kv_heads, hd = qkv
-            capacity = kc.shape[1]
+        kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
         self._launch(name, ((pairs + V4_WARPS - 1) // V4_WARPS,), (32 * V4_WARPS,),
                      (w, x, self._nil_f32 if gain is None else gain, np.float32(eps), y, np.int32(rows),
                       np.int32(n_in), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos,
@@ -237,12 +237,7 @@ class Kernels:
                              f"(this device allows {self.max_quant_smem})")
         cpg = max(1, w.group_size // 32)                       # 16-byte chunks per int4 group
         shift = cpg.bit_length() - 1 if cpg & (cpg - 1) == 0 else -1
-        if qkv is None:
-            kc = vc = self._nil_u16
-            capacity, pos, inv_freq, n_heads, n_kv_heads, hd = 0, self._nil_i32, self._nil_f32, 0, 0, 0
-        else:
-            kc, vc, pos, inv_freq, n_heads, n_kv_heads, hd = qkv
-            capacity = kc.shape[1]
+        kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
         self._launch(name, (self.quant_grid(pairs),), (32 * QWARPS,),
                      (w.qweight, w.scales, self._nil_u16 if w.mins is None else w.mins, np.int32(w.n_chunks),
                       np.int32(w.n_groups), np.int32(cpg), np.int32(shift), x,
@@ -250,6 +245,17 @@ class Kernels:
                       np.int32(rows), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos, inv_freq,
                       np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd), np.int32(self.quant_flags))
                      + self._next_args(next_w), label, shared_mem=smem)
+
+    def _qkv_args(self, qkv) -> tuple:
+        """The EPI_QKV epilogue's arguments (k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads,
+        hd) from gemv_qkv's tuple; stand-ins when there is none. A k_cache of None: RoPE only, no append
+        (capacity 0; the int8 cache quantizes the row with its own kernel after)."""
+        if qkv is None:
+            return self._nil_u16, self._nil_u16, 0, self._nil_i32, self._nil_f32, 0, 0, 0
+        kc, vc, pos, inv_freq, n_heads, n_kv_heads, hd = qkv
+        if kc is None:
+            return self._nil_u16, self._nil_u16, 0, pos, inv_freq, n_heads, n_kv_heads, hd
+        return kc, vc, kc.shape[1], pos, inv_freq, n_heads, n_kv_heads, hd
 
     def _next_args(self, next_w) -> tuple:
         """Kernel arguments naming the next GEMV's weights for the L2 prefetch in a GEMV's tail (NextWeights
@@ -306,7 +312,8 @@ class Kernels:
                  n_kv_heads: int, head_dim: int, label: str = "", next_w=None) -> None:
         """One decode token: qkv [width] fp32 = w · x (x = rmsnorm(x, gain) when gain is not None), RoPE on
         the q and k heads at position pos[0], k and v into k_cache, v_cache [n_kv_heads, capacity, hd]
-        (one layer) at pos[0]: rmsnorm + GEMV + rope + kv_append in one v4 launch."""
+        (one layer) at pos[0]: rmsnorm + GEMV + rope + kv_append in one v4 launch. k_cache = v_cache =
+        None: no append (an int8 cache quantizes the rotated k and v from qkv next: kv_append_int8)."""
         rows = w.shape[0]
         if rows != (n_heads + 2 * n_kv_heads) * head_dim or head_dim % 2 or qkv.shape != (rows,):
             raise ValueError(f"gemv_qkv: w {w.shape}, qkv {qkv.shape}, heads {n_heads}+2x{n_kv_heads} x {head_dim}")
@@ -339,15 +346,33 @@ class Kernels:
                      (qkv, np.int32(qkv.shape[-1]), np.int32(n_heads), np.int32(n_kv_heads),
                       np.int32(head_dim), k_cache, v_cache, np.int32(capacity), pos))
 
+    def kv_append_int8(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                       k_cache, v_cache, k_scale, v_scale, pos) -> None:
+        """k/v of each qkv row [T, width], quantized (one scale per token and KV head) -> k_cache, v_cache
+        int8 [n_kv_heads, capacity, hd] and k_scale, v_scale fp32 [n_kv_heads, capacity] at pos[0] + t."""
+        self._launch("kv_append_int8", (n_tokens, n_kv_heads), (64,),
+                     (qkv, np.int32(qkv.shape[-1]), np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim),
+                      k_cache, v_cache, k_scale, v_scale, np.int32(k_cache.shape[1]), pos))
+
+    def kv_dequantize(self, k_cache, v_cache, k_scale, v_scale, n_positions: int, k_out, v_out) -> None:
+        """Positions [0, n) of one layer's int8 cache -> k_out, v_out [n_kv_heads, capacity, hd] in the
+        weight dtype (what prefill's tiled attention reads)."""
+        n_kv, capacity, hd = k_cache.shape
+        if n_positions:
+            self._launch("kv_dequant", (n_positions, n_kv), (min(hd, 256),),
+                         (k_cache, v_cache, k_scale, v_scale, np.int32(capacity), np.int32(hd), k_out, v_out))
+
     def attention(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, k_cache, v_cache,
-                  pos, window: int | None, parts, out) -> None:
+                  pos, window: int | None, parts, out, scales=None) -> None:
         """Queries of each qkv row [T, width] against one layer's cache -> out [T, n_heads * hd] fp32.
 
         parts = (m [T, H, S], l [T, H, S], acc [T, H, S, hd]) fp32 scratch; S = n_splits is parts' last
         dim. Query t sits at pos[0] + t; window None or 0 = full causal. A fourth element, counters
         [T, H] uint32 zero-filled (and left zero), selects a one-launch kernel with the combine fused:
         v3 (attention_version 3, head_dim % 8 == 0): a block per KV head and split for the whole GQA
-        group, S the most splits (<= 64), fewer at run time when the context is short; else v2."""
+        group, S the most splits (<= 64), fewer at run time when the context is short; else v2.
+        scales = (k_scale, v_scale) [n_kv_heads, capacity] fp32: k_cache, v_cache are an int8 cache
+        (kv_int8.cu), read by v3's int8 variant (it needs the counters and head_dim % 8 == 0)."""
         if head_dim > MAX_HD:
             raise ValueError(f"head_dim {head_dim} > {MAX_HD}")
         part_m, part_l, part_acc = parts[:3]
@@ -357,11 +382,16 @@ class Kernels:
                 np.int32(n_kv_heads), np.int32(head_dim), pos, np.int32(window or 0),
                 np.float32(1.0 / math.sqrt(head_dim)))
         scratch = (part_m, part_l, part_acc)
+        if scales is not None:
+            if len(parts) != 4 or head_dim % 8 or n_heads % n_kv_heads:
+                raise ValueError("attention over an int8 KV cache: v3 only (counters in parts, head_dim % 8 == 0)")
+            args = args[:4] + tuple(scales) + args[4:]           # the scales follow the codes
         if len(parts) == 4:              # the combine fused into the last split block (parts[3]: counters)
             counters = parts[3]
             if counters.dtype != np.uint32 or counters.size < n_tokens * n_heads:
                 raise ValueError("attention counters: uint32 [T, n_heads], zero-filled")
-            if self.attention_version >= 3 and head_dim % 8 == 0 and n_heads % n_kv_heads == 0:
+            if scales is not None or (self.attention_version >= 3 and head_dim % 8 == 0
+                                      and n_heads % n_kv_heads == 0):
                 if n_splits > GQA_MAX_SPLITS:
                     raise ValueError(f"attention v3: at most {GQA_MAX_SPLITS} splits, got {n_splits}")
                 group = n_heads // n_kv_heads
@@ -370,7 +400,8 @@ class Kernels:
                 most = n_splits                                     # a second wave of blocks would double the time
                 if self.attention_one_wave:
                     most = max(1, min(n_splits, getattr(self, "n_sms", 132) // blocks))
-                self._launch(f"attention_gqa{gm}", (blocks, n_splits, n_tokens), (GQA_THREADS,),
+                name = f"attention_gqa{gm}" + ("_int8" if scales is not None else "")
+                self._launch(name, (blocks, n_splits, n_tokens), (GQA_THREADS,),
                              args + (np.int32(self.attention_split_keys), np.int32(most), np.int32(self.attention_flags))
                              + scratch + (counters, out))
                 return

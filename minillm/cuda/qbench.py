@@ -333,10 +333,74 @@ def report(cfg: ModelConfig, label: str, formats=("float16", "int8", "int4"), n_
     return results
 
 
+def kv_cache_report(cfg: ModelConfig, label: str, contexts=(4096, 32000), n_new: int = 64) -> dict:
+    """Decode at long contexts with the 16-bit and the int8 KV cache (fp16 weights): tok/s with the graph,
+    the bytes a token reads (weights + every cached K/V byte) and GB/s. At batch 1 the cache is read once
+    per token like the weights, so its bytes become time once the context is long: at 32k tokens a
+    Mistral-7B-shaped 16-bit cache is 4.3 GB against 14.5 GB of weights. The caches are filled with random
+    values up to `context` (prefill is not what is timed). -> {(cache, context): tok/s}"""
+    import cupy as cp
+    from .gpu_model import GPUTransformer
+    cfg = cfg.replace(sliding_window=None, max_seq_len=max(contexts) + n_new + 8)   # every key is read
+    bw = BANDWIDTH.get("copy") or copy_bandwidth(2048 << 20)
+    gpu = GPUTransformer.random(cfg, "float16", seed=0)
+    say(f"\n== KV cache, {label} without a sliding window, fp16 weights ({gpu.weight_bytes / 1e9:.2f} GB), "
+        f"copy {bw / 1e12:.2f} TB/s")
+    out = {}
+    for context in contexts:
+        for kind in ("16-bit", "int8"):
+            gpu.kv_cache = kind                          # new_cache follows it; the graph is the cache's own
+            cache = gpu.new_cache(context + n_new + 8)
+            _fill_random(cache)
+            kv_bytes = cache.nbytes * (context + n_new / 2) / cache.max_seq_len
+            tps = _decode_from(gpu, cache, context, n_new)
+            per_token = gpu.weight_bytes + kv_bytes
+            out[kind, context] = tps
+            say(f"  {context:6d} keys, {kind:>6} cache: {tps:6.1f} tok/s, reads {per_token / 1e9:5.2f} GB a token "
+                f"({kv_bytes / 1e9:4.2f} GB of K/V), {per_token * tps / 1e9:5.0f} GB/s, "
+                f"{100 * per_token * tps / bw:3.0f}% of copy")
+            del cache
+            cp.get_default_memory_pool().free_all_blocks()
+        say(f"  int8 / 16-bit at {context} keys: {out['int8', context] / out['16-bit', context]:.2f}x")
+    gpu.kv_cache = "16-bit"
+    return out
+
+
+def _fill_random(cache) -> None:
+    """Random keys and values in a 16-bit or an int8 cache (codes and scales)."""
+    import cupy as cp
+    rng = cp.random.default_rng(5)
+    for a in (cache.k, cache.v):
+        if a.dtype == cp.int8:
+            a[...] = rng.integers(-127, 128, a.shape, dtype=cp.int32).astype(cp.int8)
+        else:
+            a[...] = rng.standard_normal(a.shape, dtype=cp.float32).astype(a.dtype)
+    for name in ("k_scale", "v_scale"):
+        if hasattr(cache, name):
+            getattr(cache, name)[...] = 0.01 + rng.random(getattr(cache, name).shape, dtype=cp.float32) / 50
+    cp.cuda.Device().synchronize()
+
+
+def _decode_from(gpu, cache, context: int, n_new: int) -> float:
+    """tok/s of n_new decode steps (CUDA graph) after `context` filled positions; one untimed step first."""
+    token = 1
+    for timed in (False, True):
+        cache.length = context
+        start = time.perf_counter()
+        for _ in range(n_new if timed else 1):
+            token = int(np.argmax(gpu.decode(token, cache)))
+        elapsed = time.perf_counter() - start
+    return n_new / elapsed
+
+
 if __name__ == "__main__":
     import argparse
     from .selfcheck import bench_config
     ap = argparse.ArgumentParser(prog="python -m minillm.cuda.qbench", description=report.__doc__.split("\n")[0])
     ap.add_argument("--formats", default="float16,int8,int4")
+    ap.add_argument("--kv-cache", action="store_true", help="Instead: long-context decode, 16-bit vs int8 KV cache.")
     args = ap.parse_args()
-    report(bench_config(False), "Mistral-7B shape", tuple(args.formats.split(",")))
+    if args.kv_cache:
+        kv_cache_report(bench_config(False), "Mistral-7B shape", contexts=(4096, 32000), n_new=48)
+    else:
+        report(bench_config(False), "Mistral-7B shape", tuple(args.formats.split(",")))
