@@ -1,0 +1,33 @@
+"""`minillm bench` on the CPU at a tiny size, so that it cannot rot: its table, the HF peer in both forms
+(generate-style last-row logits and the plain forward), the prefill floor, and where prefill time goes.
+It is run, not timed: speed is measured by the command itself, never asserted here."""
+import time
+
+import minillm
+from minillm import bench
+
+
+def tiny_model():
+    cfg = minillm.ModelConfig(vocab_size=128, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
+    return bench.random_model(cfg)
+
+
+def test_bench_prints_both_peers_the_ratios_and_the_floor():
+    lines = []
+    numbers = bench.run(tiny_model(), prompt_tokens=24, new_tokens=2, repeats=1, echo=lines.append)
+    text = "\n".join(lines)
+    assert "minillm / HF: decode" in text and "HF's plain forward, logits for all 24 positions" in text
+    assert "floor: the weight matmuls alone take" in text
+    assert numbers["minillm"].ttft_s > 0 and numbers["hf"].decode_tok_s > 0 and numbers["hf_all_logits_ttft_s"] > 0
+
+
+def test_bench_prefill_breakdown_accounts_for_the_whole_prefill():
+    """`minillm bench` says where prefill time goes: the parts are all there and add up to the total."""
+    model = tiny_model()
+    prompt = [i % 128 for i in range(200)]
+    start = time.perf_counter()
+    parts = bench.prefill_breakdown(model, prompt)
+    wall = time.perf_counter() - start
+    assert set(parts) == set(bench.PREFILL_PARTS) | {"other"}
+    assert all(t > 0 for label, t in parts.items() if label != "other") and parts["other"] > -1e-3
+    assert sum(parts.values()) <= wall
