@@ -142,13 +142,13 @@ def gpu_gemvs(cfg) -> None:
 def gpu_models(cfg, n_new: int) -> None:
     import cupy as cp
     from minillm.cuda.gpu_model import GPUTransformer
-    from minillm.cuda.qbench import _decode_tok_s
+    from minillm.cuda.selfcheck import decode_tok_s
     bw = RESULTS.get("copy_bw", QUOTED_COPY_BW)
     rows, RESULTS["model"] = [], []
     for fmt, quant in (("fp16", None), ("int8", "int8"), ("int4-g128", "int4")):
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=quant)
         cache = gpu.new_cache(n_new + 32)
-        tps, _ = _decode_tok_s(gpu, cache, np.arange(1, 17), n_new)
+        tps, _ = decode_tok_s(gpu, cache, np.arange(1, 17), n_new)         # greedy, the CUDA graph
         nbytes = gpu.weight_bytes
         RESULTS["model"].append((fmt, nbytes, tps))
         rows.append([fmt, f"{nbytes / 1e9:.3f}", f"{tps:.1f}", f"{nbytes * tps / 1e9:.0f}",

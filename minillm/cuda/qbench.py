@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from ..config import ModelConfig
-from .selfcheck import BANDWIDTH, EventTimer, copy_bandwidth, say, time_gpu, verdict
+from .selfcheck import BANDWIDTH, EventTimer, copy_bandwidth, decode_tok_s, say, time_gpu, verdict
 
 TARGETS = {"float16": 250, "int8": 430, "int4": 650}     # issue #6, Mistral-7B shape, tok/s
 
@@ -123,20 +123,12 @@ def step_kernels_in_graphs(gpu, bw: float) -> dict:
 
 
 def _decode_tok_s(gpu, cache, prompt, n_new: int, use_graph: bool = True) -> tuple[float, list[int]]:
-    """tok/s of n_new greedy steps after `prompt` (host argmax each step; a warm-up run first)."""
+    """selfcheck.decode_tok_s with or without the CUDA graph (the graph is back on after)."""
     gpu.use_graph = use_graph
-    for attempt in ("warm-up", "timed"):
-        cache.reset()
-        cache.graph = None if attempt == "warm-up" else cache.graph     # recapture for the current settings
-        logits = gpu.prefill(prompt, cache)
-        tokens = []
-        start = time.perf_counter()
-        for _ in range(n_new):
-            tokens.append(int(np.argmax(logits)))
-            logits = gpu.decode(tokens[-1], cache)
-        elapsed = time.perf_counter() - start
-    gpu.use_graph = True
-    return n_new / elapsed, tokens
+    try:
+        return decode_tok_s(gpu, cache, prompt, n_new)
+    finally:
+        gpu.use_graph = True
 
 
 def _per_kernel(gpu, cache, run) -> tuple[dict, float]:

@@ -229,6 +229,22 @@ def bench_config(quick: bool) -> ModelConfig:
     return PRESETS["mistral-7b"].config
 
 
+def decode_tok_s(gpu, cache, prompt, n_new: int) -> tuple[float, list[int]]:
+    """tok/s of n_new greedy steps after `prompt` with the model's current settings, and the tokens (host
+    argmax each step). A warm-up run first, which also recaptures the cache's graph for those settings."""
+    for attempt in ("warm-up", "timed"):
+        cache.reset()
+        cache.graph = None if attempt == "warm-up" else cache.graph
+        logits = gpu.prefill(prompt, cache)
+        tokens = []
+        start = time.perf_counter()
+        for _ in range(n_new):
+            tokens.append(int(np.argmax(logits)))
+            logits = gpu.decode(tokens[-1], cache)
+        elapsed = time.perf_counter() - start
+    return n_new / elapsed, tokens
+
+
 def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
           config: ModelConfig | None = None, label: str | None = None) -> None:
     """Benchmark a random-weight model of `config`'s shape (default: Mistral-7B, or a small one)."""
@@ -312,17 +328,7 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
              "v4 eager": (4, False, True), "v4 graph": (4, True, True)}
     for mode, (version, use_graph, fuse) in modes.items():
         gpu.gemv_version, gpu.use_graph, gpu.fuse_norm = version, use_graph, fuse
-        for attempt in ("warm-up", "timed"):
-            cache.reset()
-            cache.graph = None if attempt == "warm-up" else cache.graph
-            logits = gpu.prefill(short, cache)
-            tokens = []
-            start = time.perf_counter()
-            for _ in range(n_new):
-                tokens.append(int(np.argmax(logits)))
-                logits = gpu.decode(tokens[-1], cache)
-            elapsed = time.perf_counter() - start
-        results[mode] = (n_new / elapsed, tokens)
+        results[mode] = decode_tok_s(gpu, cache, short, n_new)
     gpu.gemv_version, gpu.use_graph, gpu.fuse_norm = 4, True, True
     same = results["v2 eager"][1] == results["v2 graph"][1] and results["v4 eager"][1] == results["v4 graph"][1]
     verdict(f"{label} decode: graph tokens == eager tokens",
