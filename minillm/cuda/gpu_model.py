@@ -125,6 +125,7 @@ KV_CACHES = ("16-bit", "int8")     # "16-bit": the weight dtype (fp16 or bf16)
 
 class GPUTransformer:
     prefill_chunk = 1024      # tokens per prefill pass (bounds the [T, 2 * ffn] fp32 scratch)
+    kv_cache = "16-bit"       # or "int8" (KV_CACHES; the constructor's argument)
     prefetch_next = False     # v4 decode: each GEMV prefetches the next one's first weights into L2 (its tail);
                               # measured slower on the H200 (fp16 232 vs 243 tok/s), so off: an experiment to rerun
 
