@@ -165,15 +165,21 @@ class Transformer:
         if self.rope_gain != 1.0:
             cos, sin = cos * self.rope_gain, sin * self.rope_gain
         x = as_f32(self.embed[tokens])                                      # [T, dim]
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = x + self.attend(x, layer, i, cache, cos, sin)
+            if last_only and i == last and self.attend == self.attention_block:
+                # Only the last row reaches the LM head. The last layer still writes every row's k and v
+                # into the cache, but attention, o and the MLP run for the last query alone.
+                x = x[-1:] + self.attention_block(x, layer, i, cache, cos, sin, last_row_only=True)   # [1, dim]
+            else:
+                x = x + self.attend(x, layer, i, cache, cos, sin)
             x = x + self.ffn(x, layer)
         cache.advance(len(tokens))
         if skip_head:
             return None
         if last_only:
             x = x[-1:]                                                      # only the next token's logits are needed
-        return self.head(x)                                                 # [T, vocab]
+        return self.head(x)                                                 # [T or 1, vocab]
 
     def ffn(self, x, layer: LayerWeights) -> np.ndarray:
         """The MLP half of a layer, norm included (shared with batched.py).   [T, dim] -> [T, dim]"""
@@ -187,11 +193,16 @@ class Transformer:
             return deferred_linear(x, self.lm_head, self.config.norm_eps)
         return linear(rmsnorm(x, self.final_norm, self.config.norm_eps), self.lm_head)
 
-    def attention_block(self, x, layer: LayerWeights, i: int, cache: KVCache, cos, sin) -> np.ndarray:
+    def attention_block(self, x, layer: LayerWeights, i: int, cache: KVCache, cos, sin,
+                        last_row_only: bool = False) -> np.ndarray:
+        """Norm, q/k/v, RoPE, the cache append, attention and o.   x: [T, dim] -> [T, dim] ([1, dim] when
+        last_row_only: every row's k and v are cached, only the last query attends)."""
         q, k, v = self.qkv(x, layer, cos, sin)                              # [T, heads, hd] each
         keys, values = cache.append(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [n_kv, L, hd] each
-        out = grouped_attention(q, keys, values, self.config.sliding_window)  # [T, n_heads * hd]
-        return linear(out, layer.wo)                                        # [T, dim]
+        if last_row_only:
+            q = q[-1:]                                                      # [1, n_heads, hd]: the last position
+        out = grouped_attention(q, keys, values, self.config.sliding_window)  # [T or 1, n_heads * hd]
+        return linear(out, layer.wo)                                        # [T or 1, dim]
 
     def qkv(self, x, layer: LayerWeights, cos, sin):
         """Norm, the q/k/v projections and RoPE: what attention needs besides the cache.

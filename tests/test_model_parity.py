@@ -101,3 +101,25 @@ def test_rolling_buffer_cache_matches_hf_with_memory_bounded_by_the_window(tmp_p
     np.testing.assert_allclose(np.concatenate(got), expected, atol=TOL, rtol=0)
     cfg = llm.config
     assert cache.nbytes == 2 * cfg.n_layers * cfg.n_kv_heads * window * cfg.head_dim * 4
+
+
+def _last_row_matches_all_rows(model, ids):
+    """prefill's default (the last position's logits) runs the last layer's attention, o and MLP for that row
+    alone: the same logits as the last of all positions, and a cache the next decode step agrees with."""
+    full_cache, last_cache = model.new_cache(len(ids) + 1), model.new_cache(len(ids) + 1)
+    full = model.prefill(ids, full_cache, all_logits=True)
+    last = model.prefill(ids, last_cache)
+    np.testing.assert_allclose(last, full[-1], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(model.decode(7, last_cache), model.decode(7, full_cache), atol=1e-5, rtol=0)
+
+
+def test_prefill_runs_the_last_layer_for_the_last_row_only(pair):
+    hf, llm = pair
+    _last_row_matches_all_rows(llm.model, _ids(30))       # mistral-window: 30 tokens through a rolling buffer
+
+
+@pytest.mark.parametrize("options", [dict(kv_cache="int8"), dict(quant="int4", group_size=32),
+                                     dict(flashnorm=True)], ids=["int8-kv", "int4", "flashnorm"])
+def test_last_row_prefill_with_other_caches_and_weights(tmp_path, options):
+    save_random_model(llama_config(n_heads=8, n_kv_heads=2), tmp_path)
+    _last_row_matches_all_rows(minillm.load(str(tmp_path), **options).model, _ids(30))
