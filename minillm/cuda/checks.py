@@ -262,7 +262,7 @@ def check_kv_dequantize(k: Kernels, n_kv: int, hd: int, capacity: int, n: int, s
     cp, rng = _cp(), np.random.default_rng(seed)
     kc, vc = (rng.integers(-127, 128, (n_kv, capacity, hd)).astype(np.int8) for _ in range(2))
     ks, vs = (rng.random((n_kv, capacity)).astype(np.float32) for _ in range(2))
-    k_out, v_out = poisoned((n_kv, capacity, hd), _narrow_dt(k.dtype)), poisoned((n_kv, capacity, hd), _narrow_dt(k.dtype))
+    k_out, v_out = (poisoned((n_kv, capacity, hd), _narrow_dt(k.dtype)) for _ in range(2))
     k.kv_dequantize(*(cp.asarray(a) for a in (kc, vc, ks, vs)), n, k_out, v_out)
     _sync()
     err = 0.0
