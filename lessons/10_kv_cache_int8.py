@@ -5,7 +5,9 @@ every token (lesson 02), so at long contexts it, not the weights, decides how ma
 `minillm.kv_cache.Int8KVCache` stores keys and values as int8 with one fp32 scale per (layer, KV
 head, position) vector of head_dim values: scale = max|k| / 127. We measure its error on SmolLM2's
 real keys and values, its effect on perplexity, its bytes per token, and ask the capacity planner
-what it means for Mistral-7B on an H100 (`minillm plan --kv-dtype int8`).
+what it means for Mistral-7B on an H100 (`minillm plan --kv-dtype int8`). Then attention straight
+from the codes, as the GPU kernel reads them (a scale once per key, never a widened cache), and, on a
+GPU, long-context decode with the 16-bit and the int8 cache side by side.
 
 Run: python lessons/10_kv_cache_int8.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
@@ -18,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.course import lesson_model, print_table, quick, save_plot
+from minillm.attention import attend
+from minillm.course import lesson_model, print_table, quick, run_gpu_parts, save_plot
 from minillm.evaluate import eval_text, perplexity
 from minillm.kv_cache import Int8KVCache, KVCache
 from minillm.planner import kv_bytes_per_token, plan
@@ -32,6 +35,34 @@ def int8_roundtrip(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     q = np.clip(np.rint(x / np.where(scale > 0, scale, 1.0)), -127, 127)
     return q * scale
 # ---------------------------------------------------------------------------------------------------
+
+
+# NEW: attention straight from the codes, the way the GPU kernel reads them --------------------------
+def attend_codes(q, k8, k_scale, v8, v_scale):
+    """attend(q, k8·k_scale, v8·v_scale) without widening the cache: the scale of a key multiplies its
+    score once (q·(k8·s) = (q·k8)·s), and a value's scale multiplies its probability once.
+    q: [T, n_heads, hd]   k8, v8: int8 [n_kv, L, hd]   k_scale, v_scale: [n_kv, L]   -> [T, n_heads * hd]"""
+    T, n_heads, hd = q.shape
+    n_kv, L, _ = k8.shape
+    group = n_heads // n_kv
+    q = q.reshape(T, n_kv, group, hd).transpose(1, 0, 2, 3).reshape(n_kv, T * group, hd) / np.sqrt(hd)
+    scores = (q @ k8.transpose(0, 2, 1).astype(np.float32)) * k_scale[:, None, :]   # [n_kv, T*group, L]
+    scores += np.triu(np.full((T, L), -np.inf, np.float32), L - T + 1).repeat(group, axis=0)[None]  # causal
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = (p * v_scale[:, None, :]) @ v8.astype(np.float32)                         # [n_kv, T*group, hd]
+    return out.reshape(n_kv, T, group, hd).transpose(1, 0, 2, 3).reshape(T, n_heads * hd)
+# ---------------------------------------------------------------------------------------------------
+
+
+def kv_decode_on_the_gpu() -> None:
+    """Long-context decode with the 16-bit and the int8 KV cache on the device (minillm.cuda.qbench)."""
+    from minillm.cuda.qbench import kv_cache_report
+    from minillm.cuda.selfcheck import bench_config
+    if quick():
+        kv_cache_report(bench_config(True), "a small Mistral-like model", contexts=(1024, 4096), n_new=16)
+    else:
+        kv_cache_report(bench_config(False), "Mistral-7B shape", contexts=(4096, 32000), n_new=48)
 
 
 def rel_rms(approx: np.ndarray, x: np.ndarray) -> float:
@@ -107,6 +138,23 @@ def main():
     print("At the memory limit every user's cache is read each decode step, so int8 KV also halves that traffic:\n"
           "nearly twice the users at about the same time per step. (The planner's roofline; nothing measured.)")
 
+    # 5. Reading the codes directly: the same attention, and the bytes a key costs per layer.
+    n_q = 3
+    q = np.random.default_rng(0).standard_normal((n_q, cfg.n_heads, cfg.head_dim)).astype(np.float32)
+    codes = int8.k[0], int8.k_scale[0], int8.v[0], int8.v_scale[0]     # layer 0: [n_kv, T, hd] and [n_kv, T]
+    widened = attend(q, codes[0] * codes[1][..., None], codes[2] * codes[3][..., None])
+    direct = attend_codes(q, *codes)
+    hd = cfg.head_dim
+    print_table(f"attention from the int8 codes (layer 0, {n_q} queries over {len(ids)} keys): "
+                f"max |difference| to widen-then-attend {np.abs(direct - widened).max():.1e}",
+                ["cache", "bytes a key reads per layer and KV head (K + V)", "vs 16-bit"],
+                [["16-bit (the GPU's default)", 2 * 2 * hd, "1.00"],
+                 ["int8 + fp32 scale per vector", 2 * (hd + 4), f"{(hd + 4) / (2 * hd):.2f}"]])
+    print("The GPU kernel (decode_attention.cu, attention_gqa*_int8) does exactly this per key: codes widened in\n"
+          "registers, one multiply by the key's scale on its score, one by the value's scale on its probability.")
+    failed = run_gpu_parts([("long-context decode, 16-bit vs int8 KV cache (python -m minillm.cuda.qbench "
+                             "--kv-cache)", kv_decode_on_the_gpu)])
+
     def draw(ax):
         x = full.k[layers[-1]][0]                                           # [T, hd] one head's keys
         ax.plot(np.abs(x).max(axis=1), label="max |k| per position (sets its scale)")
@@ -114,6 +162,8 @@ def main():
         ax.set_xlabel("position"), ax.set_ylabel("max |k|"), ax.legend()
         ax.set_title(f"Lesson 10: layer {layers[-1]} keys, head 0: why a scale per token")
     save_plot("10_kv_int8.png", draw)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
