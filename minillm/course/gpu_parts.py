@@ -58,16 +58,16 @@ def run_gpu_parts(parts: Sequence[tuple[str, Callable[[], None]]]) -> list[str]:
 # ---- a decode step's kernel launches, recorded on the CPU (lesson 13, exercise 13) ---------------------
 
 def record_decode_launches(config, gemv_version: int = 4, fuse_norm: bool = True,
-                           capacity: int = 256) -> list[str]:
+                           capacity: int = 256, kv_cache: str = "16-bit") -> list[str]:
     """The kernel launches of one GPUTransformer decode step, in order ("embed", "gemv_v4 o", ...),
     recorded on the CPU by `recording_decode_step`."""
-    step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity)
+    step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity, kv_cache)
     step()
     return launches
 
 
 def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
-                          capacity: int = 256) -> tuple[Callable[[], None], list[str]]:
+                          capacity: int = 256, kv_cache: str = "16-bit") -> tuple[Callable[[], None], list[str]]:
     """(step, launches): step() runs the engine's own `GPUTransformer.decode_step` on the CPU and
     appends the name of each kernel it would launch to `launches`.
 
@@ -76,7 +76,7 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
     memory). No GPU, no CuPy: everything the engine's Python does per launch runs, the launch does not."""
     from collections import defaultdict
 
-    from ..cuda.gpu_model import GPUKVCache, GPULayer, GPUTransformer
+    from ..cuda.gpu_model import GPUInt8KVCache, GPUKVCache, GPULayer, GPUTransformer
     from ..cuda.kernels import Kernels, n_splits_for
 
     def shaped(*shape, dtype=np.float32):
@@ -90,7 +90,7 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
     c, hd, w16 = config, config.head_dim, np.float16
     m = GPUTransformer.__new__(GPUTransformer)
     m.config, m.k, m.dtype, m.use_graph, m.quant = c, k, "float16", False, None     # 16-bit weights
-    m.gemv_version, m.fuse_norm = gemv_version, fuse_norm
+    m.gemv_version, m.fuse_norm, m.kv_cache = gemv_version, fuse_norm, kv_cache
     m.q_width, m.qkv_width = c.n_heads * hd, (c.n_heads + 2 * c.n_kv_heads) * hd
     m.layers = [GPULayer(shaped(c.dim), shaped(m.qkv_width, c.dim, dtype=w16), shaped(c.dim, m.q_width, dtype=w16),
                          shaped(c.dim), shaped(2 * c.ffn_dim, c.dim, dtype=w16), shaped(c.dim, c.ffn_dim, dtype=w16))
@@ -106,7 +106,12 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
     parts = (shaped(1, c.n_heads, s), shaped(1, c.n_heads, s), shaped(1, c.n_heads, s, hd),
              shaped(1, c.n_heads, dtype=np.uint32))
     m._decode_parts = lambda cache: parts              # the engine's allocates on the device
-    cache = GPUKVCache.__new__(GPUKVCache)
-    cache.k = cache.v = shaped(c.n_layers, c.n_kv_heads, capacity, hd, dtype=w16)
+    if kv_cache == "int8":                             # codes, and a scale per (layer, KV head, position)
+        cache = GPUInt8KVCache.__new__(GPUInt8KVCache)
+        cache.k = cache.v = shaped(c.n_layers, c.n_kv_heads, capacity, hd, dtype=np.int8)
+        cache.k_scale = cache.v_scale = shaped(c.n_layers, c.n_kv_heads, capacity)
+    else:
+        cache = GPUKVCache.__new__(GPUKVCache)
+        cache.k = cache.v = shaped(c.n_layers, c.n_kv_heads, capacity, hd, dtype=w16)
     cache.max_seq_len, cache.length = capacity, 0
     return (lambda: m.decode_step(cache)), launches
