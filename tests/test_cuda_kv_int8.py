@@ -11,7 +11,8 @@ from gpu_skip import DTYPES, cupy_with_a_device, ok
 cp = cupy_with_a_device()
 
 from minillm.cuda import checks  # noqa: E402
-from minillm.cuda.gpu_model import GPUInt8KVCache, GPUTransformer  # noqa: E402
+from minillm.cuda.gpu_kv_cache import GPUInt8KVCache  # noqa: E402
+from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 
 
 

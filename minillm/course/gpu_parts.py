@@ -76,7 +76,8 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
     memory). No GPU, no CuPy: everything the engine's Python does per launch runs, the launch does not."""
     from collections import defaultdict
 
-    from ..cuda.gpu_model import GPUInt8KVCache, GPUKVCache, GPULayer, GPUTransformer
+    from ..cuda.gpu_kv_cache import GPUInt8KVCache, GPUKVCache
+    from ..cuda.gpu_model import GPULayer, GPUTransformer
     from ..cuda.kernels import Kernels, n_splits_for
 
     def shaped(*shape, dtype=np.float32):

@@ -27,7 +27,8 @@ import sys
 import numpy as np
 
 from ..config import PRESETS, ModelConfig
-from .gpu_model import GPUTransformer, device_dtype
+from .gpu_kv_cache import device_dtype
+from .gpu_model import GPUTransformer
 from .kernels import Kernels, module, suffix
 
 SOURCE = "flashnorm_gemv"                  # kernels/flashnorm_gemv.cu

@@ -151,7 +151,7 @@ class DeviceOps:
 
     def __init__(self, model):
         from .kernels import module, suffix
-        from .gpu_model import device_dtype
+        from .gpu_kv_cache import device_dtype
         cp = _cp()
         self.xp, self.model, self.k = cp, model, model.k
         self.narrow = device_dtype(model.dtype)

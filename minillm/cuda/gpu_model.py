@@ -50,25 +50,15 @@ import numpy as np
 
 from ..backend import to_dtype
 from ..config import ModelConfig
-from ..kv_cache import CacheBase
 from ..layers import rope_inv_freq
+from .gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
 from .kernels import MAX_FUSED_NORM, Kernels, n_splits_for
 from .qweights import QuantMatrix, is_quantized
-
-DTYPES = ("float16", "bfloat16")
 
 
 def _cp():
     import cupy
     return cupy
-
-
-def device_dtype(dtype: str):
-    """How a 16-bit weight dtype is held in CuPy: fp16 as float16, bf16 as its raw uint16 bits."""
-    cp = _cp()
-    if dtype not in DTYPES:
-        raise ValueError(f"GPU weights are float16 or bfloat16, not {dtype!r}")
-    return cp.float16 if dtype == "float16" else cp.uint16
 
 
 @dataclass
@@ -84,43 +74,6 @@ class GPULayer:
         return [self.wqkv, self.wo, self.wgu, self.wdown]
 
 
-class GPUKVCache(CacheBase):
-    """Contiguous 16-bit KV cache on the device: k, v [n_layers, n_kv_heads, capacity, head_dim].
-
-    Same contract as kv_cache.KVCache (length, advance, reset); a sliding window is applied by the
-    attention kernel as a key range. Holds the CUDA graph captured for it (the graph bakes in its
-    pointers)."""
-
-    def __init__(self, config: ModelConfig, capacity: int, dtype: str):
-        cp = _cp()
-        shape = (config.n_layers, config.n_kv_heads, capacity, config.head_dim)
-        self.k = cp.zeros(shape, dtype=device_dtype(dtype))
-        self.v = cp.zeros(shape, dtype=device_dtype(dtype))
-        self.max_seq_len = capacity
-        self.length = 0
-        self.graph = None
-        self.graph_key = None       # the model and the settings the graph was captured with
-
-
-class GPUInt8KVCache(CacheBase):
-    """Contiguous int8 KV cache on the device (kv_int8.cu): k, v int8 [n_layers, n_kv_heads, capacity, hd]
-    and a scale per vector, k_scale, v_scale fp32 [n_layers, n_kv_heads, capacity]. Same contract as
-    GPUKVCache; its graph reads codes and scales."""
-
-    def __init__(self, config: ModelConfig, capacity: int):
-        cp = _cp()
-        shape = (config.n_layers, config.n_kv_heads, capacity, config.head_dim)
-        self.k = cp.zeros(shape, dtype=cp.int8)
-        self.v = cp.zeros(shape, dtype=cp.int8)
-        self.k_scale = cp.zeros(shape[:3], dtype=cp.float32)
-        self.v_scale = cp.zeros(shape[:3], dtype=cp.float32)
-        self.max_seq_len = capacity
-        self.length = 0
-        self.graph = None
-        self.graph_key = None
-
-
-KV_CACHES = ("16-bit", "int8")     # "16-bit": the weight dtype (fp16 or bf16)
 
 
 class GPUTransformer:
