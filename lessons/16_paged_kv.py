@@ -6,7 +6,8 @@ that memory is never written. Paging (vLLM's PagedAttention) cuts the pool into 
 and hands them out as a sequence grows; a block table maps position p to block table[p // 16], slot
 p % 16. Only the last block of a sequence is partly empty. `minillm.paged_kv` is that cache: here we
 check it gives the same logits through scattered blocks, count what each scheme reserves for a
-realistic mix of lengths, and measure what reading through a table costs on the CPU.
+realistic mix of lengths, and measure what reading through a table costs on the CPU. Last, a sliding
+window (Mistral): the blocks a sequence has slid past go back to the pool.
 
 Run: python lessons/16_paged_kv.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
@@ -20,8 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
+from minillm.bench import random_model
+from minillm.config import ModelConfig
 from minillm.course import lesson_model, print_table, quick, save_plot
-from minillm.paged_kv import BlockManager, BlockTableCache, PagedKVCache, compare_allocation
+from minillm.engine import Engine
+from minillm.llm import LLM
+from minillm.paged_kv import FREED, BlockManager, BlockTableCache, PagedKVCache, compare_allocation
 
 
 # NEW: the address translation, and reading a sequence back through its table ----------------------
@@ -59,6 +64,21 @@ def decode_ms(model, cache, prompt, n_steps: int) -> float:
         model.decode(prompt[t % len(prompt)], cache)
         times.append(time.perf_counter() - start)
     return 1e3 * min(times)
+
+
+def window_run(llm, prompts, n_new: int, give_back: bool) -> tuple[list[list[int]], int]:
+    """Greedy outputs of the engine, and the most blocks one request held after any step. give_back=False
+    keeps every block until the request ends (the window then works as a mask alone)."""
+    engine = Engine(llm, block_size=8)
+    if not give_back:
+        engine.scheduler.window = None                         # NEW is the default: blocks behind it are freed
+    ids = [engine.add_request(p, max_tokens=n_new) for p in prompts]
+    out, most = {i: [] for i in ids}, 0
+    while engine.has_unfinished():
+        for event in engine.step():
+            out[event.request_id] += event.token_ids
+        most = max([most] + [sum(b != FREED for b in s.block_table) for s in engine.scheduler.running])
+    return [out[i] for i in ids], most
 
 
 def main():
@@ -112,6 +132,20 @@ def main():
         paged_ms = decode_ms(model, BlockTableCache(pool, BlockManager(pool.num_blocks)), prompt, steps)
         cost_rows.append([ctx, f"{flat:.1f}", f"{paged_ms:.1f}", f"{paged_ms / flat - 1:+.0%}"])
 
+    # 4. A sliding window: a random Mistral-like model (window 32), four requests of ~100-200 positions.
+    window = 32
+    wcfg = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
+                       family="mistral", sliding_window=window, max_seq_len=1024)
+    wllm = LLM(wcfg, random_model(wcfg))
+    wprompts = [rng.integers(0, 256, n).tolist() for n in ((40, 20) if small else (120, 60, 150, 90))]
+    n_new = 24 if small else 64
+    kept, most_kept = window_run(wllm, wprompts, n_new, give_back=False)
+    freed, most_freed = window_run(wllm, wprompts, n_new, give_back=True)
+    longest = max(len(p) for p in wprompts) + n_new
+    window_rows = [["every block kept to the end (the window as a mask)", most_kept],
+                   ["blocks behind the window given back (minillm's engine)", most_freed],
+                   ["bound: blocks spanning window - 1 keys, + 1", -(-(window - 1) // 8) + 1]]
+
     print_table("Lesson 16 — the paged cache computes the same thing (max abs difference)",
                 ["check", "max |Δ|"], check_rows)
     print_table(f"fragmentation: {users} users, lengths {lengths.min()}..{lengths.max()} (median "
@@ -124,6 +158,11 @@ def main():
     print_table("the CPU price of reading through a block table (decode ms/token, blocks of 16)",
                 ["context", "contiguous", "paged", "extra"], cost_rows)
     print("NumPy's gather copies the blocks every step; a GPU paged-attention kernel reads them where they lie.")
+    print_table(f"a sliding window of {window}: the most blocks (of 8) one request held after a step, "
+                f"requests of up to {longest} positions; outputs {'identical' if kept == freed else 'DIFFERENT'}",
+                ["scheduler", "blocks held at most"], window_rows)
+    print("No query looks further back than the window, so its blocks can go back to the pool as it slides:\n"
+          "a request's KV memory stops growing at the window, however long it runs (prefill chunks aside).")
 
     def draw(ax):
         sizes = [1, 8, 16, 32, 128, 512]

@@ -12,7 +12,8 @@ per sequence: each one attends over its own keys, read through its block table.
 
 The weights and the layer functions are the Transformer's own (`qkv`, `ffn`, `head`): nothing is
 forked, so a change to the model (FlashNorm, quantized weights) is a change here too. Sliding-window
-models keep every position in the pool and apply the window as a mask, as Int8KVCache does.
+models read only the blocks from the window's start (the scheduler gives the blocks behind it back) and
+mask the rest of the window's edge.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .attention import grouped_attention
 from .backend import as_f32
 from .errors import MiniLLMError
 from .layers import linear, rope_tables
-from .paged_kv import PagedKVCache
+from .paged_kv import PagedKVCache, first_needed_block
 
 
 @dataclass
@@ -68,11 +69,13 @@ class BatchedRunner:
         q, k, v = self.model.qkv(x, layer, cos, sin)          # q [N, n_heads, hd], k, v [N, n_kv, hd]
         self.pool.write(i, blocks, offsets, k, v)
         out = np.empty((x.shape[0], q.shape[1] * q.shape[2]), dtype=np.float32)   # [N, n_heads * hd]
-        row = 0
+        window, row = self.model.config.sliding_window, 0
         for c in chunks:
             T = len(c.token_ids)
-            keys, values = self.pool.read(i, c.block_table, c.end)                 # [n_kv, end, hd] each
-            out[row:row + T] = grouped_attention(q[row:row + T], keys, values, self.model.config.sliding_window)
+            first = first_needed_block(c.start, window, self.pool.block_size)     # 0 without a window
+            keys, values = self.pool.read(i, c.block_table, c.end, first)         # [n_kv, L, hd] each
+            # the queries are the last T of these L keys: masks only need positions relative to them
+            out[row:row + T] = grouped_attention(q[row:row + T], keys, values, window)
             row += T
         return linear(out, layer.wo)                                               # [N, dim]
 

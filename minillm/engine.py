@@ -9,7 +9,8 @@
 The step loop is the whole engine: schedule (scheduler.py), run the batch (batched.py; on the GPU
 cuda/gpu_batched.py, the pool on the device, logits [B, vocab] copied back once a step), sample each
 request with its own sampler, detokenize, finish the ones that are done (their blocks go back to the
-pool, or stay in the prefix cache). `generate(prompts)` runs the loop for a list of prompts and returns
+pool, or stay in the prefix cache). With a sliding window, a running request gives back the blocks its
+window has passed, so its KV memory stops growing at about the window's size. `generate(prompts)` runs the loop for a list of prompts and returns
 one `Generation` per prompt, like `llm.generate` does for one.
 
 Thread safety: `add_request`, `abort`, `step` and `stats` take one lock, so a server may run `step()`
@@ -116,7 +117,7 @@ class Engine:
         self.prefix_cache = PrefixCache() if prefix_caching else None
         self.blocks = BlockManager(num_blocks, self.prefix_cache)
         self.scheduler = Scheduler(self.blocks, block_size, max_batch, max_batch_tokens, self.prefix_cache,
-                                   chunked_prefill)
+                                   chunked_prefill, window=self.config.sliding_window)
         self.requests: dict[int, Request] = {}           # unfinished ones
         self._events: list[StepEvent] = []               # aborts, reported by the next step
         self._lock = threading.RLock()
@@ -170,8 +171,14 @@ class Engine:
         return ids
 
     def _check_fits(self, n_positions: int) -> None:
-        """A request that needs more blocks than the whole pool could never finish: refuse it now."""
-        need = math.ceil(n_positions / self.pool.block_size)
+        """A request that needs more blocks at once than the whole pool could never finish: refuse it now.
+        With a sliding window it holds at most the window's blocks plus one step's tokens (the scheduler
+        gives back the blocks behind the window), however long it runs."""
+        bs, window, s = self.pool.block_size, self.config.sliding_window, self.scheduler
+        need = math.ceil(n_positions / bs)
+        if window:
+            step = min(n_positions, s.max_batch_tokens) if s.chunked_prefill else n_positions
+            need = min(need, math.ceil((window - 1 + step) / bs) + 1)
         if need > self.pool.num_blocks:
             raise MiniLLMError(f"this request needs {need} KV blocks of {self.pool.block_size} tokens; the pool "
                                f"has {self.pool.num_blocks}: lower max_tokens or give the engine more KV memory")

@@ -15,6 +15,10 @@ blocks, the price of paging here), on a GPU a paged attention kernel that follow
 `BlockManager` owns the blocks: a free list, a reference count per block (a block shared by several
 sequences, through the prefix cache, is freed when the last one lets go), and, with a `PrefixCache`,
 the blocks that are unused but still hold a known prefix (evicted least recently used first).
+
+Sliding-window models (Mistral) never look further back than the window, so the scheduler gives back
+the blocks a sequence has slid past: their table entries become FREED, and a sequence holds at most
+about window / block_size + 1 blocks however long it runs.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from .kv_cache import CacheBase
 from .quant import quantize_int8
 
 DEFAULT_BLOCK_SIZE = 16
+FREED = -1               # a block-table entry whose block went back to the pool (behind a sliding window)
 
 
 class PagedKVCache:
@@ -77,17 +82,27 @@ class PagedKVCache:
             q[layer, blocks, offsets] = w.qweight.reshape(T, n_kv, hd)
             scale[layer, blocks, offsets] = w.scales.reshape(T, n_kv)
 
-    def read(self, layer: int, block_table, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """One sequence's first `length` keys and values, in fp32.   -> k, v: [n_kv, length, hd] (views)"""
-        blocks = np.asarray(block_table[:math.ceil(length / self.block_size)], dtype=np.int64)
+    def read(self, layer: int, block_table, length: int, first_block: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """One sequence's keys and values at positions first_block * block_size .. length - 1, in fp32.
+        -> k, v: [n_kv, n, hd] (views), n = length - first_block * block_size"""
+        blocks = np.asarray(block_table[first_block:math.ceil(length / self.block_size)], dtype=np.int64)
+        n = length - first_block * self.block_size
         out = []
         for pool, scale in ((self.k, getattr(self, "k_scale", None)), (self.v, getattr(self, "v_scale", None))):
             x = pool[layer, blocks]                                     # [nb, bs, n_kv, hd]  the gather (a copy)
-            x = x.reshape(-1, *x.shape[2:])[:length]                    # [length, n_kv, hd]
+            x = x.reshape(-1, *x.shape[2:])[:n]                         # [n, n_kv, hd]
             if scale is not None:
-                x = x * scale[layer, blocks].reshape(-1, x.shape[1])[:length, :, None]
-            out.append(x.transpose(1, 0, 2))                            # [n_kv, length, hd]
+                x = x * scale[layer, blocks].reshape(-1, x.shape[1])[:n, :, None]
+            out.append(x.transpose(1, 0, 2))                            # [n_kv, n, hd]
         return out[0], out[1]
+
+
+def first_needed_block(position: int, window: int | None, block_size: int) -> int:
+    """The first block a query at `position` reads: 0, or with a sliding window the block holding key
+    position - window + 1. Later queries sit further on, so no later step reads the blocks before it."""
+    if not window:
+        return 0
+    return max(0, position - window + 1) // block_size
 
 
 class BlockManager:
@@ -143,9 +158,10 @@ class BlockManager:
 
     def release_all(self, block_table: list[int]) -> None:
         """Release a sequence's blocks, last first: its deepest blocks are then evicted before its
-        prefix, which more requests share."""
+        prefix, which more requests share. (FREED entries went back already.)"""
         for block in reversed(block_table):
-            self.release(block)
+            if block != FREED:
+                self.release(block)
         block_table.clear()
 
 

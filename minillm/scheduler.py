@@ -25,7 +25,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from .paged_kv import BlockManager
+from .paged_kv import FREED, BlockManager, first_needed_block
 from .prefix_cache import PrefixCache, block_hashes
 
 
@@ -40,6 +40,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     hashes: list[bytes] = field(default_factory=list)     # one per full block of tokens, chained
     num_registered: int = 0               # block_table[:num_registered] are in the prefix cache
+    num_dropped: int = 0                  # block_table[:num_dropped] are FREED: behind the sliding window
     cached_tokens: int = 0                # tokens served by the prefix cache at its last admission
     finished: bool = False
 
@@ -64,8 +65,9 @@ class Scheduler:
     """Decides each step's batch; owns the waiting and running queues and every sequence's blocks."""
 
     def __init__(self, blocks: BlockManager, block_size: int, max_batch: int, max_batch_tokens: int,
-                 prefix_cache: PrefixCache | None = None, chunked_prefill: bool = True):
+                 prefix_cache: PrefixCache | None = None, chunked_prefill: bool = True, window: int | None = None):
         self.blocks, self.block_size, self.prefix_cache = blocks, block_size, prefix_cache
+        self.window = window                  # the model's sliding window: blocks behind it are given back
         self.max_batch, self.max_batch_tokens, self.chunked_prefill = max_batch, max_batch_tokens, chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -151,20 +153,32 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop seq's blocks (cached ones stay findable), requeue it first."""
         self.blocks.release_all(seq.block_table)
-        seq.num_computed = seq.num_registered = 0
+        seq.num_computed = seq.num_registered = seq.num_dropped = 0
         self.waiting.appendleft(seq)
         self.preemptions += 1
 
     # ---- after the model ran ----------------------------------------------------------------------
     def advance(self, seq: Sequence, n: int) -> None:
-        """n more of seq's tokens are in the pool; newly full blocks become findable by later requests."""
+        """n more of seq's tokens are in the pool; newly full blocks become findable by later requests,
+        and with a sliding window the blocks every later query is past go back to the pool."""
         seq.num_computed += n
-        if self.prefix_cache is None:
-            return
-        full = seq.num_computed // self.block_size
-        for j, h in enumerate(seq.full_block_hashes(full, self.block_size)[seq.num_registered:], seq.num_registered):
-            self.prefix_cache.insert(h, seq.block_table[j])
-        seq.num_registered = full
+        if self.prefix_cache is not None:
+            full = seq.num_computed // self.block_size
+            for j, h in enumerate(seq.full_block_hashes(full, self.block_size)[seq.num_registered:],
+                                  seq.num_registered):
+                self.prefix_cache.insert(h, seq.block_table[j])
+            seq.num_registered = full
+        if self.window:
+            self._drop_behind_window(seq)
+
+    def _drop_behind_window(self, seq: Sequence) -> None:
+        """The next query sits at num_computed: blocks wholly before its window are read by no later
+        step. Released (a cached one stays findable for other requests' prefixes), marked FREED."""
+        keep = first_needed_block(seq.num_computed, self.window, self.block_size)
+        for j in range(seq.num_dropped, keep):
+            self.blocks.release(seq.block_table[j])
+            seq.block_table[j] = FREED
+        seq.num_dropped = max(seq.num_dropped, keep)
 
     def finish(self, seq: Sequence) -> None:
         """seq is done (or aborted): out of the queues, its blocks freed or left in the prefix cache."""

@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import minillm
-from hf_models import llama_config, save_random_model
+from hf_models import llama_config, mistral_config, save_random_model
 from minillm.engine import Engine
 from minillm.errors import MiniLLMError
 from minillm.generate import generate_ids
-from minillm.paged_kv import BlockManager
+from minillm.paged_kv import FREED, BlockManager
 from minillm.prefix_cache import PrefixCache
 from minillm.sampling import SamplingParams
 from minillm.scheduler import Scheduler, Sequence
@@ -119,6 +119,54 @@ def test_int8_kv_engine_equals_the_int8_single_sequence_cache(llm):
     engine = Engine(llm, kv_cache="int8")
     assert [g.token_ids for g in engine.generate(prompts, max_tokens=12)] == want
     assert engine.pool.k.dtype == np.int8
+
+
+# ---- sliding window: blocks behind the window go back to the pool -------------------------------------
+WINDOW, SMALL_BLOCK = 10, 4
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mistral")
+    save_random_model(mistral_config(sliding_window=WINDOW, eos_token_id=None), path)
+    return minillm.load(str(path))
+
+
+@pytest.mark.parametrize("options", [
+    dict(),
+    dict(max_batch_tokens=8),                              # chunked prefill across the window's edge
+    dict(num_blocks=8, max_batch_tokens=8),                # 32 positions for six 64-position requests:
+], ids=["default", "chunked-prefill", "tiny-pool"])           # preemption, then recompute from scratch
+def test_sliding_window_engine_equals_alone_and_holds_only_the_window(windowed, options):
+    """Mistral-style: each sequence gives back the blocks every later query is past, and the outputs stay
+    those of the single-sequence path (its rolling buffer). After each step a running sequence holds at
+    most the blocks spanning its last window - 1 keys: ceil((window - 1) / block_size) + 1 = 4 here, where
+    a 64-position sequence would otherwise hold 16."""
+    prompts = _prompts()
+    want = [_alone(windowed, p) for p in prompts]
+    engine = Engine(windowed, block_size=SMALL_BLOCK, **options)
+    for p in prompts:
+        engine.add_request(p, max_tokens=MAX_TOKENS)
+    events, most = [], 0
+    while engine.has_unfinished():
+        events += engine.step()
+        held = [sum(b != FREED for b in seq.block_table) for seq in engine.scheduler.running]
+        most = max([most] + held)
+    assert most <= -(-(WINDOW - 1) // SMALL_BLOCK) + 1
+    assert engine.stats()["preemptions"] > 0 or "num_blocks" not in options
+    for rid, expected in enumerate(want):
+        assert [t for e in events if e.request_id == rid for t in e.token_ids] == expected
+    assert engine.stats()["blocks_used"] == 0
+
+
+def test_sliding_window_with_a_cached_prefix_longer_than_the_window(windowed):
+    system = np.random.default_rng(2).integers(3, 320, 3 * 16).tolist()   # 3 full blocks of 16 > window
+    prompts = _prompts([5, 9], prefix=system)
+    want = [_alone(windowed, p, 8) for p in prompts]
+    engine = Engine(windowed)
+    got = engine.generate(prompts[:1], max_tokens=8) + engine.generate(prompts[1:], max_tokens=8)
+    assert [g.token_ids for g in got] == want
+    assert engine.stats()["prefix_hit_tokens"] == 3 * 16                 # dropped by the first, still cached
 
 
 def test_seeded_sampling_in_a_batch_equals_the_same_seed_alone(llm):

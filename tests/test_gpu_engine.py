@@ -157,9 +157,14 @@ def _twin_engine(cpu, **options) -> Engine:
     return engine
 
 
-def test_numpy_twin_engine_greedy_through_preemption():
-    cpu = checks.random_cpu_model(small("gqa"), "float16")
-    engine = _twin_engine(cpu, num_blocks=16, block_size=4)     # 64 positions for 6 requests of up to 56
+@pytest.mark.parametrize("kind", ["gqa", "mistral"])
+def test_numpy_twin_engine_greedy_through_preemption(kind):
+    """mistral (window 6): the scheduler gives back the blocks behind the window (FREED table entries),
+    which the device block tables carry and paged attention never reads."""
+    cpu = checks.random_cpu_model(small(kind), "float16")
+    options = dict(num_blocks=16, block_size=4) if kind == "gqa" else dict(num_blocks=4, block_size=4,
+                                                                           max_batch_tokens=4)
+    engine = _twin_engine(cpu, **options)     # gqa: 64 positions for 6 requests of up to 56; mistral: 16
     results = engine.generate(prompts(), max_tokens=16)
     assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
     assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)
