@@ -29,7 +29,6 @@ double norm, so the engine does not use it.
 """
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,9 +147,8 @@ def convert_flashnorm(src: str | Path, dst: str | Path, untie: bool = False, dty
     norms: HF transformers loads it as an ordinary Llama), quantized afterwards if asked."""
     from .errors import MiniLLMError
     from .gguf_import import convert as convert_weights
-    from .kv_heads import TOKENIZER_FILES
     from .quant import quantize_checkpoint
-    from .weights import load_hf_dir, save_hf_dir
+    from .weights import copy_tokenizer_files, load_hf_dir, save_hf_dir
 
     src, dst = Path(src), Path(dst)
     if not src.exists():
@@ -165,10 +163,7 @@ def convert_flashnorm(src: str | Path, dst: str | Path, untie: bool = False, dty
     config, tensors, report = fold_checkpoint(config, tensors, untie)
     if quant:
         config, tensors = quantize_checkpoint(config, tensors, quant, group_size, progress)
-    dst.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copyfile(src / name, dst / name)
+    copy_tokenizer_files(src, dst)
     save_hf_dir(dst, config, tensors, dtype=dtype, progress=progress)
     return report
 

@@ -12,7 +12,6 @@ Three things happen to each tensor:
 from __future__ import annotations
 
 import re
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from tqdm.auto import tqdm
 
 from .config import ModelConfig
 from .errors import MiniLLMError
-from .weights import load_hf_dir, save_hf_dir, to_dtype
+from .weights import copy_tokenizer_files, load_hf_dir, save_hf_dir, to_dtype
 
 # Above this many bytes of float32 weights, the default output dtype is float16: a 7B model is then
 # 14 GB instead of 28 GB, which fits a 24 GB machine.
@@ -37,9 +36,6 @@ _LAYER_NAMES = {
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 
-# HF tokenizer files copied along when converting an HF dir.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                   "generation_config.json", "chat_template.jinja")
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -232,9 +228,6 @@ def convert(src: str | Path, dst: str | Path, progress: bool = True, dtype: str 
         config, tensors = load_hf_dir(src)
         if quant:
             config, tensors = quantize_checkpoint(config, tensors, quant, group_size, progress)
-        dst.mkdir(parents=True, exist_ok=True)
-        for name in TOKENIZER_FILES:
-            if (src / name).is_file():
-                shutil.copyfile(src / name, dst / name)
+        copy_tokenizer_files(src, dst)
         return save_hf_dir(dst, config, tensors, dtype=dtype, progress=progress)
     raise MiniLLMError(f"{src}: no such file or directory")

@@ -24,20 +24,13 @@ and minillm both load.
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from .backend import STORAGE_DTYPES, as_f32, to_dtype
 from .config import ModelConfig
-from .weights import load_hf_dir, save_hf_dir
-
-# Files besides the weights that a converted checkpoint needs to be used as a model (not source.gguf:
-# that is the original model, and would no longer describe this one).
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                   "special_tokens_map.json", "generation_config.json"]
-
+from .weights import copy_tokenizer_files, load_hf_dir, save_hf_dir
 
 def convert_kv_heads(config: ModelConfig, tensors: dict[str, np.ndarray],
                      n_kv_heads: int) -> tuple[ModelConfig, dict[str, np.ndarray]]:
@@ -97,8 +90,5 @@ def convert_kv_heads_dir(src: str | Path, dst: str | Path, n_kv_heads: int,
         raise ValueError(f"{dst}: the destination must differ from the source (its weights are being read)")
     config, tensors = load_hf_dir(src)
     new_config, new_tensors = convert_kv_heads(config, tensors, n_kv_heads)
-    dst.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copyfile(src / name, dst / name)
+    copy_tokenizer_files(src, dst)
     return save_hf_dir(dst, new_config, new_tensors, progress=progress)

@@ -18,6 +18,7 @@ Transformer) wraps them back into one weight each. `dtype=` never casts them.
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from pathlib import Path
 from typing import Any, Callable
@@ -185,6 +186,20 @@ def _load_sharded(index_file: Path) -> dict[str, np.ndarray]:
     if missing:
         raise MiniLLMError(f"{index_file}: {len(missing)} tensors listed but not in their shards, e.g. {missing[0]}")
     return tensors
+
+
+# Files besides the weights that make a converted checkpoint usable as a model, copied along by every
+# HF-dir conversion (not source.gguf: that is the original model and would no longer describe this one).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                   "generation_config.json", "chat_template.jinja")
+
+
+def copy_tokenizer_files(src: Path, dst: Path) -> None:
+    """The tokenizer, its config and chat template, and the generation config, from src into dst."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
 
 
 def save_hf_dir(path: str | Path, config: ModelConfig, tensors: dict[str, np.ndarray],

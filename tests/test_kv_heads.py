@@ -133,3 +133,20 @@ def test_quantized_weights_are_refused(tmp_path):
     quantized = config.replace(quantization={"method": "int8"})
     with pytest.raises(ValueError, match="stored quantized"):
         convert_kv_heads(quantized, tensors, 2)
+
+
+@pytest.mark.parametrize("kind", ["kv-heads", "flashnorm", "quant"])
+def test_every_hf_dir_conversion_carries_the_tokenizer_and_chat_template(kind, tmp_path):
+    """A converted dir is a whole model: tokenizer, its config, the chat template (also as the newer
+    separate chat_template.jinja) and the generation config come along, byte for byte."""
+    from minillm.flashnorm import convert_flashnorm
+    from minillm.gguf_import import convert
+    from minillm.weights import TOKENIZER_FILES
+    save_random_model(llama_config(n_heads=8, n_kv_heads=4), tmp_path / "src")
+    for name in TOKENIZER_FILES:
+        (tmp_path / "src" / name).write_text(f"{name} of the source")
+    {"kv-heads": lambda: convert_kv_heads_dir(tmp_path / "src", tmp_path / "dst", 2),
+     "flashnorm": lambda: convert_flashnorm(tmp_path / "src", tmp_path / "dst"),
+     "quant": lambda: convert(tmp_path / "src", tmp_path / "dst", progress=False, quant="int8")}[kind]()
+    for name in TOKENIZER_FILES:
+        assert (tmp_path / "dst" / name).read_text() == f"{name} of the source"
