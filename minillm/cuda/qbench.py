@@ -8,13 +8,13 @@ where one decode step spends its time. `gemv_points` is what lesson 14 plots on 
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 import numpy as np
 
 from ..config import ModelConfig
-from .selfcheck import BANDWIDTH, EventTimer, copy_bandwidth, decode_tok_s, say, time_gpu, verdict
+from .selfcheck import (BANDWIDTH, EventTimer, copy_bandwidth, decode_tok_s, prefill_ttft, say, time_gpu,
+                        verdict)
 
 TARGETS = {"float16": 250, "int8": 430, "int4": 650}     # issue #6, Mistral-7B shape, tok/s
 
@@ -174,13 +174,7 @@ def bench_quant(cfg: ModelConfig, label: str, quant: str, dtype: str = "float16"
     cache = gpu.new_cache(max(ttft_len, prompt_len + n_new) + 8)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, cfg.vocab_size, ttft_len)
-    ttfts = []
-    for _ in range(4):
-        cache.reset()
-        start = time.perf_counter()
-        gpu.prefill(prompt, cache)
-        ttfts.append(time.perf_counter() - start)
-    ttft = statistics.median(ttfts[1:])
+    ttft = prefill_ttft(gpu, cache, prompt)
     say(f"\nprefill {ttft_len} tokens: TTFT {ttft * 1e3:.1f} ms (median of 3 after a warm-up)")
 
     # -- decode: eager, graph (and the grid sweep)

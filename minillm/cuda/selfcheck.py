@@ -229,6 +229,18 @@ def bench_config(quick: bool) -> ModelConfig:
     return PRESETS["mistral-7b"].config
 
 
+def prefill_ttft(gpu, cache, prompt, repeats: int = 3) -> float:
+    """Seconds to prefill `prompt` into an emptied cache, host logits included: the median of `repeats`
+    runs after a warm-up."""
+    times = []
+    for _ in range(repeats + 1):
+        cache.reset()
+        start = time.perf_counter()
+        gpu.prefill(prompt, cache)                         # returns host logits: includes the copy back
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
 def decode_tok_s(gpu, cache, prompt, n_new: int) -> tuple[float, list[int]]:
     """tok/s of n_new greedy steps after `prompt` with the model's current settings, and the tokens (host
     argmax each step). A warm-up run first, which also recaptures the cache's graph for those settings."""
@@ -310,13 +322,7 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
     cache = gpu.new_cache(max(ttft_len, prompt_len + n_new) + 8)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, cfg.vocab_size, ttft_len)
-    ttfts = []
-    for _ in range(4):
-        cache.reset()
-        start = time.perf_counter()
-        gpu.prefill(prompt, cache)                         # returns host logits: includes the copy back
-        ttfts.append(time.perf_counter() - start)
-    ttft = statistics.median(ttfts[1:])
+    ttft = prefill_ttft(gpu, cache, prompt)
     flops = 2 * (wbytes / 2) * ttft_len
     say(f"\nprefill {ttft_len} tokens: TTFT {ttft * 1e3:.1f} ms (median of 3 after a warm-up; "
         f"{flops / ttft / 1e12:.0f} TFLOP/s on the weight matmuls)")
