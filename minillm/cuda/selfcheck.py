@@ -316,7 +316,6 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
             say(f"  {name:<10} {str(tuple(w.shape)):>13} {v1:8.1f} {v2:8.1f} {v3:10.1f} {cub:10.1f} {tbs:8.2f} "
                 f"{100 * w.nbytes / (v2 / 1e6) / bw:8.0f}% {v4:8.1f} {v4f:11.1f} {tbs4:8.2f} "
                 f"{100 * w.nbytes / (v4 / 1e6) / bw:8.0f}%")
-    del scratch
 
     # -- prefill (TTFT)
     cache = gpu.new_cache(max(ttft_len, prompt_len + n_new) + 8)
