@@ -69,16 +69,17 @@ class DevicePagedKV(PagedKVCache):
     def write(self, *args, **kw):
         raise NotImplementedError("the device pool is written by paged_kv_write (GPUBatchedRunner)")
 
-    def read(self, layer: int, block_table, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """One sequence's first `length` keys and values, on the host in fp32 (tests, debugging).
-        -> k, v: [n_kv, length, hd]"""
-        blocks = np.asarray(block_table[:math.ceil(length / self.block_size)], dtype=np.int64)
+    def read(self, layer: int, block_table, length: int, first_block: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """PagedKVCache.read on the host in fp32 (tests, debugging): positions first_block * block_size ..
+        length - 1.   -> k, v: [n_kv, n, hd]"""
+        blocks = np.asarray(block_table[first_block:math.ceil(length / self.block_size)], dtype=np.int64)
+        n = length - first_block * self.block_size
         out = []
         for pool in (self.k, self.v):
             x = pool[layer][blocks.tolist()]                            # [nb, bs, n_kv, hd]  the gather
             x = x.get() if hasattr(x, "get") else x
-            x = to_dtype(x.reshape(-1, *x.shape[2:])[:length], "float32")
-            out.append(x.transpose(1, 0, 2))                            # [n_kv, length, hd]
+            x = to_dtype(x.reshape(-1, *x.shape[2:])[:n], "float32")
+            out.append(x.transpose(1, 0, 2))                            # [n_kv, n, hd]
         return out[0], out[1]
 
 
