@@ -52,6 +52,9 @@ def test_pool_reads_back_what_was_written_through_a_scattered_block_table(llm, d
         np.testing.assert_array_equal(got_k, want_k)
         np.testing.assert_array_equal(got_v, want_v)
     assert not pool.k[0].any()                                  # other layers untouched
+    tail_k, tail_v = pool.read(1, [-1] + table[1:], 10, first_block=1)   # block 0 given back: never read
+    np.testing.assert_array_equal(tail_k, got_k[:, 4:])
+    np.testing.assert_array_equal(tail_v, got_v[:, 4:])
 
 
 def test_transformer_runs_unchanged_through_a_block_table(llm):
