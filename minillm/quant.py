@@ -440,7 +440,8 @@ def input_importance(config: ModelConfig, tensors: dict[str, np.ndarray], n_toke
     ids = np.random.default_rng(seed).integers(0, config.vocab_size, n_tokens)
     for start in tqdm(range(0, n_tokens, CALIBRATION_WINDOW), desc="calibrating", unit="window", disable=not progress):
         window = ids[start:start + CALIBRATION_WINDOW]
-        model.prefill(window, model.new_cache(len(window)))
+        # every row through every layer (prefill would run the last layer's MLP for its last row only)
+        model.forward(window, model.new_cache(len(window)), skip_head=True)
     return {name: r.mean_square() for name, r in recorders.items()}
 
 
