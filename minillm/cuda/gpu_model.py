@@ -74,8 +74,6 @@ class GPULayer:
         return [self.wqkv, self.wo, self.wgu, self.wdown]
 
 
-
-
 class GPUTransformer:
     prefill_chunk = 1024      # tokens per prefill pass (bounds the [T, 2 * ffn] fp32 scratch)
     kv_cache = "16-bit"       # or "int8" (KV_CACHES; the constructor's argument)
