@@ -10,6 +10,9 @@ A sequence moves waiting -> running -> finished. Every step the scheduler
    sequences, `max_batch_tokens` tokens) and the pool has blocks. With a prefix cache, the full blocks
    of a newcomer's prompt that are cached are shared instead of computed.
 
+After a step, a sequence's newly full blocks become findable by the prefix cache, and with a sliding
+window (Mistral) the blocks that every later query of it is past go back to the pool (FREED in its table).
+
 So a request never waits for the whole batch to finish (static batching's problem): it joins at the next
 step. A token budget per step bounds how long one step takes, so a long prompt (split into chunks:
 chunked prefill) does not stall the decodes running beside it.
