@@ -28,7 +28,7 @@ from minillm.evaluate import eval_text, perplexity
 from minillm.llm import LLM
 from minillm.model import Transformer
 from minillm.planner import GPUS, weight_bytes
-from minillm.quant import Int8Weight, QuantizedWeight, quantize_checkpoint, quantize_int8
+from minillm.quant import Int8Weight, quantize_checkpoint, quantize_int8
 
 
 # NEW: int8 per output row, written out (the engine's quantize_int8 is these three lines) -----------
