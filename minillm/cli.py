@@ -173,9 +173,11 @@ def pull(name):
 @click.option("--flashnorm", is_flag=True, help="Fold every RMSNorm gain into the projections after it (FlashNorm).")
 @click.option("--untie", is_flag=True, help="With --flashnorm: copy a tied LM head so the final norm folds too.")
 def convert(src, dst, kv_heads, quant, group_size, dtype, flashnorm, untie):
-    """Convert a .gguf file or an HF-layout folder SRC into a minillm weights folder DST."""
+    """Convert a .gguf file, an HF-layout folder or a pulled preset SRC into a minillm weights folder DST."""
     import tempfile
     from .gguf_import import convert as convert_weights
+    from .pull import resolve
+    src = str(resolve(src))              # a preset name -> its weights folder (or: `minillm pull NAME` first)
     if untie and not flashnorm:
         raise click.UsageError("--untie only goes with --flashnorm (it unties the LM head so the final norm folds)")
     if flashnorm:

@@ -78,6 +78,18 @@ def test_missing_weights_say_the_pull_command(tmp_path):
     assert_one_line_error(result, "minillm pull mistral-7b")
 
 
+def test_convert_takes_a_pulled_preset_by_name(tiny_model, tmp_path):
+    import shutil
+    shutil.copytree(tiny_model, tmp_path / "weights" / "smollm2-135m")     # as `minillm pull` leaves it
+    env = {"MINILLM_WEIGHTS": str(tmp_path / "weights")}
+    result = run("convert", "smollm2-135m", str(tmp_path / "q8"), "--quant", "int8", env=env)
+    assert result.exit_code == 0, result.output
+    from minillm.weights import load_hf_dir
+    assert load_hf_dir(tmp_path / "q8")[0].quantization["method"] == "int8"
+    missing = run("convert", "mistral-7b", str(tmp_path / "x"), env=env)
+    assert_one_line_error(missing, "minillm pull mistral-7b")
+
+
 def test_truncated_safetensors(tiny_model, tmp_path):
     import shutil
     broken = tmp_path / "broken"
