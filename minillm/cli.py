@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -177,7 +178,8 @@ def convert(src, dst, kv_heads, quant, group_size, dtype, flashnorm, untie):
     import tempfile
     from .gguf_import import convert as convert_weights
     from .pull import resolve
-    src = str(resolve(src))              # a preset name -> its weights folder (or: `minillm pull NAME` first)
+    if src in PRESETS and not Path(src).exists():
+        src = str(resolve(src))          # a preset name -> its weights folder (or: `minillm pull NAME` first)
     if untie and not flashnorm:
         raise click.UsageError("--untie only goes with --flashnorm (it unties the LM head so the final norm folds)")
     if flashnorm:
