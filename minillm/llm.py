@@ -83,7 +83,7 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
     """Load a preset name, an HF-layout folder, or a .gguf file, ready to run.
 
     dtype: how weights are stored in memory ("float32", "float16", "bfloat16"); the CPU computes in
-    fp32 and widens one matrix at a time. quant: "int8" or "int4" (groups of `group_size`) quantizes
+    fp32 and widens a block of rows at a time. quant: "int8" or "int4" (groups of `group_size`) quantizes
     the layer matrices as they load (quant.py); a checkpoint saved quantized loads as it is stored.
     kv_cache: "float32" or "int8" (on cuda, "float32" is the weights' fp16/bf16). flashnorm: fold the norm gains into the weights (before any
     quantizing) and run the deferred normalization (flashnorm.py; on cuda only the folding).

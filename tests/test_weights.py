@@ -352,3 +352,16 @@ def test_convert_hf_dir_casts_and_copies_tokenizer_files(hf_dir, tmp_path):
     assert (tmp_path / "out" / "tokenizer.json").read_text() == '{"model": {}}'
     with pytest.raises(MiniLLMError, match="its own source"):
         convert(src, src, progress=False)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("n_tokens", [1, 7])
+def test_16_bit_weights_multiply_a_block_at_a_time_like_the_whole_widened_matrix(dtype, n_tokens, monkeypatch):
+    from minillm import backend
+    from minillm.layers import linear
+    rng = np.random.default_rng(3)
+    w = backend.to_dtype(rng.standard_normal((301, 64)).astype(np.float32), dtype)     # bf16 bits or fp16
+    x = rng.standard_normal((n_tokens, 64)).astype(np.float32)
+    monkeypatch.setattr(backend, "WIDEN_BYTES", 40 * 64 * 4)                      # 40 rows a block, a short last one
+    expected = x @ backend.as_f32(w).T
+    np.testing.assert_allclose(linear(x, w), expected, rtol=0, atol=2e-6 * np.abs(expected).max())
