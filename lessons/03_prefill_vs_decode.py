@@ -68,10 +68,11 @@ def main():
     model, cfg = llm.model, llm.config
     small = quick()
 
-    # The machine's two ceilings, measured with NumPy on this machine.
-    peak_flops = matmul_flops(n=256 if small else 1536)
-    gemv_bw = gemv_bandwidth(nbytes=(16 if small else 256) << 20)
-    copy_bw = copy_bandwidth(nbytes=(16 if small else 256) << 20)
+    # The machine's two ceilings, measured with NumPy on this machine. Full size even in a quick run (they
+    # take a second): a 16 MB GEMV would stream from cache and put the ridge anywhere.
+    peak_flops = matmul_flops(n=1536)
+    gemv_bw = gemv_bandwidth(nbytes=256 << 20)
+    copy_bw = copy_bandwidth(nbytes=256 << 20)
     ridge = peak_flops / gemv_bw                                         # FLOP/byte where the roof bends
 
     lengths, n_decode = ([4, 16], 2) if small else ([16, 64, 256, 512], 6)
@@ -98,8 +99,10 @@ def main():
     print_table("prefill (TTFT) vs decode (inter-token latency) as the prompt grows",
                 ["prompt tokens", "TTFT ms", "prefill tok/s", "ITL ms", "decode tok/s",
                  "prefill FLOP/B", "decode FLOP/B", "prefill GFLOP/s", "decode GB/s"], rows)
-    print(f"decode sits at ~{points[0][3]:.2f} FLOP/byte, far left of the ridge ({ridge:.0f}): memory-bound;"
-          f" prefill of {lengths[-1]} tokens sits at {points[-1][1]:.0f} FLOP/byte: compute-bound.")
+    def side(ai: float) -> str:                                          # which roof a point sits under
+        return "right of the ridge: compute-bound" if ai > ridge else "left of the ridge: memory-bound"
+    print(f"ridge {ridge:.1f} FLOP/byte. Decode sits at ~{points[0][3]:.2f} FLOP/byte, {side(points[0][3])}; "
+          f"prefill of {lengths[-1]} tokens at {points[-1][1]:.0f} FLOP/byte, {side(points[-1][1])}.")
 
     def draw(ax):
         ai = np.logspace(-2, 3, 200)

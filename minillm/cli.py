@@ -19,6 +19,9 @@ class _Group(click.Group):
             return super().main(args=args, prog_name=prog_name or "minillm", standalone_mode=False, **extra)
         except click.exceptions.Abort:
             _fail("aborted", 130)
+        except click.exceptions.NoArgsIsHelpError as e:     # `minillm`, `minillm exercise`: help, not an error
+            click.echo(e.format_message())
+            sys.exit(0)
         except click.ClickException as e:
             _fail(e.format_message(), e.exit_code)
         except MiniLLMError as e:

@@ -69,6 +69,13 @@ def test_info_on_a_preset_without_weights_shows_its_shape(tmp_path):
     assert "minillm pull mistral-7b" in result.output
 
 
+@pytest.mark.parametrize("args", [[], ["exercise"], ["eval"]])
+def test_a_group_without_its_command_shows_its_help(args):
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("Usage:") and "error" not in result.output
+
+
 def test_unknown_model():
     assert_one_line_error(run("generate", "--model", "no-such-model", "hi"), "no-such-model")
 
