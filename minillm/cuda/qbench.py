@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 from ..config import ModelConfig
-from .selfcheck import (BANDWIDTH, EventTimer, copy_bandwidth, decode_tok_s, prefill_ttft, say, time_gpu,
-                        verdict)
+from .selfcheck import (BANDWIDTH, EventTimer, copy_bandwidth, decode_bytes, decode_tok_s, prefill_ttft,
+                        report_decode, say, time_gpu, verdict)
 
 TARGETS = {"float16": 250, "int8": 430, "int4": 650}     # issue #6, Mistral-7B shape, tok/s
 
@@ -193,13 +193,7 @@ def bench_quant(cfg: ModelConfig, label: str, quant: str, dtype: str = "float16"
             k.quant_blocks_per_sm, k.quant_flags, gpu.prefetch_next = blocks, flags, nxt
             results[f"graph, {label_}"] = _decode_tok_s(gpu, cache, short, n_new)
         k.quant_blocks_per_sm, k.quant_flags, gpu.prefetch_next = defaults
-    kv_read = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2 * (prompt_len + n_new / 2)
-    per_token = wbytes + kv_read
-    say(f"\ndecode, batch 1, {n_new} new tokens after a {prompt_len}-token prompt (host argmax each step)")
-    say(f"  bytes per token: {per_token / 1e9:.3f} GB (weights {wbytes / 1e9:.3f} + KV {kv_read / 1e6:.1f} MB on average)")
-    say(f"  {'mode':<34} {'tok/s':>8} {'ms/token':>9} {'GB/s':>8} {'% copy BW':>10}")
-    for mode, (tps, _) in results.items():
-        say(f"  {mode:<34} {tps:8.1f} {1e3 / tps:9.2f} {per_token * tps / 1e9:8.0f} {100 * per_token * tps / bw:9.0f}%")
+    per_token = report_decode(cfg, wbytes, prompt_len, n_new, results, bw, width=34)
 
     # -- where one prefill spends its time (the decode step's kernels: the graph table above)
     cache.reset()
@@ -302,8 +296,7 @@ def report(cfg: ModelConfig, label: str, formats=("float16", "int8", "int4"), n_
             results[f"{fmt} gemv versions"] = qv
         cache = gpu.new_cache(prompt_len + n_new + 8)
         short = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
-        kv_read = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2 * (prompt_len + n_new / 2)
-        per_token = gpu.weight_bytes + kv_read
+        per_token, _ = decode_bytes(cfg, gpu.weight_bytes, prompt_len, n_new)
         runs = {"graph": _decode_tok_s(gpu, cache, short, n_new)[0]}
         if fmt == "float16":
             gpu.k.attention_version = 2

@@ -229,6 +229,27 @@ def bench_config(quick: bool) -> ModelConfig:
     return PRESETS["mistral-7b"].config
 
 
+def decode_bytes(cfg: ModelConfig, weight_bytes: int, prompt_len: int, n_new: int) -> tuple[float, float]:
+    """(bytes one decode token reads, the 16-bit KV cache's share of them), at the average context of
+    n_new tokens generated after a prompt_len-token prompt."""
+    kv_read = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2 * (prompt_len + n_new / 2)
+    return weight_bytes + kv_read, kv_read
+
+
+def report_decode(cfg: ModelConfig, weight_bytes: int, prompt_len: int, n_new: int, results: dict, bw: float,
+                  width: int = 20) -> float:
+    """Print the bytes a decode token reads, then each mode's tok/s, ms/token, GB/s and % of the copy
+    bandwidth. results: {mode: (tok/s, tokens)}.   -> bytes per token"""
+    per_token, kv_read = decode_bytes(cfg, weight_bytes, prompt_len, n_new)
+    say(f"\ndecode, batch 1, {n_new} new tokens after a {prompt_len}-token prompt (host argmax each step)")
+    say(f"  bytes per token: {per_token / 1e9:.3f} GB (weights {weight_bytes / 1e9:.3f} + KV {kv_read / 1e6:.1f} MB "
+        f"on average)")
+    say(f"  {'mode':<{width}} {'tok/s':>8} {'ms/token':>9} {'GB/s':>8} {'% copy BW':>10}")
+    for mode, (tps, _) in results.items():
+        say(f"  {mode:<{width}} {tps:8.1f} {1e3 / tps:9.2f} {per_token * tps / 1e9:8.0f} {100 * per_token * tps / bw:9.0f}%")
+    return per_token
+
+
 def prefill_ttft(gpu, cache, prompt, repeats: int = 3) -> float:
     """Seconds to prefill `prompt` into an emptied cache, host logits included: the median of `repeats`
     runs after a warm-up."""
@@ -339,14 +360,7 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
     verdict(f"{label} decode: graph tokens == eager tokens",
             same, "" if same else "the graph replay diverged from eager launches")
 
-    avg_len = prompt_len + n_new / 2
-    kv_read = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2 * avg_len
-    per_token = wbytes + kv_read
-    say(f"\ndecode, batch 1, {n_new} new tokens after a {prompt_len}-token prompt (host argmax each step)")
-    say(f"  bytes per token: {per_token / 1e9:.3f} GB (weights {wbytes / 1e9:.3f} + KV {kv_read / 1e6:.1f} MB on average)")
-    say(f"  {'mode':<20} {'tok/s':>8} {'ms/token':>9} {'GB/s':>8} {'% copy BW':>10}")
-    for mode, (tps, _) in results.items():
-        say(f"  {mode:<20} {tps:8.1f} {1e3 / tps:9.2f} {per_token * tps / 1e9:8.0f} {100 * per_token * tps / bw:9.0f}%")
+    per_token = report_decode(cfg, wbytes, prompt_len, n_new, results, bw)
     fused_same = results["v4 graph"][1][:8] == results["v2 graph"][1][:8]
     say(f"  v4 tokens {'equal the v2 ones' if fused_same else 'differ from the v2 ones'} "
         f"(first 8; random weights may part ways later at a near-tie)")
