@@ -289,3 +289,21 @@ def test_full_cache_is_refused():
     gpu.prefill([1, 2, 3, 4], cache)
     with pytest.raises(ValueError, match="full"):
         gpu.decode(5, cache)
+
+
+# ---- SmolLM2, real weights (MINILLM_TEST_SMOLLM2 on the GPU machine, whose network is closed) -------------
+SMOLLM2_PROMPT = [1, 504, 3458, 282, 253, 1351, 28, 665, 253, 2754, 282]     # ids of a short English prompt
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_smollm2_logits_match_cpu(smollm2_dir, dtype):
+    import minillm
+    cpu = minillm.load(str(smollm2_dir), dtype=dtype).model
+    ok(checks.check_model_logits("", dtype, n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu))
+
+
+def test_smollm2_greedy_16_tokens_match_cpu(smollm2_dir):
+    import minillm
+    cpu = minillm.load(str(smollm2_dir), dtype="float16").model
+    same, detail = checks.check_greedy("", "float16", n=16, cpu=cpu, prompt=np.array(SMOLLM2_PROMPT))
+    assert same, detail

@@ -111,6 +111,7 @@ def test_smollm2_with_int8_kv_matches_cpu(smollm2_dir):
     cpu = minillm.load(str(smollm2_dir), dtype="float16", kv_cache="int8").model
     err, _ = checks.check_model_logits("", "float16", n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu,
                                        kv_cache="int8")
+    print(f"error {err:.3e} (tolerance {INT8_KV_MODEL_TOL:.1e})")
     assert err <= INT8_KV_MODEL_TOL, f"error {err:.3e} > tolerance {INT8_KV_MODEL_TOL:.1e}"
     prompt = [1, 504, 3458, 282, 253, 1351, 28, 665, 253, 2754, 282]     # ids of a short English prompt
     same, detail = checks.check_greedy("", "float16", n=16, cpu=cpu, prompt=np.array(prompt), kv_cache="int8")

@@ -254,6 +254,7 @@ QUANT_MODEL_TOL = 1.5e-2
 def test_smollm2_quantized_logits_match_cpu(smollm2, method):
     cpu = _smollm2_cpu(smollm2, method)
     err, _ = checks.check_model_logits("", "float16", n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu)
+    print(f"error {err:.3e} (tolerance {QUANT_MODEL_TOL:.1e})")
     assert err <= QUANT_MODEL_TOL, f"error {err:.3e} > tolerance {QUANT_MODEL_TOL:.1e}"
 
 
@@ -266,9 +267,13 @@ def test_smollm2_quantized_greedy_16_tokens_match_cpu(smollm2, method):
 
 
 def test_load_on_cuda_with_quant_matches_cpu(smollm2):
-    ids = list(range(5, 45))
+    # Random ids, as in the tests above. ids 5..44 (SmolLM2's special and byte tokens) make a position so
+    # sensitive that int4 grids differing in 0.14% of groups (calibration under 1 vs 2 BLAS threads) move
+    # its logits by 29: no bound separates a GPU error from that input's conditioning.
+    ids = np.random.default_rng(1).integers(0, 49152, 40).tolist()
     cpu = minillm.load(str(smollm2), quant="int4", dtype="float16").logits(ids)
     gpu_llm = minillm.load(str(smollm2), device="cuda", quant="int4", dtype="float16")
     assert isinstance(gpu_llm.model, GPUTransformer) and gpu_llm.model.quant == "int4"
-    gpu = gpu_llm.logits(ids)
-    assert np.abs(gpu - cpu).max() <= checks.MODEL_TOL["float16"] * np.abs(cpu).max()
+    err = checks.rel_err(gpu_llm.logits(ids), cpu)
+    print(f"error {err:.3e} (tolerance {QUANT_MODEL_TOL:.1e})")
+    assert err <= QUANT_MODEL_TOL
