@@ -264,6 +264,13 @@ __device__ __forceinline__ float ld_l2(const float* p) {
     return v;
 }
 
+// 4 int8 codes (one word, code 0 in the low byte) -> fp32, sign-extended by shifts. (Measured the same:
+// gemv_quant.cu's byte-permute trick, which avoids the I2F conversion unit: 194.9 vs 193.0 tok/s at 32k keys.)
+__device__ __forceinline__ void widen_codes(unsigned int w, float* f) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) f[k] = (float)((int)(w << (24 - 8 * k)) >> 24);
+}
+
 // 8 16-bit values (one 16-byte piece) -> fp32
 template <class W>
 __device__ __forceinline__ void widen8(uint4 w, float* f) {
@@ -271,15 +278,25 @@ __device__ __forceinline__ void widen8(uint4 w, float* f) {
     f[4] = W::lo(w.z); f[5] = W::hi(w.z); f[6] = W::lo(w.w); f[7] = W::hi(w.w);
 }
 
-// How the cache holds a "piece" (8 consecutive values of a K or V row) and how it becomes 8 floats.
-// KV16<W>: the weight dtype, 16 bytes a piece. KV8: int8 codes, 8 bytes a piece, and one fp32 scale per
-// (KV head, position) vector (kv_int8.cu writes them: value = code · scale). The scale is applied once per
-// key, not per value: a score is (q·k8)·k_scale, and a probability p weighs v8 by p·v_scale.
+// How the cache holds a "piece" (VALS consecutive values of a K or V row, one lane's share of a key), how
+// it becomes VALS floats, and how many pieces a lane keeps in flight (LOADS, for K and again for V).
+// KV16<W>: the weight dtype, 8 values in 16 bytes. KV8: int8 codes, 8 values in 8 bytes, and one fp32 scale
+// per (KV head, position) vector (kv_int8.cu writes them: value = code · scale). The scale is applied once
+// per key, not per value: a score is (q·k8)·k_scale, and a probability p weighs v8 by p·v_scale.
+// KV8x16: the same codes, 16 to a lane (16 bytes), for hd % 16 == 0. Why: a key's fixed work (the scores'
+// shuffle stages, exp2, the mask, the scales) is done by each of its lanes, and with int8's half-size pieces
+// that work, not the bytes, sets the pace. Measured (H200, Mistral-7B shape, fp16 weights, 32k keys, decode
+// tok/s): 16-bit cache 192.7, KV8 184.8 (0.96x; twice KV8's loads in flight, or widening without I2F: the
+// same), KV8x16 193.0 (1.00x). What is left is arithmetic: every cached value costs GM fp32 FMAs whatever
+// its bytes, so at half the bytes a key the instructions, not the memory, set int8's time (at 32k keys it
+// streams its cache at ~2.1 TB/s where the 16-bit cache reaches ~3.7). Next: the products in f16x2 or on the
+// tensor cores.
 template <class W>
 struct KV16 {
     using Elem = u16;
     using Piece = uint4;
     static constexpr bool SCALED = false;
+    static constexpr int VALS = 8, LOADS = GQA_LOADS;
     static __device__ __forceinline__ Piece load(const Elem* p) { return ld_nc_v4(p); }
     static __device__ __forceinline__ Piece zero() { return make_uint4(0u, 0u, 0u, 0u); }
     static __device__ __forceinline__ void widen(Piece w, float* f) { widen8<W>(w, f); }
@@ -289,18 +306,25 @@ struct KV8 {
     using Elem = signed char;
     using Piece = uint2;
     static constexpr bool SCALED = true;
+    static constexpr int VALS = 8, LOADS = GQA_LOADS;
     static __device__ __forceinline__ Piece load(const Elem* p) {
         uint2 v;
         asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
         return v;
     }
     static __device__ __forceinline__ Piece zero() { return make_uint2(0u, 0u); }
-    static __device__ __forceinline__ void widen(Piece w, float* f) {   // byte k of a word, sign-extended
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            f[k] = (float)((int)(w.x << (24 - 8 * k)) >> 24);
-            f[4 + k] = (float)((int)(w.y << (24 - 8 * k)) >> 24);
-        }
+    static __device__ __forceinline__ void widen(Piece w, float* f) { widen_codes(w.x, f); widen_codes(w.y, f + 4); }
+};
+
+struct KV8x16 {
+    using Elem = signed char;
+    using Piece = uint4;
+    static constexpr bool SCALED = true;
+    static constexpr int VALS = 16, LOADS = GQA_LOADS / 2;   // KV8's bytes in flight (4 loads: the same speed)
+    static __device__ __forceinline__ Piece load(const Elem* p) { return ld_nc_v4(p); }
+    static __device__ __forceinline__ Piece zero() { return make_uint4(0u, 0u, 0u, 0u); }
+    static __device__ __forceinline__ void widen(Piece w, float* f) {
+        widen_codes(w.x, f); widen_codes(w.y, f + 4); widen_codes(w.z, f + 8); widen_codes(w.w, f + 12);
     }
 };
 
@@ -311,7 +335,7 @@ __device__ __forceinline__ void load_tile(const typename KV::Elem* K, const type
                                           const float* VS, int hd, int t0, int end, int slots, int slot, bool active,
                                           typename KV::Piece* kw, typename KV::Piece* vw, float* ks, float* vs) {
 #pragma unroll
-    for (int i = 0; i < GQA_LOADS; i++) {
+    for (int i = 0; i < KV::LOADS; i++) {
         int j = t0 + i * slots + slot;
         kw[i] = vw[i] = KV::zero();
         ks[i] = vs[i] = 0.0f;
@@ -349,13 +373,14 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
     int lo = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
     int n_keys = p + 1 - lo;
 
-    int pieces = hd >> 3;                               // 16-byte pieces per K/V row
+    constexpr int VALS = KV::VALS;
+    int pieces = hd / VALS;                             // pieces per K/V row
     int lpk = 1;                                        // lanes per key: pieces rounded up to a power of 2
     while (lpk < pieces) lpk <<= 1;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int piece = tid & (lpk - 1), slot = tid / lpk, slots = GQA_THREADS / lpk;
     bool active = piece < pieces;
-    int tile = GQA_LOADS * slots;                       // keys per tile (64 at hd 128)
+    int tile = KV::LOADS * slots;                       // keys per tile (64 at hd 128)
 
     int want = split_keys > 0 ? split_keys : tile;
     int n_splits = min(min(max_splits, part_splits), (n_keys + want - 1) / want);
@@ -367,61 +392,59 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
     // Scores in log2 units: q times 1/√hd times log2(e), so that every e^x below is a plain 2^x (exp2f, one
     // MUFU.EX2; expf's accurate path adds range checks and branches). m and the partials are in log2 units too.
     float qs = scale * 1.4426950408889634f;
-    float qr[GM][8], m[GM], l[GM], acc[GM][8];
+    float qr[GM][VALS], m[GM], l[GM], acc[GM][VALS];
 #pragma unroll
     for (int g = 0; g < GM; g++) {
-        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
-        if (g < gn && active) {
-            const float* qh = q + (size_t)t * q_stride + (size_t)(h0 + g) * hd + piece * 8;
-            const float4* qp = reinterpret_cast<const float4*>(qh);
-            a = qp[0];
-            b = qp[1];
+        const float4* qp = reinterpret_cast<const float4*>(q + (size_t)t * q_stride + (size_t)(h0 + g) * hd + piece * VALS);
+#pragma unroll
+        for (int e = 0; e < VALS; e += 4) {
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (g < gn && active) a = qp[e / 4];
+            qr[g][e] = a.x * qs; qr[g][e + 1] = a.y * qs; qr[g][e + 2] = a.z * qs; qr[g][e + 3] = a.w * qs;
         }
-        qr[g][0] = a.x * qs; qr[g][1] = a.y * qs; qr[g][2] = a.z * qs; qr[g][3] = a.w * qs;
-        qr[g][4] = b.x * qs; qr[g][5] = b.y * qs; qr[g][6] = b.z * qs; qr[g][7] = b.w * qs;
         m[g] = NEG_INF;
         l[g] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
+        for (int e = 0; e < VALS; e++) acc[g][e] = 0.0f;
     }
 
-    const typename KV::Elem* K = k_cache + (size_t)kvh * capacity * hd + piece * 8;
-    const typename KV::Elem* V = v_cache + (size_t)kvh * capacity * hd + piece * 8;
+    const typename KV::Elem* K = k_cache + (size_t)kvh * capacity * hd + piece * VALS;
+    const typename KV::Elem* V = v_cache + (size_t)kvh * capacity * hd + piece * VALS;
     const float* KS = KV::SCALED ? k_scale + (size_t)kvh * capacity : nullptr;    // [capacity] of this KV head
     const float* VS = KV::SCALED ? v_scale + (size_t)kvh * capacity : nullptr;
-    typename KV::Piece kw[GQA_LOADS], vw[GQA_LOADS];
-    float ks[GQA_LOADS], vs[GQA_LOADS];
+    typename KV::Piece kw[KV::LOADS], vw[KV::LOADS];
+    float ks[KV::LOADS], vs[KV::LOADS];
     load_tile<KV>(K, V, KS, VS, hd, start, end, slots, slot, active, kw, vw, ks, vs);
     for (int t0 = start; t0 < end; t0 += tile) {        // block-uniform
-        typename KV::Piece kn[GQA_LOADS], vn[GQA_LOADS];   // the next tile's rows, in flight during this one's math
-        float ksn[GQA_LOADS], vsn[GQA_LOADS];
+        typename KV::Piece kn[KV::LOADS], vn[KV::LOADS];   // the next tile's rows, in flight during this one's math
+        float ksn[KV::LOADS], vsn[KV::LOADS];
         load_tile<KV>(K, V, KS, VS, hd, t0 + tile, end, slots, slot, active, kn, vn, ksn, vsn);
-        float sc[GQA_LOADS][GM];                        // scores, then probabilities
+        float sc[KV::LOADS][GM];                        // scores, then probabilities
 #pragma unroll
-        for (int i = 0; i < GQA_LOADS; i++) {
-            float kf[8];
+        for (int i = 0; i < KV::LOADS; i++) {
+            float kf[VALS];
             KV::widen(kw[i], kf);
 #pragma unroll
             for (int g = 0; g < GM; g++) {
                 float d = 0.0f;
 #pragma unroll
-                for (int e = 0; e < 8; e++) d = fmaf(qr[g][e], kf[e], d);
+                for (int e = 0; e < VALS; e++) d = fmaf(qr[g][e], kf[e], d);
                 sc[i][g] = KV::SCALED ? d * ks[i] : d;  // q·(k8·s) = (q·k8)·s: each lane's part, summed below
             }
         }
-        // sum the slot's lpk partial dot products: one xor stage at a time over all GQA_LOADS x GM scores, so
+        // sum the slot's lpk partial dot products: one xor stage at a time over all KV::LOADS x GM scores, so
         // their shuffles are in flight together (a loop per score would wait on each shuffle in turn)
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             if (o < lpk) {                              // block-uniform
 #pragma unroll
-                for (int i = 0; i < GQA_LOADS; i++)
+                for (int i = 0; i < KV::LOADS; i++)
 #pragma unroll
                     for (int g = 0; g < GM; g++) sc[i][g] += __shfl_xor_sync(0xffffffffu, sc[i][g], o);
             }
         }
 #pragma unroll
-        for (int i = 0; i < GQA_LOADS; i++)
+        for (int i = 0; i < KV::LOADS; i++)
 #pragma unroll
             for (int g = 0; g < GM; g++)
                 if (t0 + i * slots + slot >= end) sc[i][g] = NEG_INF;   // past the split's keys
@@ -430,30 +453,30 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
         for (int g = 0; g < GM; g++) {                  // online softmax over this tile's keys of the slot
             float mt = sc[0][g];
 #pragma unroll
-            for (int i = 1; i < GQA_LOADS; i++) mt = fmaxf(mt, sc[i][g]);
+            for (int i = 1; i < KV::LOADS; i++) mt = fmaxf(mt, sc[i][g]);
             float mn = fmaxf(m[g], mt);
             bool none = mn == NEG_INF;                  // no key seen yet by this slot
             corr[g] = none ? 1.0f : exp2f(m[g] - mn);   // m = -inf before the first key: 2^-inf = 0
             float sum = 0.0f;
 #pragma unroll
-            for (int i = 0; i < GQA_LOADS; i++) {
+            for (int i = 0; i < KV::LOADS; i++) {
                 sc[i][g] = none ? 0.0f : exp2f(sc[i][g] - mn);  // a masked key: 2^-inf = 0
                 sum += sc[i][g];
             }
             m[g] = mn;
             l[g] = l[g] * corr[g] + sum;
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc[g][e] *= corr[g];
+            for (int e = 0; e < VALS; e++) acc[g][e] *= corr[g];
         }
 #pragma unroll
-        for (int i = 0; i < GQA_LOADS; i++) {
-            float vf[8];
+        for (int i = 0; i < KV::LOADS; i++) {
+            float vf[VALS];
             KV::widen(vw[i], vf);
 #pragma unroll
             for (int g = 0; g < GM; g++) {
                 float p = KV::SCALED ? sc[i][g] * vs[i] : sc[i][g];    // p·(v8·s): the scale once per key
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
+                for (int e = 0; e < VALS; e++) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
             }
             kw[i] = kn[i];
             vw[i] = vn[i];
@@ -473,7 +496,7 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
             float wb = mo == NEG_INF ? 0.0f : exp2f(mo - M);
             l[g] = l[g] * wa + lo_ * wb;
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc[g][e] = acc[g][e] * wa + __shfl_xor_sync(0xffffffffu, acc[g][e], o) * wb;
+            for (int e = 0; e < VALS; e++) acc[g][e] = acc[g][e] * wa + __shfl_xor_sync(0xffffffffu, acc[g][e], o) * wb;
             m[g] = M;
         }
     }
@@ -482,7 +505,7 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
 #pragma unroll
         for (int g = 0; g < GM; g++) {
 #pragma unroll
-            for (int e = 0; e < 8; e++) sm_acc[warp][g][piece * 8 + e] = acc[g][e];
+            for (int e = 0; e < VALS; e++) sm_acc[warp][g][piece * VALS + e] = acc[g][e];
             if (lane == 0) { sm_m[warp][g] = m[g]; sm_l[warp][g] = l[g]; }
         }
     }
@@ -581,16 +604,19 @@ ATTENTION_GQA_KERNEL(attention_gqa4_bf16, BF16, 4)
 
 // The same over an int8 KV cache: k_cache, v_cache int8 [n_kv_heads, capacity, hd] (one layer), k_scale,
 // v_scale fp32 [n_kv_heads, capacity]. Half the bytes a key of the 16-bit kernels, whatever the weights.
-#define ATTENTION_GQA_INT8_KERNEL(NAME, GM)                                                                      \
+#define ATTENTION_GQA_INT8_KERNEL(NAME, KV, GM)                                                                      \
     extern "C" __global__ void __launch_bounds__(GQA_THREADS, 1) NAME(                                           \
         const float* q, int q_stride, const signed char* k_cache, const signed char* v_cache,                    \
         const float* k_scale, const float* v_scale, int capacity, int n_heads, int n_kv_heads, int hd,           \
         const int* pos, int window, float scale, int split_keys, int max_splits, int flags, float* part_m,       \
         float* part_l, float* part_acc, unsigned int* counters, float* out) {                                   \
-        attention_gqa<KV8, GM>(q, q_stride, k_cache, v_cache, k_scale, v_scale, capacity, n_heads, n_kv_heads,  \
+        attention_gqa<KV, GM>(q, q_stride, k_cache, v_cache, k_scale, v_scale, capacity, n_heads, n_kv_heads,  \
                                hd, pos, window, scale, split_keys, max_splits, flags, part_m, part_l, part_acc,  \
                                counters, out);                                                                   \
     }
-ATTENTION_GQA_INT8_KERNEL(attention_gqa1_int8, 1)
-ATTENTION_GQA_INT8_KERNEL(attention_gqa2_int8, 2)
-ATTENTION_GQA_INT8_KERNEL(attention_gqa4_int8, 4)
+ATTENTION_GQA_INT8_KERNEL(attention_gqa1_int8, KV8, 1)
+ATTENTION_GQA_INT8_KERNEL(attention_gqa2_int8, KV8, 2)
+ATTENTION_GQA_INT8_KERNEL(attention_gqa4_int8, KV8, 4)
+ATTENTION_GQA_INT8_KERNEL(attention_gqa1_int8x16, KV8x16, 1)     // hd % 16 == 0: 16 codes a lane
+ATTENTION_GQA_INT8_KERNEL(attention_gqa2_int8x16, KV8x16, 2)
+ATTENTION_GQA_INT8_KERNEL(attention_gqa4_int8x16, KV8x16, 4)

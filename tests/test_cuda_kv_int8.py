@@ -36,9 +36,15 @@ def test_kv_append_int8_quantizes_like_the_cpu_cache(k, T, n_heads, n_kv, hd, ca
     (1, 6, 2, 40, 150, 8, None),      # hd 40: 5 pieces on 8 lanes
     (1, 8, 8, 256, 90, 4, None),      # MHA hd 256
     (5, 8, 2, 64, 300, 3, 100),       # several queries (prefill through the decode kernel), window
+    (1, 6, 2, 48, 150, 8, None),      # hd 48: 3 pieces of 16 codes on 4 lanes
 ])
-def test_attention_over_int8_cache_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window):
-    ok(checks.check_attention_int8(k, T, n_heads, n_kv, hd, length, n_splits, window))
+@pytest.mark.parametrize("codes_per_lane", [16, 8])   # 16: attention_gqa*_int8x16 where hd % 16 == 0
+def test_attention_over_int8_cache_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, codes_per_lane):
+    k.attention_int8_codes_per_lane = codes_per_lane
+    try:
+        ok(checks.check_attention_int8(k, T, n_heads, n_kv, hd, length, n_splits, window))
+    finally:
+        k.attention_int8_codes_per_lane = type(k).attention_int8_codes_per_lane
 
 
 @pytest.mark.parametrize("n", [1, 37, 50])

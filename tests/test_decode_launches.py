@@ -27,7 +27,7 @@ def test_the_16_bit_cache_step_is_five_launches_a_layer():
                          "gemv_rmsnorm_swiglu_v4 gate_up", "gemv_v4 down"]
 
 
-@pytest.mark.parametrize("config,group_kernel", [(MISTRAL, "attention_gqa4_int8"), (SMOLLM2, "attention_gqa4_int8")])
+@pytest.mark.parametrize("config,group_kernel", [(MISTRAL, "attention_gqa4_int8x16"), (SMOLLM2, "attention_gqa4_int8x16")])
 def test_the_int8_cache_quantizes_after_the_qkv_gemv_and_attends_over_codes(config, group_kernel):
     layers = per_layer(record_decode_launches(config, kv_cache="int8"), config.n_layers)
     assert all(layer == layers[0] for layer in layers)
@@ -39,4 +39,4 @@ def test_the_int8_cache_with_the_first_gemv_version():
     layers = per_layer(record_decode_launches(SMOLLM2, gemv_version=2, fuse_norm=False, kv_cache="int8"),
                        SMOLLM2.n_layers)
     assert "kv_append" not in layers[0] and layers[0].count("kv_append_int8") == 1
-    assert layers[0].index("rope") < layers[0].index("kv_append_int8") < layers[0].index("attention_gqa4_int8")
+    assert layers[0].index("rope") < layers[0].index("kv_append_int8") < layers[0].index("attention_gqa4_int8x16")

@@ -334,7 +334,8 @@ class GPUTransformer:
         """The decode step captured as a CUDA graph for this cache (captured on first use)."""
         k = self.k
         key = (self, self._fused(), self.gemv_version, self.prefetch_next, k.quant_flags, k.quant_blocks_per_sm,
-               k.prefetch_next_bytes)
+               k.prefetch_next_bytes, k.attention_version, k.attention_split_keys, k.attention_one_wave,
+               k.attention_flags, k.attention_int8_codes_per_lane)
         if cache.graph is None or cache.graph_key != key:
             self._decode_parts(cache)                    # allocate scratch before capturing
             self.stream.begin_capture()

@@ -97,6 +97,7 @@ class Kernels:
     attention_split_keys = 0                      # v3: fewest keys per split (0: one tile, 64 keys at hd 128)
     attention_one_wave = True                     # v3: at most as many blocks as SMs (a block per SM fits)
     attention_flags = 0                           # v3: GQA_HEAVY_FENCE (1): v2's fences around the ticket
+    attention_int8_codes_per_lane = 16            # int8 KV: 16 (head_dim % 16 == 0) or 8 codes a lane per key
 
     def __init__(self, dtype: str = "float16"):
         self.dtype = dtype
@@ -127,6 +128,9 @@ class Kernels:
             "attention_gqa1_int8": get("decode_attention", "attention_gqa1_int8"),   # over an int8 KV cache
             "attention_gqa2_int8": get("decode_attention", "attention_gqa2_int8"),
             "attention_gqa4_int8": get("decode_attention", "attention_gqa4_int8"),
+            "attention_gqa1_int8x16": get("decode_attention", "attention_gqa1_int8x16"),   # 16 codes a lane
+            "attention_gqa2_int8x16": get("decode_attention", "attention_gqa2_int8x16"),
+            "attention_gqa4_int8x16": get("decode_attention", "attention_gqa4_int8x16"),
             "kv_append_int8": get("kv_int8", "kv_append_int8"),
             "kv_dequant": get("kv_int8", f"kv_dequant_{sfx}"),
             "prefill_attention_hd32": get("prefill_attention", f"prefill_attention_hd32_{sfx}"),
@@ -372,7 +376,8 @@ class Kernels:
         v3 (attention_version 3, head_dim % 8 == 0): a block per KV head and split for the whole GQA
         group, S the most splits (<= 64), fewer at run time when the context is short; else v2.
         scales = (k_scale, v_scale) [n_kv_heads, capacity] fp32: k_cache, v_cache are an int8 cache
-        (kv_int8.cu), read by v3's int8 variant (it needs the counters and head_dim % 8 == 0)."""
+        (kv_int8.cu), read by v3's int8 variants (they need the counters and head_dim % 8 == 0): 16 codes a
+        lane where head_dim % 16 == 0 (attention_gqa*_int8x16, faster), else 8."""
         if head_dim > MAX_HD:
             raise ValueError(f"head_dim {head_dim} > {MAX_HD}")
         part_m, part_l, part_acc = parts[:3]
@@ -400,7 +405,8 @@ class Kernels:
                 most = n_splits                                     # a second wave of blocks would double the time
                 if self.attention_one_wave:
                     most = max(1, min(n_splits, getattr(self, "n_sms", 132) // blocks))
-                name = f"attention_gqa{gm}" + ("_int8" if scales is not None else "")
+                name = f"attention_gqa{gm}" + ("" if scales is None else "_int8" if head_dim % 16
+                                               or self.attention_int8_codes_per_lane == 8 else "_int8x16")
                 self._launch(name, (blocks, n_splits, n_tokens), (GQA_THREADS,),
                              args + (np.int32(self.attention_split_keys), np.int32(most), np.int32(self.attention_flags))
                              + scratch + (counters, out))

@@ -326,9 +326,11 @@ def kv_cache_report(cfg: ModelConfig, label: str, contexts=(4096, 32000), n_new:
     say(f"\n== KV cache, {label} without a sliding window, fp16 weights ({gpu.weight_bytes / 1e9:.2f} GB), "
         f"copy {bw / 1e12:.2f} TB/s")
     out = {}
+    variants = [("16-bit", 16), ("int8", 16), ("int8/8", 8)]    # int8/8: the first int8 kernel, 8 codes a lane
     for context in contexts:
-        for kind in ("16-bit", "int8"):
-            gpu.kv_cache = kind                          # new_cache follows it; the graph is the cache's own
+        for kind, codes_per_lane in variants:
+            gpu.kv_cache = kind.split("/")[0]            # new_cache follows it; the graph is the cache's own
+            gpu.k.attention_int8_codes_per_lane = codes_per_lane
             cache = gpu.new_cache(context + n_new + 8)
             _fill_random(cache)
             kv_bytes = cache.nbytes * (context + n_new / 2) / cache.max_seq_len
@@ -340,8 +342,10 @@ def kv_cache_report(cfg: ModelConfig, label: str, contexts=(4096, 32000), n_new:
                 f"{100 * per_token * tps / bw:3.0f}% of copy")
             del cache
             cp.get_default_memory_pool().free_all_blocks()
-        say(f"  int8 / 16-bit at {context} keys: {out['int8', context] / out['16-bit', context]:.2f}x")
+        say(f"  int8 / 16-bit at {context} keys: {out['int8', context] / out['16-bit', context]:.2f}x "
+            f"(8 codes a lane: {out['int8/8', context] / out['16-bit', context]:.2f}x)")
     gpu.kv_cache = "16-bit"
+    gpu.k.attention_int8_codes_per_lane = type(gpu.k).attention_int8_codes_per_lane
     return out
 
 
