@@ -56,6 +56,21 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// One vector of hd values -> int8 codes and its scale, by one warp (the int8 KV cache: kv_int8.cu and the
+// paged pool, paged_attention.cu). CPU reference: minillm.quant.quantize_int8 on each vector:
+//     scale = max_i |x_i| / 127,   code_i = rint(x_i / scale) in [-127, 127]   (an all-zero vector: 0, 0)
+__device__ __forceinline__ void quantize_vector_int8(const float* src, int hd, int lane, signed char* codes,
+                                                     float* scale_out) {
+    float largest = 0.0f;
+    for (int d = lane; d < hd; d += 32) largest = fmaxf(largest, fabsf(src[d]));
+    largest = warp_max(largest);
+    float scale = largest / 127.0f;
+    float divisor = scale > 0.0f ? scale : 1.0f;    // an all-zero vector stays zero
+    for (int d = lane; d < hd; d += 32)             // rint: ties to even, as np.rint
+        codes[d] = (signed char)fminf(fmaxf(rintf(src[d] / divisor), -127.0f), 127.0f);
+    if (lane == 0) *scale_out = scale;
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 __device__ __forceinline__ float block_sum(float v) {
     __shared__ float partial[32];

@@ -1,8 +1,8 @@
 // kv_int8.cu: the int8 KV cache: quantize new keys and values into it, and widen a layer of it for prefill.
 //
 // CPU reference: minillm.kv_cache.Int8KVCache (and minillm.quant.quantize_int8, its rounding). Each vector
-// of head_dim values (one token, one KV head; keys and values apart) gets its own symmetric scale:
-//     scale = max_i |x_i| / 127,   code_i = rint(x_i / scale) in [-127, 127]   (an all-zero vector: 0, 0)
+// of head_dim values (one token, one KV head; keys and values apart) gets its own symmetric scale
+// (common.cuh, quantize_vector_int8: scale = max |x| / 127, code = rint(x / scale)).
 // Layout per layer: codes int8 [n_kv_heads, capacity, hd], scales fp32 [n_kv_heads, capacity], so that a
 // decode attention block streams one KV head's codes and scales as two contiguous ranges. head_dim + 4 bytes
 // a vector instead of 2·head_dim: 0.52 of the 16-bit cache at hd 128.
@@ -23,18 +23,8 @@ extern "C" __global__ void kv_append_int8(const float* __restrict__ qkv, int row
     int p = pos[0] + t;
     if (p >= capacity) return;                      // the host refuses this first; a bad replay must not scribble
     const float* src = qkv + (size_t)t * row_stride + (size_t)(n_heads + is_v * n_kv_heads + kvh) * hd;
-    float largest = 0.0f;
-    for (int d = lane; d < hd; d += 32) largest = fmaxf(largest, fabsf(src[d]));
-    largest = warp_max(largest);
-    float scale = largest / 127.0f;
-    float divisor = scale > 0.0f ? scale : 1.0f;    // an all-zero vector stays zero
     size_t vec = (size_t)kvh * capacity + p;
-    signed char* dst = (is_v ? v_cache : k_cache) + vec * hd;
-    for (int d = lane; d < hd; d += 32) {
-        float code = fminf(fmaxf(rintf(src[d] / divisor), -127.0f), 127.0f);   // rint: ties to even, as np.rint
-        dst[d] = (signed char)code;
-    }
-    if (lane == 0) (is_v ? v_scale : k_scale)[vec] = scale;
+    quantize_vector_int8(src, hd, lane, (is_v ? v_cache : k_cache) + vec * hd, (is_v ? v_scale : k_scale) + vec);
 }
 
 // out = code · scale, narrowed to the weight dtype W, for positions [0, n) of every KV head, keys and values.

@@ -5,7 +5,9 @@
 // CPU reference: minillm.cuda.gpu_batched.paged_attention_reference (a NumPy gather through the block
 // table, then the plain softmax), and minillm.batched / minillm.paged_kv for the layout:
 //
-//     k_pool, v_pool (one layer)  [num_blocks, block_size, n_kv_heads, hd]   16-bit
+//     k_pool, v_pool (one layer)  [num_blocks, block_size, n_kv_heads, hd]   16-bit, or int8 codes with
+//     k_scale, v_scale            [num_blocks, block_size, n_kv_heads]       fp32 (the int8 pool: a scale per
+//                                                                            position and KV head, Int8KVCache's)
 //     block_tables                [B, max_blocks] int32   row b = sequence b's blocks (padded past its end)
 //     position p of sequence b    block block_tables[b][p / block_size], slot p % block_size
 //
@@ -29,9 +31,24 @@
 #define PA_MAX_HD 256
 #define PA_PER_LANE (PA_MAX_HD / 32)
 
+// The pool's formats: Pool16<W>, the weights' 16 bits; Pool8, int8 codes whose vector scale is applied once
+// per key (to its score, and to its probability before it weighs v), as decode_attention.cu's KV8.
 template <class W>
-__device__ void paged_attention(const float* __restrict__ q, int q_stride, const u16* __restrict__ k_pool,
-                                const u16* __restrict__ v_pool, int block_size, int n_heads, int n_kv_heads,
+struct Pool16 {
+    using Elem = u16;
+    static constexpr bool SCALED = false;
+    static __device__ __forceinline__ float at(const Elem* p, int d) { return W::to_float(p[d]); }
+};
+struct Pool8 {
+    using Elem = signed char;
+    static constexpr bool SCALED = true;
+    static __device__ __forceinline__ float at(const Elem* p, int d) { return (float)p[d]; }
+};
+
+template <class P>
+__device__ void paged_attention(const float* __restrict__ q, int q_stride, const typename P::Elem* __restrict__ k_pool,
+                                const typename P::Elem* __restrict__ v_pool, const float* __restrict__ k_scale,
+                                const float* __restrict__ v_scale, int block_size, int n_heads, int n_kv_heads,
                                 int hd, const int* __restrict__ block_tables, int max_blocks,
                                 const int* __restrict__ token_seq, const int* __restrict__ token_pos,
                                 int window, float scale, float* __restrict__ out) {
@@ -55,23 +72,25 @@ __device__ void paged_attention(const float* __restrict__ q, int q_stride, const
     float m = NEG_INF, l = 0.0f;
     for (int j = lo + warp; j <= p; j += PA_WARPS) {
         size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
-        const u16* kj = k_pool + slot * slot_stride + (size_t)kvh * hd;
-        const u16* vj = v_pool + slot * slot_stride + (size_t)kvh * hd;
+        const typename P::Elem* kj = k_pool + slot * slot_stride + (size_t)kvh * hd;
+        const typename P::Elem* vj = v_pool + slot * slot_stride + (size_t)kvh * hd;
         float sc = 0.0f;
 #pragma unroll
         for (int i = 0; i < PA_PER_LANE; i++) {
             int d = lane + 32 * i;
-            if (d < hd) sc += qr[i] * W::to_float(kj[d]);
+            if (d < hd) sc += qr[i] * P::at(kj, d);
         }
         sc = warp_sum(sc);
+        if (P::SCALED) sc *= k_scale[slot * n_kv_heads + kvh];    // q·(k8·s) = (q·k8)·s
         float m_new = fmaxf(m, sc);
         float correction = expf(m - m_new);                // m = -inf on a warp's first key: e^-inf = 0
         float pj = expf(sc - m_new);
         l = l * correction + pj;
+        float pv = P::SCALED ? pj * v_scale[slot * n_kv_heads + kvh] : pj;   // p·(v8·s)
 #pragma unroll
         for (int i = 0; i < PA_PER_LANE; i++) {
             int d = lane + 32 * i;
-            if (d < hd) acc[i] = acc[i] * correction + pj * W::to_float(vj[d]);
+            if (d < hd) acc[i] = acc[i] * correction + pv * P::at(vj, d);
         }
         m = m_new;
     }
@@ -105,11 +124,23 @@ __device__ void paged_attention(const float* __restrict__ q, int q_stride, const
                                     int block_size, int n_heads, int n_kv_heads, int hd,                       \
                                     const int* block_tables, int max_blocks, const int* token_seq,             \
                                     const int* token_pos, int window, float scale, float* out) {               \
-        paged_attention<W>(q, q_stride, k_pool, v_pool, block_size, n_heads, n_kv_heads, hd, block_tables,     \
-                           max_blocks, token_seq, token_pos, window, scale, out);                              \
+        paged_attention<Pool16<W>>(q, q_stride, k_pool, v_pool, nullptr, nullptr, block_size, n_heads,          \
+                                   n_kv_heads, hd, block_tables, max_blocks, token_seq, token_pos, window,     \
+                                   scale, out);                                                                \
     }
 PAGED_ATTENTION_KERNEL(paged_attention_f16, F16)
 PAGED_ATTENTION_KERNEL(paged_attention_bf16, BF16)
+
+// The same over the int8 pool: k_pool, v_pool int8 codes, k_scale, v_scale fp32 [num_blocks, block_size,
+// n_kv_heads] (one layer), following the codes in the argument list.
+extern "C" __global__ void paged_attention_int8(const float* q, int q_stride, const signed char* k_pool,
+                                                const signed char* v_pool, const float* k_scale, const float* v_scale,
+                                                int block_size, int n_heads, int n_kv_heads, int hd,
+                                                const int* block_tables, int max_blocks, const int* token_seq,
+                                                const int* token_pos, int window, float scale, float* out) {
+    paged_attention<Pool8>(q, q_stride, k_pool, v_pool, k_scale, v_scale, block_size, n_heads, n_kv_heads, hd,
+                           block_tables, max_blocks, token_seq, token_pos, window, scale, out);
+}
 
 
 // The new keys and values of each qkv row into the pool: row t -> flat slot slots[t] (= block ·
@@ -138,6 +169,20 @@ __device__ void paged_kv_write(const float* __restrict__ qkv, int row_stride, in
     }
 PAGED_KV_WRITE_KERNEL(paged_kv_write_f16, F16)
 PAGED_KV_WRITE_KERNEL(paged_kv_write_bf16, BF16)
+
+// The int8 pool's write: row t's key and value of KV head kvh quantized (common.cuh, as kv_append_int8) into
+// slot slots[t]: codes [num_blocks * block_size, n_kv_heads, hd] int8, scales [.., n_kv_heads] fp32.
+// grid (N, n_kv_heads), block 64: warp 0 the key, warp 1 the value.
+extern "C" __global__ void paged_kv_write_int8(const float* __restrict__ qkv, int row_stride, int n_heads,
+                                               int n_kv_heads, int hd, const int* __restrict__ slots,
+                                               signed char* __restrict__ k_pool, signed char* __restrict__ v_pool,
+                                               float* __restrict__ k_scale, float* __restrict__ v_scale) {
+    int t = blockIdx.x, kvh = blockIdx.y;
+    int is_v = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float* src = qkv + (size_t)t * row_stride + (size_t)(n_heads + is_v * n_kv_heads + kvh) * hd;
+    size_t vec = (size_t)slots[t] * n_kv_heads + kvh;
+    quantize_vector_int8(src, hd, lane, (is_v ? v_pool : k_pool) + vec * hd, (is_v ? v_scale : k_scale) + vec);
+}
 
 
 // RoPE (HF's half-split layout, as rope.cu) with each row's own position: rope.cu reads one start

@@ -82,8 +82,8 @@ class Engine:
     def __init__(self, llm, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
                  max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int = 512,
                  prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True):
-        """kv_cache: "float32" or "int8" (default: as the model was loaded; on the GPU the pool is the
-        model's 16-bit dtype). The pool holds `num_blocks` blocks of `block_size` tokens, or as many as
+        """kv_cache: "float32" or "int8" (default: as the model was loaded; on the GPU "float32" means the
+        model's 16-bit dtype, and "int8" codes with a scale per position and head). The pool holds `num_blocks` blocks of `block_size` tokens, or as many as
         fit in `max_kv_bytes`. A GPUTransformer (llm loaded with device="cuda") runs on the device."""
         check_supported(llm.model)
         if block_size < 1 or max_batch < 1 or max_batch_tokens < 1:
@@ -91,16 +91,18 @@ class Engine:
         self.llm, self.config = llm, llm.config
         on_gpu = type(llm.model).__name__ == "GPUTransformer"
         if on_gpu:
-            # The device pool is 16-bit, the model's dtype; "float32" (the CLI's default) means "not int8"
+            # The device pool is int8 or the model's 16 bits: "float32" (the CLI's default) means "not int8"
             # here, as it does for llm.load on cuda.
-            if kv_cache == "int8":
-                raise MiniLLMError("on --device cuda, the engine's KV cache is 16-bit: int8 KV is not available yet")
-            kv_cache = llm.model.dtype
+            if kv_cache is None:
+                kv_cache = "int8" if llm.model.kv_cache == "int8" else "float32"
+            if kv_cache not in ("float32", "int8"):
+                raise MiniLLMError(f"unknown kv_cache {kv_cache!r}; choose float32 or int8")
+            kv_cache = "int8" if kv_cache == "int8" else llm.model.dtype
         kv_cache = kv_cache or llm.model.kv_cache_dtype
         if not on_gpu and kv_cache not in ("float32", "int8"):
             raise MiniLLMError(f"unknown kv_cache {kv_cache!r}; choose float32 or int8")
         if num_blocks is None:
-            per_block = (_gpu().DevicePagedKV.bytes_per_block_for(self.config, block_size) if on_gpu
+            per_block = (_gpu().DevicePagedKV.bytes_per_block_for(self.config, block_size, kv_cache) if on_gpu
                          else PagedKVCache(self.config, 1, block_size, kv_cache).nbytes)
             default = DEFAULT_GPU_KV_BYTES if on_gpu else DEFAULT_MAX_KV_BYTES
             num_blocks = (max_kv_bytes or default) // per_block

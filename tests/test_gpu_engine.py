@@ -37,6 +37,10 @@ needs_gpu = pytest.mark.skipif(_N_DEVICES == 0, reason="no CuPy or no CUDA devic
 
 GREEDY_TOL = 0.05          # logits are O(1) here (max ≈ 3); fp16 noise in them is ~1e-2
 LOGITS_TOL = checks.MODEL_TOL["float16"]      # relative to the largest |logit|
+# int8 pools: both sides quantize K/V, but from slightly different values (the device path narrows GEMM inputs
+# to fp16, the CPU does not), so a value near a rounding boundary takes the next code. Measured with the
+# NumPy twin: 1.6-2.8e-3 (16-bit pools: 4-5e-4); the bound is about 3.5x that.
+INT8_LOGITS_TOL = 1e-2
 LENGTHS = [3, 40, 17, 9, 26, 1]
 
 
@@ -101,7 +105,7 @@ def test_the_kernels_gpu_batched_launches_are_defined():
     defined |= set(re.findall(r'^PAGED_\w+_KERNEL\((\w+),', (KERNEL_DIR / "paged_attention.cu").read_text(), re.M))
     source = (Path(__file__).parents[1] / "minillm" / "cuda" / "gpu_batched.py").read_text()
     wanted = re.findall(r'get_function\(f?"([\w{}]+)"\)', source)
-    assert len(wanted) == 3
+    assert len(wanted) == 5
     for sfx in ("f16", "bf16"):
         assert {w.replace("{sfx}", sfx) for w in wanted} <= defined
 
@@ -135,36 +139,64 @@ def test_paged_attention_reference_equals_the_cpu_gather(window):
         np.testing.assert_allclose(got[rows], grouped_attention(q[rows], k, v, window), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv", ["16-bit", "int8"])
 @pytest.mark.parametrize("kind", ["gqa", "mistral", "hd64"])
-def test_numpy_twin_of_the_gpu_forward_matches_the_cpu_batched_path(kind):
+def test_numpy_twin_of_the_gpu_forward_matches_the_cpu_batched_path(kind, kv):
     config = small(kind)
     cpu = checks.random_cpu_model(config, "float16")
-    cpu_runner = BatchedRunner(cpu, PagedKVCache(config, 24, 4))
-    twin = GPUBatchedRunner(HostModel.from_cpu(cpu), DevicePagedKV(config, 24, 4, xp=np), HostOps(HostModel.from_cpu(cpu)))
+    cpu_runner = BatchedRunner(cpu, PagedKVCache(config, 24, 4, "int8" if kv == "int8" else "float32"))
+    pool = DevicePagedKV(config, 24, 4, "int8" if kv == "int8" else "float16", xp=np)
+    twin = GPUBatchedRunner(HostModel.from_cpu(cpu), pool, HostOps(HostModel.from_cpu(cpu)))
     for step in schedule_by_hand(4, 24):
         want = cpu_runner.forward(step)                                       # [B, vocab]
         got = twin.forward(step)
         assert got.shape == want.shape == (len(step), config.vocab_size)
-        assert rel(got, want) < LOGITS_TOL
+        assert rel(got, want) < (INT8_LOGITS_TOL if kv == "int8" else LOGITS_TOL)
 
 
-def _twin_engine(cpu, **options) -> Engine:
+def test_the_int8_pool_holds_what_the_cpu_int8_pool_holds():
+    """DevicePagedKV("int8") written by HostOps: the same codes and scales as PagedKVCache("int8").write,
+    read back (code · scale) the same, in about half the 16-bit pool's bytes."""
+    config = small("gqa")
+    cpu_pool, pool = PagedKVCache(config, 6, 4, "int8"), DevicePagedKV(config, 6, 4, "int8", xp=np)
+    rng = np.random.default_rng(2)
+    n_kv, hd = config.n_kv_heads, config.head_dim
+    qkv = rng.standard_normal((7, (config.n_heads + 2 * n_kv) * hd)).astype(np.float32)
+    table, slots = [5, 1], np.array([20, 21, 22, 23, 4, 5, 6])              # 7 positions, blocks 5 then 1
+    ops = HostOps(HostModel(config, [], None, None, None, None))
+    k_pool, v_pool, scales = pool.layer(1)
+    ops.kv_write(qkv, slots, k_pool, v_pool, scales)
+    nq = config.n_heads * hd
+    cpu_pool.write(1, slots // 4, slots % 4, qkv[:, nq:nq + n_kv * hd].reshape(7, n_kv, hd),
+                   qkv[:, nq + n_kv * hd:].reshape(7, n_kv, hd))
+    for name in ("k", "v", "k_scale", "v_scale"):
+        np.testing.assert_array_equal(getattr(pool, name), getattr(cpu_pool, name))
+    for got, want in zip(pool.read(1, table, 7), cpu_pool.read(1, table, 7)):
+        np.testing.assert_array_equal(got, want)
+    per_block = DevicePagedKV.bytes_per_block_for(config, 4, "int8")      # (hd + 4) / 2hd of the 16-bit's
+    assert pool.nbytes == 6 * per_block
+    assert per_block * 2 * hd == DevicePagedKV.bytes_per_block_for(config, 4) * (hd + 4)
+
+
+def _twin_engine(cpu, pool_dtype: str = "float16", **options) -> Engine:
     """An Engine on the CPU model whose pool and runner are swapped for gpu_batched's NumPy twin."""
     engine = Engine(LLM(cpu.config, cpu), **options)
     host = HostModel.from_cpu(cpu)
-    engine.pool = DevicePagedKV(cpu.config, engine.pool.num_blocks, engine.pool.block_size, xp=np)
+    engine.pool = DevicePagedKV(cpu.config, engine.pool.num_blocks, engine.pool.block_size, pool_dtype, xp=np)
     engine.runner = GPUBatchedRunner(host, engine.pool, HostOps(host))
     return engine
 
 
-@pytest.mark.parametrize("kind", ["gqa", "mistral"])
-def test_numpy_twin_engine_greedy_through_preemption(kind):
+@pytest.mark.parametrize("kind,kv", [("gqa", "16-bit"), ("mistral", "16-bit"), ("gqa", "int8")])
+def test_numpy_twin_engine_greedy_through_preemption(kind, kv):
     """mistral (window 6): the scheduler gives back the blocks behind the window (FREED table entries),
-    which the device block tables carry and paged attention never reads."""
+    which the device block tables carry and paged attention never reads. int8: the int8 pool, checked
+    against the CPU model with the int8 KV cache."""
     cpu = checks.random_cpu_model(small(kind), "float16")
     options = dict(num_blocks=16, block_size=4) if kind == "gqa" else dict(num_blocks=4, block_size=4,
                                                                            max_batch_tokens=4)
-    engine = _twin_engine(cpu, **options)     # gqa: 64 positions for 6 requests of up to 56; mistral: 16
+    engine = _twin_engine(cpu, "int8" if kv == "int8" else "float16", **options)
+    cpu.kv_cache_dtype = "int8" if kv == "int8" else "float32"     # the reference quantizes K/V too
     results = engine.generate(prompts(), max_tokens=16)
     assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
     assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)
@@ -231,6 +263,54 @@ def test_paged_kernels_match_numpy(dtype, shape, window):
 
 
 @needs_gpu
+@pytest.mark.parametrize("shape", [dict(), dict(dim=512, n_heads=4, n_kv_heads=1), dict(n_kv_heads=8)],
+                         ids=["gqa-hd16", "mqa-hd128", "mha-hd16"])
+@pytest.mark.parametrize("window", [0, 6])
+def test_paged_int8_kernels_match_numpy(shape, window):
+    """paged_kv_write_int8: the codes and scales HostOps (quantize_int8, as the CPU's int8 pool) makes from
+    the same rotated qkv, exactly; paged_attention_int8 against the reference over code · scale. Every
+    output poisoned first (pool codes 99, scales NaN; attention NaN)."""
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.cuda.gpu_batched import DeviceOps
+    config = small("gqa", sliding_window=window or None, **shape)
+    gpu = GPUTransformer.from_cpu(checks.random_cpu_model(config, "float16"), "float16")
+    host = HostOps(HostModel(config, [], None, None, None, cp.asnumpy(gpu.inv_freq)))
+    dev = DeviceOps(gpu)
+    chunks = schedule_by_hand(4, 24, seed=1)[2]                # decodes and a prefill chunk, together
+    rng = np.random.default_rng(5)
+    pool_d = DevicePagedKV(config, 24, 4, "int8")
+    for a in (pool_d.k, pool_d.v):                              # earlier positions: random codes and scales
+        a[0] = cp.asarray(rng.integers(-127, 128, a[0].shape).astype(np.int8))
+    for a in (pool_d.k_scale, pool_d.v_scale):
+        a[0] = cp.asarray((0.01 + rng.random(a[0].shape) / 20).astype(np.float32))
+    meta_h, meta_d = batch_meta(chunks, 4, np.asarray), batch_meta(chunks, 4, cp.asarray)
+    N = sum(len(c.token_ids) for c in chunks)
+    qkv_d = cp.asarray(rng.standard_normal((N, (config.n_heads + 2 * config.n_kv_heads) * config.head_dim)),
+                       cp.float32)
+    cp.cuda.Device().synchronize()          # the copies above ran on the default stream, the kernels won't
+    with gpu.stream:
+        dev.rope(qkv_d, meta_d.positions)
+        gpu.stream.synchronize()
+        qkv_h = cp.asnumpy(qkv_d)
+        want = {name: cp.asnumpy(getattr(pool_d, name)[0]) for name in ("k", "v", "k_scale", "v_scale")}
+        host.kv_write(qkv_h, meta_h.slots, want["k"], want["v"], (want["k_scale"], want["v_scale"]))
+        flat = lambda a: a.reshape(-1, *a.shape[2:])           # [blocks * bs, ...]: the written slots
+        for a, poison in ((pool_d.k, 99), (pool_d.v, 99), (pool_d.k_scale, cp.nan), (pool_d.v_scale, cp.nan)):
+            flat(a[0])[meta_d.slots.astype(cp.int64)] = poison
+        k_pool, v_pool, scales = pool_d.layer(0)
+        dev.kv_write(qkv_d, meta_d.slots, k_pool, v_pool, scales)
+        out = cp.full((N, config.n_heads * config.head_dim), cp.nan, cp.float32)
+        dev.attention(qkv_d, k_pool, v_pool, meta_d, out=out, scales=scales)
+        gpu.stream.synchronize()
+    for name in ("k", "v", "k_scale", "v_scale"):              # every slot, written or not
+        np.testing.assert_array_equal(cp.asnumpy(getattr(pool_d, name)[0]), want[name])
+    ref = host.attention(qkv_h, want["k"], want["v"], meta_h, scales=(want["k_scale"], want["v_scale"]))
+    got = cp.asnumpy(out)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)
+
+
+@needs_gpu
 @pytest.mark.parametrize("kind", ["gqa", "mistral", "hd64"])
 def test_gpu_forward_of_a_mixed_batch_matches_the_cpu_and_the_twin(models, kind):
     cpu, gpu = models[kind]
@@ -278,8 +358,20 @@ def test_gpu_engine_prefix_caching_skips_the_prefix_and_keeps_the_outputs(models
 
 
 @needs_gpu
-def test_gpu_engine_refuses_int8_kv(models):
-    from minillm.errors import MiniLLMError
+def test_gpu_engine_with_the_int8_pool_decodes_like_the_cpu_with_int8_kv(models):
+    """kv_cache="int8" on the device: the int8 pool (paged_kv_write_int8, paged_attention_int8), through
+    preemption; and a model loaded with the int8 KV cache gets the int8 pool by default."""
+    from minillm.cuda.gpu_model import GPUTransformer
     cpu, gpu = models["gqa"]
-    with pytest.raises(MiniLLMError, match="int8"):
-        Engine(LLM(gpu.config, gpu), kv_cache="int8")
+    engine = Engine(LLM(gpu.config, gpu), kv_cache="int8", num_blocks=16, block_size=4)
+    assert engine.pool.dtype == "int8"
+    results = engine.generate(prompts(), max_tokens=16)
+    assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
+    cpu.kv_cache_dtype = "int8"                                 # the reference quantizes K/V the same way
+    try:
+        assert_teacher_forced_greedy(cpu, prompts(), results)
+    finally:
+        cpu.kv_cache_dtype = "float32"
+    int8_model = GPUTransformer.from_cpu(cpu, "float16", kv_cache="int8")
+    assert Engine(LLM(gpu.config, int8_model)).pool.dtype == "int8"
+    assert Engine(LLM(gpu.config, gpu)).pool.dtype == "float16"

@@ -7,7 +7,9 @@ attention is per sequence. Here attention is one launch per layer for the whole 
 kernels/paged_attention.cu gives every query row its sequence's block table and its position.
 
     weights      GPUTransformer's own (fused wqkv and gate|up, 16-bit, fp32 norms): nothing re-uploaded
-    pool         DevicePagedKV: k, v [layers, blocks, block_size, n_kv_heads, hd], 16-bit, on the device
+    pool         DevicePagedKV: k, v [layers, blocks, block_size, n_kv_heads, hd], 16-bit, on the device;
+                 or int8 codes with a scale per position and KV head (k_scale, v_scale [layers, blocks,
+                 block_size, n_kv_heads] fp32), paged_kv.PagedKVCache's int8 format
     activations  the residual stream fp32; GEMM inputs narrowed to 16 bits, fp32 accumulation (as prefill)
     host         packing, block tables, the scheduler and the sampler stay on the host; one upload of
                  the batch's int32 metadata and one download of the logits [B, vocab] fp32 per step
@@ -16,7 +18,7 @@ Every device step goes through an `ops` object: `DeviceOps` launches the kernels
 NumPy reference of each one (the kernels' tests use it) and runs this very forward pass on the CPU, so
 the plumbing (shapes, slots, tables, positions) is checked without a GPU.
 
-Not here yet: an int8 pool on the device; a paged attention kernel that serves a whole GQA group from
+Not here yet: a paged attention kernel that serves a whole GQA group from
 one block (v1 re-reads each K/V row once per query head, from L2); CUDA graphs (a step's ~11 launches a
 layer run eagerly: with 64 sequences a step is bound by the GEMMs' weight reads, not by the launches).
 """
@@ -32,6 +34,7 @@ from ..backend import to_dtype
 from ..batched import SeqChunk, pack
 from ..layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
 from ..paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache
+from ..quant import quantize_int8
 from .gpu_model import GPULayer
 
 PA_WARPS, PA_MAX_HD = 4, 256            # as #defined in paged_attention.cu
@@ -43,28 +46,39 @@ def _cp():
 
 
 class DevicePagedKV(PagedKVCache):
-    """The paged pool in 16 bits (the model's dtype: fp16, or bf16 as uint16 bits), on the device
-    (xp = cupy) or, for the NumPy twin, on the host (xp = numpy). Same layout and `slots` as PagedKVCache."""
+    """The paged pool on the device (xp = cupy) or, for the NumPy twin, on the host (xp = numpy). dtype:
+    the model's 16 bits ("float16", or "bfloat16" as uint16 bits), or "int8": codes and a fp32 scale per
+    position and KV head (half the bytes at hd 128). Same layout and `slots` as PagedKVCache."""
 
     def __init__(self, config, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, dtype: str = "float16",
                  xp=None):
         xp = xp or _cp()
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
-        storage = xp.float16 if dtype == "float16" else xp.uint16
+        storage = {"float16": xp.float16, "bfloat16": xp.uint16, "int8": xp.int8}[dtype]
         self.k = xp.zeros(shape, dtype=storage)          # [layers, blocks, bs, n_kv, hd]
         self.v = xp.zeros(shape, dtype=storage)
+        if dtype == "int8":
+            self.k_scale = xp.zeros(shape[:4], dtype=xp.float32)       # [layers, blocks, bs, n_kv]
+            self.v_scale = xp.zeros(shape[:4], dtype=xp.float32)
         if xp is not np:     # the fill ran on the current stream; the model's stream does not wait for it
             xp.cuda.Device().synchronize()
 
     @staticmethod
-    def bytes_per_block_for(config, block_size: int) -> int:
-        """Keys + values of one block, every layer, 2 bytes each: to size a pool before allocating it."""
-        return 2 * config.n_layers * block_size * config.n_kv_heads * config.head_dim * 2
+    def bytes_per_block_for(config, block_size: int, dtype: str = "float16") -> int:
+        """Keys + values of one block, every layer (2 bytes a value, or 1 and a 4-byte scale a vector for
+        int8): to size a pool before allocating it."""
+        per_vector = config.head_dim + 4 if dtype == "int8" else 2 * config.head_dim
+        return 2 * config.n_layers * block_size * config.n_kv_heads * per_vector
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        scales = self.k_scale.nbytes + self.v_scale.nbytes if self.dtype == "int8" else 0
+        return self.k.nbytes + self.v.nbytes + scales
+
+    def layer(self, i: int) -> tuple:
+        """One layer's pool for the kernels: (k, v, scales), scales = (k_scale, v_scale) or None (16-bit)."""
+        return self.k[i], self.v[i], ((self.k_scale[i], self.v_scale[i]) if self.dtype == "int8" else None)
 
     def write(self, *args, **kw):
         raise NotImplementedError("the device pool is written by paged_kv_write (GPUBatchedRunner)")
@@ -74,13 +88,21 @@ class DevicePagedKV(PagedKVCache):
         length - 1.   -> k, v: [n_kv, n, hd]"""
         blocks = np.asarray(block_table[first_block:math.ceil(length / self.block_size)], dtype=np.int64)
         n = length - first_block * self.block_size
+        k, v, scales = self.layer(layer)
         out = []
-        for pool in (self.k, self.v):
-            x = pool[layer][blocks.tolist()]                            # [nb, bs, n_kv, hd]  the gather
-            x = x.get() if hasattr(x, "get") else x
-            x = to_dtype(x.reshape(-1, *x.shape[2:])[:n], "float32")
+        for pool, scale in zip((k, v), scales or (None, None)):
+            x = _host(pool[blocks.tolist()])                            # [nb, bs, n_kv, hd]  the gather
+            x = x.reshape(-1, *x.shape[2:])[:n]                         # [n, n_kv, hd]
+            if scale is None:
+                x = to_dtype(x, "float32")
+            else:                                                       # code · scale
+                x = x.astype(np.float32) * _host(scale[blocks.tolist()]).reshape(-1, x.shape[1])[:n, :, None]
             out.append(x.transpose(1, 0, 2))                            # [n_kv, n, hd]
         return out[0], out[1]
+
+
+def _host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else a
 
 
 @dataclass
@@ -135,8 +157,9 @@ class GPUBatchedRunner:
                 h = ops.rmsnorm(x, layer.attn_norm)                                       # [N, dim] 16-bit
                 qkv = ops.gemm(h, layer.wqkv)                                             # [N, qkv_width] fp32
                 ops.rope(qkv, meta.positions)                                             # q and k heads, in place
-                ops.kv_write(qkv, meta.slots, pool.k[i], pool.v[i])                       # new K/V into their slots
-                attn = ops.attention(qkv, pool.k[i], pool.v[i], meta)                     # [N, n_heads * hd] fp32
+                k_pool, v_pool, scales = pool.layer(i)                                    # scales: the int8 pool's
+                ops.kv_write(qkv, meta.slots, k_pool, v_pool, scales)                     # new K/V into their slots
+                attn = ops.attention(qkv, k_pool, v_pool, meta, scales=scales)            # [N, n_heads * hd] fp32
                 ops.gemm(ops.cast(attn), layer.wo, out=x, accumulate=True)                # x += o_proj(attn)
                 h = ops.rmsnorm(x, layer.mlp_norm)                                        # [N, dim] 16-bit
                 gu = ops.gemm(h, layer.wgu)                                               # [N, 2 * ffn] fp32
@@ -160,6 +183,8 @@ class DeviceOps:
         mod = module("paged_attention")
         self.fn = {"attention": mod.get_function(f"paged_attention_{sfx}"),
                    "kv_write": mod.get_function(f"paged_kv_write_{sfx}"),
+                   "attention_int8": mod.get_function("paged_attention_int8"),      # over the int8 pool
+                   "kv_write_int8": mod.get_function("paged_kv_write_int8"),
                    "rope": mod.get_function("rope_at_positions")}
 
     def stream(self):
@@ -190,23 +215,31 @@ class DeviceOps:
         self.fn["rope"]((qkv.shape[0], c.n_heads + c.n_kv_heads), (c.head_dim // 2,),
                         (qkv, np.int32(qkv.shape[1]), np.int32(c.head_dim), positions, self.model.inv_freq))
 
-    def kv_write(self, qkv, slots, k_pool, v_pool) -> None:
+    def kv_write(self, qkv, slots, k_pool, v_pool, scales=None) -> None:
+        """Each row's new key and value into its slot; scales = (k_scale, v_scale): the int8 pool (quantized)."""
         c = self.model.config
-        self.fn["kv_write"]((qkv.shape[0], c.n_kv_heads), (min(c.head_dim, 256),),
-                            (qkv, np.int32(qkv.shape[1]), np.int32(c.n_heads), np.int32(c.n_kv_heads),
-                             np.int32(c.head_dim), slots, k_pool, v_pool))
+        head = (qkv, np.int32(qkv.shape[1]), np.int32(c.n_heads), np.int32(c.n_kv_heads), np.int32(c.head_dim),
+                slots, k_pool, v_pool)
+        if scales is None:
+            self.fn["kv_write"]((qkv.shape[0], c.n_kv_heads), (min(c.head_dim, 256),), head)
+        else:                                            # a warp for the key, one for the value
+            self.fn["kv_write_int8"]((qkv.shape[0], c.n_kv_heads), (64,), head + tuple(scales))
 
-    def attention(self, qkv, k_pool, v_pool, meta: BatchMeta, out=None):
-        """The queries of qkv [N, width] against their sequences' keys in one layer's pool -> [N, n_heads * hd]"""
+    def attention(self, qkv, k_pool, v_pool, meta: BatchMeta, out=None, scales=None):
+        """The queries of qkv [N, width] against their sequences' keys in one layer's pool -> [N, n_heads * hd]
+        scales = (k_scale, v_scale): k_pool, v_pool are the int8 pool's codes."""
         c, hd = self.model.config, self.model.config.head_dim
         N = qkv.shape[0]
         if out is None:
             out = self.xp.empty((N, c.n_heads * hd), self.xp.float32)
-        self.fn["attention"]((N, c.n_heads), (32 * PA_WARPS,),
-                             (qkv, np.int32(qkv.shape[1]), k_pool, v_pool, np.int32(k_pool.shape[1]),
-                              np.int32(c.n_heads), np.int32(c.n_kv_heads), np.int32(hd), meta.block_tables,
-                              np.int32(meta.block_tables.shape[1]), meta.seq_of_row, meta.positions,
-                              np.int32(c.sliding_window or 0), np.float32(1.0 / math.sqrt(hd)), out))
+        pools = (k_pool, v_pool) + (tuple(scales) if scales is not None else ())
+        self.fn["attention" if scales is None else "attention_int8"](
+            (N, c.n_heads), (32 * PA_WARPS,),
+            (qkv, np.int32(qkv.shape[1])) + pools + (np.int32(k_pool.shape[1]), np.int32(c.n_heads),
+                                                     np.int32(c.n_kv_heads), np.int32(hd), meta.block_tables,
+                                                     np.int32(meta.block_tables.shape[1]), meta.seq_of_row,
+                                                     meta.positions, np.int32(c.sliding_window or 0),
+                                                     np.float32(1.0 / math.sqrt(hd)), out))
         return out
 
     def cast(self, x):
@@ -314,16 +347,23 @@ class HostOps:
         heads = qkv[:, :width].reshape(len(qkv), self.n_rot, self.hd)                     # [N, H + n_kv, hd]
         qkv[:, :width] = apply_rope(heads, cos, sin).reshape(len(qkv), width)
 
-    def kv_write(self, qkv, slots, k_pool, v_pool) -> None:
+    def kv_write(self, qkv, slots, k_pool, v_pool, scales=None) -> None:
         c = self.model.config
         nq, nkv, hd = c.n_heads * self.hd, c.n_kv_heads * self.hd, self.hd
-        flat_k = k_pool.reshape(-1, c.n_kv_heads, hd)                                     # [blocks * bs, n_kv, hd] view
-        flat_v = v_pool.reshape(-1, c.n_kv_heads, hd)
-        flat_k[slots] = self.narrow(qkv[:, nq:nq + nkv]).reshape(-1, c.n_kv_heads, hd)
-        flat_v[slots] = self.narrow(qkv[:, nq + nkv:nq + 2 * nkv]).reshape(-1, c.n_kv_heads, hd)
+        for pool, new, scale in zip((k_pool, v_pool), (qkv[:, nq:nq + nkv], qkv[:, nq + nkv:nq + 2 * nkv]),
+                                    scales or (None, None)):
+            flat = pool.reshape(-1, c.n_kv_heads, hd)                                     # [blocks * bs, n_kv, hd] view
+            if scale is None:
+                flat[slots] = self.narrow(new).reshape(-1, c.n_kv_heads, hd)
+            else:                                                                         # Int8KVCache's rounding
+                w = quantize_int8(np.ascontiguousarray(new, np.float32).reshape(-1, hd))  # a scale per vector
+                flat[slots] = w.qweight.reshape(-1, c.n_kv_heads, hd)
+                scale.reshape(-1, c.n_kv_heads)[slots] = w.scales.reshape(-1, c.n_kv_heads)
 
-    def attention(self, qkv, k_pool, v_pool, meta: BatchMeta, out=None):
+    def attention(self, qkv, k_pool, v_pool, meta: BatchMeta, out=None, scales=None):
         c = self.model.config
+        if scales is not None:                                                            # code · scale
+            k_pool, v_pool = (p.astype(np.float32) * s[..., None] for p, s in zip((k_pool, v_pool), scales))
         return paged_attention_reference(qkv, k_pool, v_pool, meta.block_tables, meta.seq_of_row, meta.positions,
                                          c.n_heads, c.sliding_window)
 
