@@ -83,8 +83,9 @@ class Engine:
                  max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int = 512,
                  prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True):
         """kv_cache: "float32" or "int8" (default: as the model was loaded; on the GPU "float32" means the
-        model's 16-bit dtype, and "int8" codes with a scale per position and head). The pool holds `num_blocks` blocks of `block_size` tokens, or as many as
-        fit in `max_kv_bytes`. A GPUTransformer (llm loaded with device="cuda") runs on the device."""
+        model's 16-bit dtype, and "int8" codes with a scale per position and head). The pool holds
+        `num_blocks` blocks of `block_size` tokens, or as many as fit in `max_kv_bytes`. A GPUTransformer
+        (llm loaded with device="cuda") runs on the device."""
         check_supported(llm.model)
         if block_size < 1 or max_batch < 1 or max_batch_tokens < 1:
             raise MiniLLMError("block_size, max_batch and max_batch_tokens must be >= 1")
