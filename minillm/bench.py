@@ -75,11 +75,23 @@ class Result:
 
 def decode_bytes_per_token(model, context: int) -> int:
     """Weights read by one decode step (every matrix once; the LM head once even if tied) plus
-    the KV cache read by attention at `context` positions."""
+    the KV cache read by attention at `context` positions (fp32, or int8 codes and a 4-byte scale
+    per vector)."""
     cfg = model.config
     total = sum(a.nbytes for a in model.weights_read_per_token())
-    kv = cfg.kv_bytes_per_token(4) * context
-    return total + kv
+    if kv_name(model) == "int8":
+        per_token = cfg.kv_bytes_per_token(1) + 2 * cfg.n_layers * cfg.n_kv_heads * 4
+    else:
+        per_token = cfg.kv_bytes_per_token(4)
+    return total + per_token * context
+
+
+def kv_name(model) -> str:
+    return getattr(model, "kv_cache_dtype", "float32")
+
+
+def minillm_name(model) -> str:
+    return "minillm (NumPy)" if kv_name(model) == "float32" else f"minillm (NumPy, {kv_name(model)} KV)"
 
 
 def prefill_flops(cfg: ModelConfig, n_tokens: int) -> float:
@@ -108,7 +120,7 @@ def bench_minillm(model, prompt: list[int], new_tokens: int, repeats: int) -> Re
             start = time.perf_counter()
             token = int(np.argmax(model.decode(token, cache)))
             steps.append(time.perf_counter() - start)
-    return Result("minillm (NumPy)", statistics.median(ttfts), 1.0 / statistics.median(steps))
+    return Result(minillm_name(model), statistics.median(ttfts), 1.0 / statistics.median(steps))
 
 
 def hf_peer(model):
@@ -167,7 +179,7 @@ def interleaved(model, hf, prompt: list[int], new_tokens: int, repeats: int) -> 
     """minillm and (when given) HF measured in alternating rounds, after one warm-up round each:
     on a shared machine a burst of someone else's work then slows both sides, not one. Each
     result is the median over rounds (TTFT; decode tok/s of each round's median step)."""
-    sides = [("minillm (NumPy)", lambda: bench_minillm(model, prompt, new_tokens, 1))]
+    sides = [(minillm_name(model), lambda: bench_minillm(model, prompt, new_tokens, 1))]
     if hf is not None:
         sides.append(("HF transformers (eager)", lambda: bench_hf(hf, prompt, new_tokens, 1)))
     rounds: dict[str, list[Result]] = {name: [] for name, _ in sides}
@@ -248,7 +260,7 @@ def run(model, prompt_tokens: int = 512, new_tokens: int = 32, repeats: int = 3,
     results = interleaved(model, hf, prompt, new_tokens, repeats)
     bytes_per_token = decode_bytes_per_token(model, prompt_tokens + new_tokens // 2)
     work = prefill_flops(cfg, prompt_tokens)
-    echo(f"decode reads {bytes_per_token / 1e6:.1f} MB per token; prefill of {prompt_tokens} tokens "
+    echo(f"decode reads {bytes_per_token / 1e6:.1f} MB per token ({kv_name(model)} KV cache); prefill of {prompt_tokens} tokens "
          f"is {work / 1e9:.1f} GFLOP")
     echo(f"{'':26s} {'decode tok/s':>12s} {'GB/s':>7s} {'% GEMV bw':>9s} {'% copy bw':>9s}"
          f" {'TTFT ms':>8s} {'GFLOP/s':>8s} {'% matmul':>8s}")

@@ -255,14 +255,20 @@ def info(model):
 @click.option("--quant", type=click.Choice(["int8", "int4"]), default=None, help="Quantized layer weights.")
 @click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
               help="int4 group size along the input dimension (a multiple of 32).")
+@click.option("--kv-cache", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
+              help="minillm's KV-cache precision (the HF peer keeps its own fp32 cache).")
 @click.pass_context
-def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device, quant, group_size):
+def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device, quant, group_size,
+          kv_cache):
     """Prefill and decode speed: tok/s, GB/s, % of this machine's limits, side by side with HF.
     `minillm bench serve`: many concurrent requests through the batching engine."""
     if ctx.invoked_subcommand is not None:
         return
     from . import bench as benchmark
     if device == "cuda":
+        if kv_cache == "int8":
+            raise click.UsageError("on cuda, long-context decode with the int8 KV cache is timed by "
+                                   "python -m minillm.cuda.qbench --kv-cache")
         _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer, quant, group_size)
         return
     if random_weights:
@@ -273,6 +279,9 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
             net = _user_error(benchmark.quantized, net, quant, group_size)
     else:
         net = _load(model, "cpu", dtype, quant, group_size).model
+    if kv_cache == "int8" and net.config.attention == "mla":
+        raise click.BadParameter("the int8 KV cache is for Llama-style (GQA) attention, not MLA", param_hint="--kv-cache")
+    net.kv_cache_dtype = kv_cache
     benchmark.run(net, prompt_tokens, new_tokens, repeats, peer, echo=click.echo)
 
 

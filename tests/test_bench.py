@@ -31,3 +31,18 @@ def test_bench_prefill_breakdown_accounts_for_the_whole_prefill():
     assert set(parts) == set(bench.PREFILL_PARTS) | {"other"}
     assert all(t > 0 for label, t in parts.items() if label != "other") and parts["other"] > -1e-3
     assert sum(parts.values()) <= wall
+
+
+def test_bench_with_the_int8_kv_cache_counts_its_bytes_and_says_so():
+    model = tiny_model()
+    cfg = model.config
+    fp32 = bench.decode_bytes_per_token(model, 100)
+    model.kv_cache_dtype = "int8"
+    int8 = bench.decode_bytes_per_token(model, 100)
+    vectors = 2 * cfg.n_layers * cfg.n_kv_heads * 100                  # K and V, every layer and KV head
+    assert fp32 - int8 == vectors * (4 * cfg.head_dim - (cfg.head_dim + 4))
+    lines = []
+    numbers = bench.run(model, prompt_tokens=24, new_tokens=2, repeats=1, peer=False, echo=lines.append)
+    text = "\n".join(lines)
+    assert "minillm (NumPy, int8 KV)" in text and "(int8 KV cache)" in text
+    assert numbers["bytes_per_token"] == bench.decode_bytes_per_token(model, 24 + 2 // 2)

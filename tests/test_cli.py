@@ -238,3 +238,12 @@ def test_bad_group_size_is_one_line(tiny_model):
 def test_gpu_bench_needs_a_preset_shape_and_a_gpu():
     assert_one_line_error(run("bench", "--device", "cuda"), "--random-weights")
     assert_one_line_error(run("bench", "--device", "cuda", "--random-weights", "-m", "mistral-7b"), "GPU")
+    assert_one_line_error(run("bench", "--device", "cuda", "--random-weights", "-m", "mistral-7b", "--kv-cache",
+                              "int8"), "qbench --kv-cache")
+
+
+def test_bench_runs_with_the_int8_kv_cache():
+    result = run("bench", "--random-weights", "-m", "smollm2-135m", "--kv-cache", "int8", "--prompt-tokens", "8",
+                 "--new-tokens", "2", "--repeats", "1", "--no-peer")
+    assert result.exit_code == 0, result.output
+    assert "minillm (NumPy, int8 KV)" in result.output and "(int8 KV cache)" in result.output
