@@ -19,6 +19,7 @@ import numpy as np
 
 from .backend import as_f32
 from .config import ModelConfig
+from .kv_cache import int8_kv_bytes_per_token
 
 
 # ---- the machine ---------------------------------------------------------------------------------
@@ -79,10 +80,7 @@ def decode_bytes_per_token(model, context: int) -> int:
     per vector)."""
     cfg = model.config
     total = sum(a.nbytes for a in model.weights_read_per_token())
-    if kv_name(model) == "int8":
-        per_token = cfg.kv_bytes_per_token(1) + 2 * cfg.n_layers * cfg.n_kv_heads * 4
-    else:
-        per_token = cfg.kv_bytes_per_token(4)
+    per_token = int8_kv_bytes_per_token(cfg) if kv_name(model) == "int8" else cfg.kv_bytes_per_token(4)
     return total + per_token * context
 
 

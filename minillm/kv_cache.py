@@ -66,6 +66,19 @@ class KVCache(CacheBase):
 
 
 
+def quantize_vectors(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 KV format: each vector along the last axis gets its own symmetric scale (quantize_int8's
+    rounding).   x [..., hd] -> codes int8 [..., hd], scales fp32 [...]"""
+    w = quantize_int8(x.reshape(-1, x.shape[-1]))
+    return w.qweight.reshape(x.shape), w.scales.reshape(x.shape[:-1])
+
+
+def int8_kv_bytes_per_token(config: ModelConfig) -> int:
+    """Bytes a token adds to an int8 KV cache: head_dim codes and a fp32 scale per K and V vector, every
+    layer and KV head (the CPU and GPU caches and pools alike)."""
+    return 2 * config.n_layers * config.n_kv_heads * (config.head_dim + 4)
+
+
 class Int8KVCache(CacheBase):
     """Keys and values as int8, each vector of head_dim values with its own symmetric fp32 scale:
 
@@ -89,12 +102,9 @@ class Int8KVCache(CacheBase):
 
     def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """k_new, v_new: [n_kv_heads, T, head_dim] -> fp32 k, v: [n_kv_heads, length + T, head_dim]"""
-        n_kv, T, hd = k_new.shape
-        start, end = self.length, self.end_of_write(T)
+        start, end = self.length, self.end_of_write(k_new.shape[1])
         for new, q, scale in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale)):
-            w = quantize_int8(new.reshape(n_kv * T, hd))                   # one scale per vector
-            q[layer, :, start:end] = w.qweight.reshape(n_kv, T, hd)
-            scale[layer, :, start:end] = w.scales.reshape(n_kv, T)
+            q[layer, :, start:end], scale[layer, :, start:end] = quantize_vectors(new)   # one scale per vector
         keys = self.k[layer, :, :end] * self.k_scale[layer, :, :end, None]      # [n_kv, end, hd] fp32
         values = self.v[layer, :, :end] * self.v_scale[layer, :, :end, None]
         return keys, values

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ModelConfig
-from .kv_cache import CacheBase
-from .quant import quantize_int8
+from .kv_cache import CacheBase, quantize_vectors
 
 DEFAULT_BLOCK_SIZE = 16
 FREED = -1               # a block-table entry whose block went back to the pool (behind a sliding window)
@@ -76,11 +75,8 @@ class PagedKVCache:
             self.k[layer, blocks, offsets] = k_new
             self.v[layer, blocks, offsets] = v_new
             return
-        T, n_kv, hd = k_new.shape
         for new, q, scale in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale)):
-            w = quantize_int8(new.reshape(T * n_kv, hd))                # one scale per (token, head) vector
-            q[layer, blocks, offsets] = w.qweight.reshape(T, n_kv, hd)
-            scale[layer, blocks, offsets] = w.scales.reshape(T, n_kv)
+            q[layer, blocks, offsets], scale[layer, blocks, offsets] = quantize_vectors(new)   # per (token, head)
 
     def read(self, layer: int, block_table, length: int, first_block: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One sequence's keys and values at positions first_block * block_size .. length - 1, in fp32.

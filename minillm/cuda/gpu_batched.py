@@ -33,8 +33,8 @@ import numpy as np
 from ..backend import to_dtype
 from ..batched import SeqChunk, pack
 from ..layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
+from ..kv_cache import int8_kv_bytes_per_token, quantize_vectors
 from ..paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache
-from ..quant import quantize_int8
 from .gpu_model import GPULayer
 
 PA_WARPS, PA_MAX_HD = 4, 256            # as #defined in paged_attention.cu
@@ -68,8 +68,7 @@ class DevicePagedKV(PagedKVCache):
     def bytes_per_block_for(config, block_size: int, dtype: str = "float16") -> int:
         """Keys + values of one block, every layer (2 bytes a value, or 1 and a 4-byte scale a vector for
         int8): to size a pool before allocating it."""
-        per_vector = config.head_dim + 4 if dtype == "int8" else 2 * config.head_dim
-        return 2 * config.n_layers * block_size * config.n_kv_heads * per_vector
+        return block_size * (int8_kv_bytes_per_token(config) if dtype == "int8" else config.kv_bytes_per_token(2))
 
     @property
     def nbytes(self) -> int:
@@ -355,10 +354,9 @@ class HostOps:
             flat = pool.reshape(-1, c.n_kv_heads, hd)                                     # [blocks * bs, n_kv, hd] view
             if scale is None:
                 flat[slots] = self.narrow(new).reshape(-1, c.n_kv_heads, hd)
-            else:                                                                         # Int8KVCache's rounding
-                w = quantize_int8(np.ascontiguousarray(new, np.float32).reshape(-1, hd))  # a scale per vector
-                flat[slots] = w.qweight.reshape(-1, c.n_kv_heads, hd)
-                scale.reshape(-1, c.n_kv_heads)[slots] = w.scales.reshape(-1, c.n_kv_heads)
+            else:                                                                         # the CPU pools' format
+                codes, vector_scales = quantize_vectors(new.reshape(-1, c.n_kv_heads, hd))  # [N, n_kv, hd], [N, n_kv]
+                flat[slots], scale.reshape(-1, c.n_kv_heads)[slots] = codes, vector_scales
 
     def attention(self, qkv, k_pool, v_pool, meta: BatchMeta, out=None, scales=None):
         c = self.model.config

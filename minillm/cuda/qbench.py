@@ -326,10 +326,10 @@ def kv_cache_report(cfg: ModelConfig, label: str, contexts=(4096, 32000), n_new:
     say(f"\n== KV cache, {label} without a sliding window, fp16 weights ({gpu.weight_bytes / 1e9:.2f} GB), "
         f"copy {bw / 1e12:.2f} TB/s")
     out = {}
-    variants = [("16-bit", 16), ("int8", 16), ("int8/8", 8)]    # int8/8: the first int8 kernel, 8 codes a lane
+    variants = [("16-bit", "16-bit", 16), ("int8", "int8", 16), ("int8/8", "int8", 8)]  # int8/8: the first kernel
     for context in contexts:
-        for kind, codes_per_lane in variants:
-            gpu.kv_cache = kind.split("/")[0]            # new_cache follows it; the graph is the cache's own
+        for kind, kv_cache, codes_per_lane in variants:
+            gpu.kv_cache = kv_cache                      # new_cache follows it; the graph is the cache's own
             gpu.k.attention_int8_codes_per_lane = codes_per_lane
             cache = gpu.new_cache(context + n_new + 8)
             _fill_random(cache)
