@@ -91,17 +91,13 @@ class Engine:
             raise MiniLLMError("block_size, max_batch and max_batch_tokens must be >= 1")
         self.llm, self.config = llm, llm.config
         on_gpu = type(llm.model).__name__ == "GPUTransformer"
-        if on_gpu:
-            # The device pool is int8 or the model's 16 bits: "float32" (the CLI's default) means "not int8"
-            # here, as it does for llm.load on cuda.
-            if kv_cache is None:
-                kv_cache = "int8" if llm.model.kv_cache == "int8" else "float32"
-            if kv_cache not in ("float32", "int8"):
-                raise MiniLLMError(f"unknown kv_cache {kv_cache!r}; choose float32 or int8")
-            kv_cache = "int8" if kv_cache == "int8" else llm.model.dtype
-        kv_cache = kv_cache or llm.model.kv_cache_dtype
-        if not on_gpu and kv_cache not in ("float32", "int8"):
+        if kv_cache is None:                             # as the model was loaded
+            loaded = llm.model.kv_cache if on_gpu else llm.model.kv_cache_dtype
+            kv_cache = "int8" if loaded == "int8" else "float32"
+        if kv_cache not in ("float32", "int8"):
             raise MiniLLMError(f"unknown kv_cache {kv_cache!r}; choose float32 or int8")
+        if on_gpu:      # the device pool: int8, or the model's 16 bits for "float32" (as llm.load on cuda)
+            kv_cache = "int8" if kv_cache == "int8" else llm.model.dtype
         if num_blocks is None:
             per_block = (_gpu().DevicePagedKV.bytes_per_block_for(self.config, block_size, kv_cache) if on_gpu
                          else PagedKVCache(self.config, 1, block_size, kv_cache).nbytes)
