@@ -57,7 +57,7 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // One vector of hd values -> int8 codes and its scale, by one warp (the int8 KV cache: kv_int8.cu and the
-// paged pool, paged_attention.cu). CPU reference: minillm.quant.quantize_int8 on each vector:
+// paged pool, paged_attention.cu). CPU reference: minillm.model.quant.quantize_int8 on each vector:
 //     scale = max_i |x_i| / 127,   code_i = rint(x_i / scale) in [-127, 127]   (an all-zero vector: 0, 0)
 __device__ __forceinline__ void quantize_vector_int8(const float* src, int hd, int lane, signed char* codes,
                                                      float* scale_out) {

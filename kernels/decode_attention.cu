@@ -1,6 +1,6 @@
 // decode_attention.cu: softmax(q·Kᵀ/√hd + mask)·V for new queries against the KV cache (flash-decoding).
 //
-// CPU reference: minillm.attention.attend (GQA: query head h reads KV head h / (n_heads / n_kv_heads)).
+// CPU reference: minillm.model.attention.attend (GQA: query head h reads KV head h / (n_heads / n_kv_heads)).
 // Query t of this call sits at absolute position p = pos[0] + t and sees keys [lo, p], lo = 0, or
 // p - window + 1 with a sliding window (window = 0: none). The cache is contiguous (slot = position),
 // so the window is a range, not a rolling buffer. Lengths come from a device buffer (graph replay).

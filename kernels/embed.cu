@@ -1,6 +1,6 @@
 // embed.cu: token embedding lookup (widened to the fp32 residual stream) and fp32 -> fp16/bf16 casts.
 //
-// CPU reference: `as_f32(embed[tokens])` in minillm.model.Transformer.forward, and backend.to_dtype.
+// CPU reference: `as_f32(embed[tokens])` in minillm.model.transformer.Transformer.forward, and backend.to_dtype.
 // The token ids are read from device memory, so a captured decode step picks up each new token.
 //
 // v1 (this file): one block per token, strided copy; the cast is a grid-stride elementwise loop.

@@ -1,6 +1,6 @@
 // flashnorm_gemv.cu: FlashNorm on the GPU, for weights whose RMSNorm gains are folded in (all-ones norms).
 //
-// CPU reference: minillm.flashnorm.deferred_linear and deferred_swiglu (fp32). Prop. 2: the projection of
+// CPU reference: minillm.model.flashnorm.deferred_linear and deferred_swiglu (fp32). Prop. 2: the projection of
 // the raw x and the reduction 1/RMS(x) = rsqrt(mean(x^2) + eps) do not depend on each other; one fp32 scale
 // per token (row) joins them at the end.
 //

@@ -1,6 +1,6 @@
 // gemv.cu: y[r] = (accumulate ? y[r] : 0) + sum_k W[r, k] · x[k]     W: [rows, in] fp16/bf16 (HF layout), x, y fp32
 //
-// CPU reference: minillm.layers.linear with T = 1. This is the hot spot of decode: at batch 1 every
+// CPU reference: minillm.model.layers.linear with T = 1. This is the hot spot of decode: at batch 1 every
 // weight byte is read once per token and used for one multiply-add, so the kernel is a memory stream
 // and its speed is the fraction of copy bandwidth it reaches. cuBLAS does it well but cannot run inside
 // a CuPy-captured CUDA graph, so the decode step uses these instead. `accumulate` fuses the residual

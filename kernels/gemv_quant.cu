@@ -1,12 +1,12 @@
 // gemv_quant.cu: y = W·x for weight-only quantized W (int8 per row, int4 in groups), dequantized in registers.
 //
-// CPU reference: minillm.quant (Int8Weight / Int4Weight .dequantize(), then the matmul in
+// CPU reference: minillm.model.quant (Int8Weight / Int4Weight .dequantize(), then the matmul in
 // QuantizedWeight.matmul). Decode at batch 1 reads every weight byte once per token, so the bytes are the
 // time: int8 reads half of fp16's bytes, int4 in groups of 128 a little over a quarter. The catch is the
 // arithmetic: at 4 TB/s, int4 is 8·10¹² weights a second, a quarter of the H200's fp32 issue rate, so
 // turning a code into a float must cost one or two instructions, not a conversion unit's eight.
 //
-// The layouts are minillm/quant.py's, uploaded as they are:
+// The layouts are minillm/model/quant.py's, uploaded as they are:
 //   int8: q int8 [rows, in16] (in16 = in rounded up to 16 by the uploader; the extra columns meet x = 0),
 //         scales fp32 [rows]:                  W[r, k] = q[r, k] · scale[r]
 //   int4: q uint8 [rows, in_padded / 2], byte j = element 2j (low nibble) | element 2j+1 (high nibble) << 4,

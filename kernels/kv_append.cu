@@ -1,6 +1,6 @@
 // kv_append.cu: write the new keys and values into the contiguous KV cache of one layer.
 //
-// CPU reference: minillm.kv_cache.KVCache.append. Cache layout per layer: [n_kv_heads, capacity, hd] in
+// CPU reference: minillm.model.kv_cache.KVCache.append. Cache layout per layer: [n_kv_heads, capacity, hd] in
 // the weight dtype (fp16/bf16: half the bytes of fp32, and what attention reads at every step). The
 // position comes from a device buffer (see rope.cu for why): token t is written at pos[0] + t.
 //

@@ -1,6 +1,6 @@
 // kv_int8.cu: the int8 KV cache: quantize new keys and values into it, and widen a layer of it for prefill.
 //
-// CPU reference: minillm.kv_cache.Int8KVCache (and minillm.quant.quantize_int8, its rounding). Each vector
+// CPU reference: minillm.model.kv_cache.Int8KVCache (and minillm.model.quant.quantize_int8, its rounding). Each vector
 // of head_dim values (one token, one KV head; keys and values apart) gets its own symmetric scale
 // (common.cuh, quantize_vector_int8: scale = max |x| / 127, code = rint(x / scale)).
 // Layout per layer: codes int8 [n_kv_heads, capacity, hd], scales fp32 [n_kv_heads, capacity], so that a

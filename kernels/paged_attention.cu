@@ -3,7 +3,7 @@
 // positions, and the write of new keys/values into their (block, slot).
 //
 // CPU reference: minillm.cuda.gpu_batched.paged_attention_reference (a NumPy gather through the block
-// table, then the plain softmax), and minillm.batched / minillm.paged_kv for the layout:
+// table, then the plain softmax), and minillm.engine.batched / minillm.engine.paged_kv for the layout:
 //
 //     k_pool, v_pool (one layer)  [num_blocks, block_size, n_kv_heads, hd]   16-bit, or int8 codes with
 //     k_scale, v_scale            [num_blocks, block_size, n_kv_heads]       fp32 (the int8 pool: a scale per

@@ -1,7 +1,7 @@
 // prefill_attention.cu: softmax(q·Kᵀ/√hd + mask)·V for the T queries of a prefill chunk, tiled
 // (FlashAttention-2 style: online softmax, K/V tiles in shared memory shared by many queries).
 //
-// CPU reference: minillm.attention.attend, the same contract as decode_attention.cu: query t of this
+// CPU reference: minillm.model.attention.attend, the same contract as decode_attention.cu: query t of this
 // call sits at absolute position p = pos[0] + t and sees keys [lo, p], lo = 0, or p - window + 1 with
 // a sliding window (window = 0: none); the cache is contiguous (slot = position); query head h reads
 // KV head h / (n_heads / n_kv_heads). pos comes from a device buffer, as in the decode kernels.

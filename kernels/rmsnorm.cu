@@ -1,6 +1,6 @@
 // rmsnorm.cu: out[t, i] = x[t, i] * rsqrt(mean_i(x[t, i]^2) + eps) * gain[i]
 //
-// CPU reference: minillm.layers.rmsnorm (fp32). The residual stream x and the gain stay fp32 on the GPU
+// CPU reference: minillm.model.layers.rmsnorm (fp32). The residual stream x and the gain stay fp32 on the GPU
 // (dim floats: nothing next to the weights); the output is fp32 for the decode GEMVs (which read fp32
 // activations) or narrowed to the weight dtype for prefill, where cuBLAS multiplies fp16/bf16 inputs.
 //

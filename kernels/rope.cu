@@ -1,7 +1,7 @@
 // rope.cu: rotary position embedding on the queries and keys, in place, HF's half-split layout:
 //   (x[i], x[i + hd/2]) -> (x[i]·cos - x[i + hd/2]·sin, x[i + hd/2]·cos + x[i]·sin),  angle = pos · inv_freq[i]
 //
-// CPU reference: minillm.layers.rope_tables + apply_rope. inv_freq [hd/2] comes from the CPU model (so
+// CPU reference: minillm.model.layers.rope_tables + apply_rope. inv_freq [hd/2] comes from the CPU model (so
 // Llama-3 / linear scaling are already folded in). The position is read from a device buffer, not passed
 // as an argument: a CUDA graph captures argument values, so a captured decode step would otherwise
 // replay position 0 forever. Token t of this call sits at position pos[0] + t.

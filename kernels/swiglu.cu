@@ -1,6 +1,6 @@
 // swiglu.cu: out[t, i] = silu(gate[t, i]) · up[t, i],  silu(g) = g / (1 + exp(-g))
 //
-// CPU reference: minillm.layers.swiglu (the part between the projections). gate and up come from ONE
+// CPU reference: minillm.model.layers.swiglu (the part between the projections). gate and up come from ONE
 // fused GEMV/GEMM over the concatenated [gate; up] weight, so a row of `gu` is gate (ffn) then up (ffn).
 //
 // v1 (this file): elementwise, grid-stride, fp32 math. The fp32 output feeds the decode GEMV; the

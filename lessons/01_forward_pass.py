@@ -18,7 +18,7 @@ import numpy as np
 
 from minillm.backend import as_f32
 from minillm.course import lesson_model, print_table, quick, save_plot
-from minillm.layers import apply_rope, linear, rmsnorm, rope_tables, swiglu
+from minillm.model.layers import apply_rope, linear, rmsnorm, rope_tables, swiglu
 
 # NEW: the whole model, by hand ----------------------------------------------------------------------
 # One function per box of the Llama diagram. Shapes: T positions, dim 576, 9 query heads and 3 KV

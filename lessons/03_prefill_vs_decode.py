@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.bench import copy_bandwidth, gemv_bandwidth, matmul_flops, prefill_flops
+from minillm.tools.bench import copy_bandwidth, gemv_bandwidth, matmul_flops, prefill_flops
 from minillm.course import lesson_model, print_table, quick, save_plot
 
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm.course import lesson_model, print_table, quick, save_plot
-from minillm.sampling import SamplingParams, next_token_distribution
+from minillm.engine.sampling import SamplingParams, next_token_distribution
 
 # NEW: the settings we compare, as the engine's SamplingParams -------------------------------------
 SETTINGS = {

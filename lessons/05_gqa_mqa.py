@@ -5,7 +5,7 @@ factor a model's designer can cut without touching the rest is n_kv_heads: multi
 (MHA) gives every query head its own K and V, grouped-query attention (GQA) lets a group of query
 heads share one, multi-query attention (MQA) keeps a single K and V for all. SmolLM2 is GQA (9 query
 heads, 3 KV heads). We build its exact MHA twin (copy each KV head to its 3 query heads), and its
-MQA version by mean-pooling the 3 KV heads into one (`minillm.kv_heads.convert_kv_heads`, the GQA
+MQA version by mean-pooling the 3 KV heads into one (`minillm.checkpoints.kv_heads.convert_kv_heads`, the GQA
 paper's recipe), then measure each: cache bytes, perplexity on real text, decode speed.
 
 Run: python lessons/05_gqa_mqa.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
@@ -19,12 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm import PRESETS
-from minillm.config import ModelConfig
+from minillm.model.config import ModelConfig
 from minillm.course import hf_tensors, lesson_model, print_table, quick, save_plot
-from minillm.evaluate import eval_text, perplexity
-from minillm.kv_heads import convert_kv_heads
+from minillm.tools.evaluate import eval_text, perplexity
+from minillm.checkpoints.kv_heads import convert_kv_heads
 from minillm.llm import LLM
-from minillm.model import Transformer
+from minillm.model.transformer import Transformer
 
 
 # NEW: more KV heads (exact), fewer KV heads (pooled) ------------------------------------------------

@@ -3,10 +3,10 @@
 Lesson 05 shrank the cache by sharing K and V between heads, and paid for it in quality. DeepSeek-V2/V3
 cache neither K nor V: per token and layer they keep a latent c_KV (kv_lora_rank values) and one
 small RoPE key shared by every head; each head's key and value are linear images of the latent.
-`minillm.mla` computes the same attention two ways: "naive" expands K and V for every head from the
+`minillm.model.mla` computes the same attention two ways: "naive" expands K and V for every head from the
 latents at every step, "absorbed" folds W_UK into the query and W_UV after the weighted sum, so all
 heads read the one [L, kv_lora_rank + rope] cache. We check the two agree, time them as the context
-grows, compare cache sizes, then convert SmolLM2 (GQA) to MLA by SVD (`minillm.mla_convert`) and
+grows, compare cache sizes, then convert SmolLM2 (GQA) to MLA by SVD (`minillm.checkpoints.mla_convert`) and
 measure what each rank costs in perplexity.
 
 Run: python lessons/06_mla.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
@@ -19,12 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.config import ModelConfig
+from minillm.model.config import ModelConfig
 from minillm.course import hf_tensors, lesson_model, print_table, quick, save_plot
-from minillm.evaluate import eval_text, perplexity
+from minillm.tools.evaluate import eval_text, perplexity
 from minillm.llm import LLM
-from minillm.mla_convert import convert_to_mla
-from minillm.model import Transformer
+from minillm.checkpoints.mla_convert import convert_to_mla
+from minillm.model.transformer import Transformer
 
 
 def deepseek_shaped(n_layers: int) -> ModelConfig:

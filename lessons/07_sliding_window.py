@@ -2,7 +2,7 @@
 
 Lessons 02 and 05-06 made each token's cache entry smaller; the cache still grew with every token.
 Mistral-7B v0.1 attends to the last W = 4096 positions only (a sliding window), so older keys and
-values can never be read again: a rolling buffer of W slots (`minillm.kv_cache.RollingKVCache`,
+values can never be read again: a rolling buffer of W slots (`minillm.model.kv_cache.RollingKVCache`,
 position p in slot p % W) holds all the model can use, and memory stops at the window. We run a
 small random Mistral-shaped model both ways and check they give the same logits, then ask the
 capacity planner (`minillm plan`) what that means on real GPUs: users that fit at each context.
@@ -17,12 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.bench import random_model
-from minillm.config import PRESETS, ModelConfig
+from minillm.tools.bench import random_model
+from minillm.model.config import PRESETS, ModelConfig
 from minillm.course import OUT_DIR, hf_tensors, print_table, quick, save_plot
-from minillm.kv_cache import KVCache, RollingKVCache
-from minillm.model import Transformer
-from minillm.planner import GB, PlanError, decode_roofline, plan, plot_plan
+from minillm.model.kv_cache import KVCache, RollingKVCache
+from minillm.model.transformer import Transformer
+from minillm.tools.planner import GB, PlanError, decode_roofline, plan, plot_plan
 
 
 def small_mistral(window: int) -> ModelConfig:

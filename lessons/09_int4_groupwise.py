@@ -5,7 +5,7 @@ weight would leave the rest of its row one or two levels. int4 therefore gives e
 consecutive weights of a row its own grid, and makes it asymmetric (from the group's min to its max,
 scale = (max - min) / 15) so none of the 16 levels is wasted on a side of zero the group does not
 reach. Smaller groups fit better and cost more: a fp16 scale and min are 32 bits per group, i.e.
-+32/g bits per weight. We measure that trade on SmolLM2 (`minillm.quant.quantize_int4`), compare
++32/g bits per weight. We measure that trade on SmolLM2 (`minillm.model.quant.quantize_int4`), compare
 it with a symmetric grid, and look at how two codes share one byte.
 
 New in this lesson's second half: the min/max grid (what exercise 09 asks you to write) is only
@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm.course import hf_tensors, lesson_model, print_table, quick, save_plot
-from minillm.evaluate import eval_text, perplexity
+from minillm.tools.evaluate import eval_text, perplexity
 from minillm.llm import LLM
-from minillm.model import Transformer
-from minillm.quant import (GROUP_SIZES, LAYER_MATRICES, input_importance, pack_int4, quantization_entry,
+from minillm.model.transformer import Transformer
+from minillm.model.quant import (GROUP_SIZES, LAYER_MATRICES, input_importance, pack_int4, quantization_entry,
                            quantize_int4, unpack_int4)
 
 
@@ -152,7 +152,7 @@ def main():
                        f"{8 * sym_bytes / (layer_fp32 / 4):.3f}", f"{r.ppl:.3f}",
                        f"{100 * (r.ppl / base.ppl - 1):+.1f}%", ""])
 
-    print_table("Lesson 09 — packing two 4-bit codes in a byte (minillm.quant.pack_int4): element 2j low, 2j+1 high",
+    print_table("Lesson 09 — packing two 4-bit codes in a byte (minillm.model.quant.pack_int4): element 2j low, 2j+1 high",
                 ["byte j", "element 2j (low)", "element 2j+1 (high)", "bits high|low", "hex"], pack_rows)
     print_table(f"which inputs matter: mean square a_j = E[x_j²] of each input column "
                 f"({256 if small else 2048} random tokens, {calibration_s:.1f} s)",

@@ -2,7 +2,7 @@
 
 Lessons 08-09 shrank the weights, which every user shares. The KV cache is per user and grows with
 every token (lesson 02), so at long contexts it, not the weights, decides how many users fit a GPU.
-`minillm.kv_cache.Int8KVCache` stores keys and values as int8 with one fp32 scale per (layer, KV
+`minillm.model.kv_cache.Int8KVCache` stores keys and values as int8 with one fp32 scale per (layer, KV
 head, position) vector of head_dim values: scale = max|k| / 127. We measure its error on SmolLM2's
 real keys and values, its effect on perplexity, its bytes per token, and ask the capacity planner
 what it means for Mistral-7B on an H100 (`minillm plan --kv-dtype int8`). Then attention straight
@@ -20,12 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.attention import attend
+from minillm.model.attention import attend
 from minillm.course import lesson_model, print_table, quick, run_gpu_parts, save_plot
-from minillm.evaluate import eval_text, perplexity
-from minillm.kv_cache import Int8KVCache, KVCache
-from minillm.planner import kv_bytes_per_token, plan
-from minillm.quant import quantize_int8
+from minillm.tools.evaluate import eval_text, perplexity
+from minillm.model.kv_cache import Int8KVCache, KVCache
+from minillm.tools.planner import kv_bytes_per_token, plan
+from minillm.model.quant import quantize_int8
 
 
 # NEW: int8 with one scale per vector, at three granularities ----------------------------------------

@@ -29,10 +29,10 @@ import numpy as np
 
 from minillm.backend import as_f32
 from minillm.course import lesson_model, print_table, quick, run_gpu_parts, transfer_bytes_reference, why_no_gpu
-from minillm.kv_cache import KVCache
-from minillm.layers import rope_tables
-from minillm.model import LayerWeights, Transformer
-from minillm.sampling import Sampler, SamplingParams
+from minillm.model.kv_cache import KVCache
+from minillm.model.layers import rope_tables
+from minillm.model.transformer import LayerWeights, Transformer
+from minillm.engine.sampling import Sampler, SamplingParams
 
 
 # NEW: where each array lives, and what crosses the bus ------------------------------------------------
@@ -68,7 +68,7 @@ def host_us(fn, repeats: int) -> float:
 
 # NEW: the engine's Transformer with its arrays on the device ---------------------------------------------
 def cupy_transformer(cpu: Transformer):
-    """minillm.model.Transformer with every array copied to the GPU (fp32, as on the CPU): `forward` and
+    """minillm.model.transformer.Transformer with every array copied to the GPU (fp32, as on the CPU): `forward` and
     `new_cache` below are the only methods rewritten; rmsnorm, attention, SwiGLU, the KV cache's append
     are the engine's own code, and CuPy runs them because NumPy hands CuPy arrays over to it."""
     import cupy as cp

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm.course import block_sum_reference, print_table, quick, run_gpu_parts, why_no_gpu
-from minillm.layers import rmsnorm, silu
+from minillm.model.layers import rmsnorm, silu
 
 EPS = 1e-5
 

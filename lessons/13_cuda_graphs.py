@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.config import PRESETS
+from minillm.model.config import PRESETS
 from minillm.course import (print_table, quick, record_decode_launches, recording_decode_step, run_gpu_parts,
                             transfer_bytes_reference, why_no_gpu)
 

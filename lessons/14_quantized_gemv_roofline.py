@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.config import PRESETS
+from minillm.model.config import PRESETS
 from minillm.course import print_table, quick, run_gpu_parts, save_plot
-from minillm.quant import quantize_int4, quantize_int8, unpack_int4
+from minillm.model.quant import quantize_int4, quantize_int8, unpack_int4
 
 # Quoted from lessons/BENCHMARKS.md (H200, 2026-11-29) for the CPU-only estimate; the GPU parts measure.
 QUOTED_COPY_BW = 4.25e12          # bytes/s, device-to-device copy (read + write)

@@ -24,9 +24,9 @@ import numpy as np
 from minillm.backend import as_f32
 from minillm.course import hf_tensors, lesson_model, print_table, quick, run_gpu_parts
 from minillm.cuda.flashnorm_gpu import FlashNormGPUTransformer, TwoStreamNorm, benchmark, print_benchmark
-from minillm.flashnorm import deferred_swiglu, fold_checkpoint, fold_rmsnorm_into_linear, inv_rms
-from minillm.layers import linear, rmsnorm, rope_tables
-from minillm.model import Transformer
+from minillm.model.flashnorm import deferred_swiglu, fold_checkpoint, fold_rmsnorm_into_linear, inv_rms
+from minillm.model.layers import linear, rmsnorm, rope_tables
+from minillm.model.transformer import Transformer
 
 PROMPT = "The capital of France is Paris. The capital of Italy is"
 

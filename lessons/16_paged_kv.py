@@ -4,7 +4,7 @@ Lesson 02's cache is contiguous: `new_cache(n)` reserves n positions up front. A
 how long an answer will be, so it must reserve the model's whole context for every user, and most of
 that memory is never written. Paging (vLLM's PagedAttention) cuts the pool into blocks of 16 positions
 and hands them out as a sequence grows; a block table maps position p to block table[p // 16], slot
-p % 16. Only the last block of a sequence is partly empty. `minillm.paged_kv` is that cache: here we
+p % 16. Only the last block of a sequence is partly empty. `minillm.engine.paged_kv` is that cache: here we
 check it gives the same logits through scattered blocks, count what each scheme reserves for a
 realistic mix of lengths, and measure what reading through a table costs on the CPU. Last, a sliding
 window (Mistral): the blocks a sequence has slid past go back to the pool.
@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.bench import random_model
-from minillm.config import ModelConfig
+from minillm.tools.bench import random_model
+from minillm.model.config import ModelConfig
 from minillm.course import lesson_model, print_table, quick, save_plot
-from minillm.engine import Engine
+from minillm.engine.engine import Engine
 from minillm.llm import LLM
-from minillm.paged_kv import FREED, BlockManager, BlockTableCache, PagedKVCache, compare_allocation
+from minillm.engine.paged_kv import FREED, BlockManager, BlockTableCache, PagedKVCache, compare_allocation
 
 
 # NEW: the address translation, and reading a sequence back through its table ----------------------

@@ -20,11 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.batched import SeqChunk
+from minillm.engine.batched import SeqChunk
 from minillm.course import lesson_model, print_table, quick, save_plot
-from minillm.engine import Engine
-from minillm.generate import generate_ids
-from minillm.sampling import SamplingParams
+from minillm.engine.engine import Engine
+from minillm.engine.generate import generate_ids
+from minillm.engine.sampling import SamplingParams
 
 
 # NEW: watching the scheduler: what each step runs, who waits, what the pool holds --------------------

@@ -4,7 +4,7 @@ An agent sends the same long prefix with every call: instructions, tool descript
 so far. Keys and values at a position depend only on the tokens up to it, so a prefix's KV blocks,
 once computed, serve every later request that starts the same way; its prefill is skipped and its time
 to first token drops. minillm finds them with vLLM's design: each full block is named by a hash of
-(its parent's hash, its tokens), one dict lookup per block (`minillm.prefix_cache`). SGLang's design is
+(its parent's hash, its tokens), one dict lookup per block (`minillm.engine.prefix_cache`). SGLang's design is
 a radix tree over token ids, matching to the exact token; this lesson builds one and compares the two,
 then shows least-recently-used eviction deciding which prefixes stay when the pool is small.
 
@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm.course import lesson_model, print_table, quick, save_plot
-from minillm.engine import Engine
-from minillm.prefix_cache import PrefixCache, block_hashes
-from minillm.serve_bench import agentic_workload, run_engine
+from minillm.engine.engine import Engine
+from minillm.engine.prefix_cache import PrefixCache, block_hashes
+from minillm.tools.serve_bench import agentic_workload, run_engine
 
 
 # NEW: the other design, a radix tree (SGLang's RadixAttention) ----------------------------------------

@@ -21,15 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm.course import lesson_model, print_table, quick, save_plot
-from minillm.generate import generate_ids
-from minillm.sampling import SamplingParams
-from minillm.serve_bench import Result, Workload, format_table, random_workload, run_engine
+from minillm.engine.generate import generate_ids
+from minillm.engine.sampling import SamplingParams
+from minillm.tools.serve_bench import Result, Workload, format_table, random_workload, run_engine
 
 try:
     import httpx
 
-    from minillm.server import create_app, serve_in_thread
-    from minillm.serve_client_bench import run_http, server_metrics
+    from minillm.serve.server import create_app, serve_in_thread
+    from minillm.tools.serve_client_bench import run_http, server_metrics
 except Exception:   # ImportError, or minillm's one-line error that names the extra
     raise SystemExit('lesson 19 needs the HTTP server: pip install "minillm[serve]"') from None
 
@@ -63,7 +63,7 @@ def least_disturbed(run, repeats: int) -> Result:
 
 def main():
     llm = lesson_model()
-    from minillm.engine import Engine
+    from minillm.engine.engine import Engine
     small = quick()
     vocab = llm.config.vocab_size
     n_out, n_users, concurrency, repeats = (3, 2, 2, 1) if small else (32, 16, 8, 3)

@@ -1,15 +1,15 @@
 """minillm: a small, readable LLM inference engine on NumPy, with a course of lessons."""
-from .config import PRESETS, ModelConfig
-from .engine import Engine
-from .generate import Generation
-from .llm import LLM, load
+from minillm.model.config import PRESETS, ModelConfig
+from minillm.engine.engine import Engine
+from minillm.engine.generate import Generation
+from minillm.llm import LLM, load
 
 __version__ = "0.1.0"
 
 
 def load_tokenizer(path):
     """A tokenizer on its own, from a .gguf (vocabulary-only files too) or a tokenizer.json folder/file."""
-    from .tokenizer import load_tokenizer as _load
+    from minillm.checkpoints.tokenizer import load_tokenizer as _load
     return _load(path)
 
 

@@ -1,3 +1,3 @@
-from .cli import main
+from minillm.cli import main
 
 main()

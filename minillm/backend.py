@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import MiniLLMError
+from minillm.errors import MiniLLMError
 
 # Names a user may pass as `dtype=` / `--dtype`, and how each is stored on the host.
 STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}

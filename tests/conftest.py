@@ -15,7 +15,7 @@ def smollm2_dir(request):
     import os
     from pathlib import Path
 
-    from minillm.pull import pull
+    from minillm.checkpoints.pull import pull
 
     if os.environ.get("MINILLM_TEST_SMOLLM2"):
         return Path(os.environ["MINILLM_TEST_SMOLLM2"])
@@ -31,7 +31,7 @@ def smollm2_gguf(smollm2_dir, tmp_path_factory):
     """The GGUF file smollm2-135m was converted from (kept by `pull` as source.gguf), linked into a
     folder of its own: HF's `from_pretrained(folder, gguf_file=...)` would otherwise also read the
     converted config and tokenizer files beside it, and the peer must see only the GGUF."""
-    from minillm.pull import SOURCE_GGUF
+    from minillm.checkpoints.pull import SOURCE_GGUF
 
     alone = tmp_path_factory.mktemp("smollm2-gguf") / "SmolLM2-135M-Instruct.Q4_1.gguf"
     alone.symlink_to((smollm2_dir / SOURCE_GGUF).resolve())

@@ -28,8 +28,8 @@ import numpy as np
 def pack(src: Path, dst: Path, n_layers: int = 6, layers: range | None = None, embedding: bool = True,
          tokenizer: bool = False) -> None:
     """The first `n_layers` layers (the config says that many), or only `layers` of the full config."""
-    from minillm.quant import quantize_int4, quantize_int8
-    from minillm.weights import load_hf_dir
+    from minillm.model.quant import quantize_int4, quantize_int8
+    from minillm.checkpoints.weights import load_hf_dir
     config, tensors = load_hf_dir(src)
     kept = layers if layers is not None else range(n_layers)
     if layers is None:
@@ -62,7 +62,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def pack_all(src: Path, first: Path, second: Path) -> None:
     """The whole model in two pieces: embedding, norms, tokenizer and the first half of the layers; the rest."""
-    from minillm.config import ModelConfig
+    from minillm.model.config import ModelConfig
     n = ModelConfig.from_hf(json.loads((src / "config.json").read_text())).n_layers
     pack(src, first, layers=range(n // 4), tokenizer=True)          # the embedding is ~30% of the bytes
     pack(src, second, layers=range(n // 4, n), embedding=False)
@@ -70,8 +70,8 @@ def pack_all(src: Path, first: Path, second: Path) -> None:
 
 def unpack(srcs: str | Path, dst: Path) -> Path:
     """Rebuild an HF-layout dir from one piece or several (comma-separated paths)."""
-    from minillm.config import ModelConfig
-    from minillm.weights import save_hf_dir
+    from minillm.model.config import ModelConfig
+    from minillm.checkpoints.weights import save_hf_dir
     config, tensors = None, {}
     for src in str(srcs).split(","):
         z = np.load(src)
@@ -81,7 +81,7 @@ def unpack(srcs: str | Path, dst: Path) -> Path:
 
 
 def _tensors(z, dst: Path) -> dict:
-    from minillm.quant import Int4Weight, Int8Weight
+    from minillm.model.quant import Int4Weight, Int8Weight
     tensors = {}
     for key in z.files:
         if key.startswith("file:"):

@@ -3,7 +3,7 @@ and bench's account of where prefill time goes)."""
 import numpy as np
 import pytest
 
-from minillm.attention import attend, attention_mask, grouped_attention
+from minillm.model.attention import attend, attention_mask, grouped_attention
 
 
 def test_causal_mask_with_a_cache_offset():
@@ -46,7 +46,7 @@ def test_attention_matches_a_per_head_reference():
 
 def _reference(q, k, v, window=None):
     """Per-head softmax attention in float64 with attention_mask's rule: the ground truth."""
-    from minillm.attention import attention_mask
+    from minillm.model.attention import attention_mask
     T, n_heads, hd = q.shape
     n_kv, L, _ = k.shape
     allowed = attention_mask(T, L, window)
@@ -85,7 +85,7 @@ def test_decode_against_a_long_cache_with_a_window():
 
 @pytest.mark.parametrize("shape", [(600, 1536), (7,), (3, 5)])
 def test_silu_is_the_plain_formula_bit_for_bit(shape):
-    from minillm.layers import silu
+    from minillm.model.layers import silu
     x = np.random.default_rng(5).standard_normal(shape).astype(np.float32) * 4
     x[..., 0] = -100.0                                             # exp(100) overflows to inf: silu is -0
     with np.errstate(over="ignore"):

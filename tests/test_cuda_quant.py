@@ -96,7 +96,7 @@ def swiglu_error(k, method, group, ffn, n_in, norm, seed=0) -> float:
     errors (QUANT_TOL of each vector's largest value) reach the output with. Relative to the output's own
     largest value instead (as checks.check_gemv_swiglu measures), one small silu(g)·u (ffn = 1) could ask
     for more precision than the GEMV outputs it is made of have."""
-    from minillm.layers import rmsnorm, silu
+    from minillm.model.layers import rmsnorm, silu
     rng = np.random.default_rng(seed)
     w, dw = checks.weights(k, 2 * ffn, n_in, rng, method, group)
     x = (rng.standard_normal(n_in) * 3).astype(np.float32)

@@ -3,7 +3,7 @@
 kernels compute is checked on the GPU (tests/test_cuda*.py); this checks which of them a step calls."""
 import pytest
 
-from minillm.config import PRESETS
+from minillm.model.config import PRESETS
 from minillm.course import record_decode_launches
 
 MISTRAL, SMOLLM2 = PRESETS["mistral-7b"].config, PRESETS["smollm2-135m"].config

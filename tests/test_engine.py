@@ -6,13 +6,13 @@ from hypothesis import given, settings, strategies as st
 
 import minillm
 from hf_models import llama_config, mistral_config, save_random_model
-from minillm.engine import Engine
+from minillm.engine.engine import Engine
 from minillm.errors import MiniLLMError
-from minillm.generate import generate_ids
-from minillm.paged_kv import FREED, BlockManager
-from minillm.prefix_cache import PrefixCache
-from minillm.sampling import SamplingParams
-from minillm.scheduler import Scheduler, Sequence
+from minillm.engine.generate import generate_ids
+from minillm.engine.paged_kv import FREED, BlockManager
+from minillm.engine.prefix_cache import PrefixCache
+from minillm.engine.sampling import SamplingParams
+from minillm.engine.scheduler import Scheduler, Sequence
 
 LENGTHS = [3, 40, 17, 9, 26, 1]
 MAX_TOKENS = 24
@@ -209,7 +209,7 @@ def test_requests_that_cannot_run_are_refused_with_one_line(llm):
 
 
 def test_mla_models_are_not_supported_yet(llm):
-    from minillm.model import Transformer
+    from minillm.model.transformer import Transformer
     mla = Transformer.__new__(Transformer)
     mla.config = llm.config.replace(attention="mla", kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
                                     v_head_dim=8)

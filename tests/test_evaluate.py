@@ -10,7 +10,7 @@ import torch
 import minillm
 from hf_models import save_random_model
 from minillm.errors import MiniLLMError
-from minillm.evaluate import _windows, eval_text, perplexity, run_cli
+from minillm.tools.evaluate import _windows, eval_text, perplexity, run_cli
 
 VOCAB = 49152   # SmolLM2's tokenizer, so the random model can read real text
 

@@ -97,7 +97,7 @@ def top_p_drops_the_crossing_token(logits, p):
 
 
 def top_p_in_place(logits, p):
-    from minillm.sampling import top_p_filter
+    from minillm.engine.sampling import top_p_filter
     logits[:] = top_p_filter(logits, p)
     return logits
 
@@ -141,7 +141,7 @@ def mla_w_uk_transposed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, scale):
 
 
 def window_one_too_wide(n_queries, n_keys, window):
-    from minillm.attention import attention_mask
+    from minillm.model.attention import attention_mask
     return attention_mask(n_queries, n_keys, None if window is None else window + 1)
 
 
@@ -153,7 +153,7 @@ def mask_queries_first(n_queries, n_keys, window):
 
 
 def mask_without_window(n_queries, n_keys, window):
-    from minillm.attention import attention_mask
+    from minillm.model.attention import attention_mask
     return attention_mask(n_queries, n_keys, None)
 
 
@@ -173,13 +173,13 @@ def int8_divides_by_128(w):
 
 
 def int4_nibbles_swapped(w, group_size):
-    from minillm.quant import quantize_int4
+    from minillm.model.quant import quantize_int4
     q = quantize_int4(w, group_size)
     return ((q.qweight & 0x0F) << 4 | q.qweight >> 4).astype(np.uint8), q.scales, q.mins
 
 
 def int4_without_padding(w, group_size):
-    from minillm.quant import quantize_int4
+    from minillm.model.quant import quantize_int4
     keep = w.shape[1] - w.shape[1] % group_size
     q = quantize_int4(w[:, :keep], group_size)
     return q.qweight, q.scales, q.mins
@@ -187,7 +187,7 @@ def int4_without_padding(w, group_size):
 
 def int4_symmetric(w, group_size):
     """A symmetric grid stored as (codes + 8, min = -8·scale): right shapes, wrong levels."""
-    from minillm.quant import pack_int4
+    from minillm.model.quant import pack_int4
     out, n = w.shape
     g = np.pad(w, ((0, 0), (0, -n % group_size)), mode="edge").reshape(out, -1, group_size)
     scale = np.abs(g).max(-1) / 7

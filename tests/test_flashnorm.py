@@ -9,11 +9,12 @@ from click.testing import CliRunner
 
 import minillm
 from hf_models import hf_logits, llama_config, save_random_model
-from minillm import flashnorm, model as model_module
+from minillm.model import flashnorm
+from minillm.model import transformer as model_module
 from minillm.cli import cli
-from minillm.layers import rmsnorm
-from minillm.model import Transformer
-from minillm.weights import load_hf_dir
+from minillm.model.layers import rmsnorm
+from minillm.model.transformer import Transformer
+from minillm.checkpoints.weights import load_hf_dir
 
 TOL = 1e-4
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")

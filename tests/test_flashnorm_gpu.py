@@ -17,8 +17,8 @@ from minillm.cuda.flashnorm_gpu import (FlashNormGPUTransformer, FlashNormKernel
                                         benchmark)
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
-from minillm.flashnorm import deferred_linear, fold_checkpoint, inv_rms  # noqa: E402
-from minillm.layers import rmsnorm, silu  # noqa: E402
+from minillm.model.flashnorm import deferred_linear, fold_checkpoint, inv_rms  # noqa: E402
+from minillm.model.layers import rmsnorm, silu  # noqa: E402
 
 EPS = 1e-5
 # The reference uses the same 16-bit weights widened to fp32: only the fp32 summation order differs.
@@ -132,8 +132,8 @@ def test_a_delayed_matmul_stream_changes_nothing(kernels, T):
 def test_two_stream_head_model_matches_the_gpu_model(tmp_path):
     """GPUTransformer and its FlashNorm twin on the same folded weights: same logits, step by step."""
     from hf_models import llama_config, save_random_model
-    from minillm.model import Transformer
-    from minillm.weights import load_hf_dir
+    from minillm.model.transformer import Transformer
+    from minillm.checkpoints.weights import load_hf_dir
     save_random_model(llama_config(tied=True), tmp_path)
     config, tensors = load_hf_dir(tmp_path)
     config, tensors, _ = fold_checkpoint(config, tensors, untie=True)

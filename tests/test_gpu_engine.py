@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 
 from minillm.backend import to_dtype
-from minillm.batched import BatchedRunner, SeqChunk
+from minillm.engine.batched import BatchedRunner, SeqChunk
 from minillm.cuda import checks
 from minillm.cuda.gpu_batched import (DevicePagedKV, GPUBatchedRunner, HostModel, HostOps, batch_meta,
                                       paged_attention_reference)
-from minillm.engine import Engine
+from minillm.engine.engine import Engine
 from minillm.llm import LLM
-from minillm.paged_kv import PagedKVCache
+from minillm.engine.paged_kv import PagedKVCache
 
 try:
     import cupy as cp
@@ -122,7 +122,7 @@ def test_batch_meta_points_each_row_at_its_own_slot():
 @pytest.mark.parametrize("window", [None, 5])
 def test_paged_attention_reference_equals_the_cpu_gather(window):
     """The reference the kernel is tested against agrees with paged_kv.read + grouped_attention."""
-    from minillm.attention import grouped_attention
+    from minillm.model.attention import grouped_attention
     config = small("gqa")
     rng = np.random.default_rng(3)
     pool = PagedKVCache(config, 12, 4)

@@ -6,11 +6,11 @@ import torch
 
 import minillm
 from hf_models import hf_logits, llama_config, save_random_model
-from minillm.evaluate import eval_text, perplexity
-from minillm.kv_heads import convert_kv_heads, convert_kv_heads_dir
+from minillm.tools.evaluate import eval_text, perplexity
+from minillm.checkpoints.kv_heads import convert_kv_heads, convert_kv_heads_dir
 from minillm.llm import LLM
-from minillm.model import Transformer
-from minillm.weights import load_hf_dir
+from minillm.model.transformer import Transformer
+from minillm.checkpoints.weights import load_hf_dir
 
 TOL = 1e-4
 # initializer_range 0.1 (not 0.02) makes attention peaked enough that keys routed to the wrong
@@ -104,7 +104,7 @@ def test_a_count_that_does_not_divide_the_kv_heads_is_a_clear_error(n_new, tmp_p
 def test_bf16_checkpoints_stay_bf16(tmp_path):
     save_random_model(llama_config(n_heads=8, n_kv_heads=4), tmp_path / "src")
     config, tensors = load_hf_dir(tmp_path / "src")
-    minillm.weights.save_hf_dir(tmp_path / "bf16", config, tensors, dtype="bfloat16")
+    minillm.checkpoints.weights.save_hf_dir(tmp_path / "bf16", config, tensors, dtype="bfloat16")
     convert_kv_heads_dir(tmp_path / "bf16", tmp_path / "dst", 2)
     new_config, new_tensors = load_hf_dir(tmp_path / "dst")
     assert new_config.torch_dtype == "bfloat16"
@@ -139,9 +139,9 @@ def test_quantized_weights_are_refused(tmp_path):
 def test_every_hf_dir_conversion_carries_the_tokenizer_and_chat_template(kind, tmp_path):
     """A converted dir is a whole model: tokenizer, its config, the chat template (also as the newer
     separate chat_template.jinja) and the generation config come along, byte for byte."""
-    from minillm.flashnorm import convert_flashnorm
-    from minillm.gguf_import import convert
-    from minillm.weights import TOKENIZER_FILES
+    from minillm.model.flashnorm import convert_flashnorm
+    from minillm.checkpoints.gguf_import import convert
+    from minillm.checkpoints.weights import TOKENIZER_FILES
     save_random_model(llama_config(n_heads=8, n_kv_heads=4), tmp_path / "src")
     for name in TOKENIZER_FILES:
         (tmp_path / "src" / name).write_text(f"{name} of the source")

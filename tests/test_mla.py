@@ -7,11 +7,11 @@ import pytest
 
 import minillm
 from hf_models import SMALL, hf_logits, llama_config, save_random_model
-from minillm.config import ModelConfig
-from minillm.kv_cache import MLACache
-from minillm.mla_convert import convert_to_mla, rank_sweep
-from minillm.model import Transformer
-from minillm.weights import load_hf_dir, save_hf_dir
+from minillm.model.config import ModelConfig
+from minillm.model.kv_cache import MLACache
+from minillm.checkpoints.mla_convert import convert_to_mla, rank_sweep
+from minillm.model.transformer import Transformer
+from minillm.checkpoints.weights import load_hf_dir, save_hf_dir
 
 TOL = 1e-4
 MODES = ["absorbed", "naive"]

@@ -84,7 +84,7 @@ def test_storage_dtypes_widen_to_the_same_model(tmp_path):
 def test_rolling_buffer_cache_matches_hf_with_memory_bounded_by_the_window(tmp_path, prefill_len, chunk):
     """Mistral's sliding window as a rolling buffer: the cache holds W slots, yet every logit
     equals HF's full computation with a windowed mask, through prefill (chunked or not) and decode."""
-    from minillm.kv_cache import RollingKVCache
+    from minillm.model.kv_cache import RollingKVCache
     window = 6
     hf = save_random_model(mistral_config(sliding_window=window), tmp_path)
     llm = minillm.load(str(tmp_path))

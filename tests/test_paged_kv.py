@@ -5,10 +5,10 @@ from hypothesis import given, settings, strategies as st
 
 import minillm
 from hf_models import llama_config, mistral_config, save_random_model
-from minillm.batched import BatchedRunner, SeqChunk
-from minillm.kv_cache import Int8KVCache
-from minillm.paged_kv import BlockManager, BlockTableCache, PagedKVCache, compare_allocation
-from minillm.prefix_cache import PrefixCache, block_hashes
+from minillm.engine.batched import BatchedRunner, SeqChunk
+from minillm.model.kv_cache import Int8KVCache
+from minillm.engine.paged_kv import BlockManager, BlockTableCache, PagedKVCache, compare_allocation
+from minillm.engine.prefix_cache import PrefixCache, block_hashes
 
 TOL = 1e-4
 

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from minillm.config import PRESETS
-from minillm.planner import (GPUS, PlanError, find_gpu, format_plan, kv_bytes_per_token, plan, plot_plan,
+from minillm.model.config import PRESETS
+from minillm.tools.planner import (GPUS, PlanError, find_gpu, format_plan, kv_bytes_per_token, plan, plot_plan,
                              run_cli, weight_bytes)
 
 GB = 1e9
@@ -155,7 +155,7 @@ def test_plot_without_matplotlib_is_one_clear_error(monkeypatch, tmp_path):
 
 
 def test_mla_weights_and_latent_kv_cache():
-    from minillm.config import ModelConfig
+    from minillm.model.config import ModelConfig
     try:
         c = ModelConfig(vocab_size=1000, dim=256, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=512,
                         attention="mla", q_lora_rank=64, kv_lora_rank=128, qk_nope_head_dim=32,

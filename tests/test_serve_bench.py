@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from hf_models import llama_config, save_random_model
 from minillm.cli import cli
-from minillm.serve_bench import MODES, agentic_workload
+from minillm.tools.serve_bench import MODES, agentic_workload
 
 
 @pytest.fixture(scope="module")

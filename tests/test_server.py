@@ -32,8 +32,8 @@ def _free_port() -> int:
 def served(smollm2_dir):
     """A running server: .url, .client (openai), .llm, .server (the app's OpenAIServer)."""
     import minillm
-    from minillm.engine import Engine
-    from minillm.server import create_app, serve_in_thread
+    from minillm.engine.engine import Engine
+    from minillm.serve.server import create_app, serve_in_thread
 
     llm = minillm.load(smollm2_dir)
     app = create_app(llm, Engine(llm, max_batch=32), "smollm2")
@@ -319,11 +319,11 @@ def test_an_engine_failure_fails_its_requests_and_the_server_goes_on(served, mon
 # ---- the HTTP benchmark client (minillm bench serve --url) ---------------------------------------------
 
 def test_bench_client_runs_the_serving_workload_over_http(served):
-    from minillm.serve_client_bench import run_cli
+    from minillm.tools.serve_client_bench import run_cli
     lines = []
     results = run_cli(served.url, n_requests=4, concurrency=2, prefix_share=0.75, workload="agentic",
                       prompt_len=32, output_len=3, echo=lines.append)
-    from minillm.serve_bench import agentic_workload
+    from minillm.tools.serve_bench import agentic_workload
     sent = agentic_workload(4, served.llm.config.vocab_size, 32, 3, 0.75, seed=0)   # what run_cli built
     (r,) = results
     assert r.mode == "HTTP server" and len(r.ttft_s) == 4
@@ -344,8 +344,8 @@ def test_bench_serve_cli_drives_a_running_server(served):
 
 
 def test_bench_client_counts_every_token_with_ignore_eos(served):
-    from minillm.serve_bench import Workload
-    from minillm.serve_client_bench import run_http
+    from minillm.tools.serve_bench import Workload
+    from minillm.tools.serve_client_bench import run_http
     eos = served.llm.tokenizer.eos_ids[0]
     w = Workload("eos prompts", [[eos, eos, eos], [eos] * 5], [5, 3])    # likely to stop at once without it
     r = run_http(served.url, "smollm2", w, concurrency=2)
@@ -353,7 +353,7 @@ def test_bench_client_counts_every_token_with_ignore_eos(served):
 
 
 def test_sse_stream_text_reads_completions_and_chat_streams():
-    from minillm.serve_client_bench import stream_text
+    from minillm.tools.serve_client_bench import stream_text
     completion = ('data: {"choices": [{"text": "Hel", "finish_reason": null}]}\n\n'
                   'data: {"choices": [{"text": "lo", "finish_reason": "length"}]}\n\n'
                   'data: {"choices": [], "usage": {"completion_tokens": 2}}\n\ndata: [DONE]\n\n')
@@ -366,7 +366,7 @@ def test_sse_stream_text_reads_completions_and_chat_streams():
 
 def test_bench_client_without_a_server_is_one_clear_error():
     from minillm.errors import MiniLLMError
-    from minillm.serve_client_bench import run_cli
+    from minillm.tools.serve_client_bench import run_cli
     with pytest.raises(MiniLLMError, match="no OpenAI-compatible server answers at http://127.0.0.1:"):
         run_cli(f"http://127.0.0.1:{_free_port()}")
 
@@ -388,7 +388,7 @@ def test_serve_without_fastapi_says_what_to_install(monkeypatch):
     from minillm.cli import cli
     import minillm
     monkeypatch.setitem(sys.modules, "fastapi", None)           # as if it were not installed
-    monkeypatch.delitem(sys.modules, "minillm.server", raising=False)
+    monkeypatch.delitem(sys.modules, "minillm.serve.server", raising=False)
     monkeypatch.delattr(minillm, "server", raising=False)       # else `from . import server` finds it
     result = CliRunner().invoke(cli, ["serve", "--port", str(_free_port())])
     assert result.exit_code == 1

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, HealthCheck
 from hypothesis import strategies as st
 
-from minillm.tokenizer import Tokenizer, load_tokenizer
+from minillm.checkpoints.tokenizer import Tokenizer, load_tokenizer
 
 DATA = Path(__file__).resolve().parent / "data" / "tokenizers"
 VOCABS = ["gpt-2", "llama-bpe", "llama-spm"]

@@ -11,8 +11,8 @@ from gguf.quants import quantize
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from minillm.errors import MiniLLMError
-from minillm.gguf_import import load_gguf
-from minillm.weights import (bf16_to_f32, f32_to_bf16, load_hf_dir, read_safetensors, save_hf_dir,
+from minillm.checkpoints.gguf_import import load_gguf
+from minillm.checkpoints.weights import (bf16_to_f32, f32_to_bf16, load_hf_dir, read_safetensors, save_hf_dir,
                              write_safetensors)
 
 
@@ -289,8 +289,8 @@ def test_gguf_tied_and_dtype_choice(tmp_path):
 
 
 def test_gguf_default_dtype_is_float16_for_big_models():
-    from minillm.config import PRESETS
-    from minillm.gguf_import import default_dtype
+    from minillm.model.config import PRESETS
+    from minillm.checkpoints.gguf_import import default_dtype
     assert default_dtype(PRESETS["smollm2-135m"].config) == "float32"
     assert default_dtype(PRESETS["mistral-7b"].config) == "float16"
 
@@ -315,7 +315,7 @@ def test_gguf_errors(hf_model, tmp_path):
 
 # ---- the real SmolLM2 file (pulled once per cache, see conftest.py) --------------------------------
 def test_smollm2_config_matches_preset(smollm2_dir):
-    from minillm.config import PRESETS
+    from minillm.model.config import PRESETS
     config, tensors = load_hf_dir(smollm2_dir)
     assert config == PRESETS["smollm2-135m"].config.replace(torch_dtype="float32")
     assert len(tensors) == 2 + 9 * 30 and "lm_head.weight" not in tensors  # tied head
@@ -331,7 +331,7 @@ def test_smollm2_converted_dir_matches_hf_gguf_loader(smollm2_dir, smollm2_gguf)
 
 # ---- convert ---------------------------------------------------------------------------------------
 def test_convert_gguf_then_transformers_loads_it(hf_model, tmp_path):
-    from minillm.gguf_import import convert
+    from minillm.checkpoints.gguf_import import convert
     write_llama_gguf(tmp_path / "m.gguf", hf_model)
     convert(tmp_path / "m.gguf", tmp_path / "out", progress=False)
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "out").iterdir()}
@@ -340,7 +340,7 @@ def test_convert_gguf_then_transformers_loads_it(hf_model, tmp_path):
 
 
 def test_convert_hf_dir_casts_and_copies_tokenizer_files(hf_dir, tmp_path):
-    from minillm.gguf_import import convert
+    from minillm.checkpoints.gguf_import import convert
     src = tmp_path / "src"
     src.mkdir()
     for f in hf_dir.iterdir():
@@ -358,7 +358,7 @@ def test_convert_hf_dir_casts_and_copies_tokenizer_files(hf_dir, tmp_path):
 @pytest.mark.parametrize("n_tokens", [1, 7])
 def test_16_bit_weights_multiply_a_block_at_a_time_like_the_whole_widened_matrix(dtype, n_tokens, monkeypatch):
     from minillm import backend
-    from minillm.layers import linear
+    from minillm.model.layers import linear
     rng = np.random.default_rng(3)
     w = backend.to_dtype(rng.standard_normal((301, 64)).astype(np.float32), dtype)     # bf16 bits or fp16
     x = rng.standard_normal((n_tokens, 64)).astype(np.float32)

@@ -2,7 +2,7 @@
 
 Write `rmsnorm` below, then check it:
     minillm exercise check 1          (or: pytest lessons/exercises --exercise 1)
-The grader compares it with the engine's own `minillm.layers.rmsnorm` on random inputs.
+The grader compares it with the engine's own `minillm.model.layers.rmsnorm` on random inputs.
 """
 import numpy as np
 

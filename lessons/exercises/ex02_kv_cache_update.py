@@ -2,7 +2,7 @@
 
 Write `kv_cache_update` below, then check it:
     minillm exercise check 2          (or: pytest lessons/exercises --exercise 2)
-The grader compares it with the engine's `minillm.kv_cache.KVCache.append` on random inputs.
+The grader compares it with the engine's `minillm.model.kv_cache.KVCache.append` on random inputs.
 """
 import numpy as np
 

@@ -5,7 +5,7 @@ the angle depends on the absolute position (the cache length at decode), not on 
 
 Write `apply_rope` below, then check it:
     minillm exercise check 3          (or: pytest lessons/exercises --exercise 3)
-The grader compares it with the engine's `minillm.layers.apply_rope` on random inputs.
+The grader compares it with the engine's `minillm.model.layers.apply_rope` on random inputs.
 """
 import numpy as np
 
@@ -15,7 +15,7 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
     x:        [T, n_heads, head_dim]   queries or keys, T positions
     cos, sin: [T, head_dim // 2]       cos and sin of each position's angle for each pair
-                                       (minillm.layers.rope_tables makes them)
+                                       (minillm.model.layers.rope_tables makes them)
     returns   [T, n_heads, head_dim]
 
     Pair i is (x[..., i], x[..., i + head_dim // 2]) — the first half against the second half,

@@ -2,7 +2,7 @@
 
 Write `top_p_filter` below, then check it:
     minillm exercise check 4          (or: pytest lessons/exercises --exercise 4)
-The grader compares it with the engine's `minillm.sampling.top_p_filter` on random inputs.
+The grader compares it with the engine's `minillm.engine.sampling.top_p_filter` on random inputs.
 """
 import numpy as np
 

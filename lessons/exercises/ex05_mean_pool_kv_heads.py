@@ -2,7 +2,7 @@
 
 Write `mean_pool_kv_heads` below, then check it:
     minillm exercise check 5          (or: pytest lessons/exercises --exercise 5)
-The grader compares it with the engine's `minillm.kv_heads.pool_heads` on random weights.
+The grader compares it with the engine's `minillm.checkpoints.kv_heads.pool_heads` on random weights.
 """
 import numpy as np
 

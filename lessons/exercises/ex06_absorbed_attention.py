@@ -2,7 +2,7 @@
 
 Write `absorbed_attention` below, then check it:
     minillm exercise check 6          (or: pytest lessons/exercises --exercise 6)
-The grader compares it with the engine's `minillm.mla.absorbed_attention` on random inputs.
+The grader compares it with the engine's `minillm.model.mla.absorbed_attention` on random inputs.
 """
 import numpy as np
 

@@ -2,7 +2,7 @@
 
 Write `sliding_window_mask` below, then check it:
     minillm exercise check 7          (or: pytest lessons/exercises --exercise 7)
-The grader compares it with the engine's `minillm.attention.attention_mask`.
+The grader compares it with the engine's `minillm.model.attention.attention_mask`.
 """
 import numpy as np
 

@@ -2,7 +2,7 @@
 
 Write `quantize_int8_per_row` below, then check it:
     minillm exercise check 8          (or: pytest lessons/exercises --exercise 8)
-The grader compares it with the engine's `minillm.quant.quantize_int8`.
+The grader compares it with the engine's `minillm.model.quant.quantize_int8`.
 """
 import numpy as np
 

@@ -2,7 +2,7 @@
 
 Write `quantize_int4_groupwise` below, then check it:
     minillm exercise check 9          (or: pytest lessons/exercises --exercise 9)
-The grader compares it with the engine's `minillm.quant.quantize_int4(w, group_size)` (its .qweight,
+The grader compares it with the engine's `minillm.model.quant.quantize_int4(w, group_size)` (its .qweight,
 .scales, .mins), i.e. the min/max grid. The engine then goes one step further and searches each
 group's grid (`search=True`: clipping, weighted by how large each input column's activations are);
 lesson 09's second half measures what that buys. The bytes' layout is the same either way.

@@ -2,7 +2,7 @@
 
 Write `quantize_kv_int8` below, then check it:
     minillm exercise check 10         (or: pytest lessons/exercises --exercise 10)
-The grader compares it with what the engine's `minillm.kv_cache.Int8KVCache.append` stores.
+The grader compares it with what the engine's `minillm.model.kv_cache.Int8KVCache.append` stores.
 """
 import numpy as np
 

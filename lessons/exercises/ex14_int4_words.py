@@ -2,7 +2,7 @@
 
 Write `dequantize_int4_words` below, then check it:
     minillm exercise check 14         (or: pytest lessons/exercises --exercise 14)
-The grader compares it with the engine's `minillm.quant.Int4Weight.dequantize` on the same bytes.
+The grader compares it with the engine's `minillm.model.quant.Int4Weight.dequantize` on the same bytes.
 """
 import numpy as np
 
@@ -10,7 +10,7 @@ import numpy as np
 def dequantize_int4_words(words: np.ndarray, scales: np.ndarray, mins: np.ndarray, in_features: int) -> np.ndarray:
     """W [out, in_features] in float32 from int4 codes packed as kernels/gemv_quant.cu loads them.
 
-    minillm.quant packs two codes a byte: byte j of a row holds element 2j in its low nibble (bits 0-3)
+    minillm.model.quant packs two codes a byte: byte j of a row holds element 2j in its low nibble (bits 0-3)
     and element 2j + 1 in its high nibble (bits 4-7). The GPU loads 16 bytes at a time and works on them
     as four 32-bit words, little-endian: byte 0 is the word's lowest 8 bits. Here every row arrives as
     such words, so word k of a row holds elements 8k .. 8k + 7.

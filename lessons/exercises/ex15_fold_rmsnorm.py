@@ -2,7 +2,7 @@
 
 Write `fold_rmsnorm_into_linear` below, then check it:
     minillm exercise check 15          (or: pytest lessons/exercises --exercise 15)
-The grader compares it with the engine's `minillm.flashnorm.fold_rmsnorm_into_linear`.
+The grader compares it with the engine's `minillm.model.flashnorm.fold_rmsnorm_into_linear`.
 """
 import numpy as np
 

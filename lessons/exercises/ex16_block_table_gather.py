@@ -2,7 +2,7 @@
 
 Write `gather_through_block_table` below, then check it:
     minillm exercise check 16          (or: pytest lessons/exercises --exercise 16)
-The grader compares it with the engine's `minillm.paged_kv.PagedKVCache.read`.
+The grader compares it with the engine's `minillm.engine.paged_kv.PagedKVCache.read`.
 """
 import numpy as np
 

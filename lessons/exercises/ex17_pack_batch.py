@@ -2,7 +2,7 @@
 
 Write `pack_batch` below, then check it:
     minillm exercise check 17          (or: pytest lessons/exercises --exercise 17)
-The grader compares it with the engine's `minillm.batched.pack`.
+The grader compares it with the engine's `minillm.engine.batched.pack`.
 """
 import numpy as np
 

@@ -2,7 +2,7 @@
 
 Write `cached_prefix_tokens` below, then check it:
     minillm exercise check 18          (or: pytest lessons/exercises --exercise 18)
-The grader compares it with the engine's `minillm.prefix_cache` (hashed full blocks, vLLM's design).
+The grader compares it with the engine's `minillm.engine.prefix_cache` (hashed full blocks, vLLM's design).
 """
 
 

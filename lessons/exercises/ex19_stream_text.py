@@ -2,7 +2,7 @@
 
 Write `stream_text` below, then check it:
     minillm exercise check 19         (or: pytest lessons/exercises --exercise 19)
-The grader compares it with the engine's `minillm.serve_client_bench.stream_text` (the reader that
+The grader compares it with the engine's `minillm.tools.serve_client_bench.stream_text` (the reader that
 `minillm bench serve --url` times requests with) on bodies shaped like what `minillm serve` sends.
 """
 import json   # noqa: F401  (you will want it)

@@ -1,8 +1,8 @@
 """The course: the numbered lessons, what they share, and the exercise grader.
 
 Lessons live in `lessons/NN_name.py` and exercises in `lessons/exercises/exNN_name.py` of a source
-checkout. Every exercise's reference solution is the engine's own code (`minillm.layers.rmsnorm`,
-`minillm.kv_cache.KVCache.append`, ...), so a student who passes has written what the engine runs.
+checkout. Every exercise's reference solution is the engine's own code (`minillm.model.layers.rmsnorm`,
+`minillm.model.kv_cache.KVCache.append`, ...), so a student who passes has written what the engine runs.
 
     lessons.py       finding and running lessons; what every lesson shares (its model, tables, plots)
     gpu_parts.py     the lessons' GPU parts (run, or skipped without a GPU); a decode step's launches
@@ -18,20 +18,20 @@ checkout. Every exercise's reference solution is the engine's own code (`minillm
 
 Everything a lesson, a test or the CLI uses is importable from `minillm.course` itself.
 """
-from .cases import Case, CaseFailed, Exercise, expect_close, expect_unchanged
-from .ex_basics import kv_cache_update_reference
-from .ex_flashnorm import fold_rmsnorm_reference
-from .ex_gpu import (_warps_reduced, _xor_shuffle_sum, block_sum_reference, decode_launches_reference,
+from minillm.course.cases import Case, CaseFailed, Exercise, expect_close, expect_unchanged
+from minillm.course.ex_basics import kv_cache_update_reference
+from minillm.course.ex_flashnorm import fold_rmsnorm_reference
+from minillm.course.ex_gpu import (_warps_reduced, _xor_shuffle_sum, block_sum_reference, decode_launches_reference,
                      transfer_bytes_reference)
-from .ex_quant import (dequantize_int4_words_reference, quantize_int4_reference, quantize_int8_reference,
+from minillm.course.ex_quant import (dequantize_int4_words_reference, quantize_int4_reference, quantize_int8_reference,
                        quantize_kv_int8_reference)
-from .ex_serving import cached_prefix_reference, gather_reference, pack_reference, stream_text_reference
-from .gpu_parts import gpu_description, record_decode_launches, recording_decode_step, run_gpu_parts, why_no_gpu
-from .grader import CaseResult, Report, check_exercise, exercise_path, load_exercise
-from .lessons import (DEFAULT_LESSON_MODEL, EXERCISES_DIR, LESSONS_DIR, MODEL_ENV, OUT_DIR, QUICK_ENV, Lesson,
+from minillm.course.ex_serving import cached_prefix_reference, gather_reference, pack_reference, stream_text_reference
+from minillm.course.gpu_parts import gpu_description, record_decode_launches, recording_decode_step, run_gpu_parts, why_no_gpu
+from minillm.course.grader import CaseResult, Report, check_exercise, exercise_path, load_exercise
+from minillm.course.lessons import (DEFAULT_LESSON_MODEL, EXERCISES_DIR, LESSONS_DIR, MODEL_ENV, OUT_DIR, QUICK_ENV, Lesson,
                       StandInTokenizer, best_time, default_lesson_model, find_lesson, hf_tensors, lesson_model,
                       list_lessons, print_table, quick, run_lesson, save_plot)
-from .registry import EXERCISES
+from minillm.course.registry import EXERCISES
 
 __all__ = [
     # lessons

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import Case, CaseFailed, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, expect_close, expect_unchanged
 
 
 # 05: mean-pooling KV heads ---------------------------------------------------------------------------
@@ -20,7 +20,7 @@ def _pool_cases() -> list[Case]:
 
 
 def _check_pool(fn, case: Case) -> str:
-    from ..kv_heads import pool_heads
+    from minillm.checkpoints.kv_heads import pool_heads
     c = case.inputs
     n_kv, n_new, hd, dim = c["n_kv"], c["n_new"], c["hd"], c["dim"]
     rng = np.random.default_rng(n_kv * 100 + n_new)
@@ -58,7 +58,7 @@ def _mla_cases() -> list[Case]:
 
 def _latent_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, scale, causal=True, rope_term=True):
     """The absorbed formula written plainly, with switches the grader uses to name a student's mistake."""
-    from ..attention import mask_bias
+    from minillm.model.attention import mask_bias
     H, T, _ = q_rope.shape
     scores = (q_nope @ w_uk) @ c_kv.T                                    # [H, T, L]
     if rope_term:
@@ -72,7 +72,7 @@ def _latent_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, scale, causal=Tr
 
 
 def _check_mla(fn, case: Case) -> str:
-    from ..mla import absorbed_attention
+    from minillm.model.mla import absorbed_attention
     c = case.inputs
     H, T, L, nope, rope, r, v = (c[k] for k in ("H", "T", "L", "nope", "rope", "r", "v"))
     rng = np.random.default_rng(H * 1000 + T * 100 + L)
@@ -114,7 +114,7 @@ def _mask_cases() -> list[Case]:
 
 
 def _check_mask(fn, case: Case) -> str:
-    from ..attention import attention_mask
+    from minillm.model.attention import attention_mask
     T, L, window = case.inputs["T"], case.inputs["L"], case.inputs["window"]
     got = fn(T, L, window)
     want = attention_mask(T, L, window)
@@ -139,7 +139,7 @@ def _check_mask(fn, case: Case) -> str:
 
 def _top_left(T: int, L: int, window) -> np.ndarray:
     """The common mistake: queries placed at positions 0 .. T-1 instead of L-T .. L-1."""
-    from ..attention import attention_mask
+    from minillm.model.attention import attention_mask
     return attention_mask(T, T, window) if T == L else np.pad(attention_mask(T, T, window), ((0, 0), (0, L - T)))
 
 

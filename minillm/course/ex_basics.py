@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import Case, CaseFailed, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, expect_close, expect_unchanged
 
 
 # 01: RMSNorm ------------------------------------------------------------------------------------
@@ -24,7 +24,7 @@ def _rmsnorm_cases() -> list[Case]:
 
 
 def _check_rmsnorm(fn, case: Case) -> str:
-    from ..layers import rmsnorm
+    from minillm.model.layers import rmsnorm
     x, weight, eps = case.inputs["x"], case.inputs["weight"], case.inputs["eps"]
     x_in, w_in = x.copy(), weight.copy()
     got = fn(x_in, w_in, eps)
@@ -37,8 +37,8 @@ def _check_rmsnorm(fn, case: Case) -> str:
 
 def kv_cache_update_reference(cache_k, cache_v, k_new, v_new, pos):
     """The engine's KVCache.append, for one layer's arrays given by the caller (the exercise's contract)."""
-    from ..config import ModelConfig
-    from ..kv_cache import KVCache
+    from minillm.model.config import ModelConfig
+    from minillm.model.kv_cache import KVCache
     n_kv, max_seq, hd = cache_k.shape
     shape = ModelConfig(vocab_size=1, dim=n_kv * hd, n_layers=1, n_heads=n_kv, n_kv_heads=n_kv,
                         ffn_dim=1, head_dim=hd)
@@ -113,7 +113,7 @@ def _rope_cases() -> list[Case]:
 
 
 def _check_rope(fn, case: Case) -> str:
-    from ..layers import apply_rope, rope_inv_freq, rope_tables
+    from minillm.model.layers import apply_rope, rope_inv_freq, rope_tables
     c = case.inputs
     rng = np.random.default_rng(c["start"] + c["hd"])
     x = rng.standard_normal((c["T"], c["heads"], c["hd"])).astype(np.float32)
@@ -141,7 +141,7 @@ def _top_p_cases() -> list[Case]:
 
 
 def _check_top_p(fn, case: Case) -> str:
-    from ..sampling import softmax, top_p_filter
+    from minillm.engine.sampling import softmax, top_p_filter
     logits, p = case.inputs["logits"], case.inputs["p"]
     logits_in = logits.copy()
     got = fn(logits_in, p)

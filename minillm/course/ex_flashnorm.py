@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import Case, CaseFailed, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, expect_close, expect_unchanged
 
 
 def fold_rmsnorm_reference(gain: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The engine's `flashnorm.fold_rmsnorm_into_linear`."""
-    from ..flashnorm import fold_rmsnorm_into_linear
+    from minillm.model.flashnorm import fold_rmsnorm_into_linear
     return fold_rmsnorm_into_linear(gain, w)
 
 
@@ -27,7 +27,7 @@ def _fold_cases() -> list[Case]:
 
 
 def _check_fold(fn, case: Case) -> str:
-    from ..layers import rmsnorm
+    from minillm.model.layers import rmsnorm
     w, gain = case.inputs["w"], case.inputs["gain"]
     w_in, gain_in = w.copy(), gain.copy()
     got = fn(gain_in, w_in)

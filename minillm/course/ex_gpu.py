@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import Case, CaseFailed, expect_unchanged
-from .gpu_parts import record_decode_launches
+from minillm.course.cases import Case, CaseFailed, expect_unchanged
+from minillm.course.gpu_parts import record_decode_launches
 
 
 # 11: what crosses the bus between host and GPU -------------------------------------------------------
@@ -23,7 +23,7 @@ def transfer_bytes_reference(config, weight_bytes: int = 2) -> tuple[int, int, i
 
 
 def _transfer_cases() -> list[Case]:
-    from ..config import PRESETS, ModelConfig
+    from minillm.model.config import PRESETS, ModelConfig
     preset = lambda name: PRESETS[name].config
     mqa = ModelConfig(vocab_size=1000, dim=64, n_layers=2, n_heads=4, n_kv_heads=1, ffn_dim=160)
     return [Case("SmolLM2-135M in fp16 (its LM head is tied to the embedding)",
@@ -185,7 +185,7 @@ def decode_launches_reference(config, gemv_version: int, fuse_norm: bool) -> int
 
 
 def _launch_cases() -> list[Case]:
-    from ..config import PRESETS, ModelConfig
+    from minillm.model.config import PRESETS, ModelConfig
     smol, mistral = PRESETS["smollm2-135m"].config, PRESETS["mistral-7b"].config
     wide = ModelConfig(vocab_size=1000, dim=16384, n_layers=2, n_heads=128, n_kv_heads=8, ffn_dim=2048)
     tiny = ModelConfig(vocab_size=512, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=128)
@@ -204,7 +204,7 @@ def _launch_cases() -> list[Case]:
 def _check_launches(fn, case: Case) -> str:
     import dataclasses
 
-    from ..cuda.kernels import MAX_FUSED_NORM
+    from minillm.cuda.kernels import MAX_FUSED_NORM
     cfg, version, fuse = case.inputs["config"], case.inputs["gemv_version"], case.inputs["fuse_norm"]
     got = fn(cfg, version, fuse)
     if isinstance(got, bool) or not isinstance(got, (int, np.integer)):

@@ -4,28 +4,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import Case, CaseFailed, _expect_tuple, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, _expect_tuple, expect_close, expect_unchanged
 
 
 # 08-10: quantization: int8 rows, int4 groups, int8 KV vectors ------------------------------------
 
 def quantize_int8_reference(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The engine's `quant.quantize_int8`, as the exercise's (codes, scales) tuple."""
-    from ..quant import quantize_int8
+    from minillm.model.quant import quantize_int8
     q = quantize_int8(w)
     return q.qweight, q.scales
 
 
 def quantize_int4_reference(w: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The engine's `quant.quantize_int4`, as the exercise's (packed, scales, mins) tuple."""
-    from ..quant import quantize_int4
+    from minillm.model.quant import quantize_int4
     q = quantize_int4(w, group_size)
     return q.qweight, q.scales, q.mins
 
 
 def quantize_kv_int8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """What `kv_cache.Int8KVCache.append` stores for x [n_kv_heads, T, head_dim]: codes and [n_kv_heads, T] scales."""
-    from ..quant import quantize_int8
+    from minillm.model.quant import quantize_int8
     n_kv, T, hd = x.shape
     q = quantize_int8(x.reshape(n_kv * T, hd))                             # one scale per vector
     return q.qweight.reshape(n_kv, T, hd), q.scales.reshape(n_kv, T)
@@ -121,7 +121,7 @@ def _int4_cases() -> list[Case]:
 
 
 def _check_int4(fn, case: Case) -> str:
-    from ..quant import unpack_int4
+    from minillm.model.quant import unpack_int4
     w, g = case.inputs["w"], case.inputs["group_size"]
     w_in = w.copy()
     got = _expect_tuple(fn(w_in, g), 3, "packed, scales, mins")
@@ -223,16 +223,16 @@ def _check_kv_int8(fn, case: Case) -> str:
 
 def dequantize_int4_words_reference(words: np.ndarray, scales: np.ndarray, mins: np.ndarray,
                                     in_features: int) -> np.ndarray:
-    """W fp32 [out, in_features] from minillm.quant's int4 layout with the packed bytes read 4 at a time as
+    """W fp32 [out, in_features] from minillm.model.quant's int4 layout with the packed bytes read 4 at a time as
     little-endian 32-bit words (what kernels/gemv_quant.cu's 16-byte loads hold): the engine's
     Int4Weight.dequantize on the same bytes."""
-    from ..quant import Int4Weight
+    from minillm.model.quant import Int4Weight
     packed = np.ascontiguousarray(words).astype("<u4").view(np.uint8).reshape(words.shape[0], -1)
     return Int4Weight(packed, scales, mins, in_features).dequantize()
 
 
 def _int4_words(rows: int, cols: int, group: int, seed: int, codes: np.ndarray | None = None) -> dict:
-    from ..quant import Int4Weight, pack_int4, quantize_int4
+    from minillm.model.quant import Int4Weight, pack_int4, quantize_int4
     rng = np.random.default_rng(seed)
     q = quantize_int4((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), group)
     if codes is not None:                                  # chosen codes, to expose the order of the nibbles

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import Case, CaseFailed, _expect_tuple, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, _expect_tuple, expect_close, expect_unchanged
 
 
 def gather_reference(pool: np.ndarray, block_table, length: int) -> np.ndarray:
     """The engine's PagedKVCache.read for one layer's pool given by the caller.   -> [n_kv, length, hd]"""
-    from ..config import ModelConfig
-    from ..paged_kv import PagedKVCache
+    from minillm.model.config import ModelConfig
+    from minillm.engine.paged_kv import PagedKVCache
     n_blocks, block_size, n_kv, hd = pool.shape
     shape = ModelConfig(vocab_size=1, dim=n_kv * hd, n_layers=1, n_heads=n_kv, n_kv_heads=n_kv, ffn_dim=1,
                         head_dim=hd)
@@ -53,7 +53,7 @@ def _check_gather(fn, case: Case) -> str:
 
 def pack_reference(chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The engine's batched.pack for (token_ids, start) pairs."""
-    from ..batched import SeqChunk, pack
+    from minillm.engine.batched import SeqChunk, pack
     return pack([SeqChunk(list(tokens), start, []) for tokens, start in chunks])
 
 
@@ -94,7 +94,7 @@ def _check_pack(fn, case: Case) -> str:
 
 def cached_prefix_reference(prompt: list[int], cached: list[list[int]], block_size: int) -> int:
     """What the engine's scheduler reuses: the PrefixCache's longest run of hashed full blocks."""
-    from ..prefix_cache import PrefixCache, block_hashes
+    from minillm.engine.prefix_cache import PrefixCache, block_hashes
     cache = PrefixCache()
     for i, seq in enumerate(cached):
         for j, h in enumerate(block_hashes(seq, block_size)):
@@ -157,8 +157,8 @@ def _common_prefix(a, b) -> int:
 # 19: reading a streamed answer (server-sent events) ---------------------------------------------------
 
 def stream_text_reference(body: str) -> tuple[str, str | None]:
-    """The engine's own SSE reader: minillm.serve_client_bench.stream_text (`minillm bench serve --url`)."""
-    from ..serve_client_bench import stream_text
+    """The engine's own SSE reader: minillm.tools.serve_client_bench.stream_text (`minillm bench serve --url`)."""
+    from minillm.tools.serve_client_bench import stream_text
     return stream_text(body)
 
 

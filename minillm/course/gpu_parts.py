@@ -76,9 +76,9 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
     memory). No GPU, no CuPy: everything the engine's Python does per launch runs, the launch does not."""
     from collections import defaultdict
 
-    from ..cuda.gpu_kv_cache import GPUInt8KVCache, GPUKVCache
-    from ..cuda.gpu_model import GPULayer, GPUTransformer
-    from ..cuda.kernels import Kernels, n_splits_for
+    from minillm.cuda.gpu_kv_cache import GPUInt8KVCache, GPUKVCache
+    from minillm.cuda.gpu_model import GPULayer, GPUTransformer
+    from minillm.cuda.kernels import Kernels, n_splits_for
 
     def shaped(*shape, dtype=np.float32):
         return np.broadcast_to(np.zeros((), dtype), shape)

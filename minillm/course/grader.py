@@ -10,10 +10,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-from ..errors import MiniLLMError
-from .cases import CaseFailed
-from .lessons import EXERCISES_DIR, LESSONS_DIR
-from .registry import EXERCISES
+from minillm.errors import MiniLLMError
+from minillm.course.cases import CaseFailed
+from minillm.course.lessons import EXERCISES_DIR, LESSONS_DIR
+from minillm.course.registry import EXERCISES
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import MiniLLMError
+from minillm.errors import MiniLLMError
 
 LESSONS_DIR = Path(__file__).resolve().parents[2] / "lessons"
 EXERCISES_DIR = LESSONS_DIR / "exercises"
@@ -83,7 +83,7 @@ def quick() -> bool:
 
 def default_lesson_model() -> str:
     """The real SmolLM2 weights if they are already on disk, else random weights of the same shape."""
-    from ..pull import resolve
+    from minillm.checkpoints.pull import resolve
     try:
         resolve(DEFAULT_LESSON_MODEL)
         return DEFAULT_LESSON_MODEL
@@ -94,9 +94,9 @@ def default_lesson_model() -> str:
 def lesson_model():
     """The model a lesson runs on ($MINILLM_LESSON_MODEL, default smollm2-135m); prints which it is."""
     import minillm
-    from ..bench import random_model
-    from ..config import PRESETS
-    from ..llm import LLM
+    from minillm.tools.bench import random_model
+    from minillm.model.config import PRESETS
+    from minillm.llm import LLM
 
     spec = os.environ.get(MODEL_ENV) or DEFAULT_LESSON_MODEL
     if spec.startswith("random:"):

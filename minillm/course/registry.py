@@ -4,24 +4,28 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .cases import Exercise
-from .ex_attention import _check_mask, _check_mla, _check_pool, _mask_cases, _mla_cases, _pool_cases
-from .ex_basics import (_check_kv, _check_rmsnorm, _check_rope, _check_top_p, _kv_cases, _rmsnorm_cases,
+from minillm.course.cases import Exercise
+from minillm.course.ex_attention import _check_mask, _check_mla, _check_pool, _mask_cases, _mla_cases, _pool_cases
+from minillm.course.ex_basics import (_check_kv, _check_rmsnorm, _check_rope, _check_top_p, _kv_cases, _rmsnorm_cases,
                         _rope_cases, _top_p_cases, kv_cache_update_reference)
-from .ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
-from .ex_gpu import (_block_sum_cases, _check_block_sum, _check_launches, _check_transfer, _launch_cases,
+from minillm.course.ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
+from minillm.course.ex_gpu import (_block_sum_cases, _check_block_sum, _check_launches, _check_transfer, _launch_cases,
                      _transfer_cases, block_sum_reference, decode_launches_reference, transfer_bytes_reference)
-from .ex_quant import (_check_int4, _check_int4_words, _check_int8, _check_kv_int8, _int4_cases, _int4_word_cases,
+from minillm.course.ex_quant import (_check_int4, _check_int4_words, _check_int8, _check_kv_int8, _int4_cases, _int4_word_cases,
                        _int8_cases, _kv_int8_cases, dequantize_int4_words_reference, quantize_int4_reference,
                        quantize_int8_reference, quantize_kv_int8_reference)
-from .ex_serving import (_check_gather, _check_pack, _check_prefix, _check_sse, _gather_cases, _pack_cases,
+from minillm.course.ex_serving import (_check_gather, _check_pack, _check_prefix, _check_sse, _gather_cases, _pack_cases,
                          _prefix_cases, _sse_cases, cached_prefix_reference, gather_reference, pack_reference,
                          stream_text_reference)
 
 
 def _reference(name: str) -> Callable:
     def ref(*args, **kwargs):
-        from .. import attention, kv_heads, layers, mla, sampling
+        from minillm.model import attention
+        from minillm.checkpoints import kv_heads
+        from minillm.model import layers
+        from minillm.model import mla
+        from minillm.engine import sampling
         return {"rmsnorm": layers.rmsnorm, "apply_rope": layers.apply_rope,
                 "top_p_filter": sampling.top_p_filter, "pool_heads": kv_heads.pool_heads,
                 "absorbed_attention": mla.absorbed_attention,

@@ -3,7 +3,7 @@
 `kernels.py` compiles the sources (NVRTC, through CuPy's RawModule) and wraps each launch;
 `gpu_model.py` is the Transformer on the device: cuBLAS prefill, and a decode step made only of
 our kernels and preallocated buffers, so it can be captured once in a CUDA graph and replayed
-per token. `qweights.py` holds int8/int4 matrices on the device (minillm.quant's layout, read by
+per token. `qweights.py` holds int8/int4 matrices on the device (minillm.model.quant's layout, read by
 kernels/gemv_quant.cu); `qbench.py` times them (`minillm bench --device cuda --quant ...`).
 `python -m minillm.cuda.selfcheck` checks every kernel and times a 7B-shaped model.
 

@@ -11,14 +11,14 @@ import math
 
 import numpy as np
 
-from ..attention import attend
-from ..backend import as_f32, to_dtype
-from ..config import ModelConfig
-from ..layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
-from ..model import Transformer
-from ..quant import quantize, quantize_checkpoint
-from .kernels import Kernels
-from .qweights import QuantMatrix
+from minillm.model.attention import attend
+from minillm.backend import as_f32, to_dtype
+from minillm.model.config import ModelConfig
+from minillm.model.layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
+from minillm.model.transformer import Transformer
+from minillm.model.quant import quantize, quantize_checkpoint
+from minillm.cuda.kernels import Kernels
+from minillm.cuda.qweights import QuantMatrix
 
 # Relative tolerances: fp16 keeps 11 significant bits, bf16 8; fp32 paths are far tighter.
 TOL = {"float16": 2e-3, "bfloat16": 1.6e-2}
@@ -71,7 +71,7 @@ def _sync():
 
 def weights(k: Kernels, rows: int, n_in: int, rng, quant: str | None = None, group_size: int = 128):
     """Random W [rows, in] (variance 1/in) as the GPU holds it, and the fp32 reference it stands for:
-    16-bit (the weight dtype), or int8/int4 quantized by minillm.quant and uploaded as is.
+    16-bit (the weight dtype), or int8/int4 quantized by minillm.model.quant and uploaded as is.
     -> (reference fp32 [rows, in] on the host, device matrix)"""
     w = rng.standard_normal((rows, n_in)) / math.sqrt(n_in)
     if quant is None:
@@ -205,7 +205,7 @@ def check_kv_append_int8(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, c
                          seed: int = 0):
     """kv_int8.cu's quantizer against Int8KVCache.append on the same fp32 k and v (one vector all zeros):
     the same codes and scales, and nothing written outside positions pos0..pos0+T-1."""
-    from ..kv_cache import Int8KVCache
+    from minillm.model.kv_cache import Int8KVCache
     cp, rng = _cp(), np.random.default_rng(seed)
     qkv = (rng.standard_normal((T, (n_heads + 2 * n_kv) * hd)) * 3).astype(np.float32)
     qkv[0, n_heads * hd:(n_heads + 1) * hd] = 0.0                       # an all-zero key: scale 0, codes 0
@@ -357,7 +357,7 @@ def check_embed_cast(k: Kernels, vocab: int, dim: int, seed: int = 0):
 
 
 def check_dequantize(k: Kernels, method: str, rows: int, n_in: int, group_size: int = 128, seed: int = 0):
-    """The prefill widening (gemv_quant.cu dequant_*) against minillm.quant's fp32 dequantization: every
+    """The prefill widening (gemv_quant.cu dequant_*) against minillm.model.quant's fp32 dequantization: every
     element within one rounding to the weight dtype (q·s + m may be one fused multiply-add on the GPU)."""
     rng = np.random.default_rng(seed)
     w, dw = weights(k, rows, n_in, rng, method, group_size)
@@ -390,7 +390,7 @@ def random_cpu_model(config: ModelConfig, dtype: str = "float16", seed: int = 0,
                      group_size: int = 128) -> Transformer:
     """A CPU Transformer with random weights already rounded to `dtype`, so the CPU and the GPU
     multiply the same numbers (norm gains stay fp32, as the GPU keeps them). quant: the layer
-    matrices then quantized by minillm.quant (int8 / int4 in groups of `group_size`), as load() does."""
+    matrices then quantized by minillm.model.quant (int8 / int4 in groups of `group_size`), as load() does."""
     rng = np.random.default_rng(seed)
     c, hd = config, config.head_dim
     mat = lambda rows, cols: narrow(rng.standard_normal((rows, cols)) / math.sqrt(cols), dtype)
@@ -432,7 +432,7 @@ def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int 
     prefill_attention: "tiled" (prefill_attention.cu) or "decode" (the decode kernel, one query a token).
     quant: int8/int4 layer matrices, the same on both sides. cpu: a CPU model to use instead of a
     random one of `kind`'s shape. kv_cache "int8": both sides quantize keys and values (Int8KVCache)."""
-    from .gpu_model import GPUTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
     cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
     cfg = cpu.config
     gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
@@ -462,7 +462,7 @@ def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: b
     """Greedy continuations, GPU vs CPU. Returns (tokens equal, detail). A divergence is accepted only
     at a near-tie: where the CPU's top two logits are closer than the logits' measured error.
     cpu, prompt: a given CPU model and prompt instead of random ones of `kind`'s shape."""
-    from .gpu_model import GPUTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
     cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
     cfg = cpu.config
     gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
@@ -485,7 +485,7 @@ def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, 
                              kv_cache: str = "16-bit"):
     """The same prompt and tokens through eager launches and through the replayed CUDA graph:
     the same kernels in the same order, so the logits must be bit-identical."""
-    from .gpu_model import GPUTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
     cfg = small_config(kind)
     gpu = GPUTransformer.from_cpu(random_cpu_model(cfg, dtype, seed, quant, group_size), dtype, fuse_norm=fuse_norm,
                                   gemv_version=gemv_version, kv_cache=kv_cache)

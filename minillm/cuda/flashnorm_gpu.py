@@ -1,6 +1,6 @@
 """FlashNorm on the GPU: the deferred RMSNorm on two CUDA streams with an explicit join, and fused.
 
-With the norm gains folded into the weights (minillm/flashnorm.py, Prop. 1), RMSNorm + projection is
+With the norm gains folded into the weights (minillm/model/flashnorm.py, Prop. 1), RMSNorm + projection is
 (x · W*ᵀ) · 1/RMS(x) (Prop. 2): two independent pieces of work and one scale per row. Three ways to run it:
 
   unfused     rmsnorm kernel, then the projection reads the normalized x (what gpu_model.py's prefill does)
@@ -26,10 +26,10 @@ import sys
 
 import numpy as np
 
-from ..config import PRESETS, ModelConfig
-from .gpu_kv_cache import device_dtype
-from .gpu_model import GPUTransformer
-from .kernels import Kernels, module, suffix
+from minillm.model.config import PRESETS, ModelConfig
+from minillm.cuda.gpu_kv_cache import device_dtype
+from minillm.cuda.gpu_model import GPUTransformer
+from minillm.cuda.kernels import Kernels, module, suffix
 
 SOURCE = "flashnorm_gemv"                  # kernels/flashnorm_gemv.cu
 KERNELS = {"gemv": "flashnorm_gemv_{sfx}", "gemv_swiglu": "flashnorm_gemv_swiglu_{sfx}",
@@ -326,7 +326,7 @@ def benchmark(presets=("smollm2-135m", "mistral-7b"), dtype: str = "float16", pr
 
 def print_benchmark(rows: list[dict], dtype: str) -> None:
     """The table: µs per layer and the ratio to the unfused path (graph: GPU time; eager: with launches)."""
-    from ..course import print_table
+    from minillm.course import print_table
     base = {(r["preset"], r["phase"]): r for r in rows if r["variant"] == "unfused"}
 
     def cell(r, mode):
@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="few repeats: a smoke run")
     parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     args = parser.parse_args(argv)
-    from . import available
+    from minillm.cuda import available
     if not available():
         print("minillm.cuda.flashnorm_gpu: no CUDA device (or no CuPy): nothing to time", file=sys.stderr)
         return 1

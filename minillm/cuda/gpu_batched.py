@@ -1,6 +1,6 @@
 """Batched execution on the GPU: batched.py's forward pass with the weights, the pool and attention on the device.
 
-The same plan as minillm.batched: every sequence's new tokens (prompt chunks and single decode tokens)
+The same plan as minillm.engine.batched: every sequence's new tokens (prompt chunks and single decode tokens)
 packed into one matrix [N, dim], so each projection and the MLP is one cuBLAS GEMM over all N rows
 (a decode step of B sequences reads each weight once, not B times: batching's whole gain), and only
 attention is per sequence. Here attention is one launch per layer for the whole batch too:
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import to_dtype
-from ..batched import SeqChunk, pack
-from ..layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
-from ..kv_cache import int8_kv_bytes_per_token, quantize_vectors
-from ..paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache
-from .gpu_model import GPULayer
+from minillm.backend import to_dtype
+from minillm.engine.batched import SeqChunk, pack
+from minillm.model.layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
+from minillm.model.kv_cache import int8_kv_bytes_per_token, quantize_vectors
+from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache
+from minillm.cuda.gpu_model import GPULayer
 
 PA_WARPS, PA_MAX_HD = 4, 256            # as #defined in paged_attention.cu
 
@@ -173,8 +173,8 @@ class DeviceOps:
     single-sequence path already has, paged_attention.cu for the three paged steps, cuBLAS for GEMMs."""
 
     def __init__(self, model):
-        from .kernels import module, suffix
-        from .gpu_kv_cache import device_dtype
+        from minillm.cuda.kernels import module, suffix
+        from minillm.cuda.gpu_kv_cache import device_dtype
         cp = _cp()
         self.xp, self.model, self.k = cp, model, model.k
         self.narrow = device_dtype(model.dtype)
@@ -378,5 +378,5 @@ class HostOps:
 
 def is_gpu_model(model) -> bool:
     """Is this a GPUTransformer (without importing CuPy to find out)?"""
-    from .gpu_model import GPUTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
     return isinstance(model, GPUTransformer)

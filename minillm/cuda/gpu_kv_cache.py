@@ -4,12 +4,12 @@
 
 Both are contiguous (slot = position; a sliding window is a key range for the attention kernels) and
 keep the CUDA graph captured for them: the graph bakes in the cache's pointers. Same contract as the
-CPU caches (minillm.kv_cache): `length`, `advance`, `reset`, `end_of_write`, `nbytes`.
+CPU caches (minillm.model.kv_cache): `length`, `advance`, `reset`, `end_of_write`, `nbytes`.
 """
 from __future__ import annotations
 
-from ..config import ModelConfig
-from ..kv_cache import CacheBase
+from minillm.model.config import ModelConfig
+from minillm.model.kv_cache import CacheBase
 
 DTYPES = ("float16", "bfloat16")
 

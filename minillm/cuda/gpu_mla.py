@@ -34,11 +34,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import to_dtype
-from ..config import ModelConfig
-from ..kv_cache import CacheBase
-from ..layers import rope_tables
-from ..mla import LATENT_NORM_EPS, mla_rope, softmax_scale
+from minillm.backend import to_dtype
+from minillm.model.config import ModelConfig
+from minillm.model.kv_cache import CacheBase
+from minillm.model.layers import rope_tables
+from minillm.model.mla import LATENT_NORM_EPS, mla_rope, softmax_scale
 
 DTYPES = ("float16", "bfloat16")
 
@@ -180,7 +180,7 @@ class GPUMLATransformer:
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
     def from_cpu(cls, model, dtype: str = "float16", xp=None) -> "GPUMLATransformer":
-        """Copy a CPU `minillm.model.Transformer` (an MLA one) to the device: matrices in `dtype`
+        """Copy a CPU `minillm.model.transformer.Transformer` (an MLA one) to the device: matrices in `dtype`
         (fp16, or bf16 bits), norm gains fp32."""
         xp = xp if xp is not None else _cupy()
         if dtype not in DTYPES:
@@ -284,7 +284,7 @@ class GPUMLATransformer:
 
 def _plain(a) -> np.ndarray:
     """A host weight as a plain array; quantized ones are refused (the MLA GPU path is 16-bit only)."""
-    from ..quant import QuantizedWeight
+    from minillm.model.quant import QuantizedWeight
     if isinstance(a, QuantizedWeight):
         raise ValueError("int8/int4 weights are not supported for MLA models on the GPU")
     return np.asarray(a)

@@ -25,14 +25,14 @@ the split combine fused], [o GEMV + residual], [rmsnorm + gate/up GEMV + SwiGLU]
 first version: ~11 launches a layer (9 with `fuse_norm`, which then uses gemv.cu v3), kept to compare.
 
 int8/int4 weights (`from_cpu` of a model loaded with quant=..., or `random(..., quant=...)`): the layer
-matrices stay in minillm.quant's layout on the device (`qweights.QuantMatrix`, uploaded as is); the LM
+matrices stay in minillm.model.quant's layout on the device (`qweights.QuantMatrix`, uploaded as is); the LM
 head and the embedding stay 16-bit, as on the CPU. Decode runs gemv_quant.cu, which dequantizes in
 registers behind the same v4 fusions (gemv_version 4 only). Prefill widens each quantized matrix into
 one reused 16-bit scratch buffer (the largest matrix: 235 MB for Mistral's gate|up) right before its
 cuBLAS GEMM: ~1.3 extra bytes written per weight per prefill chunk, cheap next to the GEMM at T = 512,
 and the full 16-bit model never exists in memory.
 
-int8 KV cache (`kv_cache="int8"`, minillm.kv_cache.Int8KVCache's format: a symmetric scale per token and KV
+int8 KV cache (`kv_cache="int8"`, minillm.model.kv_cache.Int8KVCache's format: a symmetric scale per token and KV
 head): kv_int8.cu quantizes each new key and value from the fp32 qkv row (the v4 qkv GEMV then only
 rotates, `k_cache=None`), decode attention reads the codes and scales directly (attention_gqa*_int8: 0.52 of
 the 16-bit cache's bytes at hd 128), and prefill widens the layer's cached positions into a 16-bit scratch
@@ -48,12 +48,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import to_dtype
-from ..config import ModelConfig
-from ..layers import rope_inv_freq
-from .gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
-from .kernels import MAX_FUSED_NORM, Kernels, n_splits_for
-from .qweights import QuantMatrix, is_quantized
+from minillm.backend import to_dtype
+from minillm.model.config import ModelConfig
+from minillm.model.layers import rope_inv_freq
+from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
+from minillm.cuda.kernels import MAX_FUSED_NORM, Kernels, n_splits_for
+from minillm.cuda.qweights import QuantMatrix, is_quantized
 
 
 def _cp():
@@ -133,8 +133,8 @@ class GPUTransformer:
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
     def from_cpu(cls, model, dtype: str = "float16", **kw) -> "GPUTransformer":
-        """Copy a CPU `minillm.model.Transformer`'s weights to the device: 16-bit matrices as fp16 or bf16,
-        int8/int4 ones (minillm.quant) as they are stored; norms fp32; embedding and LM head in `dtype`."""
+        """Copy a CPU `minillm.model.transformer.Transformer`'s weights to the device: 16-bit matrices as fp16 or bf16,
+        int8/int4 ones (minillm.model.quant) as they are stored; norms fp32; embedding and LM head in `dtype`."""
         cp = _cp()
         cfg = model.config
         if cfg.attention != "gqa":
@@ -143,7 +143,7 @@ class GPUTransformer:
         f32 = lambda a: cp.asarray(to_dtype(np.asarray(a), "float32"))
 
         def stacked(*parts):                 # q|k|v or gate|up as one matrix (or one matrix alone)
-            from ..quant import QuantizedWeight
+            from minillm.model.quant import QuantizedWeight
             quantized = [isinstance(w, QuantizedWeight) for w in parts]
             if all(quantized):
                 return QuantMatrix.upload(list(parts))

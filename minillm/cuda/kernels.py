@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .qweights import is_quantized
+from minillm.cuda.qweights import is_quantized
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "kv_int8", "decode_attention", "prefill_attention", "gemv", "embed",

@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from ..config import ModelConfig
-from .selfcheck import (BANDWIDTH, EventTimer, copy_bandwidth, decode_bytes, decode_tok_s, prefill_ttft,
+from minillm.model.config import ModelConfig
+from minillm.cuda.selfcheck import (BANDWIDTH, EventTimer, copy_bandwidth, decode_bytes, decode_tok_s, prefill_ttft,
                         report_decode, say, time_gpu, verdict)
 
 TARGETS = {"float16": 250, "int8": 430, "int4": 650}     # issue #6, Mistral-7B shape, tok/s
@@ -31,8 +31,8 @@ def gemv_points(cfg: ModelConfig, formats=("float16", "int8", "int4"), group_siz
     Plain GEMV (y = W·x, no fusion), timed inside a CUDA graph over enough copies of the matrix (random,
     made on the device) that none is still in L2 when its turn comes again."""
     import cupy as cp
-    from .kernels import Kernels
-    from .qweights import QuantMatrix
+    from minillm.cuda.kernels import Kernels
+    from minillm.cuda.qweights import QuantMatrix
     k = Kernels("float16")
     points = []
     for fmt in formats:
@@ -155,7 +155,7 @@ def bench_quant(cfg: ModelConfig, label: str, quant: str, dtype: str = "float16"
                 show_targets: bool = False, sweep: bool = False) -> dict:
     """Benchmark a random-weight model of cfg's shape with int8/int4 layer matrices; print the table.
     sweep: also time decode with the quantized GEMV's other settings (grid, prefetching)."""
-    from .gpu_model import GPUTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
 
     say("\ncopy bandwidth")
     bw = BANDWIDTH["copy"] = copy_bandwidth(2048 << 20)
@@ -275,7 +275,7 @@ def report(cfg: ModelConfig, label: str, formats=("float16", "int8", "int4"), n_
     """One compact run over the weight formats: per-kernel µs in graphs (the decode step's kernels), decode
     tok/s with the graph, attention v2 vs v3 and quantized v1 vs v2 side by side. Prints as it goes."""
     import cupy as cp
-    from .gpu_model import GPUTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
     bw = BANDWIDTH["copy"] = copy_bandwidth(2048 << 20)
     say(f"copy bandwidth {bw / 1e12:.2f} TB/s; model {label}")
     results = {}
@@ -319,7 +319,7 @@ def kv_cache_report(cfg: ModelConfig, label: str, contexts=(4096, 32000), n_new:
     Mistral-7B-shaped 16-bit cache is 4.3 GB against 14.5 GB of weights. The caches are filled with random
     values up to `context` (prefill is not what is timed). -> {(cache, context): tok/s}"""
     import cupy as cp
-    from .gpu_model import GPUTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
     cfg = cfg.replace(sliding_window=None, max_seq_len=max(contexts) + n_new + 8)   # every key is read
     bw = BANDWIDTH.get("copy") or copy_bandwidth(2048 << 20)
     gpu = GPUTransformer.random(cfg, "float16", seed=0)
@@ -378,7 +378,7 @@ def _decode_from(gpu, cache, context: int, n_new: int) -> float:
 
 if __name__ == "__main__":
     import argparse
-    from .selfcheck import bench_config
+    from minillm.cuda.selfcheck import bench_config
     ap = argparse.ArgumentParser(prog="python -m minillm.cuda.qbench", description=report.__doc__.split("\n")[0])
     ap.add_argument("--formats", default="float16,int8,int4")
     ap.add_argument("--kv-cache", action="store_true", help="Instead: long-context decode, 16-bit vs int8 KV cache.")

@@ -1,4 +1,4 @@
-"""Quantized weight matrices on the device: minillm.quant's int8 and int4 layouts, uploaded as they are.
+"""Quantized weight matrices on the device: minillm.model.quant's int8 and int4 layouts, uploaded as they are.
 
     QuantMatrix.upload([wq, wk, wv])    # CPU Int8Weight/Int4Weight parts -> one stacked device matrix
     QuantMatrix.random("int4", rows, cols, group_size=128, seed=1, kernels=k)   # for speed measurements
@@ -52,9 +52,9 @@ class QuantMatrix:
 
     @classmethod
     def upload(cls, parts: list) -> "QuantMatrix":
-        """Stack CPU quantized matrices (minillm.quant.Int8Weight / Int4Weight, same input width and
+        """Stack CPU quantized matrices (minillm.model.quant.Int8Weight / Int4Weight, same input width and
         method) row-wise, as q|k|v and gate|up are stacked, and copy them to the device."""
-        from ..quant import Int4Weight, Int8Weight
+        from minillm.model.quant import Int4Weight, Int8Weight
         cp = _cp()
         first = parts[0]
         if isinstance(first, Int8Weight):
@@ -87,8 +87,8 @@ class QuantMatrix:
                    cp.full((rows, groups), -bound, cp.float16), cols, group_size)
 
     def dequantize_host(self) -> np.ndarray:
-        """W in fp32 on the host, by minillm.quant's own code (for checks)."""
-        from ..quant import Int4Weight, Int8Weight
+        """W in fp32 on the host, by minillm.model.quant's own code (for checks)."""
+        from minillm.model.quant import Int4Weight, Int8Weight
         cp = _cp()
         if self.method == "int8":
             return Int8Weight(cp.asnumpy(self.qweight)[:, :self.in_features], cp.asnumpy(self.scales)).dequantize()

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from ..config import PRESETS, ModelConfig
+from minillm.model.config import PRESETS, ModelConfig
 
 FAILED: list[str] = []
 BANDWIDTH: dict[str, float] = {}
@@ -46,8 +46,8 @@ def guarded(name: str, fn) -> None:
 
 # ---- 1. correctness -----------------------------------------------------------------------------
 def kernel_checks(quick: bool) -> None:
-    from . import checks
-    from .kernels import Kernels
+    from minillm.cuda import checks
+    from minillm.cuda.kernels import Kernels
     say("kernels vs NumPy (error relative to the reference's largest value; NaN-poisoned outputs)")
     for dtype in ("float16", "bfloat16"):
         k = Kernels(dtype)
@@ -122,7 +122,7 @@ def kernel_checks(quick: bool) -> None:
 
 
 def model_checks(quick: bool) -> None:
-    from . import checks
+    from minillm.cuda import checks
     say("small random models, GPU vs CPU (same 16-bit weights on both)")
     kinds = ["gqa", "mistral"] if quick else ["gqa", "mha", "mqa", "tied", "mistral", "hd64", "llama3"]
     variants = [(4, True, ""), (4, False, " v4 unfused-norm"), (2, False, " v2"), (2, True, " v2+v3 fused-norm")]
@@ -282,7 +282,7 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
           config: ModelConfig | None = None, label: str | None = None) -> None:
     """Benchmark a random-weight model of `config`'s shape (default: Mistral-7B, or a small one)."""
     import cupy as cp
-    from .gpu_model import GPUTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
 
     cfg = config or bench_config(quick)
     show_targets = config is None and not quick          # issue #6's targets are for the Mistral-7B shape
@@ -500,7 +500,7 @@ def run_bench(config: ModelConfig, label: str, dtype: str = "float16", n_new: in
     (HF in fp16 also next to int8/int4: eager transformers has no int8/int4 kernels of its own)."""
     import cupy as cp
     if quant:
-        from .qbench import bench_quant
+        from minillm.cuda.qbench import bench_quant
         bench_quant(config, label, quant, dtype, n_new, prompt_len, ttft_len, group_size,
                     show_targets=config == bench_config(False))
     else:
@@ -525,7 +525,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip the HF transformers comparison (never run with --quick)")
     args = ap.parse_args(argv)
 
-    from . import available
+    from minillm.cuda import available
     if not available():
         try:
             import cupy

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import grouped_attention
-from .backend import as_f32
-from .errors import MiniLLMError
-from .layers import linear, rope_tables
-from .paged_kv import PagedKVCache, first_needed_block
+from minillm.model.attention import grouped_attention
+from minillm.backend import as_f32
+from minillm.errors import MiniLLMError
+from minillm.model.layers import linear, rope_tables
+from minillm.engine.paged_kv import PagedKVCache, first_needed_block
 
 
 @dataclass
@@ -92,7 +92,7 @@ def pack(chunks: list[SeqChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def check_supported(model) -> None:
     """The engine runs Llama-style (GQA) attention, on the CPU Transformer or the GPUTransformer
     (cuda/gpu_batched.py); say so clearly otherwise."""
-    from .model import Transformer
+    from minillm.model.transformer import Transformer
     if not isinstance(model, Transformer) and type(model).__name__ != "GPUTransformer":
         raise MiniLLMError(f"the batching engine runs a Transformer or a GPUTransformer, not {type(model).__name__}")
     if model.config.attention != "gqa":

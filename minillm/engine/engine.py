@@ -26,13 +26,13 @@ from typing import Sequence as Seq
 
 import numpy as np
 
-from .batched import BatchedRunner, SeqChunk, check_supported
-from .errors import MiniLLMError
-from .generate import Generation, _TextCollector
-from .paged_kv import DEFAULT_BLOCK_SIZE, BlockManager, PagedKVCache
-from .prefix_cache import PrefixCache
-from .sampling import Sampler, SamplingParams
-from .scheduler import Scheduler, Sequence
+from minillm.engine.batched import BatchedRunner, SeqChunk, check_supported
+from minillm.errors import MiniLLMError
+from minillm.engine.generate import Generation, _TextCollector
+from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, BlockManager, PagedKVCache
+from minillm.engine.prefix_cache import PrefixCache
+from minillm.engine.sampling import Sampler, SamplingParams
+from minillm.engine.scheduler import Scheduler, Sequence
 
 DEFAULT_MAX_KV_BYTES = 512 << 20        # the pool when neither num_blocks nor max_kv_bytes is given
 DEFAULT_GPU_KV_BYTES = 8 << 30          # the same on the GPU: 64k tokens of a Mistral-7B (128 KB each)
@@ -40,7 +40,7 @@ DEFAULT_GPU_KV_BYTES = 8 << 30          # the same on the GPU: 64k tokens of a M
 
 def _gpu():
     """minillm.cuda.gpu_batched, imported only when an engine runs on the device."""
-    from .cuda import gpu_batched
+    from minillm.cuda import gpu_batched
     return gpu_batched
 
 

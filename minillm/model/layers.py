@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from .backend import as_f32, matmul_widening
-from .quant import QuantizedWeight
+from minillm.backend import as_f32, matmul_widening
+from minillm.model.quant import QuantizedWeight
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

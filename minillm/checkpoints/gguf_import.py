@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .config import ModelConfig
-from .errors import MiniLLMError
-from .weights import copy_tokenizer_files, load_hf_dir, save_hf_dir, to_dtype
+from minillm.model.config import ModelConfig
+from minillm.errors import MiniLLMError
+from minillm.checkpoints.weights import copy_tokenizer_files, load_hf_dir, save_hf_dir, to_dtype
 
 # Above this many bytes of float32 weights, the default output dtype is float16: a 7B model is then
 # 14 GB instead of 28 GB, which fits a 24 GB machine.
@@ -207,11 +207,11 @@ def convert(src: str | Path, dst: str | Path, progress: bool = True, dtype: str 
     """A .gguf file or an HF dir -> a minillm weights dir at `dst` (config.json, model.safetensors,
     tokenizer files). dtype as in `load_gguf`; for an HF dir None keeps the stored dtype.
     quant: "int8" | "int4" stores the layer matrices quantized (quant.py; groups of `group_size`)."""
-    from .quant import quantize_checkpoint
+    from minillm.model.quant import quantize_checkpoint
 
     src, dst = Path(src), Path(dst)
     if src.is_file():
-        from .tokenizer import Tokenizer
+        from minillm.checkpoints.tokenizer import Tokenizer
 
         reader = open_gguf(src)
         config, tensors = load_gguf(src, dtype=dtype, progress=progress, reader=reader)

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import STORAGE_DTYPES, as_f32, to_dtype
-from .config import ModelConfig
-from .layers import linear, silu
+from minillm.backend import STORAGE_DTYPES, as_f32, to_dtype
+from minillm.model.config import ModelConfig
+from minillm.model.layers import linear, silu
 
 # Each norm (a suffix of "model.layers.{i}.") and the projections that read its output.
 LAYER_FOLDS = {
@@ -145,10 +145,10 @@ def convert_flashnorm(src: str | Path, dst: str | Path, untie: bool = False, dty
                       quant: str | None = None, group_size: int = 128, progress: bool = False) -> FoldReport:
     """Write the checkpoint at `src` (HF folder or .gguf) to `dst` with its norm gains folded (all-ones
     norms: HF transformers loads it as an ordinary Llama), quantized afterwards if asked."""
-    from .errors import MiniLLMError
-    from .gguf_import import convert as convert_weights
-    from .quant import quantize_checkpoint
-    from .weights import copy_tokenizer_files, load_hf_dir, save_hf_dir
+    from minillm.errors import MiniLLMError
+    from minillm.checkpoints.gguf_import import convert as convert_weights
+    from minillm.model.quant import quantize_checkpoint
+    from minillm.checkpoints.weights import copy_tokenizer_files, load_hf_dir, save_hf_dir
 
     src, dst = Path(src), Path(dst)
     if not src.exists():
@@ -204,5 +204,5 @@ def require_weightless(layers) -> bool:
         for name, gain in (("input_layernorm", layer.attn_norm), ("post_attention_layernorm", layer.mlp_norm)):
             if not is_weightless(gain):
                 raise ValueError(f"flashnorm needs folded weights, but layer {i}'s {name} has a gain: "
-                                 f"fold them first (minillm.flashnorm.fold_checkpoint, or load(..., flashnorm=True))")
+                                 f"fold them first (minillm.model.flashnorm.fold_checkpoint, or load(..., flashnorm=True))")
     return True

@@ -1,8 +1,8 @@
 """`minillm info`: what a model is and what it costs in memory, before running it."""
 from __future__ import annotations
 
-from .config import PRESETS, ModelConfig
-from .errors import WeightsNotFound
+from minillm.model.config import PRESETS, ModelConfig
+from minillm.errors import WeightsNotFound
 
 
 def _gb(n: float) -> str:
@@ -11,8 +11,8 @@ def _gb(n: float) -> str:
 
 def describe(model: str) -> str:
     """A short report: shape, parameters, weight bytes, KV-cache bytes per token."""
-    from . import pull
-    from .llm import read_checkpoint
+    from minillm.checkpoints import pull
+    from minillm.llm import read_checkpoint
 
     preset = PRESETS.get(model)
     weights_bytes, where = None, "not pulled: run `minillm pull %s`" % model

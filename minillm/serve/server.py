@@ -25,21 +25,21 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import AsyncIterator, Iterator
 
-from .errors import MiniLLMError
-from .server_metrics import Metrics
+from minillm.errors import MiniLLMError
+from minillm.serve.metrics import Metrics
 
 try:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.exceptions import HTTPException
 
-    from .server_protocol import (SSE_DONE, ApiError, ChatCompletionRequest, CompletionRequest, chat_chunk,
+    from minillm.serve.protocol import (SSE_DONE, ApiError, ChatCompletionRequest, CompletionRequest, chat_chunk,
                                   chat_completion, completion, model_list, new_id, parse, sse, usage,
                                   usage_chunk)
 except ImportError:
     raise MiniLLMError('minillm serve needs FastAPI and uvicorn: pip install "minillm[serve]"') from None
 
-log = logging.getLogger("minillm.server")
+log = logging.getLogger("minillm.serve.server")
 
 # Besides the engine's StepEvents and ApiErrors, a request's queue receives these two: the first item
 # of every accepted request, and the last item of an aborted one (whose engine events are dropped).
@@ -406,6 +406,6 @@ def serve(llm, model_name: str, host: str = "127.0.0.1", port: int = 8000, **eng
     """Run the server until Ctrl-C. engine_options go to `Engine` (max_batch, kv_cache, ...)."""
     import uvicorn
 
-    from .engine import Engine
+    from minillm.engine.engine import Engine
     engine = Engine(llm, **engine_options)
     uvicorn.run(create_app(llm, engine, model_name), host=host, port=port, log_level="info")

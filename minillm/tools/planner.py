@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import PRESETS, ModelConfig
-from .errors import MiniLLMError
+from minillm.model.config import PRESETS, ModelConfig
+from minillm.errors import MiniLLMError
 
 GB = 1e9
 DEFAULT_GPU = "h100"
@@ -192,7 +192,7 @@ def resolve_model(model: str | Path | ModelConfig) -> tuple[str, ModelConfig]:
     if str(model) in PRESETS:
         return str(model), PRESETS[str(model)].config
     if Path(model).is_dir():
-        from .weights import read_config
+        from minillm.checkpoints.weights import read_config
         try:
             return Path(model).name, read_config(model)
         except MiniLLMError as e:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from .errors import MiniLLMError
+from minillm.errors import MiniLLMError
 
 DEFAULT_CHARS = 20_000      # `run_cli`'s slice of eval_text(): ~5k SmolLM2 tokens
 DEFAULT_CONTEXT = 256

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig
-from .kv_cache import CacheBase, quantize_vectors
+from minillm.model.config import ModelConfig
+from minillm.model.kv_cache import CacheBase, quantize_vectors
 
 DEFAULT_BLOCK_SIZE = 16
 FREED = -1               # a block-table entry whose block went back to the pool (behind a sliding window)

@@ -112,9 +112,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import as_f32, blockwise_matmul
-from .config import ModelConfig
-from .errors import MiniLLMError
+from minillm.backend import as_f32, blockwise_matmul
+from minillm.model.config import ModelConfig
+from minillm.errors import MiniLLMError
 
 METHODS = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
@@ -308,7 +308,7 @@ def search_grid(groups: np.ndarray, weights: np.ndarray, scales: np.ndarray, min
     min/max represents exactly stays exact).   groups: [out, G, g], weights: [G, g] -> fp16 [out, G]
 
     Row blocks run on `threads.n_threads()` threads: NumPy releases the GIL in these loops."""
-    from .threads import n_threads, parallel_map
+    from minillm.threads import n_threads, parallel_map
 
     row_size = groups.shape[1] * groups.shape[2]
     rows = max(1, min(SEARCH_BLOCK // row_size, -(-len(groups) // n_threads())))   # a block for every thread
@@ -474,7 +474,7 @@ def input_importance(config: ModelConfig, tensors: dict[str, np.ndarray], n_toke
     reproduce the same checkpoint; to share one exactly, convert once and share the file."""
     from tqdm.auto import tqdm
 
-    from .model import Transformer
+    from minillm.model.transformer import Transformer
 
     recorders = {name: _InputRecorder(a) for name, a in tensors.items() if _is_layer_matrix(name)}
     model = Transformer(config, {**tensors, **recorders})
@@ -534,7 +534,7 @@ def gather(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict:
 def convert_quantized(src: str | Path, dst: str | Path, method: str, group_size: int = 128,
                       progress: bool = True) -> Path:
     """A .gguf file or HF/minillm dir -> a quantized minillm weights dir at `dst`."""
-    from .gguf_import import convert
+    from minillm.checkpoints.gguf_import import convert
     return convert(src, dst, progress=progress, quant=method, group_size=group_size)
 
 
@@ -550,9 +550,9 @@ def write_random_checkpoint(config: ModelConfig, dst: str | Path, quant: str | N
     """
     import json
 
-    from .backend import STORAGE_DTYPES, to_dtype
-    from .gguf_import import expected_shapes
-    from .weights import SAFETENSORS, write_safetensors_stream
+    from minillm.backend import STORAGE_DTYPES, to_dtype
+    from minillm.checkpoints.gguf_import import expected_shapes
+    from minillm.checkpoints.weights import SAFETENSORS, write_safetensors_stream
 
     if quant:
         _check(config, quant, group_size)

@@ -17,8 +17,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from .errors import MiniLLMError
-from .serve_bench import Result, Workload, agentic_workload, format_table, random_workload, write_csv
+from minillm.errors import MiniLLMError
+from minillm.tools.serve_bench import Result, Workload, agentic_workload, format_table, random_workload, write_csv
 
 DONE = "[DONE]"
 FALLBACK_VOCAB = 32000     # a server that does not say its vocabulary: ids below Llama-2's 32k are safe

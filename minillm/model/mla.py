@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import mask_bias
-from .backend import as_f32
-from .config import ModelConfig
-from .layers import apply_rope, linear, rmsnorm, rope_inv_freq
+from minillm.model.attention import mask_bias
+from minillm.backend import as_f32
+from minillm.model.config import ModelConfig
+from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq
 
 # DeepSeek builds q_a_layernorm and kv_a_layernorm with their default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6

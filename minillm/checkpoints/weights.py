@@ -26,10 +26,10 @@ from typing import Any, Callable
 import numpy as np
 from tqdm.auto import tqdm
 
-from .backend import STORAGE_DTYPES, bf16_to_f32, f32_to_bf16, to_dtype  # noqa: F401  (bf16 helpers re-exported)
-from .config import ModelConfig
-from .errors import MiniLLMError
-from .quant import SUFFIXES as QUANT_SUFFIXES
+from minillm.backend import STORAGE_DTYPES, bf16_to_f32, f32_to_bf16, to_dtype  # noqa: F401  (bf16 helpers re-exported)
+from minillm.model.config import ModelConfig
+from minillm.errors import MiniLLMError
+from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES
 
 # safetensors dtype name <-> numpy dtype. BF16 travels as raw uint16 bits (see the module docstring).
 _ST_TO_NP = {

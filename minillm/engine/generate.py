@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .sampling import Sampler, SamplingParams
+from minillm.engine.sampling import Sampler, SamplingParams
 
 
 @dataclass

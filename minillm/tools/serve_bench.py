@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .batched import check_supported
-from .engine import Engine
-from .generate import generate_ids
-from .sampling import SamplingParams
+from minillm.engine.batched import check_supported
+from minillm.engine.engine import Engine
+from minillm.engine.generate import generate_ids
+from minillm.engine.sampling import SamplingParams
 
 MODES = {"sequential": None,
          "continuous batching": dict(prefix_caching=False),
@@ -231,7 +231,7 @@ def run_cli(llm, n_requests: int = 16, concurrency: int = 8, prefix_share: float
             prompt_len: int = 128, output_len: int = 32, csv_path=None, png_path=None, seed: int = 0,
             echo=print) -> list[Result]:
     """What `minillm bench serve` does: build the workloads, run them, print, write the CSV and PNG."""
-    from .errors import MiniLLMError
+    from minillm.errors import MiniLLMError
     longest = prompt_len * 3 // 2 + output_len * 3 // 2
     if longest >= llm.config.max_seq_len:
         raise MiniLLMError(f"prompts and outputs of up to {longest} tokens do not fit this model's context of "

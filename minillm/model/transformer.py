@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import grouped_attention
-from .backend import as_f32
-from .config import ModelConfig
-from .flashnorm import deferred_linear, deferred_swiglu, inv_rms, is_weightless, require_weightless
-from .kv_cache import Int8KVCache, KVCache, MLACache, RollingKVCache
-from .layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, silu, swiglu
-from .mla import MLAWeights, mla_attention, mla_rope
-from .quant import gather
+from minillm.model.attention import grouped_attention
+from minillm.backend import as_f32
+from minillm.model.config import ModelConfig
+from minillm.model.flashnorm import deferred_linear, deferred_swiglu, inv_rms, is_weightless, require_weightless
+from minillm.model.kv_cache import Int8KVCache, KVCache, MLACache, RollingKVCache
+from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, silu, swiglu
+from minillm.model.mla import MLAWeights, mla_attention, mla_rope
+from minillm.model.quant import gather
 
 
 @dataclass

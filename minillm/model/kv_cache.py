@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import ModelConfig
-from .quant import quantize_int8
+from minillm.model.config import ModelConfig
+from minillm.model.quant import quantize_int8
 
 
 class CacheBase:

@@ -26,7 +26,7 @@ The SVDs are of the weights alone (no calibration data): the simplest defensible
 data-aware factorization (SVD of W·X over real activations) would lose less at the same rank.
 The result runs in minillm's MLA path (naive and absorbed); HF cannot load it.
 
-    python -m minillm.mla_convert [MODEL] --ranks 48 96 192 --key-ranks 1 2 3   # prints error vs rank
+    python -m minillm.checkpoints.mla_convert [MODEL] --ranks 48 96 192 --key-ranks 1 2 3   # prints error vs rank
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ import argparse
 
 import numpy as np
 
-from .backend import as_f32
-from .config import ModelConfig
-from .model import Transformer
+from minillm.backend import as_f32
+from minillm.model.config import ModelConfig
+from minillm.model.transformer import Transformer
 
 
 def convert_to_mla(config: ModelConfig, tensors: dict[str, np.ndarray], kv_rank: int,
@@ -126,7 +126,7 @@ def rank_sweep(config: ModelConfig, tensors: dict[str, np.ndarray], ids, ranks, 
 
 
 def main(argv=None) -> None:
-    from .llm import load
+    from minillm.llm import load
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default="smollm2-135m")
     ap.add_argument("--ranks", type=int, nargs="+", default=None, help="latent (value) ranks r")

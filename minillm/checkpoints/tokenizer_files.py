@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minillm.tokenizer import (BYTE, CONTROL, GGUF_PRE_TOKENIZERS, NORMAL, SPACE_MARK, UNKNOWN, UNUSED,
+from minillm.checkpoints.tokenizer import (BYTE, CONTROL, GGUF_PRE_TOKENIZERS, NORMAL, SPACE_MARK, UNKNOWN, UNUSED,
                                USER_DEFINED, Tokenizer)
 
 LLAMA3_PRE_NAMES = ("llama-bpe", "llama3", "llama-v3")

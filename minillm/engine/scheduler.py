@@ -28,8 +28,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from .paged_kv import FREED, BlockManager, first_needed_block
-from .prefix_cache import PrefixCache, block_hashes
+from minillm.engine.paged_kv import FREED, BlockManager, first_needed_block
+from minillm.engine.prefix_cache import PrefixCache, block_hashes
 
 
 @dataclass(eq=False)

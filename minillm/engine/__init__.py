@@ -1,0 +1,8 @@
+"""The engine: running the model for one sequence or many.
+
+`sampling` and `generate` (one sequence: the loop, streaming, stop strings), then the serving engine
+in nano-vllm's rooms: `paged_kv` (the block pool and its manager), `prefix_cache`, `scheduler`
+(continuous batching), `batched` (one forward pass over many sequences) and `engine` (`Engine`).
+It may import `minillm.model` and `minillm.checkpoints`. A faster runner (the GPU's) is handed in by
+`minillm.load`, never imported from here.
+"""
