@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 def load_tokenizer(path):
     """A tokenizer on its own, from a .gguf (vocabulary-only files too) or a tokenizer.json folder/file."""
-    from minillm.checkpoints.tokenizer import load_tokenizer as _load
+    from minillm.checkpoints.tokenizer_files import load_tokenizer as _load
     return _load(path)
 
 

@@ -164,16 +164,16 @@ def _quantized(config: ModelConfig, tensors: dict, quant: str, group_size: int):
 def read_checkpoint(path: Path):
     """(config, HF-named tensors, tokenizer or None) from a weights folder or a .gguf file."""
     from minillm.checkpoints.gguf_import import load_gguf
-    from minillm.checkpoints.tokenizer import Tokenizer
+    from minillm.checkpoints.tokenizer_files import tokenizer_from_gguf, tokenizer_from_hf
     from minillm.checkpoints.weights import load_hf_dir
 
     path = Path(path)
     if path.suffix == ".gguf":
         config, tensors = load_gguf(path)
-        return config, tensors, _quietly(Tokenizer.from_gguf, path)
+        return config, tensors, _quietly(tokenizer_from_gguf, path)
     config, tensors = load_hf_dir(path)
     has_tokenizer = (path / "tokenizer.json").exists()
-    return config, tensors, Tokenizer.from_dir(path) if has_tokenizer else None
+    return config, tensors, tokenizer_from_hf(path) if has_tokenizer else None
 
 
 def _quietly(make, path):

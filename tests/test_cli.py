@@ -13,10 +13,10 @@ from hf_models import llama_config, save_random_model
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, smollm2_dir):
     """A random 2-layer model that speaks SmolLM2's vocabulary: fast to run, real tokenizer."""
-    from minillm.checkpoints.tokenizer import Tokenizer
+    from minillm.checkpoints.tokenizer_files import save_hf, tokenizer_from_hf
     path = tmp_path_factory.mktemp("tiny")
     save_random_model(llama_config(vocab_size=49152, num_hidden_layers=2, max_position_embeddings=64), path)
-    Tokenizer.from_dir(smollm2_dir).save(path)
+    save_hf(tokenizer_from_hf(smollm2_dir), path)
     return path
 
 

@@ -20,11 +20,11 @@ GPT2_VOCAB = Path(__file__).parent / "data" / "tokenizers" / "ggml-vocab-gpt-2.g
 
 @pytest.fixture(scope="module", params=["llama", "mistral"])
 def model_dir(request, tmp_path_factory):
-    from minillm.checkpoints.tokenizer import load_tokenizer
+    from minillm.checkpoints.tokenizer_files import load_tokenizer, save_hf
     path = tmp_path_factory.mktemp(request.param)
     make = llama_config if request.param == "llama" else mistral_config
     save_random_model(make(vocab_size=50257), path)
-    load_tokenizer(GPT2_VOCAB).save(path)
+    save_hf(load_tokenizer(GPT2_VOCAB), path)
     return path
 
 

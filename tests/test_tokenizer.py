@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings, HealthCheck
 from hypothesis import strategies as st
 
-from minillm.checkpoints.tokenizer import Tokenizer, load_tokenizer
+from minillm.checkpoints.tokenizer import Tokenizer
+from minillm.checkpoints.tokenizer_files import load_tokenizer, save_hf, tokenizer_from_gguf, tokenizer_from_hf
 
 DATA = Path(__file__).resolve().parent / "data" / "tokenizers"
 VOCABS = ["gpt-2", "llama-bpe", "llama-spm"]
@@ -104,7 +105,7 @@ def test_metadata_of_reference_vocabularies(vocab):
 def test_from_gguf_accepts_a_reader(vocab):
     import gguf
     path = DATA / "ggml-vocab-llama-spm.gguf"
-    tok = Tokenizer.from_gguf(gguf.GGUFReader(path))
+    tok = tokenizer_from_gguf(gguf.GGUFReader(path))
     assert tok.encode("Hello, world!") == vocab("llama-spm").encode("Hello, world!")
     assert load_tokenizer(path.parent / path.name).tokens == tok.tokens
 
@@ -228,15 +229,15 @@ def _same_behaviour(a: Tokenizer, b: Tokenizer, texts: list[str]) -> None:
 @pytest.mark.parametrize("name", VOCABS)
 def test_save_round_trips(vocab, name, tmp_path):
     tok = vocab(name)
-    tok.save(tmp_path)
-    again = Tokenizer.from_dir(tmp_path)
+    save_hf(tok, tmp_path)
+    again = tokenizer_from_hf(tmp_path)
     _same_behaviour(tok, again, CORPUS + [c["text"] for c in _cases(name)])
 
 
 @pytest.mark.parametrize("name", ["gpt-2", "llama-spm"])   # llama-bpe: 3 s of loading, same code path
 def test_hf_loads_saved_reference_vocabularies(vocab, name, tmp_path):
     transformers = pytest.importorskip("transformers")
-    vocab(name).save(tmp_path)
+    save_hf(vocab(name), tmp_path)
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
     for case in _cases(name):
         assert hf(case["text"], add_special_tokens=False).input_ids == case["ids"], case["text"]
@@ -245,8 +246,8 @@ def test_hf_loads_saved_reference_vocabularies(vocab, name, tmp_path):
 
 def test_smollm2_save_round_trips_and_hf_agrees(smollm2, tmp_path):
     transformers = pytest.importorskip("transformers")
-    smollm2.save(tmp_path)
-    _same_behaviour(smollm2, Tokenizer.from_dir(tmp_path), CORPUS)
+    save_hf(smollm2, tmp_path)
+    _same_behaviour(smollm2, tokenizer_from_hf(tmp_path), CORPUS)
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
     for text in CORPUS:
         ids = smollm2.encode(text)
@@ -281,12 +282,12 @@ def test_render_chat_without_template_is_a_clear_error(vocab):
 
 def test_render_chat_template_can_raise(vocab, tmp_path):
     tok = vocab("gpt-2")
-    tok.save(tmp_path)
+    save_hf(tok, tmp_path)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     config["chat_template"] = "{% if messages|length == 0 %}{{ raise_exception('empty') }}{% endif %}" \
                               "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    tok = Tokenizer.from_dir(tmp_path)
+    tok = tokenizer_from_hf(tmp_path)
     assert tok.render_chat([{"role": "user", "content": "Hi"}]) == "<|endoftext|>Hi"
     with pytest.raises(ValueError, match="empty"):
         tok.render_chat([])

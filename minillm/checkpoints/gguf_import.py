@@ -211,14 +211,14 @@ def convert(src: str | Path, dst: str | Path, progress: bool = True, dtype: str 
 
     src, dst = Path(src), Path(dst)
     if src.is_file():
-        from minillm.checkpoints.tokenizer import Tokenizer
+        from minillm.checkpoints.tokenizer_files import tokenizer_from_gguf
 
         reader = open_gguf(src)
         config, tensors = load_gguf(src, dtype=dtype, progress=progress, reader=reader)
         if quant:
             config, tensors = quantize_checkpoint(config, tensors, quant, group_size, progress)
         try:
-            tokenizer = Tokenizer.from_gguf(reader)
+            tokenizer = tokenizer_from_gguf(reader)
         except (KeyError, ValueError) as e:
             raise MiniLLMError(f"{src}: cannot read its tokenizer ({type(e).__name__}: {e})") from None
         return save_hf_dir(dst, config, tensors, tokenizer=tokenizer, progress=progress)

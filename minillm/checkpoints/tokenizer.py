@@ -20,7 +20,6 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -344,25 +343,6 @@ class Tokenizer:
         return (f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
                 f"eos_ids={self.eos_ids}, add_bos={self.add_bos})")
 
-    # ---- loading and saving ---------------------------------------------------------------------
-
-    @classmethod
-    def from_gguf(cls, path_or_reader) -> "Tokenizer":
-        """Load the tokenizer stored in a GGUF file (a model file or a vocab-only one)."""
-        from minillm.checkpoints.tokenizer_files import args_from_gguf
-        return cls(**args_from_gguf(path_or_reader))
-
-    @classmethod
-    def from_dir(cls, path) -> "Tokenizer":
-        """Load an HF tokenizer: a folder with tokenizer.json (+ tokenizer_config.json) or the json itself."""
-        from minillm.checkpoints.tokenizer_files import args_from_hf
-        return cls(**args_from_hf(path))
-
-    def save(self, directory) -> None:
-        """Write tokenizer.json and tokenizer_config.json (HF format) into `directory`."""
-        from minillm.checkpoints.tokenizer_files import save_hf
-        save_hf(self, Path(directory))
-
 
 class StreamDecoder:
     """Incremental decode: push ids one by one, get the text they complete.
@@ -391,24 +371,3 @@ class StreamDecoder:
             if self._strip_space and text.startswith(" "):
                 text = text[1:]      # the dummy-prefix space, as decode() drops it
         return text
-
-
-def load_tokenizer(path) -> Tokenizer:
-    """Load a tokenizer from a .gguf file (vocab-only is fine), a folder, or a tokenizer.json."""
-    from minillm.checkpoints.tokenizer_files import is_gguf
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no tokenizer at {path}: expected a .gguf file, a tokenizer.json, "
-                                "or a folder holding tokenizer.json")
-    if path.is_dir():
-        if (path / "tokenizer.json").exists():
-            return Tokenizer.from_dir(path)
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return Tokenizer.from_gguf(ggufs[0])
-        raise ValueError(f"{path} holds no tokenizer.json (and not exactly one .gguf file)")
-    if is_gguf(path):
-        return Tokenizer.from_gguf(path)
-    if path.suffix == ".json":
-        return Tokenizer.from_dir(path)
-    raise ValueError(f"{path} is not a tokenizer file: expected a GGUF file or an HF tokenizer.json")

@@ -272,3 +272,33 @@ def save_hf(tok: Tokenizer, directory: Path) -> None:
     (directory / "tokenizer.json").write_text(json.dumps(_hf_json(tok), ensure_ascii=False), encoding="utf-8")
     (directory / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2),
                                                      encoding="utf-8")
+
+
+def tokenizer_from_gguf(path_or_reader) -> Tokenizer:
+    """The tokenizer stored in a GGUF file (a model file or a vocab-only one)."""
+    return Tokenizer(**args_from_gguf(path_or_reader))
+
+
+def tokenizer_from_hf(path) -> Tokenizer:
+    """An HF tokenizer: a folder with tokenizer.json (+ tokenizer_config.json) or the json itself."""
+    return Tokenizer(**args_from_hf(path))
+
+
+def load_tokenizer(path) -> Tokenizer:
+    """Load a tokenizer from a .gguf file (vocab-only is fine), a folder, or a tokenizer.json."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no tokenizer at {path}: expected a .gguf file, a tokenizer.json, "
+                                "or a folder holding tokenizer.json")
+    if path.is_dir():
+        if (path / "tokenizer.json").exists():
+            return tokenizer_from_hf(path)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return tokenizer_from_gguf(ggufs[0])
+        raise ValueError(f"{path} holds no tokenizer.json (and not exactly one .gguf file)")
+    if is_gguf(path):
+        return tokenizer_from_gguf(path)
+    if path.suffix == ".json":
+        return tokenizer_from_hf(path)
+    raise ValueError(f"{path} is not a tokenizer file: expected a GGUF file or an HF tokenizer.json")

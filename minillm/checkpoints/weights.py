@@ -30,6 +30,7 @@ from minillm.backend import STORAGE_DTYPES, bf16_to_f32, f32_to_bf16, to_dtype  
 from minillm.model.config import ModelConfig
 from minillm.errors import MiniLLMError
 from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES
+from minillm.checkpoints.tokenizer_files import save_hf
 
 # safetensors dtype name <-> numpy dtype. BF16 travels as raw uint16 bits (see the module docstring).
 _ST_TO_NP = {
@@ -218,7 +219,7 @@ def save_hf_dir(path: str | Path, config: ModelConfig, tensors: dict[str, np.nda
     config = config.replace(torch_dtype=dtype or _stored_dtype(tensors, config.torch_dtype))
     write_safetensors(path / SAFETENSORS, tensors, dtype, progress)
     if tokenizer is not None:
-        tokenizer.save(path)
+        save_hf(tokenizer, path)
     (path / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
     return path
 
