@@ -8,6 +8,7 @@ from minillm.course.cases import Exercise
 from minillm.course.ex_attention import _check_mask, _check_mla, _check_pool, _mask_cases, _mla_cases, _pool_cases
 from minillm.course.ex_basics import (_check_kv, _check_rmsnorm, _check_rope, _check_top_p, _kv_cases, _rmsnorm_cases,
                         _rope_cases, _top_p_cases, kv_cache_update_reference)
+from minillm.course.ex_flash import _check_merge, _merge_cases, merge_partials_reference
 from minillm.course.ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
 from minillm.course.ex_gpu import (_block_sum_cases, _check_block_sum, _check_launches, _check_transfer, _launch_cases,
                      _transfer_cases, block_sum_reference, decode_launches_reference, transfer_bytes_reference)
@@ -54,4 +55,5 @@ EXERCISES: dict[int, Exercise] = {e.number: e for e in [
     Exercise(17, "pack_batch", 17, pack_reference, _pack_cases, _check_pack),
     Exercise(18, "cached_prefix_tokens", 18, cached_prefix_reference, _prefix_cases, _check_prefix),
     Exercise(19, "stream_text", 19, stream_text_reference, _sse_cases, _check_sse),
+    Exercise(24, "merge_softmax_partials", 24, merge_partials_reference, _merge_cases, _check_merge),
 ]}
