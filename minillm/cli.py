@@ -392,6 +392,42 @@ def exercise_check(number, path):
     sys.exit(0 if report.passed else 1)
 
 
+@exercise.command("list")
+def exercise_list():
+    """Every exercise, its lesson, and the status of your file: not written / failing n of m / passed."""
+    from minillm.course import classroom
+    click.echo(classroom.format_exercise_list(classroom.exercise_list()))
+
+
+@exercise.command("handout")
+@click.argument("folder", type=click.Path(file_okay=False))
+def exercise_handout(folder):
+    """Write every exercise's stub (and only the stubs: no solutions) into FOLDER, to hand out."""
+    from minillm.course import classroom
+    written = classroom.write_handout(folder)
+    click.echo(f"wrote {len(written)} exercise stubs into {folder}/ ({written[0].name} ... {written[-1].name})")
+
+
+@exercise.command("grade")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the grades here: a row per student, a column per exercise (cases passed/total).")
+@click.option("--feedback", "feedback_dir", type=click.Path(file_okay=False), default="feedback", show_default=True,
+              help="Write each student's feedback text (their failing cases) into this folder.")
+@click.option("--time-limit", type=click.FloatRange(min=0.1, max=3600), default=30.0, show_default=True,
+              help="Seconds one exercise of one student may take.")
+@click.option("--memory-mb", type=click.IntRange(min=256), default=4096, show_default=True,
+              help="Address space of a student's grading process.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1, max=64), default=1, show_default=True,
+              help="Students graded at once.")
+def exercise_grade(folder, csv_path, feedback_dir, time_limit, memory_mb, jobs):
+    """Grade a FOLDER of submissions (a subfolder per student), each student in a sandboxed subprocess."""
+    from minillm.course import classroom
+    limits = classroom.Limits(time_s=time_limit, memory_mb=memory_mb, jobs=jobs)
+    grades = classroom.grade_folder(folder, csv_path, feedback_dir, limits)
+    click.echo(classroom.format_grades(grades, csv_path, feedback_dir))
+
+
 @cli.command("presets")
 def presets():
     """List the named models minillm knows."""
