@@ -1,4 +1,9 @@
-"""The array backend: NumPy on the CPU (CuPy on the GPU in a later issue), and dtype helpers.
+"""The array backend: NumPy on the CPU or CuPy on the GPU (`array_module`), and dtype helpers.
+
+The model code is written once: each function asks `array_module(x)` for the module its input lives
+in and makes its masks, positions and buffers with that one, so the same lines run on host or device
+arrays (NumPy hands `np.exp(x)` and friends to CuPy for a CuPy x by itself: NEP 13/18). CuPy is never
+imported here: an array can only be a CuPy array if CuPy is already loaded.
 
 Weights may be stored narrower than they are computed. NumPy has no bfloat16, so a bf16 tensor is
 kept as its raw 16-bit pattern in a `np.uint16` array; `as_f32` widens any stored dtype to the fp32
@@ -6,6 +11,8 @@ the CPU computes in. Widening only a few MB of rows at a time (`matmul_widening`
 bf16 model (14.5 GB) run in 24 GB of RAM: an fp32 copy of the whole model (29 GB) would not fit.
 """
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -15,9 +22,23 @@ from minillm.errors import MiniLLMError
 STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
+def array_module(*arrays):
+    """numpy, or cupy when any of `arrays` is a CuPy array (the GPU): the module to make new arrays with."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and any(isinstance(a, cupy.ndarray) for a in arrays):
+        return cupy
+    return np
+
+
+def to_host(a) -> np.ndarray:
+    """A NumPy array of `a`: a device array is copied down, a host one returned as it is."""
+    return a.get() if array_module(a) is not np else a
+
+
 def bf16_to_f32(a: np.ndarray) -> np.ndarray:
     """Raw bf16 bits (uint16) -> float32: bf16 is the top half of an f32, so shift it back up."""
-    return (np.asarray(a, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    xp = array_module(a)
+    return (xp.asarray(a, dtype=xp.uint16).astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
 
 
 def f32_to_bf16(a: np.ndarray) -> np.ndarray:

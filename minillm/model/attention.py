@@ -18,30 +18,33 @@ import math
 
 import numpy as np
 
+from minillm.backend import array_module
 
-def attention_mask(n_queries: int, n_keys: int, sliding_window: int | None = None) -> np.ndarray:
+
+def attention_mask(n_queries: int, n_keys: int, sliding_window: int | None = None, xp=np) -> np.ndarray:
     """Which keys each query may see: causal, optionally only the last `sliding_window` positions.
 
-    The queries are the last `n_queries` of the `n_keys` positions.  -> bool [n_queries, n_keys]
+    The queries are the last `n_queries` of the `n_keys` positions.  -> bool [n_queries, n_keys], made
+    with xp (numpy, or cupy for scores on the device: a host mask cannot be added to a device array)
     """
-    return _allowed(n_keys - n_queries, n_queries, 0, n_keys, sliding_window)
+    return _allowed(n_keys - n_queries, n_queries, 0, n_keys, sliding_window, xp)
 
 
 def _allowed(first_query: int, n_queries: int, first_key: int, end_key: int,
-             sliding_window: int | None) -> np.ndarray:
+             sliding_window: int | None, xp=np) -> np.ndarray:
     """attention_mask's rows for queries at positions first_query.., columns for keys first_key..end_key-1."""
-    q_pos = np.arange(first_query, first_query + n_queries)[:, None]   # [Tq, 1] absolute positions
-    k_pos = np.arange(first_key, end_key)[None, :]                      # [1, Tk]
+    q_pos = xp.arange(first_query, first_query + n_queries)[:, None]   # [Tq, 1] absolute positions
+    k_pos = xp.arange(first_key, end_key)[None, :]                      # [1, Tk]
     allowed = k_pos <= q_pos
     if sliding_window is not None:
         allowed &= k_pos > q_pos - sliding_window              # Mistral: a window of W keys, self included
     return allowed
 
 
-def mask_bias(n_queries: int, n_keys: int, sliding_window: int | None = None) -> np.ndarray:
-    """The mask as an additive bias: 0 where allowed, -inf where not.   -> float32 [Tq, Tk]"""
-    allowed = attention_mask(n_queries, n_keys, sliding_window)
-    return np.where(allowed, np.float32(0.0), np.float32(-np.inf))
+def mask_bias(n_queries: int, n_keys: int, sliding_window: int | None = None, xp=np) -> np.ndarray:
+    """The mask as an additive bias: 0 where allowed, -inf where not.   -> float32 [Tq, Tk] (in xp)"""
+    allowed = attention_mask(n_queries, n_keys, sliding_window, xp)
+    return xp.where(allowed, xp.float32(0.0), xp.float32(-np.inf))
 
 
 def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
@@ -60,7 +63,7 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
     if T <= block:
         return _attend_scaled(q, k, v, sliding_window)
     first = L - T                                                     # absolute position of q[0]
-    out = np.empty((T, n_heads * hd), dtype=np.result_type(q, k, v))
+    out = array_module(q).empty((T, n_heads * hd), dtype=np.result_type(q.dtype, k.dtype, v.dtype))
 
     for start in range(0, T, block):
         end = min(start + block, T)
@@ -102,7 +105,7 @@ def _exp_scores(scores: np.ndarray, first_query: int, sliding_window: int | None
     """
     _add_mask(scores, first_query, sliding_window)
     scores -= scores.max(axis=-1, keepdims=True)                      # the max becomes 0: exp cannot overflow
-    np.exp(scores, out=scores)
+    array_module(scores).exp(scores, out=scores)
     return scores.sum(axis=-1, keepdims=True)
 
 
@@ -114,10 +117,11 @@ def _add_mask(scores: np.ndarray, first_query: int, sliding_window: int | None) 
     window. Blocked prefill's earlier keys are never masked, so most columns are left alone.
     """
     Tq, L = scores.shape[1], scores.shape[3]
+    xp = array_module(scores)
     spans = [(first_query + 1, L)]                                    # keys after the first query
     if sliding_window is not None:
         spans.append((0, min(L, first_query + Tq - sliding_window)))  # keys out of the last query's window
     for lo, hi in spans:
         if lo < hi:
-            allowed = _allowed(first_query, Tq, lo, hi, sliding_window)
-            scores[..., lo:hi] += np.where(allowed, np.float32(0.0), np.float32(-np.inf))[None, :, None, :]
+            allowed = _allowed(first_query, Tq, lo, hi, sliding_window, xp)
+            scores[..., lo:hi] += xp.where(allowed, xp.float32(0.0), xp.float32(-np.inf))[None, :, None, :]

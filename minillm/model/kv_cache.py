@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minillm.backend import array_module
 from minillm.model.config import ModelConfig
 from minillm.model.quant import quantize_int8
 
@@ -46,10 +47,11 @@ class CacheBase:
 
 
 class KVCache(CacheBase):
-    def __init__(self, config: ModelConfig, max_seq_len: int, dtype=np.float32):
+    def __init__(self, config: ModelConfig, max_seq_len: int, dtype=np.float32, xp=np):
+        """xp: the array module the cache lives in (numpy, or cupy: made on the device, nothing crosses the bus)."""
         shape = (config.n_layers, config.n_kv_heads, max_seq_len, config.head_dim)
-        self.k = np.zeros(shape, dtype=dtype)   # [layers, n_kv_heads, max_seq, head_dim]
-        self.v = np.zeros(shape, dtype=dtype)
+        self.k = xp.zeros(shape, dtype=dtype)   # [layers, n_kv_heads, max_seq, head_dim]
+        self.v = xp.zeros(shape, dtype=dtype)
         self.max_seq_len = max_seq_len
         self.length = 0                         # positions filled so far (all layers agree)
 
@@ -112,10 +114,11 @@ class Int8KVCache(CacheBase):
 
 
 class MLACache(CacheBase):
-    def __init__(self, config: ModelConfig, max_seq_len: int, dtype=np.float32):
+    def __init__(self, config: ModelConfig, max_seq_len: int, dtype=np.float32, xp=np):
+        """dtype: fp32, or fp16 (the GPU's default: the latent is MLA's whole saving, so it stays small)."""
         n = (config.n_layers, max_seq_len)
-        self.c_kv = np.zeros(n + (config.kv_lora_rank,), dtype=dtype)       # [layers, max_seq, kv_lora_rank]
-        self.k_rope = np.zeros(n + (config.qk_rope_head_dim,), dtype=dtype)  # [layers, max_seq, qk_rope_head_dim]
+        self.c_kv = xp.zeros(n + (config.kv_lora_rank,), dtype=dtype)       # [layers, max_seq, kv_lora_rank]
+        self.k_rope = xp.zeros(n + (config.qk_rope_head_dim,), dtype=dtype)  # [layers, max_seq, qk_rope_head_dim]
         self.max_seq_len = max_seq_len
         self.length = 0
 
@@ -140,10 +143,10 @@ class RollingKVCache(CacheBase):
     computed at, so attention does not care in which slot they sit.
     """
 
-    def __init__(self, config: ModelConfig, window: int, dtype=np.float32):
+    def __init__(self, config: ModelConfig, window: int, dtype=np.float32, xp=np):
         shape = (config.n_layers, config.n_kv_heads, window, config.head_dim)
-        self.k = np.zeros(shape, dtype=dtype)   # [layers, n_kv_heads, window, head_dim]
-        self.v = np.zeros(shape, dtype=dtype)
+        self.k = xp.zeros(shape, dtype=dtype)   # [layers, n_kv_heads, window, head_dim]
+        self.v = xp.zeros(shape, dtype=dtype)
         self.window = window
         self.max_seq_len = None                 # unbounded: old positions are overwritten
         self.length = 0                         # absolute positions seen so far
@@ -163,8 +166,9 @@ class RollingKVCache(CacheBase):
             return self.k[layer, :, :filled], self.v[layer, :, :filled]
         cached = min(self.length, W)
         slots = np.arange(self.length - cached, self.length) % W              # oldest first
-        keys = np.concatenate([self.k[layer][:, slots], k_new], axis=1)       # [n_kv, cached + T, hd]
-        values = np.concatenate([self.v[layer][:, slots], v_new], axis=1)
+        xp = array_module(self.k)
+        keys = xp.concatenate([self.k[layer][:, slots], k_new], axis=1)       # [n_kv, cached + T, hd]
+        values = xp.concatenate([self.v[layer][:, slots], v_new], axis=1)
         kept = min(T, W)                                                       # only the last W survive
         new_slots = np.arange(self.length + T - kept, self.length + T) % W
         self.k[layer][:, new_slots], self.v[layer][:, new_slots] = k_new[:, T - kept:], v_new[:, T - kept:]

@@ -1,7 +1,8 @@
 """The small pieces of a Llama block: RMSNorm, rotary position embedding, SwiGLU, linear.
 
-Every function takes and returns fp32 NumPy arrays; weights may be stored narrower and are widened
-here, a block of rows at a time (see backend.matmul_widening), or quantized (see quant.py).
+Every function takes and returns fp32 arrays, NumPy or CuPy (backend.array_module); weights may be
+stored narrower and are widened here, a block of rows at a time on the host (see
+backend.matmul_widening), or quantized (see quant.py, host only).
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 
 import numpy as np
 
-from minillm.backend import as_f32, matmul_widening
+from minillm.backend import array_module, as_f32, matmul_widening
 from minillm.model.quant import QuantizedWeight
 
 
@@ -32,6 +33,8 @@ def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     if isinstance(weight, QuantizedWeight):
         return weight.matmul(x)
     if weight.dtype != np.float32:
+        if array_module(x) is not np:                              # the device: cuBLAS on the widened copy
+            return x @ as_f32(weight).T
         return matmul_widening(x, weight)                          # bf16/fp16 storage: a block at a time
     return x @ weight.T
 
@@ -41,11 +44,12 @@ def silu(x: np.ndarray) -> np.ndarray:
 
     At prefill x is [T, ffn_dim] (SmolLM2, 512 tokens: 0.8 M values a layer): written into one
     buffer instead of four temporaries, 20% faster; the same numbers."""
-    x = np.asarray(x)
-    out = np.negative(x, out=np.empty(x.shape, dtype=np.result_type(x, 1.0)))   # x's float type, as x / 1.0
-    np.exp(out, out=out)
+    xp = array_module(x)
+    x = xp.asarray(x)
+    out = xp.negative(x, out=xp.empty(x.shape, dtype=np.result_type(x.dtype, 1.0)))   # x's float type, as x / 1.0
+    xp.exp(out, out=out)
     out += 1.0
-    return np.divide(x, out, out=out)
+    return xp.divide(x, out, out=out)
 
 
 def swiglu(x: np.ndarray, w_gate, w_up, w_down) -> np.ndarray:
@@ -85,8 +89,9 @@ def _llama3_inv_freq(inv_freq: np.ndarray, s: dict) -> np.ndarray:
 
 def rope_tables(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of each position's angles, computed in fp32 as HF does.   -> 2 × [T, hd/2]"""
+    xp = array_module(positions, inv_freq)
     angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]     # [T, hd/2]
-    return np.cos(angles), np.sin(angles)
+    return xp.cos(angles), xp.sin(angles)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -97,4 +102,4 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]                                  # [T, H, hd/2] each
     c, s = cos[:, None, :], sin[:, None, :]                                # [T, 1, hd/2]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)     # [T, H, hd]
+    return array_module(x).concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)   # [T, H, hd]

@@ -11,7 +11,9 @@ v_h = W_UV_h · c_KV. RoPE cannot pass through those up-projections (the rotatio
 position), so the positional part of the key is "decoupled": a separate, small, shared head. A query
 head is [q_nope_h, q_rope_h] and scores both parts:  q_nope_h · k_nope_h + q_rope_h · k_rope.
 
-Two ways to compute the same numbers:
+Two ways to compute the same numbers (mode "naive-prefill" takes naive for a prefill of T > 1 queries,
+where the expanded keys serve all T rows for about half the flops, and absorbed at decode, as
+DeepSeek's own inference does; the GPU runs MLA that way):
   naive     expand K_nope and V for every head from the cached latents at every step, then ordinary
             multi-head attention. Working set: n_heads × L × (qk_nope + v_head) per layer.
   absorbed  q_nope_h · (W_UK_h c) = (W_UK_hᵀ q_nope_h) · c: fold W_UK into the query, so each head
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minillm.model.attention import mask_bias
-from minillm.backend import as_f32
+from minillm.backend import array_module, as_f32
 from minillm.model.config import ModelConfig
 from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq
 
@@ -123,7 +125,7 @@ def rope_part(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleave: bool)
     half-split rotation applies (the output stays in that order, for queries and keys alike).
     """
     if interleave:
-        x = np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)          # [T, heads, rope]
+        x = array_module(x).concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)   # [T, heads, rope]
     return apply_rope(x, cos, sin)
 
 
@@ -146,11 +148,12 @@ def mla_attention(h: np.ndarray, w: MLAWeights, layer: int, cache, cos, sin, cfg
     kv = linear(h, w.wkv_a)                                                 # [T, r + rope]
     c_kv = kv[:, :r] if w.kv_norm is None else rmsnorm(kv[:, :r], w.kv_norm, LATENT_NORM_EPS)  # [T, r]
     k_rope = rope_part(kv[:, None, r:], cos, sin, cfg.rope_interleave)[:, 0]                  # [T, rope]
-    c_kv, k_rope = cache.append(layer, c_kv, k_rope)                        # [L, r], [L, rope]
+    c_kv, k_rope = (as_f32(a) for a in cache.append(layer, c_kv, k_rope))   # [L, r], [L, rope] (a 16-bit cache widened)
     # kv_b_proj holds, per head, W_UK ([nope, r]) over W_UV ([v_head, r]).
     w_up = as_f32(w.wkv_b).reshape(H, nope + cfg.v_head_dim, r)             # [H, nope + v_head, r]
     w_uk, w_uv = w_up[:, :nope], w_up[:, nope:]                             # [H, nope, r], [H, v_head, r]
-    attend = absorbed_attention if mode == "absorbed" else naive_attention
+    naive = mode == "naive" or (mode == "naive-prefill" and T > 1)
+    attend = naive_attention if naive else absorbed_attention
     out = attend(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, softmax_scale(cfg))   # [H, T, v_head]
     return linear(out.transpose(1, 0, 2).reshape(T, H * cfg.v_head_dim), w.wo)  # [T, dim]
 
@@ -187,9 +190,10 @@ def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, scale: float) -
 def _softmax(scores: np.ndarray) -> np.ndarray:
     """Causal softmax over the last axis, in place.  scores: [H, T, L], queries = the last T of L."""
     T, L = scores.shape[-2:]
+    xp = array_module(scores)
     if T > 1:
-        scores += mask_bias(T, L)                                           # [T, L] broadcast over heads
+        scores += mask_bias(T, L, xp=xp)                                    # [T, L] broadcast over heads
     scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
+    xp.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
     return scores
