@@ -1,0 +1,152 @@
+"""Starting N ranks, and making each one end cleanly.
+
+`minillm generate --tp 2 ...` runs in one process that is no rank: `relaunch` starts the same command
+line as 2 ranks under `mpiexec -n 2` (one BLAS thread a rank unless the environment says otherwise),
+streams rank 0's output, and returns their exit code. `mpiexec -n 2 minillm generate --tp 2 ...`
+skips that step: each process already is a rank.
+
+In a rank, `rank_setup` (called once its MPI communicator exists) silences the other ranks' output
+when our launcher started them (rank 0 prints for all), and turns any uncaught exception into an MPI
+abort. `exit_rank` is what the CLI calls on an error: it aborts the whole job, because a rank that
+simply exited would leave the others waiting in their next collective (until its timeout).
+A rank killed outright is seen by mpiexec itself, which stops the rest.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from minillm.engine.parallel.communicator import launched_size
+from minillm.errors import MiniLLMError
+
+QUIET_VAR = "MINILLM_TP_QUIET"        # set by relaunch: ranks other than 0 print nothing but errors
+ERROR_PREFIX = "minillm: error:"
+_active = None                        # this process's MPI communicator, once it is a rank
+
+
+# ---- the parent: one command line, N ranks ---------------------------------------------------------
+def find_mpiexec() -> str:
+    """The MPI launcher: on PATH, or next to this Python (the `mpich` wheel installs it there)."""
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    beside = Path(sys.executable).parent / "mpiexec"
+    if found is None and beside.exists():
+        found = str(beside)
+    if found is None:
+        raise MiniLLMError("tp > 1 needs mpiexec and mpi4py: pip install 'minillm[tp]' (mpi4py and the mpich wheel)")
+    return found
+
+
+def relaunch(tp: int, argv: Sequence[str] | None = None, threads_per_rank: int = 1) -> int | None:
+    """Run this command line as `tp` MPI ranks and return their exit code; None when there is nothing
+    to launch (tp = 1, or this process already is one of the ranks)."""
+    size = launched_size()
+    if tp <= 1 or size == tp:
+        return None
+    if size > 1:
+        raise MiniLLMError(f"--tp {tp} but mpiexec started {size} ranks: give them the same number")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ)
+    env[QUIET_VAR] = "1"
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, str(threads_per_rank))          # ranks share the cores: one BLAS thread each
+    cmd = [find_mpiexec(), "-n", str(tp), sys.executable, "-m", "minillm", *argv]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        seen_error = _forward_stderr(proc)
+        code = proc.wait()
+    except KeyboardInterrupt:                               # Ctrl-C: the ranks got it too; give them a moment
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    if code != 0 and not seen_error:
+        raise MiniLLMError(f"a rank ended with exit code {code}; mpiexec stopped the others")
+    return code
+
+
+def _forward_stderr(proc: subprocess.Popen) -> bool:
+    """Copy the ranks' stderr through, each error line once (every rank may report the same one) and
+    without MPICH's abort banners; -> whether an error line was seen."""
+    shown = set()
+    for line in proc.stderr:
+        if line.startswith(ERROR_PREFIX):
+            if line in shown:
+                continue
+            shown.add(line)
+        elif _mpi_noise(line):
+            continue
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    return bool(shown)
+
+
+def _mpi_noise(line: str) -> bool:
+    """What MPICH prints when a rank aborts or dies: the error line before it already said why."""
+    text = line.strip()
+    return (text.startswith(("Abort(", "=", "BAD TERMINATION", "PID ", "EXIT CODE", "CLEANING UP", "YOU CAN IGNORE",
+                             "YOUR APPLICATION TERMINATED", "This typically refers", "Please see the FAQ",
+                             "MPICH: ", "[unset]:", "application called MPI_Abort"))
+            or "application called MPI_Abort" in text)
+
+
+# ---- inside a rank ------------------------------------------------------------------------------------
+def rank_setup(comm) -> None:
+    """Called once a process's MPI communicator exists: remember it (for exit_rank), abort every rank on
+    an uncaught exception, and leave printing to rank 0 when our launcher started the ranks."""
+    global _active
+    _active = comm
+    previous = sys.excepthook
+
+    def abort_all(kind, value, tb):
+        previous(kind, value, tb)
+        exit_rank(1)
+
+    sys.excepthook = abort_all
+    if os.environ.get(QUIET_VAR) and comm.rank != 0:
+        sys.stdout = open(os.devnull, "w")
+        sys.stderr = _ErrorsOnly(sys.__stderr__)
+
+
+def exit_rank(code: int) -> None:
+    """On an error in a rank of several: end every rank now with `code` (an MPI abort). No-op elsewhere."""
+    if _active is None or _active.size == 1 or code == 0:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    _active.abort(code)
+
+
+def is_main_rank() -> bool:
+    """Rank 0 (or no ranks at all): the process that prints."""
+    return _active is None or _active.rank == 0
+
+
+class _ErrorsOnly:
+    """A stderr that lets through only our one-line errors (a follower rank's timings would repeat rank 0's)."""
+
+    def __init__(self, stream):
+        self.stream, self.pending = stream, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            if line.startswith(ERROR_PREFIX):
+                self.stream.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
