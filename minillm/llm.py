@@ -111,6 +111,7 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
             raise
         path = pulling.pull(name)
     config, tensors, tokenizer = read_checkpoint(path)
+    _check_sparse(config, device, flashnorm, quant)
     if flashnorm:   # before quantizing: a gain scales a column, int8/int4 scales belong to rows and groups
         config, tensors = _folded(config, tensors)
     if quant is not None:
@@ -125,6 +126,15 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
     if device == "cuda":
         transformer = _to_gpu(transformer, dtype, quant, kv_cache)
     return LLM(config, transformer, tokenizer, name=name, chat_default=chat_default)
+
+
+def _check_sparse(config: ModelConfig, device: str, flashnorm: bool, quant: str | None) -> None:
+    """What mixture-of-experts models and the low-bit float formats do not run with yet, in one line."""
+    if config.n_experts and device == "cuda":
+        raise MiniLLMError("mixture-of-experts models run on the CPU only: GPU MoE kernels are future work "
+                           "(use --device cpu)")
+    if config.n_experts and flashnorm:
+        raise MiniLLMError("--flashnorm does not fold into mixture-of-experts layers yet")
 
 
 def _folded(config: ModelConfig, tensors: dict):

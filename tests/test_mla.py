@@ -111,10 +111,10 @@ def test_latent_cache_bytes_follow_the_formula(pair):
     assert per_token * 4 <= mha
 
 
-def test_deepseek_with_moe_layers_is_rejected():
+def test_deepseek_with_moe_layers_reads_its_experts():   # (their HF parity: test_moe.py)
     d = deepseek_config(first_k_dense_replace=1).to_dict() | {"architectures": ["DeepseekV3ForCausalLM"]}
-    with pytest.raises(ValueError, match="MoE layers are not supported"):
-        ModelConfig.from_hf(d)
+    c = ModelConfig.from_hf(d)
+    assert c.attention == "mla" and c.n_experts == d["n_routed_experts"] and c.n_moe_layers == 2
 
 
 # ---- GQA -> MLA by SVD -----------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """ModelConfig: the shape of a Llama-family model, and the registry of named presets.
 
-One dataclass describes Llama 2/3, Mistral, SmolLM2 and DeepSeek-V3-style multi-head latent attention
-(MLA, dense MLP layers only). It reads and writes HF `config.json` dictionaries, so a checkpoint
-written by `save_pretrained` round-trips through it.
+One dataclass describes Llama 2/3, Mistral, SmolLM2, Mixtral (sparse mixture-of-experts MLPs) and
+DeepSeek-V3 (multi-head latent attention, MLA, with dense or MoE MLPs). It reads and writes HF
+`config.json` dictionaries, so a checkpoint written by `save_pretrained` round-trips through it.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "MixtralForCausalLM": "mixtral",
 }
 
 
@@ -35,7 +36,7 @@ class ModelConfig:
     sliding_window: int | None = None  # Mistral v0.1: attend to the last `sliding_window` positions only
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
-    family: str = "llama"         # "llama" | "mistral" | "deepseek_v3"
+    family: str = "llama"         # "llama" | "mistral" | "mixtral" | "deepseek_v3"
     torch_dtype: str = "float32"  # the dtype the checkpoint stores its weights in
     # Multi-head latent attention (DeepSeek-V2/V3; see mla.py). Only read when attention == "mla".
     attention: str = "gqa"        # "gqa" (MHA/GQA/MQA over a K,V cache) | "mla" (a latent cache)
@@ -47,6 +48,17 @@ class ModelConfig:
     rope_interleave: bool = False      # DeepSeek: RoPE pairs are adjacent dims (x0, x1), (x2, x3), ...
     # How the layer matrices are stored when quantized (quant.py), e.g. {"method": "int4", "group_size": 128}.
     quantization: dict | None = None
+    # Mixture of experts (moe.py). n_experts == 0: every layer has one dense SwiGLU MLP of ffn_dim.
+    n_experts: int = 0                 # routed experts in each MoE layer
+    n_experts_per_token: int = 0       # top-k: experts each token is sent to
+    moe_ffn_dim: int = 0               # one expert's SwiGLU width (Mixtral: ffn_dim; DeepSeek: moe_intermediate_size)
+    n_shared_experts: int = 0          # DeepSeek: experts every token passes through (one SwiGLU, n × moe_ffn_dim wide)
+    first_dense_layers: int = 0        # DeepSeek first_k_dense_replace: layers before this are dense MLPs
+    router: str = "softmax"            # "softmax" (Mixtral) | "sigmoid" (DeepSeek-V3: + correction bias, groups)
+    n_expert_groups: int = 1           # DeepSeek-V3 n_group: experts split into groups ...
+    n_groups_per_token: int = 1        # ... topk_group of them (best by their top-2 scores) eligible per token
+    norm_topk_prob: bool = True        # renormalize the k chosen weights to sum to 1
+    routed_scaling_factor: float = 1.0 # DeepSeek: the routed experts' sum is scaled by this
 
     def __post_init__(self):
         if self.attention not in ("gqa", "mla"):
@@ -58,18 +70,38 @@ class ModelConfig:
             self.head_dim = self.dim // self.n_heads
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.n_experts:
+            _check_moe(self)
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer i has a sparse MoE block (else a dense SwiGLU MLP of ffn_dim)."""
+        return self.n_experts > 0 and i >= self.first_dense_layers
+
+    @property
+    def n_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.n_layers))
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
     def n_params(self) -> int:
-        """Parameter count (the tied LM head is counted once)."""
+        """Parameter count (the tied LM head is counted once); with MoE, every expert's."""
+        return self._params(self.n_experts)
+
+    @property
+    def n_active_params(self) -> int:
+        """Parameters one token's forward pass uses: with MoE only its top-k experts (and the shared)."""
+        return self._params(self.n_experts_per_token)
+
+    def _params(self, experts_counted: int) -> int:
         attn = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
         if self.attention == "mla":
             attn = self._mla_params()
-        mlp = 3 * self.dim * self.ffn_dim
-        per_layer = attn + mlp + 2 * self.dim
+        dense = 3 * self.dim * self.ffn_dim
+        moe = (3 * self.dim * self.moe_ffn_dim * (experts_counted + self.n_shared_experts)
+               + self.n_experts * self.dim)                                 # experts + the router
+        mlps = (self.n_layers - self.n_moe_layers) * dense + self.n_moe_layers * moe
         head = 0 if self.tie_embeddings else self.vocab_size * self.dim
-        return self.vocab_size * self.dim + self.n_layers * per_layer + self.dim + head
+        return self.vocab_size * self.dim + self.n_layers * (attn + 2 * self.dim) + mlps + self.dim + head
 
     def _mla_params(self) -> int:
         """Attention weights of one MLA layer, latent norms included."""
@@ -105,7 +137,8 @@ class ModelConfig:
         family = ARCHITECTURES.get(archs[0])
         if family is None:
             model_type = d.get("model_type", "?")
-            family = {"llama": "llama", "mistral": "mistral", "deepseek_v3": "deepseek_v3"}.get(model_type)
+            family = {"llama": "llama", "mistral": "mistral", "deepseek_v3": "deepseek_v3",
+                      "mixtral": "mixtral"}.get(model_type)
             if family is None:
                 raise ValueError(f"unsupported architecture {archs[0]} (model_type {model_type})")
         rope_scaling = d.get("rope_scaling")
@@ -130,18 +163,19 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_seq_len=d.get("max_position_embeddings", 2048),
             tie_embeddings=d.get("tie_word_embeddings", False),
-            sliding_window=d.get("sliding_window") if family == "mistral" else None,
+            sliding_window=d.get("sliding_window") if family in ("mistral", "mixtral") else None,
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=d.get("eos_token_id"),
             family=family,
             torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
             quantization=d.get("quantization"),
             **(_mla_fields(d) if family == "deepseek_v3" else {}),
+            **(_moe_fields(d, family) if family in ("mixtral", "deepseek_v3") else {}),
         )
 
     def to_hf(self) -> dict[str, Any]:
         """The HF `config.json` dictionary that transformers loads as Llama/MistralForCausalLM."""
-        arch = "MistralForCausalLM" if self.family == "mistral" else "LlamaForCausalLM"
+        arch = {"mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}.get(self.family, "LlamaForCausalLM")
         d: dict[str, Any] = {
             "architectures": [arch],
             "model_type": self.family,
@@ -164,8 +198,10 @@ class ModelConfig:
             "mlp_bias": False,
             "torch_dtype": self.torch_dtype,
         }
-        if self.family == "mistral":
+        if self.family in ("mistral", "mixtral"):
             d["sliding_window"] = self.sliding_window
+        if self.family == "mixtral":
+            d |= {"num_local_experts": self.n_experts, "num_experts_per_tok": self.n_experts_per_token}
         if self.quantization:   # minillm's own key: HF's "quantization_config" would send transformers to a backend
             d["quantization"] = self.quantization
         if self.family == "deepseek_v3":
@@ -176,13 +212,50 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _check_moe(c: ModelConfig) -> None:
+    """What moe.py can route; ValueError (read_config makes it one line) for the rest."""
+    if c.router not in ("softmax", "sigmoid"):
+        raise ValueError(f"router={c.router!r}: expected 'softmax' (Mixtral) or 'sigmoid' (DeepSeek-V3)")
+    if not 0 < c.n_experts_per_token <= c.n_experts:
+        raise ValueError(f"num_experts_per_tok={c.n_experts_per_token} must be in 1..{c.n_experts} (the experts)")
+    groups = c.n_expert_groups
+    if groups < 1 or c.n_experts % groups or not 1 <= c.n_groups_per_token <= groups:
+        raise ValueError(f"n_group={groups}, topk_group={c.n_groups_per_token}: the experts ({c.n_experts}) "
+                         f"must split evenly into n_group groups, 1 <= topk_group <= n_group")
+    if groups > 1 and c.n_experts // groups < 2:
+        raise ValueError("group-limited routing scores a group by its top-2 experts: each group needs 2 or more")
+    if c.n_experts_per_token > c.n_groups_per_token * (c.n_experts // groups):
+        raise ValueError(f"num_experts_per_tok={c.n_experts_per_token} is more than the experts of "
+                         f"topk_group={c.n_groups_per_token} groups")
+
+
+def _moe_fields(d: dict[str, Any], family: str) -> dict[str, Any]:
+    """The mixture-of-experts part of a Mixtral or DeepseekV3 `config.json` (empty: all dense)."""
+    if family == "mixtral":
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act={d['hidden_act']!r} is not supported (only silu)")
+        return dict(n_experts=d.get("num_local_experts", 8), n_experts_per_token=d.get("num_experts_per_tok", 2),
+                    moe_ffn_dim=d["intermediate_size"], router="softmax", norm_topk_prob=True)
+    n_layers = d["num_hidden_layers"]
+    first_dense = d.get("first_k_dense_replace") or 0
+    if first_dense >= n_layers or not d.get("n_routed_experts"):
+        return {}                                                           # every layer a dense MLP
+    if d.get("scoring_func", "sigmoid") != "sigmoid":
+        raise ValueError(f"scoring_func={d['scoring_func']!r} is not supported (DeepSeek-V3's 'sigmoid' only)")
+    if d.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise ValueError(f"topk_method={d['topk_method']!r} is not supported (DeepSeek-V3's 'noaux_tc' only)")
+    if (d.get("moe_layer_freq") or 1) != 1:
+        raise ValueError(f"moe_layer_freq={d['moe_layer_freq']} is not supported (every layer after "
+                         f"first_k_dense_replace must be MoE)")
+    return dict(n_experts=d["n_routed_experts"], n_experts_per_token=d["num_experts_per_tok"],
+                moe_ffn_dim=d["moe_intermediate_size"], n_shared_experts=d.get("n_shared_experts") or 0,
+                first_dense_layers=first_dense, router="sigmoid", n_expert_groups=d.get("n_group") or 1,
+                n_groups_per_token=d.get("topk_group") or 1, norm_topk_prob=bool(d.get("norm_topk_prob", True)),
+                routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)))
+
+
 def _mla_fields(d: dict[str, Any]) -> dict[str, Any]:
     """The MLA part of a DeepseekV3 `config.json`; rejects what minillm cannot run."""
-    n_layers = d["num_hidden_layers"]
-    if (d.get("first_k_dense_replace") or 0) < n_layers:
-        raise ValueError(f"MoE layers are not supported: first_k_dense_replace="
-                         f"{d.get('first_k_dense_replace')} < num_hidden_layers={n_layers} "
-                         f"(only DeepseekV3 configs whose layers are all dense MLPs run)")
     if d.get("attention_bias"):
         raise ValueError("attention_bias=True is not supported for MLA")
     if d.get("hidden_act", "silu") != "silu":
@@ -193,7 +266,7 @@ def _mla_fields(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _deepseek_hf(c: ModelConfig, llama_like: dict[str, Any]) -> dict[str, Any]:
-    """Rewrite a Llama-style dict as DeepseekV3ForCausalLM's, every layer a dense MLP."""
+    """Rewrite a Llama-style dict as DeepseekV3ForCausalLM's (with its MoE keys when it has experts)."""
     d = {k: v for k, v in llama_like.items() if k not in ("head_dim", "mlp_bias")}
     d.update({
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -205,9 +278,15 @@ def _deepseek_hf(c: ModelConfig, llama_like: dict[str, Any]) -> dict[str, Any]:
         "qk_rope_head_dim": c.qk_rope_head_dim,
         "v_head_dim": c.v_head_dim,
         "rope_interleave": c.rope_interleave,
-        "first_k_dense_replace": c.n_layers,    # no MoE layer
+        "first_k_dense_replace": c.first_dense_layers if c.n_experts else c.n_layers,   # else no MoE layer
         "num_nextn_predict_layers": 0,
     })
+    if c.n_experts:
+        d.update({"n_routed_experts": c.n_experts, "num_experts_per_tok": c.n_experts_per_token,
+                  "moe_intermediate_size": c.moe_ffn_dim, "n_shared_experts": c.n_shared_experts,
+                  "n_group": c.n_expert_groups, "topk_group": c.n_groups_per_token,
+                  "norm_topk_prob": c.norm_topk_prob, "routed_scaling_factor": c.routed_scaling_factor,
+                  "scoring_func": "sigmoid", "topk_method": "noaux_tc"})
     return d
 
 

@@ -20,6 +20,7 @@ from minillm.model.flashnorm import deferred_linear, deferred_swiglu, inv_rms, i
 from minillm.model.kv_cache import Int8KVCache, KVCache, MLACache, RollingKVCache
 from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, silu, swiglu
 from minillm.model.mla import MLAWeights, mla_attention, mla_rope
+from minillm.model.moe import MoEWeights, moe_block, moe_tensor_names
 from minillm.model.quant import gather
 
 
@@ -27,7 +28,8 @@ from minillm.model.quant import gather
 class LayerWeights:
     """One transformer block, in HF's [out, in] layout, stored in any dtype backend.as_f32 widens.
 
-    MLA layers leave wq, wk, wv, wo as None and keep their attention weights in `mla`.
+    MLA layers leave wq, wk, wv, wo as None and keep their attention weights in `mla`; MoE layers
+    leave w_gate, w_up, w_down as None and keep their router and experts in `moe` (moe.py).
     """
     attn_norm: np.ndarray   # [dim]
     wq: np.ndarray | None   # [n_heads * hd, dim]
@@ -35,10 +37,11 @@ class LayerWeights:
     wv: np.ndarray | None   # [n_kv_heads * hd, dim]
     wo: np.ndarray | None   # [dim, n_heads * hd]
     mlp_norm: np.ndarray    # [dim]
-    w_gate: np.ndarray      # [ffn_dim, dim]
-    w_up: np.ndarray        # [ffn_dim, dim]
-    w_down: np.ndarray      # [dim, ffn_dim]
+    w_gate: np.ndarray | None   # [ffn_dim, dim]
+    w_up: np.ndarray | None     # [ffn_dim, dim]
+    w_down: np.ndarray | None   # [dim, ffn_dim]
     mla: MLAWeights | None = None
+    moe: MoEWeights | None = None
     wqkv: np.ndarray | None = None       # [(n_heads + 2 n_kv_heads) * hd, dim]  after fuse()
     w_gate_up: np.ndarray | None = None  # [2 * ffn_dim, dim]                    after fuse()
 
@@ -53,21 +56,30 @@ class LayerWeights:
         if self.wq is not None and _plain_arrays(self.wq, self.wk, self.wv):
             self.wqkv = np.concatenate([self.wq, self.wk, self.wv])
             self.wq, self.wk, self.wv = np.split(self.wqkv, np.cumsum([len(self.wq), len(self.wk)]))
-        if _plain_arrays(self.w_gate, self.w_up):
+        if self.w_gate is not None and _plain_arrays(self.w_gate, self.w_up):
             self.w_gate_up = np.concatenate([self.w_gate, self.w_up])
             self.w_gate, self.w_up = np.split(self.w_gate_up, 2)
 
-    def matrices(self) -> list:
-        """Every weight one forward pass reads, each once (stacks instead of their views)."""
+    def matrices(self, active_experts: int | None = None) -> list:
+        """Every weight one forward pass reads, each once (stacks instead of their views); of an MoE
+        block all experts, or `active_experts` experts' worth (what one token reads)."""
         attention = ([self.wqkv] if self.wqkv is not None else [self.wq, self.wk, self.wv]) + [self.wo]
         if self.mla is not None:
             attention = [w for w in vars(self.mla).values() if w is not None]
         mlp = [self.w_gate_up] if self.w_gate_up is not None else [self.w_gate, self.w_up]
-        return [self.attn_norm, self.mlp_norm] + attention + mlp + [self.w_down]
+        mlp = self.moe.matrices(active_experts) if self.moe is not None else mlp + [self.w_down]
+        return [self.attn_norm, self.mlp_norm] + attention + mlp
 
     @classmethod
-    def from_hf(cls, tensors: dict[str, np.ndarray], i: int, attention: str = "gqa") -> "LayerWeights":
+    def from_hf(cls, tensors: dict[str, np.ndarray], i: int, attention: str = "gqa",
+                config: ModelConfig | None = None) -> "LayerWeights":
+        """Layer i from HF-named tensors; `config` says whether its MLP is a sparse MoE block."""
         p = f"model.layers.{i}."
+        if config is not None and config.is_moe_layer(i):
+            mlp = dict(w_gate=None, w_up=None, w_down=None, moe=MoEWeights.from_hf(tensors, i, config))
+        else:
+            mlp = dict(w_gate=tensors[p + "mlp.gate_proj.weight"], w_up=tensors[p + "mlp.up_proj.weight"],
+                       w_down=tensors[p + "mlp.down_proj.weight"])
         if attention == "mla":
             attn = dict(wq=None, wk=None, wv=None, wo=None, mla=MLAWeights.from_hf(tensors, i))
         else:
@@ -77,10 +89,21 @@ class LayerWeights:
             attn_norm=tensors[p + "input_layernorm.weight"],
             **attn,
             mlp_norm=tensors[p + "post_attention_layernorm.weight"],
-            w_gate=tensors[p + "mlp.gate_proj.weight"],
-            w_up=tensors[p + "mlp.up_proj.weight"],
-            w_down=tensors[p + "mlp.down_proj.weight"],
+            **mlp,
         )
+
+
+def _moe_tensors(config: ModelConfig, i: int, moe: MoEWeights) -> dict:
+    """Layer i's MoE block under its HF names (the inverse of MoEWeights.from_hf)."""
+    names = moe_tensor_names(config, i)
+    t = {names["router"]: moe.router}
+    if moe.bias is not None:
+        t[names["bias"]] = moe.bias
+    for e, expert in enumerate(moe.experts):
+        t |= dict(zip(names[f"experts.{e}"], expert.matrices()))
+    if moe.shared is not None:
+        t |= dict(zip(names["shared"], moe.shared.matrices()))
+    return t
 
 
 def _plain_arrays(*weights) -> bool:
@@ -106,7 +129,7 @@ class Transformer:
         self.config = config
         tensors = gather(config, tensors)                                   # quantized: qweight/scales -> one weight
         self.embed = tensors["model.embed_tokens.weight"]                   # [vocab, dim]
-        self.layers = [LayerWeights.from_hf(tensors, i, config.attention) for i in range(config.n_layers)]
+        self.layers = [LayerWeights.from_hf(tensors, i, config.attention, config) for i in range(config.n_layers)]
         for layer in self.layers:
             layer.fuse()
         self.final_norm = tensors["model.norm.weight"]                      # [dim]
@@ -185,7 +208,10 @@ class Transformer:
         """The MLP half of a layer, norm included (shared with batched.py).   [T, dim] -> [T, dim]"""
         if self.flashnorm:                                                  # Prop. 2: 1/RMS on the gate, after down
             return deferred_swiglu(x, layer, self.config.ffn_dim, self.config.norm_eps)
-        return self.mlp_block(rmsnorm(x, layer.mlp_norm, self.config.norm_eps), layer)
+        h = rmsnorm(x, layer.mlp_norm, self.config.norm_eps)                # [T, dim]
+        if layer.moe is not None:                                           # sparse: k experts a token (moe.py)
+            return moe_block(h, layer.moe, self.config)
+        return self.mlp_block(h, layer)
 
     def head(self, x) -> np.ndarray:
         """Final norm and LM head (shared with batched.py).   x: [T, dim] -> logits [T, vocab]"""
@@ -243,12 +269,16 @@ class Transformer:
                   p + "self_attn.v_proj.weight": layer.wv, p + "self_attn.o_proj.weight": layer.wo,
                   p + "mlp.gate_proj.weight": layer.w_gate, p + "mlp.up_proj.weight": layer.w_up,
                   p + "mlp.down_proj.weight": layer.w_down}
+            if layer.moe is not None:                                       # the experts' names instead
+                t = {k: v for k, v in t.items() if ".mlp." not in k} | _moe_tensors(self.config, i, layer.moe)
         return t
 
     def weights_read_per_token(self) -> list:
-        """Every array one decode step reads, each once: what decode's memory traffic is made of."""
+        """Every array one decode step reads, each once: what decode's memory traffic is made of
+        (of an MoE block, k experts' worth: a token reads its k experts only)."""
         arrays, seen = [], set()
-        for a in [self.final_norm, self.lm_head] + [m for layer in self.layers for m in layer.matrices()]:
+        k = self.config.n_experts_per_token or None
+        for a in [self.final_norm, self.lm_head] + [m for layer in self.layers for m in layer.matrices(k)]:
             if id(a) not in seen:
                 seen.add(id(a))
                 arrays.append(a)
