@@ -149,13 +149,14 @@ def _folded(config: ModelConfig, tensors: dict):
 
 def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_cache: str):
     """The same weights on the GPU (fp16 or bf16; int8/int4 layer matrices stay quantized), decoding
-    through a captured CUDA graph; MLA models run GPUMLATransformer (cuBLAS through CuPy, no graph)."""
-    from minillm.cuda.gpu_mla import GPUMLATransformer
+    through a captured CUDA graph; MLA models run the Transformer itself on CuPy arrays (cuBLAS, no graph)."""
+    from minillm.cuda.device_model import to_device
     from minillm.cuda.gpu_model import GPUTransformer
-    gpu_class = GPUMLATransformer if transformer.config.attention == "mla" else GPUTransformer
-    options = {"kv_cache": "int8"} if kv_cache == "int8" else {}     # else the weights' 16 bits
+    dtype = "bfloat16" if dtype == "bfloat16" else "float16"
     try:
-        return gpu_class.from_cpu(transformer, dtype="bfloat16" if dtype == "bfloat16" else "float16", **options)
+        if transformer.config.attention == "mla":
+            return to_device(transformer, dtype)
+        return GPUTransformer.from_cpu(transformer, dtype=dtype, kv_cache="int8" if kv_cache == "int8" else "auto")
     except ValueError as e:
         raise MiniLLMError(str(e)) from None
 

@@ -1,16 +1,20 @@
-"""MLA on the device (cuda/gpu_mla.py) against the CPU Transformer, on random DeepSeek-V3 models.
+"""MLA on the device (cuda/device_model.py: the engine's Transformer on CuPy arrays) against the CPU
+Transformer, on random DeepSeek-V3 models.
 
-GPUMLATransformer is written against an array module: the first tests run its very code with
-xp=numpy, everywhere; the last ones run it on CuPy and skip without a CUDA device."""
+to_device only moves arrays: the first tests run that conversion with xp=numpy (16-bit weights and
+latent cache, the naive-prefill rule), everywhere; the last ones run it on CuPy and skip without a
+CUDA device."""
 import numpy as np
 import pytest
 
 import minillm
 from hf_models import llama_config, save_random_model
 from minillm.cuda import available as gpu_available
-from minillm.cuda import gpu_mla
+from minillm.cuda import device_model
 from minillm.cuda.checks import MODEL_TOL, greedy, rel_err
-from minillm.cuda.gpu_mla import GPUMLACache, GPUMLATransformer
+from minillm.cuda.device_model import to_device
+from minillm.model.kv_cache import MLACache
+from minillm.model.transformer import Transformer
 from minillm.llm import LLM, _to_gpu
 from minillm.checkpoints.mla_convert import convert_to_mla
 from minillm.checkpoints.weights import load_hf_dir, save_hf_dir
@@ -82,60 +86,68 @@ def assert_greedy_agrees(gpu, cpu, n=16):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_numpy_run_matches_cpu_logits(model_dir, dtype):
     cpu = _cpu(model_dir, dtype)
-    err = logits_error(GPUMLATransformer.from_cpu(cpu, dtype, xp=np), cpu)
+    err = logits_error(to_device(cpu, dtype, xp=np), cpu)
     assert err <= MODEL_TOL[dtype], f"error {err:.2e} > {MODEL_TOL[dtype]:.0e}"
 
 
 def test_numpy_run_greedy_matches_cpu(model_dir):
     cpu = _cpu(model_dir, "float16")
-    assert_greedy_agrees(GPUMLATransformer.from_cpu(cpu, "float16", xp=np), cpu)
+    assert_greedy_agrees(to_device(cpu, "float16", xp=np), cpu)
 
 
 def test_fp32_cache_leaves_only_weight_rounding(model_dir):
     """With an fp32 latent cache both sides multiply the same numbers in fp32: only summation order
     differs, so a 16-bit cache is the one source of the fp16 tolerance above."""
     cpu = _cpu(model_dir, "bfloat16")
-    gpu = GPUMLATransformer.from_cpu(cpu, "bfloat16", xp=np)
-    gpu.cache_dtype = "float32"
+    gpu = to_device(cpu, "bfloat16", xp=np, cache_dtype="float32")
     assert logits_error(gpu, cpu) < 1e-5
 
 
 def test_naive_and_absorbed_prefill_and_chunking_agree(model_dir):
-    gpu = GPUMLATransformer.from_cpu(_cpu(model_dir, "float16"), "float16", xp=np)
-    gpu.cache_dtype = "float32"     # else a summation-order ulp can flip an fp16 rounding of the cache
+    cpu = _cpu(model_dir, "float16")
     ids = _ids(20)
     out = {}
-    for mode in ("naive", "absorbed"):
-        gpu.prefill_attention = mode
+    for mode in ("naive-prefill", "absorbed"):   # fp32 cache: else a summation-order ulp can flip an fp16 rounding
+        gpu = to_device(cpu, "float16", xp=np, cache_dtype="float32", mla_mode=mode)
         out[mode] = gpu.prefill(ids, gpu.new_cache(20), all_logits=True)
-    gpu.prefill_chunk = 6                                      # 6 + 6 + 6 + 2: later chunks see a cache
-    chunked = gpu.prefill(ids, gpu.new_cache(20), all_logits=True)
-    assert rel_err(out["absorbed"], out["naive"]) < 1e-5
-    assert rel_err(chunked, out["naive"]) < 1e-5
+    gpu = to_device(cpu, "float16", xp=np, cache_dtype="float32").with_options(prefill_chunk=6)
+    chunked = gpu.prefill(ids, gpu.new_cache(20), all_logits=True)   # 6 + 6 + 6 + 2: later chunks see a cache
+    assert rel_err(out["absorbed"], out["naive-prefill"]) < 1e-5
+    assert rel_err(chunked, out["naive-prefill"]) < 1e-5
 
 
 def test_latent_cache_is_16_bit_and_refuses_overflow(model_dir):
-    gpu = GPUMLATransformer.from_cpu(_cpu(model_dir, "float16"), "float16", xp=np)
+    gpu = to_device(_cpu(model_dir, "float16"), "float16", xp=np)
     cache = gpu.new_cache(10)
-    assert isinstance(cache, GPUMLACache) and cache.c_kv.dtype == np.float16
+    assert isinstance(cache, MLACache) and cache.c_kv.dtype == np.float16
     assert cache.nbytes == 10 * gpu.config.kv_bytes_per_token(2)
     gpu.prefill(_ids(10), cache)
     with pytest.raises(ValueError, match="KV cache is full"):
         gpu.decode(1, cache)
 
 
-def test_gqa_models_are_refused(tmp_path):
+def test_quantized_weights_and_gqa_with_int8_kv_are_refused(tmp_path):
     save_random_model(llama_config(), tmp_path)
-    with pytest.raises(ValueError, match="MLA models"):
-        GPUMLATransformer.from_cpu(minillm.load(str(tmp_path)).model, xp=np)
+    with pytest.raises(ValueError, match="int8/int4 weights are not supported"):
+        to_device(minillm.load(str(tmp_path), quant="int8").model, xp=np)
+    with pytest.raises(ValueError, match="16-bit cache"):
+        to_device(minillm.load(str(tmp_path), kv_cache="int8").model, xp=np)
 
 
-def test_to_gpu_sends_mla_models_to_gpu_mla(model_dir, monkeypatch):
+def test_gqa_models_run_the_same_way(tmp_path):
+    """Nothing in to_device is MLA's: a Llama's Transformer moves the same way (lesson 11 runs it on CuPy)."""
+    save_random_model(llama_config(), tmp_path)
+    cpu = _cpu(tmp_path, "float16")
+    assert logits_error(to_device(cpu, "float16", xp=np, cache_dtype="float32"), cpu) < 1e-5
+
+
+def test_to_gpu_sends_mla_models_to_the_transformer_on_device(model_dir, monkeypatch):
     """llm._to_gpu's dispatch, with the device module swapped for NumPy (no GPU needed)."""
-    monkeypatch.setattr(gpu_mla, "_cupy", lambda: np)
+    monkeypatch.setattr(device_model, "_cupy", lambda: np)
     cpu_llm = minillm.load(str(model_dir))
-    gpu = _to_gpu(cpu_llm.model, None, None, "float32")
-    assert isinstance(gpu, GPUMLATransformer) and gpu.dtype == "float16"
+    gpu = _to_gpu(cpu_llm.model, None, None, "auto")
+    assert isinstance(gpu, Transformer) and gpu is not cpu_llm.model and gpu.dtype == "float16"
+    assert gpu.mla_mode == "naive-prefill" and gpu.new_cache(4).c_kv.dtype == np.float16
     ids = _ids(10).tolist()
     got = LLM(cpu_llm.config, gpu).logits(ids)
     assert rel_err(got, cpu_llm.logits(ids)) <= MODEL_TOL["float16"]
@@ -151,8 +163,8 @@ needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUD
 def test_gpu_run_matches_cpu_logits_and_greedy(model_dir, dtype):
     import cupy
     cpu = _cpu(model_dir, dtype)
-    gpu = GPUMLATransformer.from_cpu(cpu, dtype)
-    assert gpu.xp is cupy and isinstance(gpu.new_cache(4).c_kv, cupy.ndarray)
+    gpu = to_device(cpu, dtype)
+    assert isinstance(gpu.embed, cupy.ndarray) and isinstance(gpu.new_cache(4).c_kv, cupy.ndarray)
     err = logits_error(gpu, cpu)
     assert err <= MODEL_TOL[dtype], f"error {err:.2e} > {MODEL_TOL[dtype]:.0e}"
     assert_greedy_agrees(gpu, cpu)
@@ -163,5 +175,5 @@ def test_load_on_cuda_matches_cpu_logits(model_dir):
     ids = _ids(24).tolist()
     cpu = minillm.load(str(model_dir)).logits(ids)
     llm = minillm.load(str(model_dir), device="cuda")
-    assert isinstance(llm.model, GPUMLATransformer)
+    assert isinstance(llm.model, Transformer) and type(llm.model.embed).__module__.startswith("cupy")
     assert rel_err(llm.logits(ids), cpu) <= MODEL_TOL["float16"]

@@ -58,7 +58,7 @@ def run_gpu_parts(parts: Sequence[tuple[str, Callable[[], None]]]) -> list[str]:
 # ---- a decode step's kernel launches, recorded on the CPU (lesson 13, exercise 13) ---------------------
 
 def record_decode_launches(config, gemv_version: int = 4, fuse_norm: bool = True,
-                           capacity: int = 256, kv_cache: str = "16-bit") -> list[str]:
+                           capacity: int = 256, kv_cache: str = "auto") -> list[str]:
     """The kernel launches of one GPUTransformer decode step, in order ("embed", "gemv_v4 o", ...),
     recorded on the CPU by `recording_decode_step`."""
     step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity, kv_cache)
@@ -67,7 +67,7 @@ def record_decode_launches(config, gemv_version: int = 4, fuse_norm: bool = True
 
 
 def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
-                          capacity: int = 256, kv_cache: str = "16-bit") -> tuple[Callable[[], None], list[str]]:
+                          capacity: int = 256, kv_cache: str = "auto") -> tuple[Callable[[], None], list[str]]:
     """(step, launches): step() runs the engine's own `GPUTransformer.decode_step` on the CPU and
     appends the name of each kernel it would launch to `launches`.
 

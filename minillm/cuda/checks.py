@@ -419,15 +419,15 @@ def random_cpu_model(config: ModelConfig, dtype: str = "float16", seed: int = 0,
 MODEL_TOL = {"float16": 5e-3, "bfloat16": 3e-2}     # seen in a CPU emulation: 6e-4 and 4e-3
 
 
-def _with_kv_cache(cpu: Transformer, kv_cache: str) -> dict:
-    """Make the CPU model use the cache kind the GPU is given; -> GPUTransformer keyword arguments."""
-    cpu.kv_cache_dtype = "int8" if kv_cache == "int8" else "float32"
-    return {"kv_cache": kv_cache}
+def _with_kv_cache(cpu: Transformer, kv_cache: str) -> tuple[Transformer, dict]:
+    """The CPU model with the cache kind the GPU is given (a copy sharing the weights), and the
+    GPUTransformer keyword arguments for it."""
+    return cpu.with_options(kv_cache=kv_cache), {"kv_cache": kv_cache}
 
 
 def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int = 20, seed: int = 0,
                        fuse_norm: bool = False, gemv_version: int = 4, prefill_attention: str = "tiled",
-                       quant: str | None = None, group_size: int = 128, cpu=None, kv_cache: str = "16-bit"):
+                       quant: str | None = None, group_size: int = 128, cpu=None, kv_cache: str = "auto"):
     """Prefill logits (all positions) and teacher-forced decode logits, GPU vs CPU.
     prefill_attention: "tiled" (prefill_attention.cu) or "decode" (the decode kernel, one query a token).
     quant: int8/int4 layer matrices, the same on both sides. cpu: a CPU model to use instead of a
@@ -436,7 +436,8 @@ def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int 
     cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
     cfg = cpu.config
     gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
-                                  prefill_attention=prefill_attention, **_with_kv_cache(cpu, kv_cache))
+    cpu, kv = _with_kv_cache(cpu, kv_cache)
+                                  prefill_attention=prefill_attention, **kv)
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, n_prompt + n_decode)
     err = rel_err(gpu.prefill(ids[:n_prompt], gpu.new_cache(64), all_logits=True),
                   cpu.prefill(ids[:n_prompt], cpu.new_cache(64), all_logits=True))
@@ -458,15 +459,15 @@ def greedy(model, prompt, n: int, cache) -> tuple[list[int], list[np.ndarray]]:
 
 
 def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: bool = True, gemv_version: int = 4,
-                 quant: str | None = None, group_size: int = 128, cpu=None, prompt=None, kv_cache: str = "16-bit"):
+                 quant: str | None = None, group_size: int = 128, cpu=None, prompt=None, kv_cache: str = "auto"):
     """Greedy continuations, GPU vs CPU. Returns (tokens equal, detail). A divergence is accepted only
     at a near-tie: where the CPU's top two logits are closer than the logits' measured error.
     cpu, prompt: a given CPU model and prompt instead of random ones of `kind`'s shape."""
     from minillm.cuda.gpu_model import GPUTransformer
     cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
     cfg = cpu.config
-    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
-                                  **_with_kv_cache(cpu, kv_cache))
+    cpu, kv = _with_kv_cache(cpu, kv_cache)
+    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version, **kv)
     if prompt is None:
         prompt = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8)
     want, cpu_logits = greedy(cpu, prompt, n, cpu.new_cache(64))
@@ -482,7 +483,7 @@ def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: b
 
 def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, fuse_norm: bool = False,
                              gemv_version: int = 4, quant: str | None = None, group_size: int = 128,
-                             kv_cache: str = "16-bit"):
+                             kv_cache: str = "auto"):
     """The same prompt and tokens through eager launches and through the replayed CUDA graph:
     the same kernels in the same order, so the logits must be bit-identical."""
     from minillm.cuda.gpu_model import GPUTransformer

@@ -63,4 +63,4 @@ class GPUInt8KVCache(CacheBase):
         self.graph_key = None
 
 
-KV_CACHES = ("16-bit", "int8")     # "16-bit": the weight dtype (fp16 or bf16)
+KV_CACHES = ("auto", "int8")     # "auto": the weight dtype (fp16 or bf16), the vocabulary of kv_cache.KV_CACHE_FORMATS

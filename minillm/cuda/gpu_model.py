@@ -76,13 +76,13 @@ class GPULayer:
 
 class GPUTransformer:
     prefill_chunk = 1024      # tokens per prefill pass (bounds the [T, 2 * ffn] fp32 scratch)
-    kv_cache = "16-bit"       # or "int8" (KV_CACHES; the constructor's argument)
+    kv_cache = "auto"         # or "int8" (KV_CACHES; the constructor's argument)
     prefetch_next = False     # v4 decode: each GEMV prefetches the next one's first weights into L2 (its tail);
                               # measured slower on the H200 (fp16 232 vs 243 tok/s), so off: an experiment to rerun
 
     def __init__(self, config: ModelConfig, layers: list[GPULayer], embed, final_norm, lm_head,
                  dtype: str = "float16", use_graph: bool = True, gemv_version: int = 4, fuse_norm: bool = True,
-                 prefill_attention: str = "tiled", kv_cache: str = "16-bit"):
+                 prefill_attention: str = "tiled", kv_cache: str = "auto"):
         cp = _cp()
         if kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache is one of {KV_CACHES}, not {kv_cache!r}")

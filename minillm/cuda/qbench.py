@@ -326,7 +326,7 @@ def kv_cache_report(cfg: ModelConfig, label: str, contexts=(4096, 32000), n_new:
     say(f"\n== KV cache, {label} without a sliding window, fp16 weights ({gpu.weight_bytes / 1e9:.2f} GB), "
         f"copy {bw / 1e12:.2f} TB/s")
     out = {}
-    variants = [("16-bit", "16-bit", 16), ("int8", "int8", 16), ("int8/8", "int8", 8)]  # int8/8: the first kernel
+    variants = [("16-bit", "auto", 16), ("int8", "int8", 16), ("int8/8", "int8", 8)]  # int8/8: the first kernel
     for context in contexts:
         for kind, kv_cache, codes_per_lane in variants:
             gpu.kv_cache = kv_cache                      # new_cache follows it; the graph is the cache's own
@@ -344,7 +344,7 @@ def kv_cache_report(cfg: ModelConfig, label: str, contexts=(4096, 32000), n_new:
             cp.get_default_memory_pool().free_all_blocks()
         say(f"  int8 / 16-bit at {context} keys: {out['int8', context] / out['16-bit', context]:.2f}x "
             f"(8 codes a lane: {out['int8/8', context] / out['16-bit', context]:.2f}x)")
-    gpu.kv_cache = "16-bit"
+    gpu.kv_cache = "auto"
     gpu.k.attention_int8_codes_per_lane = type(gpu.k).attention_int8_codes_per_lane
     return out
 

@@ -1,0 +1,112 @@
+"""The engine's own Transformer with its arrays on the GPU: the path for every model without kernels.
+
+    gpu = to_device(cpu_model, dtype="float16")    # a minillm.model.transformer.Transformer on CuPy arrays
+    cache = gpu.new_cache(256)                     # made on the device (16-bit latents for MLA)
+    logits = gpu.prefill(ids, cache)               # float32 numpy [vocab], copied back to the host
+    logits = gpu.decode(token, cache)
+
+Nothing here re-describes the model: the copy's forward pass is model/transformer.py's, line for line,
+and every layer function makes its masks, positions and buffers with `backend.array_module(x)`, so
+the same code runs on NumPy (`xp=numpy`: how the CPU tests run this very conversion) and on CuPy
+(every matmul a cuBLAS call). This is how DeepSeek-style MLA models run on the GPU; GQA models have
+the fast path (gpu_model.GPUTransformer: hand-written kernels and a CUDA-graph decode).
+
+What lives on the device: the matrices in 16 bits (fp16, or bf16 as its raw uint16 bits, as on the
+CPU: CuPy has no usable bfloat16 matmul), the norm gains in fp32, and the cache (`cache_dtype`, fp16
+by default: MLA's latent cache is its whole point, so it stays small). Activations and every matmul
+are fp32: `layers.linear` widens a 16-bit weight to fp32 before its cuBLAS call. That temporary costs
+a write and a read of 4 bytes per weight on top of the 2 stored: simple and exact, not the roofline.
+
+MLA attention follows the "naive-prefill" rule by default (mla.py): a prompt chunk of T > 1 queries
+expands every head's keys and values once and serves all T rows (about half the flops of absorbed
+at T = L), decode attends in latent space. No CUDA graph: CuPy's cuBLAS calls cannot be captured.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import numpy as np
+
+from minillm.backend import to_dtype
+from minillm.model.quant import QuantizedWeight
+from minillm.model.transformer import LayerWeights, Transformer
+
+DTYPES = ("float16", "bfloat16")
+CACHE_DTYPES = ("float16", "float32")
+NORMS = ("attn_norm", "mlp_norm", "q_norm", "kv_norm")      # gains: fp32 on the device
+STACKS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}   # the fused names and their views
+
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+def to_device(model: Transformer, dtype: str = "float16", xp=None, cache_dtype: str = "float16",
+              mla_mode: str = "naive-prefill") -> Transformer:
+    """A copy of `model` (a CPU Transformer) whose arrays live in `xp` (default CuPy): matrices in `dtype`,
+    norm gains fp32, a tied LM head uploaded once. int8/int4 weights are refused (16-bit only here)."""
+    xp = xp if xp is not None else _cupy()
+    if dtype not in DTYPES:
+        raise ValueError(f"GPU weights are float16 or bfloat16, not {dtype!r}")
+    if cache_dtype not in CACHE_DTYPES:
+        raise ValueError(f"the device cache is float16 or float32, not {cache_dtype!r}")
+    if model.kv_cache == "int8":
+        raise ValueError("the GPU's Transformer path (MLA) keeps a 16-bit cache: kv_cache='int8' is for GQA models")
+    if model.flashnorm or any(L.moe is not None for L in model.layers):
+        raise ValueError("FlashNorm and MoE models are not supported by the GPU's Transformer path yet")
+    sent: dict[int, object] = {}
+
+    def dev(a, narrow: bool = True):
+        """One host array on the device (each host array sent once: views and ties stay shared)."""
+        if a is None:
+            return None
+        if isinstance(a, QuantizedWeight):
+            raise ValueError("int8/int4 weights are not supported on the GPU's Transformer path (MLA): load "
+                             "16-bit weights")
+        if id(a) not in sent:
+            sent[id(a)] = xp.asarray(to_dtype(np.asarray(a), dtype if narrow else "float32"))
+        return sent[id(a)]
+
+    gpu = model.with_options(mla_mode=mla_mode) if model.config.attention == "mla" else model.with_options()
+    gpu.embed, gpu.final_norm = dev(model.embed), dev(model.final_norm, narrow=False)
+    gpu.lm_head = dev(model.lm_head)
+    gpu.inv_freq = xp.asarray(model.inv_freq)
+    gpu.cache_dtype = {"float16": xp.float16, "float32": xp.float32}[cache_dtype]
+    gpu.layers = [_device_layer(L, dev) for L in model.layers]
+    gpu.dtype = dtype
+    return gpu
+
+
+def _device_layer(L: LayerWeights, dev) -> LayerWeights:
+    """One layer on the device in the engine's own layout: q|k|v and gate|up stay single stacks, the
+    separate names views of them (one matmul for q, k and v, as on the CPU)."""
+    moved = {}
+    for stack, parts in STACKS.items():
+        if getattr(L, stack) is not None:
+            whole = dev(getattr(L, stack))
+            sizes = np.cumsum([len(getattr(L, p)) for p in parts[:-1]]).tolist()
+            moved |= {stack: whole} | dict(zip(parts, _split(whole, sizes)))
+    for f in fields(L):
+        value = getattr(L, f.name)
+        if f.name in moved or value is None or f.name == "moe":
+            continue
+        if f.name == "bias":                                      # additive biases, [out] each: fp32
+            moved["bias"] = {k: dev(b, narrow=False) for k, b in value.items()}
+        elif f.name == "mla":
+            moved["mla"] = replace(value, **{g.name: dev(getattr(value, g.name), g.name not in NORMS)
+                                             for g in fields(value)})
+        else:
+            moved[f.name] = dev(value, f.name not in NORMS)
+    return replace(L, **moved)
+
+
+def _split(a, sizes: list[int]) -> list:
+    """Rows [0, s0), [s0, s1), ... [s_last, end) of a, as views."""
+    edges = [0] + sizes + [len(a)]
+    return [a[lo:hi] for lo, hi in zip(edges, edges[1:])]
+
+
+def weight_bytes(model: Transformer) -> int:
+    """Bytes of the matrices a decode step reads, as stored (norm gains left out)."""
+    return sum(a.nbytes for a in model.weights_read_per_token() if a.ndim == 2)
