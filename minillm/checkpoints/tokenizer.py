@@ -26,7 +26,7 @@ import numpy as np
 import regex
 import tiktoken
 
-from minillm.checkpoints.chat_template import render_chat_template
+from minillm.checkpoints.chat_template import render_chat_pieces, render_chat_template
 
 # GGUF token types (llama.cpp's enum).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -338,6 +338,40 @@ class Tokenizer:
         names = {"bos_token": self.bos_id, "eos_token": self.eos_id, "unk_token": self.unk_id}
         strings = {k: self.tokens[i] for k, i in names.items() if i is not None}
         return render_chat_template(self.chat_template, messages, add_generation_prompt, strings, **extra)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> list[int]:
+        """The prompt ids for `messages`: what the template writes may be control tokens, what the
+        messages say is only text (a content that spells "<|im_start|>" cannot open a turn)."""
+        strings = {k: self.tokens[i] for k, i in
+                   {"bos_token": self.bos_id, "eos_token": self.eos_id, "unk_token": self.unk_id}.items()
+                   if i is not None}
+        pieces = render_chat_pieces(self.chat_template, messages, add_generation_prompt, strings, **extra)
+        # Text between two control tokens is one BPE run, as if the prompt were encoded whole: a
+        # message's text joins the template text around it; only the control tokens differ.
+        ids: list[int] = []
+        run, run_start, offset = [], 0, 0
+        for text, by_template in pieces:
+            pattern = self._atomic_all if by_template else self._atomic_user
+            start = 0
+            for match in pattern.finditer(text) if pattern is not None else ():
+                run.append(text[start:match.start()])
+                ids += self._encode_plain("".join(run), run_start)
+                ids.append(self.special_tokens[match.group()])
+                run, run_start, start = [], offset + match.end(), match.end()
+            run.append(text[start:])
+            offset += len(text)
+        return ids + self._encode_plain("".join(run), run_start)
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)), in one pass over the bytes: no token is longer than the
+        longest in the vocabulary. It refuses a prompt far over the context before any BPE runs."""
+        if getattr(self, "_longest", None) is None:
+            self._longest = max(len(b) for b in self._bytes) or 1
+        longest = self._longest
+        data = text.encode("utf-8", errors="surrogatepass")
+        if self.kind == "bpe" and self._missing_bytes:
+            data = data.translate(None, self._missing_bytes)     # bytes without a token add none
+        return -(-len(data) // longest)
 
     def __repr__(self) -> str:
         return (f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, "

@@ -21,12 +21,23 @@ class Generation:
     decode_s: float                      # time for the tokens after the first
     finish_reason: str                   # "stop" (EOS or a stop string) or "length"
     token_times_s: list[float] = field(default_factory=list, repr=False)  # per-token latencies
+    speculative: object | None = None    # speculative decoding's SpeculativeStats (engine/speculative), else None
 
     @property
     def decode_tok_s(self) -> float:
         """Tokens per second over the decode phase (the tokens after the first)."""
         n = len(self.token_ids) - 1
         return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Speculative decoding: the fraction of drafted tokens the target accepted (None without it)."""
+        return None if self.speculative is None else self.speculative.acceptance_rate
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Speculative decoding: tokens per target forward pass, accepted drafts + 1 (None without it)."""
+        return None if self.speculative is None else self.speculative.mean_accepted_length
 
 
 class ContextOverflow(ValueError):
@@ -72,46 +83,90 @@ def generate_ids(model, prompt_ids: Sequence[int], max_tokens: int, params: Samp
 class _TextCollector:
     """Detokenizes as tokens arrive, watches for stop strings, and streams only text that is final.
 
-    Text that could still turn into a stop string is held back until it cannot.
+    Text that could still turn into a stop string is held back until it cannot. Each stop string is
+    matched incrementally (`_StopMatcher`), so a token costs the length of its own text, however long
+    the answer and the stop strings are.
     """
 
     def __init__(self, tokenizer, stop_strings: Sequence[str], on_text):
         self.decoder = tokenizer.stream_decoder() if tokenizer is not None else None
         self.stops = [s for s in stop_strings if s]
+        self.matchers = [_StopMatcher(s) for s in self.stops]
         self.on_text = on_text
-        self.text = ""
+        self.pieces: list[str] = []        # the text so far, joined when asked for
+        self.length = 0
         self.emitted = 0
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        if len(self.pieces) > 1:
+            self.pieces = ["".join(self.pieces)]
+        return self.pieces[0] if self.pieces else ""
 
     def push(self, token: int) -> bool:
         if self.decoder is None:
             return False
-        self.text += self.decoder.push(token)
-        for s in self.stops:
-            cut = self.text.find(s)
-            if cut >= 0:
-                self.text = self.text[:cut]
-                self._emit(len(self.text))
+        piece = self.decoder.push(token)
+        for i, ch in enumerate(piece):
+            ended = [len(m.stop) for m in self.matchers if m.feed(ch)]
+            if ended:                                   # stop strings end at piece[i]: cut before the longest
+                n = max(ended)
+                self._append(piece[:i + 1 - n] if i + 1 >= n else "")
+                self._cut(self.length - max(0, n - i - 1))
+                self.stopped = True
+                self._emit(self.length)
                 return True
-        self._emit(len(self.text) - self._held_back())
+        self._append(piece)
+        self._emit(self.length - max((m.state for m in self.matchers), default=0))
         return False
 
     def finish(self) -> None:
-        if self.decoder is not None and not any(s in self.text for s in self.stops):
-            self.text += self.decoder.flush()
-        self._emit(len(self.text))
+        if self.decoder is not None and not self.stopped:
+            self._append(self.decoder.flush())
+        self._emit(self.length)
 
-    def _held_back(self) -> int:
-        """Length of the longest tail of the text that is a proper prefix of a stop string."""
-        longest = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.text)), longest, -1):
-                if self.text.endswith(s[:n]):
-                    longest = n
-                    break
-        return longest
+    def _append(self, piece: str) -> None:
+        if piece:
+            self.pieces.append(piece)
+            self.length += len(piece)
+
+    def _cut(self, length: int) -> None:
+        """Drop the text after `length` characters (the start of a stop string that began earlier)."""
+        if length < self.length:
+            self.pieces, self.length = [self.text[:length]], length
 
     def _emit(self, upto: int) -> None:
         if upto > self.emitted:
             if self.on_text is not None:
                 self.on_text(self.text[self.emitted:upto])
             self.emitted = upto
+
+
+class _StopMatcher:
+    """Knuth-Morris-Pratt over one stop string. `state` is the length of the longest tail of the text
+    so far that is a prefix of the stop: the text that must be held back for it."""
+
+    def __init__(self, stop: str):
+        self.stop, self.state = stop, 0
+        self.fail = [0] * len(stop)          # fail[k]: longest proper border of stop[:k + 1]
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = self.fail[k - 1]
+            if stop[i] == stop[k]:
+                k += 1
+            self.fail[i] = k
+
+    def feed(self, ch: str) -> bool:
+        """One more character of text; True when the stop string ends with it."""
+        k, stop = self.state, self.stop
+        while k and stop[k] != ch:
+            k = self.fail[k - 1]
+        if stop[k] == ch:
+            k += 1
+        if k == len(stop):
+            self.state = self.fail[k - 1]
+            return True
+        self.state = k
+        return False
