@@ -49,11 +49,10 @@ class LLM:
         tok = self.tokenizer
         if isinstance(prompt, list) or chat:
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            try:
-                text = tok.render_chat(messages, add_generation_prompt=True)
+            try:   # the template's text may be control tokens, the messages' only text; its own BOS if any
+                return tok.encode_chat(messages, add_generation_prompt=True)
             except ValueError as e:
                 raise MiniLLMError(str(e)) from None
-            return tok.encode(text, allow_special=True)   # the template writes its own BOS if any
         bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
         return bos + tok.encode(prompt)
 
