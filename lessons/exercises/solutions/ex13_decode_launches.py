@@ -1,0 +1,40 @@
+"""Exercise 13 (lesson 13): how many kernels the GPU decode step launches for one token.
+
+Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex13_decode_launches.py.
+
+Write `decode_launches` below, then check it:
+    minillm exercise check 13         (or: pytest lessons/exercises --exercise 13)
+The grader compares it with the launches recorded while the engine's own decode step runs.
+"""
+
+
+def decode_launches(config, gemv_version: int, fuse_norm: bool) -> int:
+    """Kernel launches in one GPUTransformer decode step (one new token) of a model shaped like `config`.
+
+    config        a minillm.model.config.ModelConfig (n_layers, dim, ...)
+    gemv_version  1 or 2 (the first GEMV kernels: one matrix-vector product a launch, then separate RoPE,
+                  KV-append, attention split + combine and SwiGLU launches) or 4 (fused variants)
+    fuse_norm     whether each RMSNorm is folded into the GEMV that follows it
+
+    Read GPUTransformer.decode_step and the helpers it calls (_norm_input, _norm_gemv, _fused) in
+    minillm/cuda/gpu_model.py, and count the kernel launches: every Kernels method in
+    minillm/cuda/kernels.py launches through `_launch`, some of them more than once. Mind what happens
+    before the layers, after them, and when _fused() says no even though fuse_norm is True.
+    """
+    fused = fuse_norm and (gemv_version >= 4 or config.dim <= 12000)     # v3 keeps x in shared memory
+    if gemv_version >= 4:
+        per_layer = 5 if fused else 7
+    else:
+        per_layer = 9 if fused else 11
+    final = 1 if fused else 2                                    # the final norm (unless fused) + the LM head
+    return 1 + per_layer * config.n_layers + final               # 1: the embedding lookup
+
+
+if __name__ == "__main__":   # `python lessons/exercises/ex13_decode_launches.py` grades this file
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from minillm.course import check_exercise
+    report = check_exercise(13, __file__)
+    print(report)
+    sys.exit(0 if report.passed else 1)
