@@ -10,6 +10,8 @@ from minillm.backend import STORAGE_DTYPES, to_dtype
 from minillm.model.config import PRESETS, ModelConfig
 from minillm.errors import MiniLLMError, WeightsNotFound
 from minillm.engine.generate import ContextOverflow, Generation, generate_ids
+from minillm.engine.speculative import (ModelDrafter, NgramDrafter, early_exit_drafter, generate_speculative,
+                                        int4_drafter, parse_speculative)
 from minillm.model.transformer import Transformer
 from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry, quantize_checkpoint
 from minillm.engine.sampling import SamplingParams
@@ -59,8 +61,11 @@ class LLM:
     def generate(self, prompt: str | Messages, max_tokens: int = 64, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: Sequence[str] | None = None, chat: bool | None = None,
-                 on_text: Callable[[str], None] | None = None) -> Generation:
-        """Complete `prompt` (plain text), or answer it (a list of messages, or chat=True)."""
+                 on_text: Callable[[str], None] | None = None, speculative=None,
+                 draft_tokens: int = 4) -> Generation:
+        """Complete `prompt` (plain text), or answer it (a list of messages, or chat=True).
+        speculative: "ngram", "int4", "layers:N", a draft model (name, path or LLM) or a Drafter:
+        `draft_tokens` proposed per target pass (engine/speculative); the same tokens when greedy."""
         if max_tokens < 1:
             raise MiniLLMError(f"max_tokens must be >= 1, got {max_tokens}")
         try:
@@ -70,10 +75,52 @@ class LLM:
         ids = self.prompt_ids(prompt, chat)
         stop_ids = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
         try:
+            if speculative is not None:
+                if draft_tokens < 1:
+                    raise MiniLLMError(f"draft_tokens must be >= 1, got {draft_tokens}")
+                return generate_speculative(self.model, self.drafter(speculative), ids, max_tokens, params,
+                                            draft_tokens, stop_ids=stop_ids, stop_strings=stop or (),
+                                            tokenizer=self.tokenizer, on_text=on_text)
             return generate_ids(self.model, ids, max_tokens, params, stop_ids=stop_ids,
                                 stop_strings=stop or (), tokenizer=self.tokenizer, on_text=on_text)
         except ContextOverflow as e:
             raise MiniLLMError(str(e)) from None
+
+    def drafter(self, speculative):
+        """The drafter `speculative` names (built once per name: an int4 copy takes seconds)."""
+        if not isinstance(self.model, Transformer):
+            raise MiniLLMError("speculative decoding runs on the CPU model only for now; load with device='cpu'")
+        if not isinstance(speculative, (str, Path, LLM)):
+            return speculative                                 # a Drafter already
+        key = speculative if isinstance(speculative, LLM) else str(speculative)
+        cache = self.__dict__.setdefault("_drafters", {})
+        if key not in cache:
+            cache[key] = self._make_drafter(speculative)
+        return cache[key]
+
+    def _make_drafter(self, speculative):
+        if isinstance(speculative, LLM):
+            return self._draft_model(speculative)
+        kind, n = parse_speculative(str(speculative))
+        if kind == "ngram":
+            return NgramDrafter()
+        if kind == "int4":
+            return int4_drafter(self.model)
+        if kind == "layers":
+            return early_exit_drafter(self.model, n)
+        return self._draft_model(load(speculative))
+
+    def _draft_model(self, draft: "LLM"):
+        """A second model as the draft: refused unless its token ids mean what the target's do."""
+        if not isinstance(draft.model, Transformer):
+            raise MiniLLMError("the draft model must run on the CPU, as the target does")
+        mine, theirs = self._tokenizer, draft._tokenizer
+        same = (mine.tokens == theirs.tokens) if mine is not None and theirs is not None else \
+            draft.config.vocab_size == self.config.vocab_size
+        if not same:
+            raise MiniLLMError(f"the draft model {draft.name or ''} has another tokenizer than {self.name or 'the target'}: "
+                               "speculative decoding needs the same token ids")
+        return ModelDrafter(draft.model, name=draft.name or "draft model", vocab_size=self.config.vocab_size)
 
 
 def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | None = None,

@@ -34,6 +34,18 @@ class CacheBase:
     def reset(self) -> None:
         self.length = 0
 
+    def truncate(self, length: int) -> None:
+        """Roll back to the first `length` positions (speculative decoding's rejected drafts): the
+        positions after them are zeroed, so the arrays equal a cache that never saw them."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
+        self.clear(length, self.length)
+        self.length = length
+
+    def clear(self, start: int, stop: int) -> None:
+        """Zero positions start .. stop-1 of every layer (each cache knows its layout)."""
+        raise NotImplementedError
+
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in vars(self).values() if hasattr(a, "shape"))   # NumPy or CuPy arrays
@@ -65,6 +77,10 @@ class KVCache(CacheBase):
         self.k[layer, :, start:end] = k_new
         self.v[layer, :, start:end] = v_new
         return self.k[layer, :, :end], self.v[layer, :, :end]
+
+    def clear(self, start: int, stop: int) -> None:
+        self.k[:, :, start:stop] = 0
+        self.v[:, :, start:stop] = 0
 
 
 
@@ -111,6 +127,10 @@ class Int8KVCache(CacheBase):
         values = self.v[layer, :, :end] * self.v_scale[layer, :, :end, None]
         return keys, values
 
+    def clear(self, start: int, stop: int) -> None:
+        for a in (self.k, self.v, self.k_scale, self.v_scale):
+            a[:, :, start:stop] = 0
+
 
 
 class MLACache(CacheBase):
@@ -132,6 +152,10 @@ class MLACache(CacheBase):
         self.k_rope[layer, start:end] = k_rope_new
         return self.c_kv[layer, :end], self.k_rope[layer, :end]
 
+    def clear(self, start: int, stop: int) -> None:
+        self.c_kv[:, start:stop] = 0
+        self.k_rope[:, start:stop] = 0
+
 
 
 class RollingKVCache(CacheBase):
@@ -141,11 +165,16 @@ class RollingKVCache(CacheBase):
 
     Same contract as `KVCache`. Keys carry their RoPE rotation from the absolute position they were
     computed at, so attention does not care in which slot they sit.
+
+    spare > 0 (speculative decoding) keeps W + spare slots: a verify pass that writes up to spare + 1
+    positions and is then rolled back has overwritten only positions already outside every later
+    query's window, so `truncate` loses nothing.
     """
 
-    def __init__(self, config: ModelConfig, window: int, dtype=np.float32, xp=np):
-        shape = (config.n_layers, config.n_kv_heads, window, config.head_dim)
-        self.k = xp.zeros(shape, dtype=dtype)   # [layers, n_kv_heads, window, head_dim]
+    def __init__(self, config: ModelConfig, window: int, dtype=np.float32, xp=np, spare: int = 0):
+        self.n_slots = window + spare
+        shape = (config.n_layers, config.n_kv_heads, self.n_slots, config.head_dim)
+        self.k = xp.zeros(shape, dtype=dtype)   # [layers, n_kv_heads, window + spare, head_dim]
         self.v = xp.zeros(shape, dtype=dtype)
         self.window = window
         self.max_seq_len = None                 # unbounded: old positions are overwritten
@@ -158,19 +187,28 @@ class RollingKVCache(CacheBase):
         Prefill (T > 1): the cached window in position order, then the new positions, so the new
         queries are the last T and the causal sliding-window mask applies as usual.
         """
-        T, W = k_new.shape[1], self.window
-        if T == 1:
+        T, W, S = k_new.shape[1], self.window, self.n_slots
+        if T == 1 and S == W:
             slot = self.length % W
             self.k[layer, :, slot], self.v[layer, :, slot] = k_new[:, 0], v_new[:, 0]
             filled = min(self.length + 1, W)
             return self.k[layer, :, :filled], self.v[layer, :, :filled]
         cached = min(self.length, W)
-        slots = np.arange(self.length - cached, self.length) % W              # oldest first
+        slots = np.arange(self.length - cached, self.length) % S              # oldest first
         xp = array_module(self.k)
         keys = xp.concatenate([self.k[layer][:, slots], k_new], axis=1)       # [n_kv, cached + T, hd]
         values = xp.concatenate([self.v[layer][:, slots], v_new], axis=1)
-        kept = min(T, W)                                                       # only the last W survive
-        new_slots = np.arange(self.length + T - kept, self.length + T) % W
+        kept = min(T, S)                                                       # only the last S survive
+        new_slots = np.arange(self.length + T - kept, self.length + T) % S
         self.k[layer][:, new_slots], self.v[layer][:, new_slots] = k_new[:, T - kept:], v_new[:, T - kept:]
         return keys, values
 
+    def clear(self, start: int, stop: int) -> None:
+        """Zero the slots of positions start .. stop-1, refusing a rollback deeper than the spare slots
+        allow (the slots would have held keys still inside the window)."""
+        if stop - start > self.n_slots - self.window + 1:
+            raise ValueError(f"a rolling cache with {self.n_slots - self.window} spare slots can roll back "
+                             f"{self.n_slots - self.window + 1} positions at most, not {stop - start}")
+        slots = np.arange(start, stop) % self.n_slots
+        self.k[:, :, slots] = 0
+        self.v[:, :, slots] = 0

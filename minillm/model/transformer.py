@@ -147,10 +147,12 @@ class Transformer:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
             self.attend = self.attention_block
 
-    def new_cache(self, max_seq_len: int | None = None) -> KVCache | RollingKVCache | MLACache | Int8KVCache:
+    def new_cache(self, max_seq_len: int | None = None, spare: int = 0) -> KVCache | RollingKVCache | MLACache | Int8KVCache:
         """A cache for up to `max_seq_len` positions (default: the model's context). With a sliding
         window shorter than that, a rolling buffer of the window's size is all that is needed.
-        kv_cache_dtype "int8" always gives a contiguous Int8KVCache (the window is then a mask)."""
+        kv_cache_dtype "int8" always gives a contiguous Int8KVCache (the window is then a mask).
+        spare: positions a forward may write and then roll back (speculative decoding's drafts): the
+        rolling buffer keeps that many slots more, so a rollback never loses a key still in the window."""
         cfg = self.config
         n = max_seq_len or cfg.max_seq_len
         if cfg.attention == "mla":
@@ -158,38 +160,42 @@ class Transformer:
         if self.kv_cache_dtype == "int8":
             return Int8KVCache(cfg, n)
         if cfg.sliding_window is not None and n > cfg.sliding_window:
-            return RollingKVCache(cfg, cfg.sliding_window)
+            return RollingKVCache(cfg, cfg.sliding_window, spare=spare)
         return KVCache(cfg, n)
 
     # ---- the two phases ----------------------------------------------------------------------
-    def prefill(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
-        """Run the prompt, filling the cache.  -> logits [T, vocab] if all_logits else [vocab]"""
+    def prefill(self, tokens, cache: KVCache, all_logits: bool = False, n_layers: int | None = None) -> np.ndarray:
+        """Run the prompt, filling the cache.  -> logits [T, vocab] if all_logits else [vocab]
+        n_layers: early exit (forward)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         outputs = []
         for start in range(0, len(tokens), self.prefill_chunk):
             chunk = tokens[start:start + self.prefill_chunk]
             is_last = start + self.prefill_chunk >= len(tokens)
             if all_logits or is_last:
-                outputs.append(self.forward(chunk, cache, last_only=not all_logits))
+                outputs.append(self.forward(chunk, cache, last_only=not all_logits, n_layers=n_layers))
             else:
-                self.forward(chunk, cache, skip_head=True)
+                self.forward(chunk, cache, skip_head=True, n_layers=n_layers)
         return np.concatenate(outputs) if all_logits else outputs[-1][-1]
 
-    def decode(self, token: int, cache: KVCache) -> np.ndarray:
+    def decode(self, token: int, cache: KVCache, n_layers: int | None = None) -> np.ndarray:
         """Run one new position against the cache.  -> logits [vocab]"""
-        return self.forward(np.array([token], dtype=np.int64), cache)[0]
+        return self.forward(np.array([token], dtype=np.int64), cache, n_layers=n_layers)[0]
 
     # ---- the forward pass ----------------------------------------------------------------------
     def forward(self, tokens: np.ndarray, cache: KVCache, last_only: bool = False,
-                skip_head: bool = False) -> np.ndarray | None:
-        """tokens: [T] new positions, appended after the cache's `length` ones.  -> logits [T or 1, vocab]"""
+                skip_head: bool = False, n_layers: int | None = None) -> np.ndarray | None:
+        """tokens: [T] new positions, appended after the cache's `length` ones.  -> logits [T or 1, vocab]
+        n_layers: early exit (LayerSkip-style self-speculation): only the first n_layers blocks run, then
+        the final norm and head as usual; the cache's deeper layers are left untouched."""
         positions = np.arange(cache.length, cache.length + len(tokens))
         cos, sin = rope_tables(positions, self.inv_freq)                    # [T, hd/2] each
         if self.rope_gain != 1.0:
             cos, sin = cos * self.rope_gain, sin * self.rope_gain
         x = as_f32(self.embed[tokens])                                      # [T, dim]
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
+        layers = self.layers if n_layers is None else self.layers[:n_layers]
+        last = len(layers) - 1
+        for i, layer in enumerate(layers):
             if last_only and i == last and self.attend == self.attention_block:
                 # Only the last row reaches the LM head. The last layer still writes every row's k and v
                 # into the cache, but attention, o and the MLP run for the last query alone.
