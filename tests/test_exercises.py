@@ -4,7 +4,10 @@ import numpy as np
 import pytest
 
 from minillm import course
-from minillm.course import EXERCISES, check_exercise, load_exercise
+from pathlib import Path
+
+from minillm.course import EXERCISES, check_exercise, exercise_path, load_exercise
+from minillm.course.classroom import solution_path
 
 
 @pytest.mark.parametrize("number", sorted(EXERCISES))
@@ -397,6 +400,27 @@ def prefix_reuses_the_last_token(prompt, cached, block_size):
     return best
 
 
+def merge_without_the_new_max(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    """Un-shifts both parts to exp(s) itself: overflows once scores pass ~88 in float32."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        w_a, w_b = np.exp(m_a), np.exp(m_b)
+        l = l_a * w_a + l_b * w_b
+        return np.maximum(m_a, m_b), l, acc_a * w_a[:, None] + acc_b * w_b[:, None]
+
+
+def merge_nan_when_both_empty(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    m = np.maximum(m_a, m_b)
+    with np.errstate(invalid="ignore"):
+        w_a, w_b = np.exp(m_a - m), np.exp(m_b - m)
+    return m, l_a * w_a + l_b * w_b, acc_a * w_a[:, None] + acc_b * w_b[:, None]
+
+
+def merge_keeps_the_first_max(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    with np.errstate(invalid="ignore"):
+        w_b = np.where(m_b == -np.inf, 0.0, np.exp(np.minimum(m_b - m_a, 80))).astype(np.float32)
+    return m_a, l_a + l_b * w_b, acc_a + acc_b * w_b[:, None]
+
+
 @pytest.mark.parametrize("number,wrong,failing_case,words", [
     (1, rmsnorm_without_eps, "tiny activations", "max abs error"),
     (1, rmsnorm_eps_outside_the_root, "eps goes inside the square root", "max abs error"),
@@ -451,6 +475,9 @@ def prefix_reuses_the_last_token(prompt, cached, block_size):
     (19, sse_text_field_only, "chat: a role chunk first", "expected 'Hello there!'"),
     (19, sse_assumes_choices, "a usage chunk with no choices", "IndexError"),
     (19, sse_exact_done_line, "CRLF line endings", "JSONDecodeError"),
+    (24, merge_without_the_new_max, "scores near 1000", "NaN"),
+    (24, merge_nan_when_both_empty, "neither part saw a key", "NaN"),
+    (24, merge_keeps_the_first_max, "part a's max is far above", "expected the larger of m_a and m_b"),
 ])
 def test_subtly_wrong_exercise_fails_on_the_revealing_case(number, wrong, failing_case, words):
     report = check_exercise(number, wrong)
@@ -471,3 +498,29 @@ def test_unknown_exercise_is_a_clear_error():
     from minillm.errors import MiniLLMError
     with pytest.raises(MiniLLMError, match="no exercise 99"):
         check_exercise(99)
+
+
+# ---- every exercise has a reference solution and a wrong one (lessons/exercises/README.md) ------------
+
+WRONG_DIR = Path(__file__).parent / "data" / "wrong_solutions"
+
+
+@pytest.mark.parametrize("number", sorted(EXERCISES))
+def test_reference_solution_passes_every_case(number):
+    path = solution_path(number)
+    assert path is not None, f"exercise {number:02d} has no lessons/exercises/solutions/ex{number:02d}_*.py"
+    assert path.name == exercise_path(number).name            # the same file name as the stub it solves
+    report = check_exercise(number, path)
+    assert report.passed and len(report.cases) == len(EXERCISES[number].cases()), str(report)
+
+
+@pytest.mark.parametrize("number", sorted(EXERCISES))
+def test_wrong_solution_fails_on_the_case_it_names(number):
+    matches = sorted(WRONG_DIR.glob(f"ex{number:02d}_*.py"))
+    assert matches, f"exercise {number:02d} has no tests/data/wrong_solutions/ex{number:02d}_*.py"
+    wrong = load_exercise(number, matches[0])
+    report = check_exercise(number, wrong)
+    failed = {c.name: c.detail for c in report.failures}
+    hits = [name for name in failed if wrong.FAILS_CASE in name]
+    assert not report.passed and report.note == "" and hits, f"expected {wrong.FAILS_CASE!r} to fail:\n{report}"
+    assert wrong.SAYS in failed[hits[0]], str(report)

@@ -25,12 +25,51 @@ EVIDENCE = {5: ["MQA-1 (KV heads mean-pooled)", "perplexity"],
             13: ["launches/token", "v4 + norm fused (default)", "what the CUDA graph saves"],
             14: ["roofline tok/s", "int4: magic-number codes vs unpack_int4", "% of issue rate", "GPU 2/2"],
             15: ["max |folded - original|", "one step late", "Prop. 3", "[GPU 1/4] the race"],
-            19: ["data: [DONE]", "Engine via HTTP", "client - server", "largest batch"]}
+            19: ["data: [DONE]", "Engine via HTTP", "client - server", "largest batch"],
+            24: ["max |tiled - attend|", "tiled 64×64", "score table", "prefill_attention.cu", "[GPU 1/1]"]}
 
 
 def test_lessons_are_numbered_in_order():
-    assert [l.number for l in LESSONS] == list(range(1, len(LESSONS) + 1))
-    assert len(LESSONS) >= 4 and all(l.title.startswith(f"Lesson {l.number:02d}") for l in LESSONS)
+    # Numbers are assigned, never reused (students' exNN files keep theirs): unique and increasing, 01..19
+    # with no gap, later ones as they land.
+    numbers = [l.number for l in LESSONS]
+    assert numbers == sorted(set(numbers)) and numbers[:19] == list(range(1, 20))
+    assert all(l.title.startswith(f"Lesson {l.number:02d}") for l in LESSONS)
+
+
+def _lesson_module(number: int):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"lesson_{number:02d}", find_lesson(number).path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("T,cached,q_tile,k_tile,window", [(1, 0, 32, 32, None), (5, 0, 4, 2, None),
+                                                           (37, 0, 32, 32, None), (33, 20, 8, 16, None),
+                                                           (70, 0, 16, 64, None), (64, 30, 32, 32, 24)])
+def test_flash_attention_tiles_equal_minillm_attention(T, cached, q_tile, k_tile, window):
+    import numpy as np
+    from minillm.model.attention import attend
+    flash = _lesson_module(24).flash_attention
+    rng = np.random.default_rng(T)
+    q = rng.standard_normal((T, 6, 32)).astype(np.float32)                 # 6 query heads, 2 KV heads
+    k, v = ((rng.standard_normal((2, cached + T, 32)) * 2).astype(np.float32) for _ in range(2))
+    got = flash(q, k, v, q_tile, k_tile, window)
+    assert np.abs(got - attend(q, k, v, window)).max() < 1e-5
+
+
+def test_flash_attention_traffic_count_matches_its_formula():
+    import numpy as np
+    lesson = _lesson_module(24)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((19, 8, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 19, 16)).astype(np.float16) for _ in range(2))
+    counted = {}
+    lesson.flash_attention(q, k, v, 8, 4, traffic=counted)
+    assert counted["k, v tiles"] == lesson.tiled_traffic(19, 8, 2, 16, 8, 4)["k, v tiles"]
+    tiles = lesson.kernel_tiles()                                          # read from prefill_attention.cu
+    assert set(tiles) == {"PF_ROWS", "PF_WARPS", "PF_KT"} and tiles["PF_ROWS"] % tiles["PF_WARPS"] == 0
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[l.path.stem for l in LESSONS])

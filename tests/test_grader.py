@@ -1,0 +1,138 @@
+"""The teacher's tools: a folder of students graded each in a sandboxed subprocess (CSV and feedback),
+the handout (stubs only), and the exercise list with a student's status."""
+import csv
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from minillm.course import EXERCISES, exercise_path
+from minillm.course.classroom import (Limits, exercise_list, find_submissions, grade_folder, grade_student, is_stub,
+                                      solution_path, write_handout)
+from minillm.errors import MiniLLMError
+
+WRONG_DIR = Path(__file__).parent / "data" / "wrong_solutions"
+LOOP = '''
+def kv_cache_update(cache_k, cache_v, k_new, v_new, pos):
+    while True:          # a student's infinite loop
+        pass
+'''
+
+
+def _copy(number: int, folder: Path, source: Path | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source or solution_path(number), folder / exercise_path(number).name)
+
+
+def test_three_students_give_the_expected_csv_within_a_bounded_time(tmp_path):
+    subs = tmp_path / "submissions"
+    for n in (1, 2, 24):
+        _copy(n, subs / "alice")                                       # all correct
+    _copy(1, subs / "bob"), _copy(24, subs / "bob")
+    _copy(2, subs / "bob", next(WRONG_DIR.glob("ex02_*.py")))          # one wrong
+    _copy(1, subs / "carol"), _copy(24, subs / "carol")
+    (subs / "carol" / exercise_path(2).name).write_text(LOOP)          # loops forever in exercise 02 only
+    start = time.monotonic()
+    grades = grade_folder(subs, tmp_path / "grades.csv", tmp_path / "feedback", Limits(time_s=1.5, jobs=3))
+    assert time.monotonic() - start < 40                               # the loop cost its time limit, once
+
+    rows = list(csv.DictReader(open(tmp_path / "grades.csv")))
+    assert [r["student"] for r in rows] == ["alice", "bob", "carol"]
+    assert list(rows[0])[1:-1] == [f"ex{n:02d}" for n in sorted(EXERCISES)]     # a column per exercise
+    n1, n2, n24 = (len(EXERCISES[n].cases()) for n in (1, 2, 24))
+    got = {r["student"]: (r["ex01"], r["ex02"], r["ex24"], r["exercises passed"]) for r in rows}
+    assert got["alice"] == (f"{n1}/{n1}", f"{n2}/{n2}", f"{n24}/{n24}", "3")
+    assert got["bob"][0] == f"{n1}/{n1}" and got["bob"][2] == f"{n24}/{n24}" and got["bob"][3] == "2"
+    assert got["bob"][1] != f"{n2}/{n2}"
+    assert got["carol"] == (f"{n1}/{n1}", f"0/{n2}", f"{n24}/{n24}", "2")    # graded on after the loop
+    assert all(r["ex03"] == "" for r in rows)                                  # not submitted: empty
+
+    bob = (tmp_path / "feedback" / "bob.txt").read_text()
+    wrong = next(WRONG_DIR.glob("ex02_*.py")).read_text()
+    assert "exercise 02 kv_cache_update" in bob and "FAIL  prefill" in bob and "in place" in bob, bob
+    assert "FAILS_CASE = 'prefill'" in wrong
+    carol = (tmp_path / "feedback" / "carol.txt").read_text()
+    assert "over the time limit of 1.5 s" in carol and "not submitted: 03" in carol, carol
+    assert "FAILED" not in (tmp_path / "feedback" / "alice.txt").read_text()
+
+
+def test_a_crash_or_a_syntax_error_costs_only_that_exercise(tmp_path):
+    folder = tmp_path / "dave"
+    (folder).mkdir()
+    (folder / "ex01_rmsnorm.py").write_text("import os\n\ndef rmsnorm(x, weight, eps):\n    os._exit(3)\n")
+    (folder / "ex02_kv_cache_update.py").write_text("def kv_cache_update(:\n")
+    _copy(24, folder)
+    grades = grade_student("dave", find_submissions(tmp_path)["dave"], Limits(time_s=5))
+    assert "died (exit code 3)" in grades.exercises[1].note
+    assert "does not compile" in grades.exercises[2].note and "line 1" in grades.exercises[2].note
+    assert grades.exercises[24].complete                      # a fresh process graded the rest
+
+
+def test_grading_has_no_network_where_the_os_allows_it(tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    folder = tmp_path / "eve"
+    folder.mkdir()
+    (folder / "ex01_rmsnorm.py").write_text(
+        "import socket\nimport numpy as np\n\n"
+        "def rmsnorm(x, weight, eps):\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()   # reachable: an error\n"
+        "    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight\n")
+    try:
+        grades = grade_student("eve", {1: folder / "ex01_rmsnorm.py"}, Limits(time_s=5))
+    finally:
+        server.close()
+    if not grades.network.startswith("isolated"):
+        pytest.skip(f"this OS gives no network namespace: {grades.network}")
+    graded = grades.exercises[1]
+    assert graded.passed == 0 and "raised" in graded.failures[0][1], graded      # the connection failed
+
+
+def test_handout_holds_the_stubs_and_no_solution_code(tmp_path):
+    written = write_handout(tmp_path / "handout")
+    assert sorted(p.name for p in written) == sorted(exercise_path(n).name for n in EXERCISES)
+    assert sorted(p.name for p in (tmp_path / "handout").iterdir()) == sorted(p.name for p in written)
+    for number, ex in EXERCISES.items():
+        handed = (tmp_path / "handout" / exercise_path(number).name).read_text()
+        assert is_stub(tmp_path / "handout" / exercise_path(number).name, ex.function)
+        solution = solution_path(number).read_text()
+        body = [line for line in solution.splitlines() if line.strip() and line not in handed.splitlines()]
+        assert body and not any(line in handed for line in body if len(line.strip()) > 12)
+
+
+def test_handout_refuses_a_filled_in_stub(tmp_path, monkeypatch):
+    from minillm.course import classroom
+    monkeypatch.setattr(classroom, "exercise_path", lambda n: solution_path(n))
+    with pytest.raises(MiniLLMError, match="not a stub any more"):
+        write_handout(tmp_path / "handout")
+    assert not (tmp_path / "handout").exists()
+
+
+def test_exercise_list_shows_each_status(tmp_path):
+    shutil.copy(exercise_path(1), tmp_path)                           # the stub
+    _copy(2, tmp_path)                                                # a solution
+    _copy(24, tmp_path, next(WRONG_DIR.glob("ex24_*.py")))            # a wrong one
+    (tmp_path / exercise_path(3).name).write_text("def apply_rope(x, cos, sin:\n")
+    status = {r.number: r.status for r in exercise_list(tmp_path)}
+    n2, n24 = len(EXERCISES[2].cases()), len(EXERCISES[24].cases())
+    assert status[1] == "not written" and status[2] == f"passed {n2}/{n2}" and status[4] == "no file"
+    assert status[24].startswith("failing ") and status[24].endswith(f"of {n24}")
+    assert status[3] == "does not load: SyntaxError, line 1"
+
+
+def test_cli_grade_handout_and_list(tmp_path):
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    _copy(1, tmp_path / "subs" / "ann")
+    result = CliRunner().invoke(cli, ["exercise", "grade", str(tmp_path / "subs"), "--csv", str(tmp_path / "g.csv"),
+                                      "--feedback", str(tmp_path / "fb")])
+    assert result.exit_code == 0, result.output
+    assert "ann" in result.output and "wrote" in result.output and (tmp_path / "fb" / "ann.txt").exists()
+    result = CliRunner().invoke(cli, ["exercise", "handout", str(tmp_path / "out")])
+    assert result.exit_code == 0 and f"wrote {len(EXERCISES)} exercise stubs" in result.output, result.output
+    result = CliRunner().invoke(cli, ["exercise", "list"])
+    assert result.exit_code == 0 and "merge_softmax_partials" in result.output, result.output
