@@ -223,7 +223,7 @@ def main():
         gpu = GPUTransformer.from_cpu(model, dtype="float16")
         cp.cuda.Device().synchronize()
         seconds = time.perf_counter() - start
-        held = {id(a): a for L in gpu.layers for a in (L.attn_norm, L.wqkv, L.wo, L.mlp_norm, L.wgu, L.wdown)}
+        held = {id(a): a for L in gpu.layers for a in (L.attn_norm, L.wqkv, L.wo, L.mlp_norm, L.w_gate_up, L.w_down)}
         held.update({id(a): a for a in (gpu.embed, gpu.lm_head, gpu.final_norm)})
         on_device = sum(a.nbytes for a in held.values())
         start = time.perf_counter()

@@ -21,13 +21,23 @@ Messages = list[dict]
 
 class LLM:
     def __init__(self, config: ModelConfig, model: Transformer, tokenizer=None, name: str = "",
-                 chat_default: bool | None = None):
+                 chat_default: bool | None = None, batching=None):
+        """batching: how an Engine batches `model` (its pool and runner; default: the backend's own for the
+        model's type, `batching_for`)."""
         self.config = config
         self.model = model
+        self._batching = batching
         self._tokenizer = tokenizer
         self.name = name
         self.chat_default = chat_default if chat_default is not None else bool(
             tokenizer is not None and tokenizer.chat_template)
+
+    @property
+    def batching(self):
+        """What the Engine gets its pool and runner from (engine.batched.CPUBatching, or the GPU's)."""
+        if self._batching is None:
+            self._batching = batching_for(self.model)
+        return self._batching
 
     @property
     def tokenizer(self):
@@ -205,6 +215,17 @@ def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_c
         return GPUTransformer.from_cpu(transformer, dtype=dtype, kv_cache="int8" if kv_cache == "int8" else "auto")
     except ValueError as e:
         raise MiniLLMError(str(e)) from None
+
+
+def batching_for(model):
+    """The backend's batching for a model: the GPU's paged pool and runner for a GPUTransformer
+    (cuda/gpu_batched.py), else the CPU engine's (engine/batched.py). Importing them needs no GPU."""
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.engine.batched import CPUBatching
+    if isinstance(model, GPUTransformer):
+        from minillm.cuda.gpu_batched import GPUBatching
+        return GPUBatching(model)
+    return CPUBatching(model)
 
 
 def _quantized(config: ModelConfig, tensors: dict, quant: str, group_size: int):

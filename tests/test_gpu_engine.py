@@ -1,10 +1,11 @@
 """The batching engine on the GPU: paged attention against NumPy, the device forward pass against the CPU's,
 and the engine's greedy outputs through paging, prefix caching and preemption.
 
-Two halves. The first runs anywhere: gpu_batched.py's forward pass with HostOps (the NumPy reference of
-each kernel) against the CPU BatchedRunner, and the engine driving that twin, so the plumbing (slots,
-block tables, positions) is checked without a GPU. The second needs CuPy and a CUDA device (skipped
-otherwise): the kernels against HostOps, the device runner against both, the engine on the device.
+Two halves. The first runs anywhere: gpu_batched.py's forward pass (GPUBatchedRunner) over NumPy arrays
+through CPUOps, the CPU engine's own functions, against the CPU BatchedRunner, and the engine driving
+that runner, so the plumbing (packing, slots, block tables, positions) is checked without a GPU. The
+second needs CuPy and a CUDA device (skipped otherwise): the kernels against their NumPy references
+(cuda/dev/paged_attention.py), the device runner against the CPU engine, the engine on the device.
 
 Why greedy outputs are checked "teacher-forced" rather than token for token: the device computes in
 fp16 and cuBLAS picks different kernels for different batch shapes, so at a near-tie (two logits closer
@@ -20,10 +21,11 @@ import numpy as np
 import pytest
 
 from minillm.backend import to_dtype
-from minillm.engine.batched import BatchedRunner, SeqChunk
+from minillm.engine.batched import BatchedRunner, CPUBatching, SeqChunk
 from minillm.cuda import checks
-from minillm.cuda.gpu_batched import (DevicePagedKV, GPUBatchedRunner, HostModel, HostOps, batch_meta,
-                                      paged_attention_reference)
+from minillm.cuda.dev.paged_attention import (paged_attention_reference, paged_kv_write_reference,
+                                              rope_at_positions_reference)
+from minillm.cuda.gpu_batched import CPUOps, DevicePagedKV, GPUBatchedRunner, batch_meta
 from minillm.engine.engine import Engine
 from minillm.llm import LLM
 from minillm.engine.paged_kv import PagedKVCache
@@ -93,7 +95,7 @@ def assert_teacher_forced_greedy(cpu_model, prompt_list, results):
     assert exact >= 0.9 * total, f"only {exact} of {total} tokens are the CPU's argmax"
 
 
-# ---- anywhere: the NumPy twin ---------------------------------------------------------------------
+# ---- anywhere: the runner over NumPy arrays, through the CPU engine's ops ---------------------------
 
 def test_the_kernels_gpu_batched_launches_are_defined():
     """A typo in a kernel name would otherwise surface only on the GPU machine."""
@@ -139,23 +141,31 @@ def test_paged_attention_reference_equals_the_cpu_gather(window):
         np.testing.assert_allclose(got[rows], grouped_attention(q[rows], k, v, window), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kv", ["16-bit", "int8"])
+def _on_numpy(cpu, pool: PagedKVCache) -> GPUBatchedRunner:
+    """The GPU's batched runner over the CPU model and a CPU pool, its steps done by the CPU engine's ops."""
+    return GPUBatchedRunner(cpu, pool, CPUOps(cpu, pool))
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
 @pytest.mark.parametrize("kind", ["gqa", "mistral", "hd64"])
-def test_numpy_twin_of_the_gpu_forward_matches_the_cpu_batched_path(kind, kv):
+def test_the_gpu_runner_on_numpy_matches_the_cpu_batched_path(kind, kv):
+    """Same weights, same ops, same pool format: any difference is the GPU runner's packing, slots, block
+    tables or positions (batch_meta), which the device path uses unchanged."""
     config = small(kind)
     cpu = checks.random_cpu_model(config, "float16")
-    cpu_runner = BatchedRunner(cpu, PagedKVCache(config, 24, 4, "int8" if kv == "int8" else "float32"))
-    pool = DevicePagedKV(config, 24, 4, "int8" if kv == "int8" else "float16", xp=np)
-    twin = GPUBatchedRunner(HostModel.from_cpu(cpu), pool, HostOps(HostModel.from_cpu(cpu)))
+    storage = "int8" if kv == "int8" else "float32"
+    cpu_runner = BatchedRunner(cpu, PagedKVCache(config, 24, 4, storage))
+    runner = _on_numpy(cpu, PagedKVCache(config, 24, 4, storage))
     for step in schedule_by_hand(4, 24):
         want = cpu_runner.forward(step)                                       # [B, vocab]
-        got = twin.forward(step)
+        got = runner.forward(step)
         assert got.shape == want.shape == (len(step), config.vocab_size)
         assert rel(got, want) < (INT8_LOGITS_TOL if kv == "int8" else LOGITS_TOL)
+        assert rel(got, want) < 1e-5                                          # only summation order may differ
 
 
 def test_the_int8_pool_holds_what_the_cpu_int8_pool_holds():
-    """DevicePagedKV("int8") written by HostOps: the same codes and scales as PagedKVCache("int8").write,
+    """DevicePagedKV("int8") written by the kernel's reference: the same codes and scales as PagedKVCache("int8").write,
     read back (code · scale) the same, in about half the 16-bit pool's bytes."""
     config = small("gqa")
     cpu_pool, pool = PagedKVCache(config, 6, 4, "int8"), DevicePagedKV(config, 6, 4, "int8", xp=np)
@@ -163,9 +173,8 @@ def test_the_int8_pool_holds_what_the_cpu_int8_pool_holds():
     n_kv, hd = config.n_kv_heads, config.head_dim
     qkv = rng.standard_normal((7, (config.n_heads + 2 * n_kv) * hd)).astype(np.float32)
     table, slots = [5, 1], np.array([20, 21, 22, 23, 4, 5, 6])              # 7 positions, blocks 5 then 1
-    ops = HostOps(HostModel(config, [], None, None, None, None))
     k_pool, v_pool, scales = pool.layer(1)
-    ops.kv_write(qkv, slots, k_pool, v_pool, scales)
+    paged_kv_write_reference(qkv, slots, k_pool, v_pool, config.n_heads, n_kv, hd, scales=scales)
     nq = config.n_heads * hd
     cpu_pool.write(1, slots // 4, slots % 4, qkv[:, nq:nq + n_kv * hd].reshape(7, n_kv, hd),
                    qkv[:, nq + n_kv * hd:].reshape(7, n_kv, hd))
@@ -178,25 +187,29 @@ def test_the_int8_pool_holds_what_the_cpu_int8_pool_holds():
     assert per_block * 2 * hd == DevicePagedKV.bytes_per_block_for(config, 4) * (hd + 4)
 
 
-def _twin_engine(cpu, pool_dtype: str = "float16", **options) -> Engine:
-    """An Engine on the CPU model whose pool and runner are swapped for gpu_batched's NumPy twin."""
-    engine = Engine(LLM(cpu.config, cpu), **options)
-    host = HostModel.from_cpu(cpu)
-    engine.pool = DevicePagedKV(cpu.config, engine.pool.num_blocks, engine.pool.block_size, pool_dtype, xp=np)
-    engine.runner = GPUBatchedRunner(host, engine.pool, HostOps(host))
+class OnNumpy(CPUBatching):
+    """The CPU pool, but the GPU's batched runner over it (through CPUOps): what an Engine gets handed."""
+    def new_runner(self, pool):
+        return _on_numpy(self.model, pool)
+
+
+def _numpy_engine(cpu, **options) -> Engine:
+    """An Engine on the CPU model whose runner is the GPU's, handed over by the LLM (as load does on cuda)."""
+    engine = Engine(LLM(cpu.config, cpu, batching=OnNumpy(cpu)), **options)
+    assert isinstance(engine.runner, GPUBatchedRunner)
     return engine
 
 
-@pytest.mark.parametrize("kind,kv", [("gqa", "16-bit"), ("mistral", "16-bit"), ("gqa", "int8")])
-def test_numpy_twin_engine_greedy_through_preemption(kind, kv):
+@pytest.mark.parametrize("kind,kv", [("gqa", "auto"), ("mistral", "auto"), ("gqa", "int8")])
+def test_the_engine_with_the_gpu_runner_on_numpy_greedy_through_preemption(kind, kv):
     """mistral (window 6): the scheduler gives back the blocks behind the window (FREED table entries),
     which the device block tables carry and paged attention never reads. int8: the int8 pool, checked
     against the CPU model with the int8 KV cache."""
-    cpu = checks.random_cpu_model(small(kind), "float16")
+    cpu = checks.random_cpu_model(small(kind), "float16").with_options(kv_cache=kv)   # int8: the reference too
     options = dict(num_blocks=16, block_size=4) if kind == "gqa" else dict(num_blocks=4, block_size=4,
                                                                            max_batch_tokens=4)
-    engine = _twin_engine(cpu, "int8" if kv == "int8" else "float16", **options)
-    cpu.kv_cache_dtype = "int8" if kv == "int8" else "float32"     # the reference quantizes K/V too
+    engine = _numpy_engine(cpu, **options)
+    assert engine.pool.dtype == ("int8" if kv == "int8" else "float32")
     results = engine.generate(prompts(), max_tokens=16)
     assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
     assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)
@@ -222,13 +235,13 @@ def models():
                          ids=["gqa-hd16", "mqa-hd128", "mha-hd16"])
 @pytest.mark.parametrize("window", [0, 6])
 def test_paged_kernels_match_numpy(dtype, shape, window):
-    """rope_at_positions, paged_kv_write and paged_attention against HostOps, on a mixed batch with
+    """rope_at_positions, paged_kv_write and paged_attention against their references, on a mixed batch with
     scattered block tables; every output poisoned (NaN) before the kernels run."""
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.cuda.gpu_batched import DeviceOps
     config = small("gqa", sliding_window=window or None, **shape)
     gpu = GPUTransformer.from_cpu(checks.random_cpu_model(config, dtype), dtype)
-    host = HostOps(HostModel(config, [], None, None, None, cp.asnumpy(gpu.inv_freq), dtype))
+    c, inv_freq = config, cp.asnumpy(gpu.inv_freq)
     dev = DeviceOps(gpu)
     steps = schedule_by_hand(4, 24, seed=1)
     chunks = steps[2]                                          # decodes and a prefill chunk, together
@@ -244,19 +257,21 @@ def test_paged_kernels_match_numpy(dtype, shape, window):
     qkv_d = cp.asarray(qkv_h)
     cp.cuda.Device().synchronize()          # the copies above ran on the default stream, the kernels won't
     with gpu.stream:
-        host.rope(qkv_h, meta_h.positions)
+        rope_at_positions_reference(qkv_h, meta_h.positions, inv_freq, c.n_heads, c.n_kv_heads, c.head_dim)
         dev.rope(qkv_d, meta_d.positions)
-        host.kv_write(qkv_h, meta_h.slots, pool_h.k[0], pool_h.v[0])
-        dev.kv_write(qkv_d, meta_d.slots, pool_d.k[0], pool_d.v[0])
+        paged_kv_write_reference(qkv_h, meta_h.slots, pool_h.k[0], pool_h.v[0], c.n_heads, c.n_kv_heads, c.head_dim,
+                                 dtype)
+        dev.write_kv(qkv_d, meta_d.slots, pool_d.k[0], pool_d.v[0])
         out = cp.full((N, config.n_heads * config.head_dim), cp.nan, cp.float32)
-        dev.attention(qkv_d, pool_d.k[0], pool_d.v[0], meta_d, out=out)
+        dev.attend(qkv_d, pool_d.k[0], pool_d.v[0], meta_d, out=out)
         gpu.stream.synchronize()
     np.testing.assert_allclose(cp.asnumpy(qkv_d), qkv_h, rtol=1e-5, atol=1e-5)       # RoPE in place
     ulp = 1e-3 if dtype == "float16" else 1.6e-2           # cosf vs np.cos may round a k differently
     for d, h in ((pool_d.k[0], pool_h.k[0]), (pool_d.v[0], pool_h.v[0])):            # every slot, written or not
         np.testing.assert_allclose(to_f32(cp.asnumpy(d)), to_f32(h), rtol=ulp, atol=ulp)
     # attention alone: the reference reads exactly what the kernel read (the device's qkv and pool)
-    want = host.attention(cp.asnumpy(qkv_d), cp.asnumpy(pool_d.k[0]), cp.asnumpy(pool_d.v[0]), meta_h)
+    want = paged_attention_reference(cp.asnumpy(qkv_d), cp.asnumpy(pool_d.k[0]), cp.asnumpy(pool_d.v[0]),
+                                     meta_h.block_tables, meta_h.seq_of_row, meta_h.positions, c.n_heads, window)
     got = cp.asnumpy(out)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
@@ -267,14 +282,14 @@ def test_paged_kernels_match_numpy(dtype, shape, window):
                          ids=["gqa-hd16", "mqa-hd128", "mha-hd16"])
 @pytest.mark.parametrize("window", [0, 6])
 def test_paged_int8_kernels_match_numpy(shape, window):
-    """paged_kv_write_int8: the codes and scales HostOps (quantize_int8, as the CPU's int8 pool) makes from
+    """paged_kv_write_int8: the codes and scales its reference (quantize_int8, as the CPU's int8 pool) makes from
     the same rotated qkv, exactly; paged_attention_int8 against the reference over code · scale. Every
     output poisoned first (pool codes 99, scales NaN; attention NaN)."""
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.cuda.gpu_batched import DeviceOps
     config = small("gqa", sliding_window=window or None, **shape)
     gpu = GPUTransformer.from_cpu(checks.random_cpu_model(config, "float16"), "float16")
-    host = HostOps(HostModel(config, [], None, None, None, cp.asnumpy(gpu.inv_freq)))
+    c = config
     dev = DeviceOps(gpu)
     chunks = schedule_by_hand(4, 24, seed=1)[2]                # decodes and a prefill chunk, together
     rng = np.random.default_rng(5)
@@ -293,18 +308,20 @@ def test_paged_int8_kernels_match_numpy(shape, window):
         gpu.stream.synchronize()
         qkv_h = cp.asnumpy(qkv_d)
         want = {name: cp.asnumpy(getattr(pool_d, name)[0]) for name in ("k", "v", "k_scale", "v_scale")}
-        host.kv_write(qkv_h, meta_h.slots, want["k"], want["v"], (want["k_scale"], want["v_scale"]))
+        paged_kv_write_reference(qkv_h, meta_h.slots, want["k"], want["v"], c.n_heads, c.n_kv_heads, c.head_dim,
+                                 scales=(want["k_scale"], want["v_scale"]))
         flat = lambda a: a.reshape(-1, *a.shape[2:])           # [blocks * bs, ...]: the written slots
         for a, poison in ((pool_d.k, 99), (pool_d.v, 99), (pool_d.k_scale, cp.nan), (pool_d.v_scale, cp.nan)):
             flat(a[0])[meta_d.slots.astype(cp.int64)] = poison
         k_pool, v_pool, scales = pool_d.layer(0)
-        dev.kv_write(qkv_d, meta_d.slots, k_pool, v_pool, scales)
+        dev.write_kv(qkv_d, meta_d.slots, k_pool, v_pool, scales)
         out = cp.full((N, config.n_heads * config.head_dim), cp.nan, cp.float32)
-        dev.attention(qkv_d, k_pool, v_pool, meta_d, out=out, scales=scales)
+        dev.attend(qkv_d, k_pool, v_pool, meta_d, out=out, scales=scales)
         gpu.stream.synchronize()
     for name in ("k", "v", "k_scale", "v_scale"):              # every slot, written or not
         np.testing.assert_array_equal(cp.asnumpy(getattr(pool_d, name)[0]), want[name])
-    ref = host.attention(qkv_h, want["k"], want["v"], meta_h, scales=(want["k_scale"], want["v_scale"]))
+    ref = paged_attention_reference(qkv_h, want["k"], want["v"], meta_h.block_tables, meta_h.seq_of_row,
+                                    meta_h.positions, c.n_heads, window, scales=(want["k_scale"], want["v_scale"]))
     got = cp.asnumpy(out)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)
@@ -312,12 +329,11 @@ def test_paged_int8_kernels_match_numpy(shape, window):
 
 @needs_gpu
 @pytest.mark.parametrize("kind", ["gqa", "mistral", "hd64"])
-def test_gpu_forward_of_a_mixed_batch_matches_the_cpu_and_the_twin(models, kind):
+def test_gpu_forward_of_a_mixed_batch_matches_the_cpu_and_the_same_runner_on_numpy(models, kind):
     cpu, gpu = models[kind]
     config = cpu.config
     cpu_runner = BatchedRunner(cpu, PagedKVCache(config, 24, 4))
-    host = HostModel.from_cpu(cpu)
-    twin = GPUBatchedRunner(host, DevicePagedKV(config, 24, 4, xp=np), HostOps(host))
+    twin = _on_numpy(cpu, PagedKVCache(config, 24, 4))                  # the same runner code on NumPy
     device = GPUBatchedRunner(gpu, DevicePagedKV(config, 24, 4))
     for step in schedule_by_hand(4, 24):
         want, same_math = cpu_runner.forward(step), twin.forward(step)
@@ -367,11 +383,7 @@ def test_gpu_engine_with_the_int8_pool_decodes_like_the_cpu_with_int8_kv(models)
     assert engine.pool.dtype == "int8"
     results = engine.generate(prompts(), max_tokens=16)
     assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
-    cpu.kv_cache_dtype = "int8"                                 # the reference quantizes K/V the same way
-    try:
-        assert_teacher_forced_greedy(cpu, prompts(), results)
-    finally:
-        cpu.kv_cache_dtype = "float32"
+    assert_teacher_forced_greedy(cpu.with_options(kv_cache="int8"), prompts(), results)   # quantizes K/V too
     int8_model = GPUTransformer.from_cpu(cpu, "float16", kv_cache="int8")
     assert Engine(LLM(gpu.config, int8_model)).pool.dtype == "int8"
     assert Engine(LLM(gpu.config, gpu)).pool.dtype == "float16"

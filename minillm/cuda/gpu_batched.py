@@ -14,9 +14,12 @@ kernels/paged_attention.cu gives every query row its sequence's block table and 
     host         packing, block tables, the scheduler and the sampler stay on the host; one upload of
                  the batch's int32 metadata and one download of the logits [B, vocab] fp32 per step
 
-Every device step goes through an `ops` object: `DeviceOps` launches the kernels; `HostOps` is the
-NumPy reference of each one (the kernels' tests use it) and runs this very forward pass on the CPU, so
-the plumbing (shapes, slots, tables, positions) is checked without a GPU.
+Every step goes through an `ops` object, one interface over two array modules: `DeviceOps` launches the
+kernels on CuPy arrays; `CPUOps` does the same steps with the CPU engine's own functions (layers.rmsnorm,
+linear, RoPE, PagedKVCache.write/read, grouped_attention) on NumPy arrays, so this very forward pass
+runs on the CPU over a CPU Transformer and checks the plumbing (packing, slots, block tables,
+positions) against the CPU engine's BatchedRunner, without a GPU. The kernels' NumPy references are
+in dev/paged_attention.py. `GPUBatching` is how the Engine gets this runner and its pool (llm.py hands it over).
 
 Not here yet: a paged attention kernel that serves a whole GQA group from
 one block (v1 re-reads each K/V row once per query head, from L2); CUDA graphs (a step's ~11 launches a
@@ -30,12 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minillm.backend import to_dtype
+from minillm.backend import as_f32, to_dtype
 from minillm.engine.batched import SeqChunk, pack
-from minillm.model.layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
-from minillm.model.kv_cache import int8_kv_bytes_per_token, quantize_vectors
-from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache
-from minillm.cuda.gpu_model import GPULayer
+from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache, first_needed_block
+from minillm.model.attention import grouped_attention
+from minillm.model.kv_cache import int8_kv_bytes_per_token
+from minillm.model.layers import apply_rope, linear, rmsnorm, rope_tables, silu
 
 PA_WARPS, PA_MAX_HD = 4, 256            # as #defined in paged_attention.cu
 
@@ -139,30 +142,31 @@ class GPUBatchedRunner:
     Same contract as batched.BatchedRunner: forward(chunks) -> logits [B, vocab] fp32 on the host."""
 
     def __init__(self, model, pool: DevicePagedKV, ops=None):
+        """ops: DeviceOps(model, pool) by default; CPUOps(model, pool) runs it over a CPU Transformer and a
+        PagedKVCache."""
         c = model.config
         if c.head_dim > PA_MAX_HD or c.n_heads % c.n_kv_heads:
             raise ValueError(f"paged attention needs head_dim <= {PA_MAX_HD} and n_heads % n_kv_heads == 0")
         self.model, self.pool = model, pool
-        self.ops = ops or DeviceOps(model)
+        self.ops = ops or DeviceOps(model, pool)
 
     def forward(self, chunks: list[SeqChunk], all_logits: bool = False) -> np.ndarray:
         """Run every chunk; -> logits [len(chunks), vocab] at each chunk's last token (all_logits:
         [N, vocab], every token, in chunk order). Host fp32."""
-        m, ops, pool = self.model, self.ops, self.pool
+        m, ops = self.model, self.ops
         with ops.stream():
-            meta = batch_meta(chunks, pool.block_size, ops.upload)
+            meta = batch_meta(chunks, self.pool.block_size, ops.upload)
             x = ops.embed(meta.tokens)                                                    # [N, dim] fp32
             for i, layer in enumerate(m.layers):
                 h = ops.rmsnorm(x, layer.attn_norm)                                       # [N, dim] 16-bit
                 qkv = ops.gemm(h, layer.wqkv)                                             # [N, qkv_width] fp32
                 ops.rope(qkv, meta.positions)                                             # q and k heads, in place
-                k_pool, v_pool, scales = pool.layer(i)                                    # scales: the int8 pool's
-                ops.kv_write(qkv, meta.slots, k_pool, v_pool, scales)                     # new K/V into their slots
-                attn = ops.attention(qkv, k_pool, v_pool, meta, scales=scales)            # [N, n_heads * hd] fp32
+                ops.kv_write(i, qkv, meta)                                                # new K/V into their slots
+                attn = ops.attention(i, qkv, meta)                                        # [N, n_heads * hd] fp32
                 ops.gemm(ops.cast(attn), layer.wo, out=x, accumulate=True)                # x += o_proj(attn)
                 h = ops.rmsnorm(x, layer.mlp_norm)                                        # [N, dim] 16-bit
-                gu = ops.gemm(h, layer.wgu)                                               # [N, 2 * ffn] fp32
-                ops.gemm(ops.swiglu(gu), layer.wdown, out=x, accumulate=True)             # x += down(act)
+                gu = ops.gemm(h, layer.w_gate_up)                                         # [N, 2 * ffn] fp32
+                ops.gemm(ops.swiglu(gu), layer.w_down, out=x, accumulate=True)            # x += down(act)
             if not all_logits:
                 x = x[meta.last_rows]                                                     # [B, dim]
             return ops.head(x)                                                            # [B or N, vocab] host
@@ -170,13 +174,14 @@ class GPUBatchedRunner:
 
 class DeviceOps:
     """The forward pass's steps as launches on the model's stream: minillm.cuda.kernels for what the
-    single-sequence path already has, paged_attention.cu for the three paged steps, cuBLAS for GEMMs."""
+    single-sequence path already has, paged_attention.cu for the three paged steps, cuBLAS for GEMMs.
+    kv_write and attention take a layer of `pool` (a DevicePagedKV); write_kv and attend, any pool arrays."""
 
-    def __init__(self, model):
+    def __init__(self, model, pool: DevicePagedKV | None = None):
         from minillm.cuda.kernels import module, suffix
         from minillm.cuda.gpu_kv_cache import device_dtype
         cp = _cp()
-        self.xp, self.model, self.k = cp, model, model.k
+        self.xp, self.model, self.k, self.pool = cp, model, model.k, pool
         self.narrow = device_dtype(model.dtype)
         sfx = suffix(model.dtype)
         mod = module("paged_attention")
@@ -214,7 +219,17 @@ class DeviceOps:
         self.fn["rope"]((qkv.shape[0], c.n_heads + c.n_kv_heads), (c.head_dim // 2,),
                         (qkv, np.int32(qkv.shape[1]), np.int32(c.head_dim), positions, self.model.inv_freq))
 
-    def kv_write(self, qkv, slots, k_pool, v_pool, scales=None) -> None:
+    def kv_write(self, layer: int, qkv, meta: BatchMeta) -> None:
+        """Layer `layer`'s new keys and values (rows of qkv [N, width]) into their slots of the pool."""
+        k_pool, v_pool, scales = self.pool.layer(layer)
+        self.write_kv(qkv, meta.slots, k_pool, v_pool, scales)
+
+    def attention(self, layer: int, qkv, meta: BatchMeta, out=None):
+        """The queries of qkv [N, width] against their sequences' keys in layer `layer` -> [N, n_heads * hd]"""
+        k_pool, v_pool, scales = self.pool.layer(layer)
+        return self.attend(qkv, k_pool, v_pool, meta, out=out, scales=scales)
+
+    def write_kv(self, qkv, slots, k_pool, v_pool, scales=None) -> None:
         """Each row's new key and value into its slot; scales = (k_scale, v_scale): the int8 pool (quantized)."""
         c = self.model.config
         head = (qkv, np.int32(qkv.shape[1]), np.int32(c.n_heads), np.int32(c.n_kv_heads), np.int32(c.head_dim),
@@ -224,7 +239,7 @@ class DeviceOps:
         else:                                            # a warp for the key, one for the value
             self.fn["kv_write_int8"]((qkv.shape[0], c.n_kv_heads), (64,), head + tuple(scales))
 
-    def attention(self, qkv, k_pool, v_pool, meta: BatchMeta, out=None, scales=None):
+    def attend(self, qkv, k_pool, v_pool, meta: BatchMeta, out=None, scales=None):
         """The queries of qkv [N, width] against their sequences' keys in one layer's pool -> [N, n_heads * hd]
         scales = (k_scale, v_scale): k_pool, v_pool are the int8 pool's codes."""
         c, hd = self.model.config, self.model.config.head_dim
@@ -259,64 +274,14 @@ class DeviceOps:
         return host
 
 
-# ---- the NumPy twin: each kernel's reference, and a host stand-in for GPUTransformer -------------------
-
-@dataclass
-class HostModel:
-    """GPUTransformer's weights as host arrays (16-bit matrices, fp32 norms), for HostOps."""
-    config: object
-    layers: list
-    embed: np.ndarray
-    final_norm: np.ndarray
-    lm_head: np.ndarray
-    inv_freq: np.ndarray
-    dtype: str = "float16"
-
-    @classmethod
-    def from_cpu(cls, model, dtype: str = "float16") -> "HostModel":
-        """What GPUTransformer.from_cpu uploads, kept on the host (plain, unquantized weights only)."""
-        narrow = lambda *parts: to_dtype(np.concatenate([to_dtype(np.asarray(p), "float32") for p in parts]), dtype)
-        f32 = lambda a: to_dtype(np.asarray(a), "float32")
-        layers = [GPULayer(f32(L.attn_norm), narrow(L.wq, L.wk, L.wv), narrow(L.wo), f32(L.mlp_norm),
-                           narrow(L.w_gate, L.w_up), narrow(L.w_down)) for L in model.layers]
-        c = model.config
-        return cls(c, layers, narrow(model.embed), f32(model.final_norm), narrow(model.lm_head),
-                   rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling), dtype)
-
-
-def paged_attention_reference(qkv: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, block_tables: np.ndarray,
-                              seq_of_row: np.ndarray, positions: np.ndarray, n_heads: int,
-                              window: int | None = None) -> np.ndarray:
-    """What paged_attention.cu computes: each row's queries (the first n_heads heads of its qkv row)
-    against its sequence's keys [lo, p], gathered through the block table.  -> [N, n_heads * hd] fp32"""
-    _, block_size, n_kv, hd = k_pool.shape
-    group = n_heads // n_kv
-    out = np.empty((qkv.shape[0], n_heads * hd), np.float32)
-    for t in range(qkv.shape[0]):
-        p = int(positions[t])
-        lo = max(0, p - window + 1) if window else 0
-        keys = np.arange(lo, p + 1)
-        blocks = np.asarray(block_tables[seq_of_row[t]])[keys // block_size]
-        K = to_dtype(k_pool[blocks, keys % block_size], "float32")[:, np.arange(n_heads) // group]  # [L, H, hd]
-        V = to_dtype(v_pool[blocks, keys % block_size], "float32")[:, np.arange(n_heads) // group]  # [L, H, hd]
-        q = qkv[t, :n_heads * hd].reshape(n_heads, hd)                                            # [H, hd]
-        scores = np.einsum("lhd,hd->hl", K, q) / math.sqrt(hd)                                    # [H, L]
-        w = np.exp(scores - scores.max(axis=1, keepdims=True))
-        w /= w.sum(axis=1, keepdims=True)
-        out[t] = np.einsum("hl,lhd->hd", w, V).reshape(-1)
-    return out
-
-
-class HostOps:
-    """DeviceOps in NumPy, step for step (16-bit where the device narrows, fp32 elsewhere)."""
+class CPUOps:
+    """DeviceOps' interface done by the CPU engine's own functions on NumPy arrays, over a CPU Transformer
+    (fused q|k|v and gate|up) and its paged pool (a PagedKVCache): the same steps, fp32 throughout, so
+    GPUBatchedRunner's forward over these equals the CPU engine's BatchedRunner up to summation order."""
     xp = np
 
-    def __init__(self, model: HostModel):
-        self.model = model
-        c = model.config
-        self.narrow = lambda a: to_dtype(np.asarray(a, np.float32), model.dtype)
-        self.wide = lambda a: to_dtype(a, "float32")
-        self.n_rot, self.hd = c.n_heads + c.n_kv_heads, c.head_dim
+    def __init__(self, model, pool: PagedKVCache):
+        self.model, self.pool, self.config = model, pool, model.config
 
     def stream(self):
         return contextlib.nullcontext()
@@ -325,13 +290,13 @@ class HostOps:
         return a
 
     def embed(self, tokens):
-        return self.wide(self.model.embed[tokens])                                        # [N, dim]
+        return as_f32(self.model.embed[tokens])                                            # [N, dim]
 
     def rmsnorm(self, x, gain):
-        return self.narrow(rmsnorm(x, gain, self.model.config.norm_eps))
+        return rmsnorm(x, gain, self.config.norm_eps)
 
     def gemm(self, a, w, out=None, accumulate: bool = False):
-        y = self.wide(a) @ self.wide(w).T                                                 # [N, rows]
+        y = linear(a, w)                                                                   # [N, rows]
         if out is None:
             return y
         if accumulate:
@@ -341,42 +306,66 @@ class HostOps:
         return out
 
     def rope(self, qkv, positions) -> None:
-        cos, sin = rope_tables(positions, self.model.inv_freq)                            # [N, hd/2] each
-        width = self.n_rot * self.hd
-        heads = qkv[:, :width].reshape(len(qkv), self.n_rot, self.hd)                     # [N, H + n_kv, hd]
+        c = self.config
+        cos, sin = rope_tables(positions, self.model.inv_freq)                             # [N, hd/2] each
+        width = (c.n_heads + c.n_kv_heads) * c.head_dim
+        heads = qkv[:, :width].reshape(len(qkv), c.n_heads + c.n_kv_heads, c.head_dim)    # [N, H + n_kv, hd]
         qkv[:, :width] = apply_rope(heads, cos, sin).reshape(len(qkv), width)
 
-    def kv_write(self, qkv, slots, k_pool, v_pool, scales=None) -> None:
-        c = self.model.config
-        nq, nkv, hd = c.n_heads * self.hd, c.n_kv_heads * self.hd, self.hd
-        for pool, new, scale in zip((k_pool, v_pool), (qkv[:, nq:nq + nkv], qkv[:, nq + nkv:nq + 2 * nkv]),
-                                    scales or (None, None)):
-            flat = pool.reshape(-1, c.n_kv_heads, hd)                                     # [blocks * bs, n_kv, hd] view
-            if scale is None:
-                flat[slots] = self.narrow(new).reshape(-1, c.n_kv_heads, hd)
-            else:                                                                         # the CPU pools' format
-                codes, vector_scales = quantize_vectors(new.reshape(-1, c.n_kv_heads, hd))  # [N, n_kv, hd], [N, n_kv]
-                flat[slots], scale.reshape(-1, c.n_kv_heads)[slots] = codes, vector_scales
+    def _kv(self, qkv):
+        """The k and v heads of each row.   qkv [N, width] -> k, v [N, n_kv, hd]"""
+        c = self.config
+        nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        shape = (len(qkv), c.n_kv_heads, c.head_dim)
+        return qkv[:, nq:nq + nkv].reshape(shape), qkv[:, nq + nkv:nq + 2 * nkv].reshape(shape)
 
-    def attention(self, qkv, k_pool, v_pool, meta: BatchMeta, out=None, scales=None):
-        c = self.model.config
-        if scales is not None:                                                            # code · scale
-            k_pool, v_pool = (p.astype(np.float32) * s[..., None] for p, s in zip((k_pool, v_pool), scales))
-        return paged_attention_reference(qkv, k_pool, v_pool, meta.block_tables, meta.seq_of_row, meta.positions,
-                                         c.n_heads, c.sliding_window)
+    def kv_write(self, layer: int, qkv, meta: BatchMeta) -> None:
+        slots = np.asarray(meta.slots, dtype=np.int64)
+        self.pool.write(layer, slots // self.pool.block_size, slots % self.pool.block_size, *self._kv(qkv))
+
+    def attention(self, layer: int, qkv, meta: BatchMeta, out=None):
+        """Each sequence's rows against its keys, read through its block table as the CPU engine reads them."""
+        c, bs = self.config, self.pool.block_size
+        q = qkv[:, :c.n_heads * c.head_dim].reshape(len(qkv), c.n_heads, c.head_dim)     # [N, H, hd]
+        out = np.empty((len(qkv), c.n_heads * c.head_dim), np.float32) if out is None else out
+        for b, table in enumerate(np.asarray(meta.block_tables).tolist()):
+            rows = np.flatnonzero(np.asarray(meta.seq_of_row) == b)
+            start, end = int(meta.positions[rows[0]]), int(meta.positions[rows[-1]]) + 1
+            first = first_needed_block(start, c.sliding_window, bs)
+            keys, values = self.pool.read(layer, table, end, first)                       # [n_kv, L, hd] each
+            out[rows] = grouped_attention(q[rows], keys, values, c.sliding_window)
+        return out
 
     def cast(self, x):
-        return self.narrow(x)
+        return x
 
     def swiglu(self, gu):
         ffn = gu.shape[1] // 2
-        return self.narrow(silu(gu[:, :ffn]) * gu[:, ffn:])                              # [N, ffn]
+        return silu(gu[:, :ffn]) * gu[:, ffn:]                                             # [N, ffn]
 
     def head(self, x) -> np.ndarray:
-        return self.gemm(self.rmsnorm(x, self.model.final_norm), self.model.lm_head)
+        return self.model.head(x)                                                          # [rows, vocab]
 
 
-def is_gpu_model(model) -> bool:
-    """Is this a GPUTransformer (without importing CuPy to find out)?"""
-    from minillm.cuda.gpu_model import GPUTransformer
-    return isinstance(model, GPUTransformer)
+class GPUBatching:
+    """How an Engine batches a GPUTransformer: its pool is a DevicePagedKV (16-bit, the weights' dtype, or
+    int8) and its runner a GPUBatchedRunner. The same protocol as engine.batched.CPUBatching."""
+    device = "cuda"
+    default_kv_bytes = 8 << 30          # 64k tokens of a Mistral-7B (128 KB each)
+    cap_to_max_batch = True             # by default no more than max_batch full contexts (small models)
+
+    def __init__(self, model):
+        self.model = model
+
+    def storage(self, kv_cache: str) -> str:
+        """The pool's storage for a kv_cache format: int8 codes, or the weights' 16 bits for "auto"."""
+        return "int8" if kv_cache == "int8" else self.model.dtype
+
+    def bytes_per_block(self, config, block_size: int, kv_cache: str) -> int:
+        return DevicePagedKV.bytes_per_block_for(config, block_size, self.storage(kv_cache))
+
+    def new_pool(self, config, num_blocks: int, block_size: int, kv_cache: str) -> DevicePagedKV:
+        return DevicePagedKV(config, num_blocks, block_size, self.storage(kv_cache))
+
+    def new_runner(self, pool: DevicePagedKV) -> GPUBatchedRunner:
+        return GPUBatchedRunner(self.model, pool)

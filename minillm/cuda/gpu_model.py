@@ -67,11 +67,11 @@ class GPULayer:
     wqkv: object        # [(n_heads + 2 n_kv_heads) * hd, dim] 16-bit, or a QuantMatrix of that shape
     wo: object          # [dim, n_heads * hd]
     mlp_norm: object    # [dim] fp32
-    wgu: object         # [2 * ffn_dim, dim]  (gate rows, then up rows)
-    wdown: object       # [dim, ffn_dim]
+    w_gate_up: object   # [2 * ffn_dim, dim]  (gate rows, then up rows)
+    w_down: object      # [dim, ffn_dim]
 
     def matrices(self) -> list:
-        return [self.wqkv, self.wo, self.wgu, self.wdown]
+        return [self.wqkv, self.wo, self.w_gate_up, self.w_down]
 
 
 class GPUTransformer:
@@ -155,8 +155,8 @@ class GPUTransformer:
                            wqkv=stacked(L.wq, L.wk, L.wv),
                            wo=stacked(L.wo),
                            mlp_norm=f32(L.mlp_norm),
-                           wgu=stacked(L.w_gate, L.w_up),
-                           wdown=stacked(L.w_down))
+                           w_gate_up=stacked(L.w_gate, L.w_up),
+                           w_down=stacked(L.w_down))
                   for L in model.layers]
         embed = dev(model.embed)
         lm_head = embed if model.lm_head is model.embed else dev(model.lm_head)
@@ -267,10 +267,10 @@ class GPUTransformer:
                 if self.kv_cache == "int8":
                     self._append_kv(i, cache, self.qkv, 1)
                 self._attend(i, cache, self.qkv, 1, parts, self.attn)                  # [1, n_heads * hd]
-                k.gemv(L.wo, self.attn[0], x, True, v, "o", next_w=nxt(L.wgu, True))   # x += o_proj(attn)
+                k.gemv(L.wo, self.attn[0], x, True, v, "o", next_w=nxt(L.w_gate_up, True))   # x += o_proj(attn)
                 src, gain = self._norm_input(L.mlp_norm)
-                k.gemv_swiglu(L.wgu, src, gain, c.norm_eps, self.act[0], "gate_up", next_w=nxt(L.wdown))  # [ffn]
-                k.gemv(L.wdown, self.act[0], x, True, v, "down", next_w=nxt(after))     # x += down(act)
+                k.gemv_swiglu(L.w_gate_up, src, gain, c.norm_eps, self.act[0], "gate_up", next_w=nxt(L.w_down))  # [ffn]
+                k.gemv(L.w_down, self.act[0], x, True, v, "down", next_w=nxt(after))     # x += down(act)
             self._norm_gemv(self.x, self.final_norm, self.lm_head, self.logits[None], "lm_head")
             return
         for i, L in enumerate(self.layers):
@@ -279,9 +279,9 @@ class GPUTransformer:
             self._append_kv(i, cache, self.qkv, 1)
             self._attend(i, cache, self.qkv, 1, parts if self.kv_cache == "int8" else parts[:3], self.attn)
             k.gemv(L.wo, self.attn[0], self.x[0], True, v, "o")                        # x += o_proj(attn)
-            self._norm_gemv(self.x, L.mlp_norm, L.wgu, self.gu, "gate_up")              # [1, 2 * ffn]
+            self._norm_gemv(self.x, L.mlp_norm, L.w_gate_up, self.gu, "gate_up")              # [1, 2 * ffn]
             k.swiglu(self.gu, self.act)                                                # [1, ffn]
-            k.gemv(L.wdown, self.act[0], self.x[0], True, v, "down")                   # x += down(act)
+            k.gemv(L.w_down, self.act[0], self.x[0], True, v, "down")                   # x += down(act)
         self._norm_gemv(self.x, self.final_norm, self.lm_head, self.logits[None], "lm_head")   # [vocab]
 
     def _append_kv(self, i: int, cache, qkv, T: int) -> None:
@@ -383,9 +383,9 @@ class GPUTransformer:
             k.cast(attn, attn_n)
             self.gemm(attn_n, L.wo, x, accumulate=True)                                   # x += o_proj(attn)
             k.rmsnorm(x, L.mlp_norm, hn, c.norm_eps)
-            self.gemm(hn, L.wgu, gu)                                                      # [T, 2 * ffn]
+            self.gemm(hn, L.w_gate_up, gu)                                                      # [T, 2 * ffn]
             k.swiglu(gu, act_n)                                                           # [T, ffn] 16-bit
-            self.gemm(act_n, L.wdown, x, accumulate=True)                                 # x += down(act)
+            self.gemm(act_n, L.w_down, x, accumulate=True)                                 # x += down(act)
         cache.advance(T)
         return x
 

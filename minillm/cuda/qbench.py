@@ -92,8 +92,8 @@ def step_kernels_in_graphs(gpu, bw: float) -> dict:
         "attention": lambda i: k.attention(gpu.qkv, 1, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i],
                                            gpu.step_pos, c.sliding_window, parts, gpu.attn),
         "o": lambda i: k.gemv(Ls[i].wo, gpu.attn[0], y[:c.dim], True, 4),
-        "gate_up": lambda i: k.gemv_swiglu(Ls[i].wgu, x, ones[:c.dim], 1e-5, gu),
-        "down": lambda i: k.gemv(Ls[i].wdown, act, y[:c.dim], True, 4),
+        "gate_up": lambda i: k.gemv_swiglu(Ls[i].w_gate_up, x, ones[:c.dim], 1e-5, gu),
+        "down": lambda i: k.gemv(Ls[i].w_down, act, y[:c.dim], True, 4),
     }
     out = {}
     say(f"\none decode step's kernels, each kind launched once per layer ({n} in a row, different weights) inside "
@@ -105,7 +105,7 @@ def step_kernels_in_graphs(gpu, bw: float) -> dict:
         if kind == "attention":
             say(f"  {kind:<10} {'':>13} {'':>7} {us:7.1f} {'':>6} {'':>7} {us * n:11.0f}")
             continue
-        w = getattr(Ls[0], {"qkv": "wqkv", "o": "wo", "gate_up": "wgu", "down": "wdown"}[kind])
+        w = getattr(Ls[0], {"qkv": "wqkv", "o": "wo", "gate_up": "w_gate_up", "down": "w_down"}[kind])
         rows, cols = w.shape
         dense = [cp.empty((rows, cols), cp.float16) for _ in range(8)]
         for j, d in enumerate(dense):
@@ -256,7 +256,7 @@ def quant_versions_us(gpu) -> dict:
     import cupy as cp
     k, n = gpu.k, len(gpu.layers)
     out = {}
-    for name, attr in (("qkv", "wqkv"), ("o", "wo"), ("gate_up", "wgu"), ("down", "wdown")):
+    for name, attr in (("qkv", "wqkv"), ("o", "wo"), ("gate_up", "w_gate_up"), ("down", "w_down")):
         w0 = getattr(gpu.layers[0], attr)
         rows, cols = w0.shape
         x = cp.asarray(np.random.default_rng(0).standard_normal(cols).astype(np.float32))

@@ -90,10 +90,35 @@ def pack(chunks: list[SeqChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def check_supported(model) -> None:
-    """The engine runs Llama-style (GQA) attention, on the CPU Transformer or the GPUTransformer
-    (cuda/gpu_batched.py); say so clearly otherwise."""
-    from minillm.model.transformer import Transformer
-    if not isinstance(model, Transformer) and type(model).__name__ != "GPUTransformer":
-        raise MiniLLMError(f"the batching engine runs a Transformer or a GPUTransformer, not {type(model).__name__}")
+    """The engine runs Llama-style (GQA) attention; say so clearly otherwise. (Which backend runs the
+    batches is the LLM's `batching`: CPUBatching below, or the GPU's, cuda/gpu_batched.GPUBatching.)"""
     if model.config.attention != "gqa":
         raise MiniLLMError("MLA attention is not supported by the batching engine yet; use llm.generate")
+
+
+class CPUBatching:
+    """How an Engine batches a CPU Transformer: the protocol a backend hands the engine through the LLM
+    (`llm.batching`), so the engine never imports a backend. Its pool is a PagedKVCache, its runner a
+    BatchedRunner; kv_cache "auto" stores fp32, "int8" codes and scales."""
+    device = "cpu"
+    default_kv_bytes = 512 << 20        # the pool when neither num_blocks nor max_kv_bytes is given
+    cap_to_max_batch = False            # a CPU pool is host memory: no cap by max_batch
+
+    def __init__(self, model):
+        from minillm.model.transformer import Transformer
+        if not isinstance(model, Transformer):
+            raise MiniLLMError(f"the CPU batching engine runs a Transformer, not {type(model).__name__}")
+        check_supported(model)
+        self.model = model
+
+    def storage(self, kv_cache: str) -> str:
+        return "int8" if kv_cache == "int8" else "float32"
+
+    def bytes_per_block(self, config, block_size: int, kv_cache: str) -> int:
+        return PagedKVCache(config, 1, block_size, self.storage(kv_cache)).nbytes
+
+    def new_pool(self, config, num_blocks: int, block_size: int, kv_cache: str) -> PagedKVCache:
+        return PagedKVCache(config, num_blocks, block_size, self.storage(kv_cache))
+
+    def new_runner(self, pool: PagedKVCache) -> BatchedRunner:
+        return BatchedRunner(self.model, pool)

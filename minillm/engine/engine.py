@@ -6,8 +6,9 @@
         for event in engine.step():             # one batched forward pass for every running request
             print(event.request_id, event.text, event.finished)
 
-The step loop is the whole engine: schedule (scheduler.py), run the batch (batched.py; on the GPU
-cuda/gpu_batched.py, the pool on the device, logits [B, vocab] copied back once a step), sample each
+The step loop is the whole engine: schedule (scheduler.py), run the batch (the runner `llm.batching`
+made: batched.py, or on the GPU cuda/gpu_batched.py, the pool on the device, logits [B, vocab] copied
+back once a step), sample each
 request with its own sampler, detokenize, finish the ones that are done (their blocks go back to the
 pool, or stay in the prefix cache). With a sliding window, a running request gives back the blocks its
 window has passed, so its KV memory stops growing at about the window's size. `generate(prompts)` runs the loop for a list of prompts and returns
@@ -26,22 +27,14 @@ from typing import Sequence as Seq
 
 import numpy as np
 
-from minillm.engine.batched import BatchedRunner, SeqChunk, check_supported
+from minillm.engine.batched import SeqChunk
 from minillm.errors import MiniLLMError
 from minillm.engine.generate import Generation, _TextCollector
-from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, BlockManager, PagedKVCache
+from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, BlockManager
 from minillm.engine.prefix_cache import PrefixCache
 from minillm.engine.sampling import Sampler, SamplingParams
 from minillm.engine.scheduler import Scheduler, Sequence
-
-DEFAULT_MAX_KV_BYTES = 512 << 20        # the pool when neither num_blocks nor max_kv_bytes is given
-DEFAULT_GPU_KV_BYTES = 8 << 30          # the same on the GPU: 64k tokens of a Mistral-7B (128 KB each)
-
-
-def _gpu():
-    """minillm.cuda.gpu_batched, imported only when an engine runs on the device."""
-    from minillm.cuda import gpu_batched
-    return gpu_batched
+from minillm.model.kv_cache import kv_cache_format
 
 
 @dataclass
@@ -82,37 +75,30 @@ class Engine:
     def __init__(self, llm, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
                  max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int = 512,
                  prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True):
-        """kv_cache: "float32" or "int8" (default: as the model was loaded; on the GPU "float32" means the
-        model's 16-bit dtype, and "int8" codes with a scale per position and head). The pool holds
-        `num_blocks` blocks of `block_size` tokens, or as many as fit in `max_kv_bytes`. A GPUTransformer
-        (llm loaded with device="cuda") runs on the device."""
-        check_supported(llm.model)
+        """kv_cache: "auto" (the model's float type: fp32 here, the weights' 16 bits on the GPU) or "int8"
+        (codes with a scale per position and head); default: as the model was loaded. The pool holds
+        `num_blocks` blocks of `block_size` tokens, or as many as fit in `max_kv_bytes`. The backend comes
+        with the LLM: `llm.batching` makes the pool and the runner (engine.batched.CPUBatching, or the
+        GPU's for an llm loaded with device="cuda"); the engine never imports a backend."""
         if block_size < 1 or max_batch < 1 or max_batch_tokens < 1:
             raise MiniLLMError("block_size, max_batch and max_batch_tokens must be >= 1")
         self.llm, self.config = llm, llm.config
-        on_gpu = type(llm.model).__name__ == "GPUTransformer"
+        backend = llm.batching                           # checks the model: GQA, a model it can batch
         if kv_cache is None:                             # as the model was loaded
-            loaded = llm.model.kv_cache if on_gpu else llm.model.kv_cache_dtype
-            kv_cache = "int8" if loaded == "int8" else "float32"
-        if kv_cache not in ("float32", "int8"):
-            raise MiniLLMError(f"unknown kv_cache {kv_cache!r}; choose float32 or int8")
-        if on_gpu:      # the device pool: int8, or the model's 16 bits for "float32" (as llm.load on cuda)
-            kv_cache = "int8" if kv_cache == "int8" else llm.model.dtype
+            kv_cache = "int8" if llm.model.kv_cache == "int8" else "auto"
+        try:
+            kv_cache = kv_cache_format(kv_cache, backend.device)
+        except ValueError as e:
+            raise MiniLLMError(str(e)) from None
         if num_blocks is None:
-            per_block = (_gpu().DevicePagedKV.bytes_per_block_for(self.config, block_size, kv_cache) if on_gpu
-                         else PagedKVCache(self.config, 1, block_size, kv_cache).nbytes)
-            default = DEFAULT_GPU_KV_BYTES if on_gpu else DEFAULT_MAX_KV_BYTES
-            num_blocks = (max_kv_bytes or default) // per_block
-            if on_gpu and max_kv_bytes is None:          # no more than max_batch full contexts (small models)
+            per_block = backend.bytes_per_block(self.config, block_size, kv_cache)
+            num_blocks = (max_kv_bytes or backend.default_kv_bytes) // per_block
+            if backend.cap_to_max_batch and max_kv_bytes is None:   # no more than max_batch full contexts
                 num_blocks = min(num_blocks, max_batch * math.ceil(self.config.max_seq_len / block_size))
         if num_blocks < 1:
             raise MiniLLMError(f"max_kv_bytes={max_kv_bytes} holds no KV block of {block_size} tokens")
-        if on_gpu:                                       # pool and attention on the device; the rest stays here
-            self.pool = _gpu().DevicePagedKV(self.config, num_blocks, block_size, kv_cache)
-            self.runner = _gpu().GPUBatchedRunner(llm.model, self.pool)
-        else:
-            self.pool = PagedKVCache(self.config, num_blocks, block_size, kv_cache)
-            self.runner = BatchedRunner(llm.model, self.pool)
+        self.pool = backend.new_pool(self.config, num_blocks, block_size, kv_cache)
+        self.runner = backend.new_runner(self.pool)
         self.prefix_cache = PrefixCache() if prefix_caching else None
         self.blocks = BlockManager(num_blocks, self.prefix_cache)
         self.scheduler = Scheduler(self.blocks, block_size, max_batch, max_batch_tokens, self.prefix_cache,

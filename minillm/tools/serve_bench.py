@@ -166,7 +166,7 @@ def run(llm, workloads: list[Workload], concurrency: int, echo=print) -> list[Re
 
 
 def _on_gpu(llm) -> bool:
-    return type(llm.model).__name__ == "GPUTransformer"
+    return llm.batching.device == "cuda"
 
 
 def format_table(results: list[Result]) -> str:
