@@ -323,6 +323,7 @@ class NCCLCommunicator(_Timed):
 
     def broadcast(self, x, root: int = 0):
         start, stream = time.perf_counter(), self.xp.cuda.get_current_stream()
+        x = self.xp.ascontiguousarray(x)
         self.comm.broadcast(x.data.ptr, x.data.ptr, x.size, self._type(x), root, stream.ptr)
         self._sync(stream, "broadcast")
         self._time("broadcast", x.nbytes, start)

@@ -1,0 +1,293 @@
+"""Tensor parallelism in one process: ranks as threads (LocalGroup), the sharding rules, the refusals,
+and the NCCL communicator's code over a stand-in for cupy.cuda.nccl. The real multi-process runs
+(mpiexec, the CLI, a rank that dies) are in test_tensor_parallel_mpi.py."""
+import ctypes
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import minillm
+from minillm.engine.generate import generate_ids
+from minillm.engine.parallel import sharding
+from minillm.engine.parallel.communicator import (CommTimeout, LocalGroup, NCCLCommunicator, SingleProcess,
+                                                  parallel_communicator, run_ranks, shared_seed)
+from minillm.engine.sampling import SamplingParams
+from minillm.errors import MiniLLMError
+from minillm.model.config import ModelConfig
+from hf_models import hf_logits, llama_config, mistral_config, save_random_model
+
+IDS = [3, 17, 99, 250, 5, 7, 300, 42]
+
+CASES = {   # name: (HF config, tp)
+    "gqa-tp2": (llama_config(n_heads=8, n_kv_heads=2), 2),
+    "gqa-tp4-kv-replicated": (llama_config(n_heads=8, n_kv_heads=2), 4),
+    "mqa-tp2": (llama_config(n_heads=8, n_kv_heads=1), 2),
+    "mha-tp4-tied": (llama_config(n_heads=4, n_kv_heads=4, tied=True), 4),
+    "gqa-tp3-uneven-vocab": (llama_config(n_heads=6, n_kv_heads=3, hidden_size=48, intermediate_size=96), 3),
+    "mistral-window-tp2": (mistral_config(sliding_window=4), 2),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    config, tp = CASES[request.param]
+    path = tmp_path_factory.mktemp(request.param)
+    hf = save_random_model(config, path)
+    return path, tp, hf_logits(hf, IDS)
+
+
+def sharded(path, tp, fn, **load_options):
+    """fn(llm) on every rank of a tp-way model loaded from path; -> the ranks' results."""
+    return run_ranks(tp, lambda comm: fn(minillm.load(path, comm=comm, **load_options)))
+
+
+def test_logits_at_tp_equal_tp1_and_hf(case):
+    path, tp, hf = case
+    one = minillm.load(path).logits(IDS)
+    assert np.abs(one - hf).max() < 1e-4
+    for logits in sharded(path, tp, lambda llm: llm.logits(IDS)):
+        assert logits.shape == one.shape
+        assert np.abs(logits - one).max() < 1e-4
+
+
+def test_greedy_tokens_at_tp_equal_tp1(case):
+    path, tp, _ = case
+
+    def tokens(llm):
+        g = generate_ids(llm.model, IDS[:4], 12, SamplingParams(temperature=0.0))
+        return g.token_ids
+
+    one = minillm.load(path)
+    want = tokens(one)
+    for got in sharded(path, tp, tokens):
+        if got != want:     # allowed only at a near-tie: the first differing step's top-2 gap is tiny
+            step = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+            logits = one.logits(IDS[:4] + want[:step])[-1]
+            top2 = np.sort(logits)[-2:]
+            assert top2[1] - top2[0] < 1e-3, (got, want)
+
+
+def test_every_rank_samples_the_same_tokens_without_a_seed(tmp_path):
+    save_random_model(llama_config(), tmp_path)
+
+    def sample(llm):
+        seed = shared_seed(llm.model.comm, None)
+        return generate_ids(llm.model, IDS[:3], 10, SamplingParams(temperature=1.0, seed=seed)).token_ids
+
+    a, b = sharded(tmp_path, 2, sample)
+    assert a == b
+
+
+@pytest.fixture(scope="module", params=[("int8", 128), ("int4", 32)], ids=["int8", "int4-g32"])
+def quantized_dir(request, tmp_path_factory):
+    """A random model quantized once and saved that way: each rank then maps only its shard of it."""
+    from minillm.checkpoints.weights import save_hf_dir
+    from minillm.model.quant import QuantizedWeight
+    quant, group_size = request.param
+    src, dst = tmp_path_factory.mktemp("float"), tmp_path_factory.mktemp(quant)
+    save_random_model(llama_config(intermediate_size=128), src)
+    model = minillm.load(src, quant=quant, group_size=group_size).model
+    tensors = {}
+    for name, w in model.hf_tensors().items():
+        tensors |= w.tensors(name.removesuffix(".weight")) if isinstance(w, QuantizedWeight) else {name: w}
+    save_hf_dir(dst, model.config, tensors)
+    return dst
+
+
+def test_quantized_shards_equal_the_unsharded_quantized_model(quantized_dir):
+    one = minillm.load(quantized_dir).logits(IDS)
+    for logits in sharded(quantized_dir, 2, lambda llm: llm.logits(IDS)):
+        assert np.abs(logits - one).max() < 1e-4
+
+
+def test_each_rank_holds_its_share_of_the_weights(tmp_path):
+    """Per-rank bytes sum to the unsharded model's, plus what is replicated (norms, KV heads at tp > n_kv)
+    and the vocab padding; each rank's share is near 1/tp."""
+    cfg = llama_config(n_heads=8, n_kv_heads=2)
+    save_random_model(cfg, tmp_path)
+    whole = sharding.model_bytes(minillm.load(tmp_path).model)
+    tp, dim, hd, layers = 4, 64, 8, 3
+    per_rank = sharded(tmp_path, tp, lambda llm: sharding.model_bytes(llm.model))
+    norms = (2 * layers + 1) * dim * 4                           # replicated on every rank
+    kv_copies = layers * 2 * hd * dim * 4 * (tp - 2)             # 2 KV heads over 4 ranks: each held twice
+    assert sum(per_rank) == whole + (tp - 1) * norms + kv_copies
+    assert max(per_rank) < 0.35 * whole
+
+
+def test_int4_row_parallel_shards_keep_whole_groups(quantized_dir):
+    local = run_ranks(2, lambda comm: minillm.load(quantized_dir, comm=comm).model)
+    o, down = local[1].layers[0].wo, local[1].layers[0].w_down
+    if not hasattr(o, "group_size"):
+        pytest.skip("int8: one scale per row, nothing to split")
+    assert (o.shape, o.group_size, o.scales.shape) == ((64, 32), 32, (64, 1))        # 4 heads × 8 of 8 × 8
+    assert (down.shape, down.group_size, down.scales.shape) == ((64, 64), 32, (64, 2))    # 64 of 128
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+SMOLLM2 = ModelConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536)
+
+
+def test_a_shape_that_does_not_divide_is_refused_naming_the_sizes_that_work():
+    with pytest.raises(MiniLLMError, match=r"tp=2 does not divide .*9 query heads and 3 KV heads.*tp can be 1, 3$"):
+        sharding.check(SMOLLM2, 2)
+    sharding.check(SMOLLM2, 3)
+
+
+def test_int4_groups_that_a_row_parallel_shard_would_split_are_refused():
+    g128 = SMOLLM2.replace(quantization={"method": "int4", "group_size": 128})
+    with pytest.raises(MiniLLMError, match="192 inputs of o_proj.*groups of 128.*group size 32 or 64"):
+        sharding.check(g128, 3)
+    sharding.check(g128.replace(quantization={"method": "int4", "group_size": 64}), 3)
+
+
+def test_load_refuses_in_one_line(tmp_path):
+    save_random_model(llama_config(n_heads=8, n_kv_heads=2), tmp_path)
+    with pytest.raises(MiniLLMError, match="tp=3 does not divide"):
+        run_ranks(3, lambda comm: minillm.load(tmp_path, comm=comm))
+    with pytest.raises(MiniLLMError, match="started by mpiexec"):
+        minillm.load(tmp_path, tp=2)                          # not a rank of 2: says how to start them
+    with pytest.raises(MiniLLMError, match="CPU"):
+        parallel_communicator(2, device="cuda")
+
+
+# ---- the communicators -------------------------------------------------------------------------
+def collectives(comm):
+    x = np.full(3, comm.rank + 1.0, dtype=np.float32)
+    summed = comm.all_reduce(x.copy())
+    gathered = comm.all_gather(x)
+    root = comm.broadcast(np.full(2, comm.rank, dtype=np.float32), root=1)
+    obj = comm.broadcast_object({"rank": comm.rank})
+    comm.barrier()
+    return np.asarray(summed).tolist(), np.asarray(gathered).tolist(), np.asarray(root).tolist(), obj
+
+
+def test_local_group_collectives():
+    results = run_ranks(3, collectives)
+    for summed, gathered, root, obj in results:
+        assert summed == [6.0] * 3
+        assert gathered == [[1.0] * 3, [2.0] * 3, [3.0] * 3]
+        assert root == [1.0, 1.0] and obj == {"rank": 0}
+    assert collectives(SingleProcess()) == ([1.0] * 3, [[1.0] * 3], [0.0, 0.0], {"rank": 0})
+
+
+def test_a_rank_that_fails_stops_the_others_instead_of_hanging():
+    def work(comm):
+        if comm.rank == 1:
+            raise RuntimeError("rank 1 broke")
+        comm.all_reduce(np.zeros(4, dtype=np.float32))       # would wait forever for rank 1
+
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="rank 1 broke"):
+        run_ranks(2, work, timeout_s=20)
+    assert time.perf_counter() - start < 5
+
+
+def test_a_missing_rank_times_out():
+    group = LocalGroup(2, timeout_s=0.3)
+    with pytest.raises(CommTimeout, match="waited over 0.3 s"):
+        group.communicators()[0].all_reduce(np.zeros(2, dtype=np.float32))
+
+
+class _DeviceArray(np.ndarray):
+    """A NumPy array that answers `.data.ptr` like a CuPy one."""
+
+    @property
+    def data(self):
+        return SimpleNamespace(ptr=self.ctypes.data)
+
+
+class _FakeNCCL:
+    """cupy.cuda.nccl's surface, over raw pointers between thread ranks (the real code path's calls)."""
+    NCCL_FLOAT32, NCCL_FLOAT16, NCCL_INT64, NCCL_INT32, NCCL_UINT8, NCCL_SUM = 7, 6, 4, 2, 1, 0
+    DTYPES = {7: np.float32, 6: np.float16, 4: np.int64, 2: np.int32, 1: np.uint8}
+    groups: dict = {}
+    lock = threading.Lock()
+
+    @staticmethod
+    def get_unique_id():
+        return (123,)
+
+    class NcclCommunicator:
+        def __init__(self, size, unique_id, rank):
+            with _FakeNCCL.lock:
+                self.group = _FakeNCCL.groups.setdefault(unique_id, LocalGroup(size, timeout_s=10))
+            self.rank = rank
+
+        def _read(self, ptr, count, dtype):
+            dtype = np.dtype(_FakeNCCL.DTYPES[dtype])
+            raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(ptr)
+            return np.frombuffer(raw, dtype=dtype)
+
+        def allReduce(self, send, recv, count, dtype, op, stream):
+            parts = self.group.exchange(self.rank, self._read(send, count, dtype).copy())
+            self._read(recv, count, dtype)[:] = sum(parts[1:], parts[0])
+
+        def allGather(self, send, recv, count, dtype, stream):
+            parts = self.group.exchange(self.rank, self._read(send, count, dtype).copy())
+            self._read(recv, count * len(parts), dtype)[:] = np.concatenate(parts)
+
+        def broadcast(self, send, recv, count, dtype, root, stream):
+            parts = self.group.exchange(self.rank, self._read(send, count, dtype).copy())
+            self._read(recv, count, dtype)[:] = parts[root]
+
+        def abort(self):
+            self.group.abort()
+
+
+def _fake_cupy():
+    stream = SimpleNamespace(ptr=0, done=True)
+    device = lambda a: a.view(_DeviceArray)                          # noqa: E731
+    return SimpleNamespace(
+        ascontiguousarray=lambda a: device(np.ascontiguousarray(a)),
+        empty=lambda shape, dtype: device(np.empty(shape, dtype)),
+        zeros=lambda shape, dtype: device(np.zeros(shape, dtype)),
+        cuda=SimpleNamespace(get_current_stream=lambda: stream))
+
+
+def test_nccl_communicator_collectives_over_a_stand_in_backend():
+    _FakeNCCL.groups.clear()
+    results = run_ranks(2, lambda host: collectives(NCCLCommunicator(host, nccl=_FakeNCCL, xp=_fake_cupy())))
+    for summed, gathered, root, obj in results:
+        assert summed == [3.0] * 3 and gathered == [[1.0] * 3, [2.0] * 3]
+        assert root == [1.0, 1.0] and obj == {"rank": 0}
+
+
+def test_the_model_runs_on_the_nccl_communicator(tmp_path):
+    save_random_model(llama_config(), tmp_path)
+    _FakeNCCL.groups.clear()
+    one = minillm.load(tmp_path).logits(IDS)
+
+    def logits(host):
+        comm = NCCLCommunicator(host, nccl=_FakeNCCL, xp=_fake_cupy())
+        return np.asarray(minillm.load(tmp_path, comm=comm).logits(IDS))
+
+    for out in run_ranks(2, logits):
+        assert np.abs(out - one).max() < 1e-4
+
+
+def test_nccl_communicator_refuses_a_dtype_nccl_lacks():
+    _FakeNCCL.groups.clear()
+    with pytest.raises(MiniLLMError, match="not float64"):
+        run_ranks(1, lambda host: NCCLCommunicator(host, nccl=_FakeNCCL, xp=_fake_cupy()).all_reduce(np.zeros(2)))
+
+
+def test_stats_count_each_collective():
+    def work(comm):
+        for _ in range(3):
+            comm.all_reduce(np.zeros(8, dtype=np.float32))
+        comm.all_gather(np.zeros(4, dtype=np.float32))
+        return comm.stats
+
+    stats = run_ranks(2, work)[0]
+    assert stats.calls["all_reduce"] == 3 and stats.bytes["all_reduce"] == 3 * 32
+    assert stats.calls["all_gather"] == 1 and "all_reduce 3×" in stats.summary()
+
+
+def test_smollm2_logits_at_tp3_equal_tp1(smollm2_dir):
+    ids = [1, 504, 3458, 282, 4649, 314]
+    one = minillm.load(smollm2_dir).logits(ids)
+    for logits in sharded(smollm2_dir, 3, lambda llm: llm.logits(ids)):
+        assert np.abs(logits - one).max() < 1e-3

@@ -1,0 +1,112 @@
+"""Tensor parallelism across processes: 2 MPI ranks started by the real launcher (mpiexec) on loopback.
+
+Small on purpose (CI has 2 cores and ranks poll while they wait): tiny random models, a few tokens, and
+every run bounded by a timeout so a hang fails the test instead of stalling CI."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import minillm
+from hf_models import llama_config, save_random_model
+
+pytest.importorskip("mpi4py")
+MPIEXEC = shutil.which("mpiexec")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec (pip install mpich)")
+IDS = [3, 17, 99, 250, 5, 7]
+ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+
+
+def mpirun(script: str, *args, n=2, timeout=60, env=None):
+    """`mpiexec -n N python -c script args`, bounded in time."""
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, "-c", textwrap.dedent(script), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or ENV)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tp-mpi")
+    save_random_model(llama_config(n_heads=8, n_kv_heads=2), path)
+    return path
+
+
+def test_logits_at_tp2_over_mpi_equal_tp1(model_dir, tmp_path):
+    out = tmp_path / "logits.npy"
+    result = mpirun("""
+        import sys, numpy as np, minillm
+        llm = minillm.load(sys.argv[1], tp=2)
+        logits = llm.logits([3, 17, 99, 250, 5, 7])
+        if llm.model.comm.rank == 0:
+            np.save(sys.argv[2], logits)
+    """, model_dir, out)
+    assert result.returncode == 0, result.stderr
+    one = minillm.load(model_dir).logits(IDS)
+    assert np.abs(np.load(out) - one).max() < 1e-4
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_model(tmp_path_factory, smollm2_dir):
+    """A random 2-layer model with SmolLM2's vocabulary and tokenizer: text in, text out, fast."""
+    from minillm.checkpoints.tokenizer_files import save_hf, tokenizer_from_hf
+    path = tmp_path_factory.mktemp("tiny-tp")
+    save_random_model(llama_config(vocab_size=49152, num_hidden_layers=2, max_position_embeddings=64), path)
+    save_hf(tokenizer_from_hf(smollm2_dir), path)
+    return path
+
+
+def test_generate_with_tp2_prints_what_tp1_prints(tiny_chat_model):
+    def generate(*extra):
+        cmd = [sys.executable, "-m", "minillm", "generate", "-m", str(tiny_chat_model), "--no-chat", "-n", "8",
+               "Once upon a time", *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=ENV)
+
+    one, two = generate(), generate("--tp", "2")
+    assert two.returncode == 0, two.stderr
+    assert two.stdout == one.stdout and len(two.stdout.strip()) > 0
+    assert "[tp 2 · weights per rank" in two.stderr           # rank 0 reports what each rank holds
+    assert two.stderr.count("decode") == 1                    # the other rank prints nothing
+
+
+def test_a_shape_tp_cannot_split_is_one_line_from_every_rank(model_dir):
+    cmd = [sys.executable, "-m", "minillm", "generate", "-m", str(model_dir), "--tp", "3", "hi"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=ENV)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0
+    assert len(lines) == 1 and lines[0].startswith("minillm: error: tp=3 does not divide"), result.stderr
+
+
+KILL_MID_GENERATION = """
+    import os, signal, sys, time, numpy as np, minillm
+    from minillm.engine.generate import generate_ids
+    from minillm.engine.sampling import SamplingParams
+    llm = minillm.load(sys.argv[1], tp=2)
+    rank, how = llm.model.comm.rank, sys.argv[2]
+    decode = llm.model.decode
+    steps = []
+    def dying_decode(token, cache):
+        steps.append(token)
+        if rank == 1 and len(steps) == 3:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)     # the rank dies outright
+            time.sleep(3600)                              # or hangs: only the others' timeout sees it
+        return decode(token, cache)
+    llm.model.decode = dying_decode
+    generate_ids(llm.model, [3, 17, 99], 50, SamplingParams(temperature=0.0))
+    print("finished")
+"""
+
+
+@pytest.mark.parametrize("how", ["kill", "hang"])
+def test_a_rank_that_dies_mid_generation_ends_the_others(model_dir, how):
+    start = time.perf_counter()
+    result = mpirun(KILL_MID_GENERATION, model_dir, how, timeout=60, env=dict(ENV, MINILLM_TP_TIMEOUT="2"))
+    assert result.returncode != 0
+    assert "finished" not in result.stdout
+    assert time.perf_counter() - start < 30
+    if how == "hang":                                     # rank 0 says why it stopped
+        assert "waited over 2 s for the other ranks" in result.stderr
