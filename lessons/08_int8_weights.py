@@ -3,7 +3,7 @@
 Lesson 03 showed that decode reads every weight once per token, so its speed is bandwidth ÷ bytes of
 weights. Fewer bytes per weight is the lever: int8 stores each weight in one byte, with one fp32
 scale per output row (symmetric: scale = max|row| / 127, q = round(w / scale), w ≈ q · scale). We
-quantize one real SmolLM2 matrix by hand, then the whole model (`minillm.model.quant.quantize_checkpoint`,
+quantize one real SmolLM2 matrix by hand, then the whole model (`minillm.checkpoints.quantize.quantize_checkpoint`,
 what `minillm.load(..., quant="int8")` does), and measure bytes, perplexity and decode speed.
 
 A caveat about this model: SmolLM2's weights come from a Q4_1 GGUF, i.e. they already sit on a
@@ -28,7 +28,8 @@ from minillm.tools.evaluate import eval_text, perplexity
 from minillm.llm import LLM
 from minillm.model.transformer import Transformer
 from minillm.tools.planner import GPUS, weight_bytes
-from minillm.model.quant import Int8Weight, quantize_checkpoint, quantize_int8
+from minillm.checkpoints.quantize import quantize_checkpoint
+from minillm.model.quant import Int8Weight, quantize_int8
 
 
 # NEW: int8 per output row, written out (the engine's quantize_int8 is these three lines) -----------

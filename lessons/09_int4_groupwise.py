@@ -16,7 +16,7 @@ the starting point. Two observations improve it without changing a single stored
      weight j's error is multiplied by input j, and in SmolLM2 a few input channels carry
      activations thousands of times larger than the rest. Weighting each squared error by
      a_j = E[x_j²] (measured by running random token ids through the model:
-     `quant.input_importance`) tells the search which weights to get right.
+     `checkpoints.quantize.input_importance`) tells the search which weights to get right.
 `quant.search_grid` tries 17 grids per group, refits each by weighted least squares and polishes
 the best (Lloyd rounds); the engine (`quantize_checkpoint`, `load(quant="int4")`) uses it.
 
@@ -39,8 +39,9 @@ from minillm.course import hf_tensors, lesson_model, print_table, quick, save_pl
 from minillm.tools.evaluate import eval_text, perplexity
 from minillm.llm import LLM
 from minillm.model.transformer import Transformer
-from minillm.model.quant import (GROUP_SIZES, LAYER_MATRICES, input_importance, pack_int4, quantization_entry,
-                           quantize_int4, unpack_int4)
+from minillm.checkpoints.quantize import input_importance
+from minillm.model.quant import (GROUP_SIZES, LAYER_MATRICES, pack_int4, quantization_entry, quantize_int4,
+                                 unpack_int4)
 
 
 # The symmetric int4 grid, for comparison: q in -7 .. 7, scale = max|w| / 7 per group ----------------

@@ -89,9 +89,7 @@ def main():
     #    vectors (later layers of the int8 run see slightly different inputs); the logits compare the runs.
     full, int8 = KVCache(cfg, len(ids)), Int8KVCache(cfg, len(ids))
     logits_fp = model.prefill(ids, full, all_logits=True)                  # [T, vocab]
-    model.kv_cache_dtype = "int8"
-    logits_q = model.prefill(ids, int8, all_logits=True)
-    model.kv_cache_dtype = "float32"
+    logits_q = model.prefill(ids, int8, all_logits=True)                   # NEW: the int8 cache, same model
     layers = sorted({0, cfg.n_layers // 2, cfg.n_layers - 1})
     err_rows = []
     for layer in layers:
@@ -108,9 +106,7 @@ def main():
     # 2. Quality: the same model and tokens, fp32 KV vs int8 KV.
     context, n_tokens = (32, 48) if small else (256, 512)
     base = perplexity(llm, text, context=context, max_tokens=n_tokens)
-    model.kv_cache_dtype = "int8"
-    quant = perplexity(llm, text, context=context, max_tokens=n_tokens)
-    model.kv_cache_dtype = "float32"
+    quant = perplexity(llm.with_options(kv_cache="int8"), text, context=context, max_tokens=n_tokens)
     agree = float(np.mean(logits_fp.argmax(-1) == logits_q.argmax(-1)))
 
     # 3. Bytes per token: SmolLM2 as allocated here, and as the planner counts (fp16 scales).

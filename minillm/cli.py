@@ -1,8 +1,8 @@
 """The `minillm` command line: it parses, calls the library, prints. No logic lives here."""
 from __future__ import annotations
 
+import functools
 import sys
-from pathlib import Path
 
 import click
 
@@ -33,7 +33,9 @@ class _Group(click.Group):
 
 
 def _fail(message: str, code: int):
+    from minillm.engine.parallel.launcher import exit_rank
     click.echo(f"minillm: error: {message}", err=True)
+    exit_rank(code)                 # a rank of several (--tp): take the others down too, not leave them waiting
     sys.exit(code)
 
 
@@ -65,8 +67,7 @@ def _sampling_options(f):
 
 
 def _load_options(f):
-    f = click.option("--kv-cache", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
-                     help="KV-cache precision (int8: per-token, per-head scales; on cuda, float32 means the weights' 16 bits).")(f)
+    f = _kv_cache_option(f)
     f = click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
                      help="int4 group size along the input dimension (a multiple of 32).")(f)
     f = click.option("--quant", type=click.Choice(["int8", "int4"]), default=None,
@@ -77,10 +78,32 @@ def _load_options(f):
     return _model_option(f)
 
 
-def _load(model, device, dtype, quant=None, group_size=128, kv_cache="float32", flashnorm=False):
+def _kv_cache_option(f, default="auto"):
+    return click.option("--kv-cache", type=click.Choice(["auto", "int8", "float32"]), default=default,
+                        show_default=default is not None,
+                        help="KV-cache format: auto = the float type the model computes in (fp32 on the CPU, the "
+                             "weights' 16 bits on cuda; float32 names it on the CPU); int8 = codes + a scale "
+                             "per token and head.")(f)
+
+
+def memory_line(model) -> str:
+    from minillm.engine.parallel.launcher import memory_line as line
+    return line(model)
+
+
+def _tp_option(f):
+    return click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+                        help="Tensor parallelism: split the model over this many MPI ranks (started for you).")(f)
+
+
+def _load(model, device, dtype, quant=None, group_size=128, kv_cache="auto", flashnorm=False, tp=1):
+    from minillm.engine.parallel.launcher import relaunch
     from minillm.llm import load
+    code = relaunch(tp)                  # --tp N outside mpiexec: this same command as N ranks, then done
+    if code is not None:
+        sys.exit(code)
     return load(model, device=device, dtype=dtype, quant=quant, group_size=group_size, kv_cache=kv_cache,
-                flashnorm=flashnorm)
+                flashnorm=flashnorm, tp=tp)
 
 
 @cli.command()
@@ -90,10 +113,13 @@ def _load(model, device, dtype, quant=None, group_size=128, kv_cache="float32", 
 @click.option("--chat/--no-chat", default=None, help="Apply the model's chat template (default: on for instruct models).")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
 @click.option("--flashnorm", is_flag=True, help="Fold the norm gains into the weights and defer the normalization.")
+@_tp_option
 def generate(prompt, model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p,
-             seed, chat, stop, flashnorm):
+             seed, chat, stop, flashnorm, tp):
     """Complete PROMPT, streaming tokens to stdout and timings to stderr."""
-    llm = _load(model, device, dtype, quant, group_size, kv_cache, flashnorm)
+    llm = _load(model, device, dtype, quant, group_size, kv_cache, flashnorm, tp)
+    if tp > 1:
+        click.echo(memory_line(llm.model), err=True)     # a collective: rank 0 prints what each rank holds
     use_chat = llm.chat_default if chat is None else chat
     g = llm.generate(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                      seed=seed, stop=stop, chat=use_chat, on_text=_stream_out)
@@ -178,37 +204,9 @@ def pull(name):
 @click.option("--untie", is_flag=True, help="With --flashnorm: copy a tied LM head so the final norm folds too.")
 def convert(src, dst, kv_heads, quant, group_size, dtype, flashnorm, untie):
     """Convert a .gguf file, an HF-layout folder or a pulled preset SRC into a minillm weights folder DST."""
-    import tempfile
-    from minillm.checkpoints.gguf_import import convert as convert_weights
-    from minillm.checkpoints.pull import resolve
-    if src in PRESETS and not Path(src).exists():
-        src = str(resolve(src))          # a preset name -> its weights folder (or: `minillm pull NAME` first)
-    if untie and not flashnorm:
-        raise click.UsageError("--untie only goes with --flashnorm (it unties the LM head so the final norm folds)")
-    if flashnorm:
-        if kv_heads is not None:
-            raise click.UsageError("convert --kv-heads first, then --flashnorm the result")
-        from minillm.model.flashnorm import convert_flashnorm
-        click.echo(_user_error(convert_flashnorm, src, dst, untie=untie, dtype=dtype, quant=quant,
-                               group_size=group_size))
-    elif kv_heads is None:
-        _user_error(convert_weights, src, dst, dtype=dtype, quant=quant, group_size=group_size)
-    else:
-        if quant is not None:
-            raise click.UsageError("convert --kv-heads first, then --quant the result")
-        from minillm.checkpoints.kv_heads import convert_kv_heads_dir
-        with tempfile.TemporaryDirectory() as tmp:
-            source = convert_weights(src, tmp, dtype=dtype) if str(src).endswith(".gguf") else src
-            _user_error(convert_kv_heads_dir, source, dst, kv_heads)
-    click.echo(f"wrote {dst}")
-
-
-def _user_error(fn, *args, **kwargs):
-    """Run a library call whose ValueErrors are the user's mistakes (bad sizes, bad choices)."""
-    try:
-        return fn(*args, **kwargs)
-    except ValueError as e:
-        raise MiniLLMError(str(e)) from None
+    from minillm.tools.convert import convert_checkpoint
+    click.echo(convert_checkpoint(src, dst, kv_heads=kv_heads, quant=quant, group_size=group_size, dtype=dtype,
+                                  flashnorm=flashnorm, untie=untie))
 
 
 @cli.group("eval")
@@ -221,7 +219,7 @@ def evaluate():
 @click.option("--quant", type=click.Choice(["int8", "int4"]), default=None)
 @click.option("--group-size", type=click.IntRange(min=1), default=None, help="int4 group size (default 128).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None)
-@click.option("--kv-cache", type=click.Choice(["float32", "int8"]), default=None)
+@functools.partial(_kv_cache_option, default=None)
 @click.option("--text", "text_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Evaluate on this file (default: a fixed slice of Python's pydoc topics).")
 @click.option("--chars", type=click.IntRange(min=100), default=None, help="Characters of the text to use.")
@@ -255,8 +253,7 @@ def info(model):
 @click.option("--quant", type=click.Choice(["int8", "int4"]), default=None, help="Quantized layer weights.")
 @click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
               help="int4 group size along the input dimension (a multiple of 32).")
-@click.option("--kv-cache", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
-              help="minillm's KV-cache precision (the HF peer keeps its own fp32 cache).")
+@_kv_cache_option
 @click.pass_context
 def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device, quant, group_size,
           kv_cache):
@@ -264,25 +261,9 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
     `minillm bench serve`: many concurrent requests through the batching engine."""
     if ctx.invoked_subcommand is not None:
         return
-    from minillm.tools import bench as benchmark
-    if device == "cuda":
-        if kv_cache == "int8":
-            raise click.UsageError("on cuda, long-context decode with the int8 KV cache is timed by "
-                                   "python -m minillm.cuda.qbench --kv-cache")
-        _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer, quant, group_size)
-        return
-    if random_weights:
-        if model not in PRESETS:
-            raise click.BadParameter(f"--random-weights needs a preset name, got {model!r}", param_hint="--model")
-        net = benchmark.random_model(PRESETS[model].config)
-        if quant:
-            net = _user_error(benchmark.quantized, net, quant, group_size)
-    else:
-        net = _load(model, "cpu", dtype, quant, group_size).model
-    if kv_cache == "int8" and net.config.attention == "mla":
-        raise click.BadParameter("the int8 KV cache is for Llama-style (GQA) attention, not MLA", param_hint="--kv-cache")
-    net.kv_cache_dtype = kv_cache
-    benchmark.run(net, prompt_tokens, new_tokens, repeats, peer, echo=click.echo)
+    from minillm.tools.bench import run_cli
+    sys.exit(run_cli(model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device, quant, group_size,
+                     kv_cache, echo=click.echo))
 
 
 @bench.command("serve")
@@ -304,45 +285,9 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
 def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
                 output_len, seed, csv_path, png_path, url):
     """Serving throughput and latency: sequential vs continuous batching, + prefix caching, + int8 KV."""
-    from minillm.tools import serve_bench
-    if url is not None:                    # the workload goes over HTTP; no model is loaded here
-        if png_path is not None:
-            raise click.UsageError("--png compares the in-process modes; with --url use --csv")
-        from minillm.tools.serve_client_bench import run_cli as run_over_http
-        _user_error(run_over_http, url, n_requests, concurrency, prefix_share, workload, prompt_len, output_len,
-                    csv_path, seed, echo=click.echo)
-        return
-    if random_weights:
-        if model not in PRESETS:
-            raise click.BadParameter(f"--random-weights needs a preset name, got {model!r}", param_hint="--model")
-        from minillm.llm import LLM
-        if device == "cuda":         # made on the device in fp16: a 7B model in fp32 on the host is 29 GB
-            from minillm.llm import _check_device
-            _check_device("cuda")
-            from minillm.cuda.gpu_model import GPUTransformer
-            llm = LLM(PRESETS[model].config, GPUTransformer.random(PRESETS[model].config, "float16"), name=model)
-        else:
-            from minillm.tools.bench import random_model
-            llm = LLM(PRESETS[model].config, random_model(PRESETS[model].config), name=model)
-    else:
-        llm = _load(model, device, None)
-    serve_bench.run_cli(llm, n_requests, concurrency, prefix_share, workload, prompt_len, output_len,
-                        csv_path, png_path, seed, echo=click.echo)
-
-
-def _bench_gpu(model, random_weights, dtype, prompt_tokens, new_tokens, peer, quant=None, group_size=128):
-    """The GPU benchmark runs on random weights of a preset's shape, made on the device."""
-    from minillm.llm import _check_device
-    if not random_weights or model not in PRESETS:
-        raise click.UsageError("--device cuda benchmarks random weights of a preset's shape: "
-                               "add --random-weights and --model PRESET (e.g. mistral-7b)")
-    _check_device("cuda")
-    from minillm.cuda.selfcheck import run_bench
-    if quant == "int4" and group_size % 32:
-        raise click.BadParameter(f"int4 groups must be a multiple of 32, got {group_size}", param_hint="--group-size")
-    code = run_bench(PRESETS[model].config, f"{model} shape", dtype or "float16", new_tokens, 16, prompt_tokens, peer,
-                     quant=quant, group_size=group_size)
-    sys.exit(code)
+    from minillm.tools.serve_bench import run_from_cli
+    run_from_cli(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
+                 output_len, seed, csv_path, png_path, url, echo=click.echo)
 
 
 @cli.command()

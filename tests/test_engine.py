@@ -111,11 +111,7 @@ def test_a_prompt_that_is_all_cached_still_computes_its_last_token(llm):
 
 def test_int8_kv_engine_equals_the_int8_single_sequence_cache(llm):
     prompts = _prompts()[:3]
-    llm.model.kv_cache_dtype = "int8"
-    try:
-        want = [_alone(llm, p, 12) for p in prompts]
-    finally:
-        llm.model.kv_cache_dtype = "float32"
+    want = [_alone(llm.with_options(kv_cache="int8"), p, 12) for p in prompts]
     engine = Engine(llm, kv_cache="int8")
     assert [g.token_ids for g in engine.generate(prompts, max_tokens=12)] == want
     assert engine.pool.k.dtype == np.int8

@@ -139,8 +139,8 @@ def test_quantized_weights_are_refused(tmp_path):
 def test_every_hf_dir_conversion_carries_the_tokenizer_and_chat_template(kind, tmp_path):
     """A converted dir is a whole model: tokenizer, its config, the chat template (also as the newer
     separate chat_template.jinja) and the generation config come along, byte for byte."""
-    from minillm.model.flashnorm import convert_flashnorm
-    from minillm.checkpoints.gguf_import import convert
+    from minillm.checkpoints.convert import convert_flashnorm
+    from minillm.checkpoints.convert import convert
     from minillm.checkpoints.weights import TOKENIZER_FILES
     save_random_model(llama_config(n_heads=8, n_kv_heads=4), tmp_path / "src")
     for name in TOKENIZER_FILES:

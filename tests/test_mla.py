@@ -52,7 +52,7 @@ def _ids(n=24, vocab=320, seed=1):
 @pytest.mark.parametrize("mode", MODES)
 def test_mla_prefill_matches_hf_logits(pair, mode):
     hf, llm, _ = pair
-    llm.model.mla_mode = mode
+    llm = llm.with_options(mla_mode=mode)
     ids = _ids()
     np.testing.assert_allclose(llm.logits(ids), hf_logits(hf, ids), atol=TOL, rtol=0)
 
@@ -60,7 +60,7 @@ def test_mla_prefill_matches_hf_logits(pair, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_mla_decode_through_latent_cache_matches_hf(pair, mode):
     hf, llm, _ = pair
-    llm.model.mla_mode = mode
+    llm = llm.with_options(mla_mode=mode)
     ids = _ids()
     expected = hf_logits(hf, ids)
     cache = llm.model.new_cache(len(ids))
@@ -77,14 +77,10 @@ def test_naive_equals_absorbed_and_chunking(pair):
     model = llm.model
     out = {}
     for mode in MODES:
-        model.mla_mode = mode
-        out[mode] = model.prefill(ids, model.new_cache(len(ids)), all_logits=True)
+        out[mode] = model.with_options(mla_mode=mode).prefill(ids, model.new_cache(len(ids)), all_logits=True)
     np.testing.assert_allclose(out["naive"], out["absorbed"], atol=1e-5, rtol=0)
-    model.prefill_chunk = 16
-    try:
-        chunked = model.prefill(ids, model.new_cache(len(ids)), all_logits=True)
-    finally:
-        model.prefill_chunk = type(model).prefill_chunk
+    chunked = model.with_options(mla_mode="naive", prefill_chunk=16).prefill(ids, model.new_cache(len(ids)),
+                                                                             all_logits=True)
     np.testing.assert_allclose(chunked, out["naive"], atol=1e-5, rtol=0)
 
 
@@ -142,8 +138,7 @@ def test_svd_conversion_at_full_rank_reproduces_the_llama(llama, mode):
     ref = Transformer(config, tensors)
     expected = ref.prefill(ids, ref.new_cache(len(ids)), all_logits=True)
     mla_config, mla_tensors = convert_to_mla(config, tensors, kv_rank=config.n_kv_heads * config.head_dim)
-    model = Transformer(mla_config, mla_tensors)
-    model.mla_mode = mode
+    model = Transformer(mla_config, mla_tensors, mla_mode=mode)
     np.testing.assert_allclose(model.prefill(ids, model.new_cache(len(ids)), all_logits=True),
                                expected, atol=TOL, rtol=0)
     cache = model.new_cache(len(ids))

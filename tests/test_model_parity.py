@@ -53,11 +53,8 @@ def test_chunked_prefill_matches_one_pass(pair):
     hf, llm = pair
     ids = _ids(40)
     whole = llm.logits(ids)
-    llm.model.prefill_chunk = 16
-    try:
-        chunked = llm.model.prefill(ids, llm.model.new_cache(len(ids)), all_logits=True)
-    finally:
-        llm.model.prefill_chunk = type(llm.model).prefill_chunk
+    model = llm.model.with_options(prefill_chunk=16)
+    chunked = model.prefill(ids, model.new_cache(len(ids)), all_logits=True)
     np.testing.assert_allclose(chunked, whole, atol=1e-5, rtol=0)
 
 
@@ -92,11 +89,7 @@ def test_rolling_buffer_cache_matches_hf_with_memory_bounded_by_the_window(tmp_p
     expected = hf_logits(hf, ids)
     cache = llm.model.new_cache(len(ids))
     assert isinstance(cache, RollingKVCache) and cache.k.shape[2] == window
-    llm.model.prefill_chunk = chunk
-    try:
-        got = [llm.model.prefill(ids[:prefill_len], cache, all_logits=True)]
-    finally:
-        llm.model.prefill_chunk = type(llm.model).prefill_chunk
+    got = [llm.model.with_options(prefill_chunk=chunk).prefill(ids[:prefill_len], cache, all_logits=True)]
     got += [llm.model.decode(t, cache)[None] for t in ids[prefill_len:]]
     np.testing.assert_allclose(np.concatenate(got), expected, atol=TOL, rtol=0)
     cfg = llm.config

@@ -80,11 +80,8 @@ def test_batched_prefill_logits_match_the_transformer_at_every_position(llm, kv)
     manager, pool = BlockManager(32), PagedKVCache(llm.config, 32, 8, kv)
     tables = _tables(manager, lengths, 8)
     got = BatchedRunner(model, pool).forward([SeqChunk(p, 0, t) for p, t in zip(prompts, tables)], all_logits=True)
-    model.kv_cache_dtype = kv
-    try:
-        want = np.concatenate([model.prefill(p, model.new_cache(len(p)), all_logits=True) for p in prompts])
-    finally:
-        model.kv_cache_dtype = "float32"
+    reference = model.with_options(kv_cache=kv)
+    want = np.concatenate([reference.prefill(p, reference.new_cache(len(p)), all_logits=True) for p in prompts])
     assert got.shape == (sum(lengths), llm.config.vocab_size)
     np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
 

@@ -6,6 +6,8 @@ import pytest
 
 import minillm
 from hf_models import llama_config, save_random_model
+from minillm.checkpoints import quantize
+from minillm.checkpoints.convert import convert
 from minillm.model import quant
 from minillm.backend import f32_to_bf16
 from minillm.errors import MiniLLMError
@@ -223,8 +225,8 @@ def test_input_importance_is_the_mean_square_of_each_matrix_input(random_model):
     from minillm.llm import read_checkpoint
 
     config, tensors, _ = read_checkpoint(random_model)
-    importance = quant.input_importance(config, tensors, n_tokens=40, seed=7)
-    assert set(importance) == {k for k in tensors if quant._is_layer_matrix(k)}
+    importance = quantize.input_importance(config, tensors, n_tokens=40, seed=7)
+    assert set(importance) == {k for k in tensors if quant.is_layer_matrix(k)}
     # Layer 0's q, k and v all read the normed embeddings of the (random) calibration tokens.
     ids = np.random.default_rng(7).integers(0, config.vocab_size, 40)
     h = rmsnorm(np.asarray(tensors["model.embed_tokens.weight"])[ids],
@@ -241,7 +243,7 @@ def test_save_then_load_is_bit_exact_without_requantizing(random_model, tmp_path
     from minillm.checkpoints.weights import save_hf_dir
 
     config, tensors, _ = read_checkpoint(random_model)
-    qconfig, qtensors = quant.quantize_checkpoint(config, tensors, method, group_size)
+    qconfig, qtensors = quantize.quantize_checkpoint(config, tensors, method, group_size)
     save_hf_dir(tmp_path, qconfig, qtensors)
     fresh = minillm.load(str(random_model), quant=method, group_size=group_size)
     ids = _ids()
@@ -268,7 +270,7 @@ def test_save_then_load_is_bit_exact_without_requantizing(random_model, tmp_path
 def test_convert_quantized_and_info_count_the_stored_bytes(random_model, tmp_path, monkeypatch):
     from minillm.tools import info
 
-    dst = quant.convert_quantized(random_model, tmp_path / "q", "int4", group_size=32, progress=False)
+    dst = convert(random_model, tmp_path / "q", quant="int4", group_size=32, progress=False)
     ids = _ids()
     np.testing.assert_array_equal(minillm.load(str(dst)).logits(ids),
                                   minillm.load(str(random_model), quant="int4", group_size=32).logits(ids))
@@ -280,7 +282,7 @@ def test_convert_quantized_and_info_count_the_stored_bytes(random_model, tmp_pat
 
 def test_write_random_checkpoint_streams_a_loadable_quantized_model(tmp_path):
     cfg = minillm.PRESETS["smollm2-135m"].config.replace(n_layers=2, vocab_size=512, max_seq_len=64)
-    dst = quant.write_random_checkpoint(cfg, tmp_path, quant="int4", group_size=128)
+    dst = quantize.write_random_checkpoint(cfg, tmp_path, quant="int4", group_size=128)
     llm = minillm.load(str(dst))
     up = llm.model.layers[1].w_up
     assert isinstance(up, quant.Int4Weight) and up.shape == (cfg.ffn_dim, cfg.dim)
@@ -297,7 +299,7 @@ def test_quantization_rejects_mla_and_unknown_methods(random_model):
                               attention="mla", kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
                               v_head_dim=8)
     with pytest.raises(MiniLLMError, match="MLA"):
-        quant.quantize_checkpoint(mla, {}, "int8")
+        quantize.quantize_checkpoint(mla, {}, "int8")
 
 
 # ---- int8 KV cache -----------------------------------------------------------------------------------

@@ -331,7 +331,7 @@ def test_smollm2_converted_dir_matches_hf_gguf_loader(smollm2_dir, smollm2_gguf)
 
 # ---- convert ---------------------------------------------------------------------------------------
 def test_convert_gguf_then_transformers_loads_it(hf_model, tmp_path):
-    from minillm.checkpoints.gguf_import import convert
+    from minillm.checkpoints.convert import convert
     write_llama_gguf(tmp_path / "m.gguf", hf_model)
     convert(tmp_path / "m.gguf", tmp_path / "out", progress=False)
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "out").iterdir()}
@@ -340,7 +340,7 @@ def test_convert_gguf_then_transformers_loads_it(hf_model, tmp_path):
 
 
 def test_convert_hf_dir_casts_and_copies_tokenizer_files(hf_dir, tmp_path):
-    from minillm.checkpoints.gguf_import import convert
+    from minillm.checkpoints.convert import convert
     src = tmp_path / "src"
     src.mkdir()
     for f in hf_dir.iterdir():

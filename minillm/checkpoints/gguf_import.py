@@ -7,7 +7,7 @@ Three things happen to each tensor:
    so RoPE rotates adjacent pairs (x0, x1), (x2, x3), ...; HF's RoPE rotates the two halves of a
    head (x_i, x_{i + head_dim/2}). We put the rows back in HF order, so one RoPE fits every source.
 
-`convert` writes the result as a minillm weights dir (HF layout, see weights.py).
+`convert.convert` writes the result as a minillm weights dir (HF layout, see weights.py).
 """
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from minillm.model.config import ModelConfig
+from minillm.model.config import ConfigError, ModelConfig, require_int, require_number
 from minillm.errors import MiniLLMError
-from minillm.checkpoints.weights import copy_tokenizer_files, load_hf_dir, save_hf_dir, to_dtype
+from minillm.backend import to_dtype
+from minillm.checkpoints.weights import expected_shapes  # noqa: F401  (quantize.py reads it from here)
 
 # Above this many bytes of float32 weights, the default output dtype is float16: a 7B model is then
 # 14 GB instead of 28 GB, which fits a 24 GB machine.
@@ -104,11 +105,23 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
     rope_scaling = None
     if get("rope.scaling.type") == "linear":
         rope_scaling = {"rope_type": "linear", "factor": _f32(get("rope.scaling.factor"))}
-    elif get("rope.scaling.type") not in (None, "none"):
-        warnings.warn(f"{path}: rope scaling {get('rope.scaling.type')!r} is ignored")
+    elif get("rope.scaling.type") not in (None, "none"):   # ignoring it would rotate every position wrongly
+        raise MiniLLMError(f"{path}: llama.rope.scaling.type={get('rope.scaling.type')!r} is not implemented "
+                           "for GGUF files (only linear)")
     if "rope_freqs.weight" in names:
-        warnings.warn(f"{path}: the rope_freqs tensor (Llama 3.1-style long-context RoPE) is ignored")
+        raise MiniLLMError(f"{path}: the rope_freqs tensor (Llama 3.1-style RoPE scaling) is not implemented for "
+                           "GGUF files: convert the model's HF checkpoint instead")
     sliding_window = get("attention.sliding_window")
+    try:
+        for key in ("block_count", "embedding_length", "attention.head_count", "feed_forward_length"):
+            require_int(get(key), f"llama.{key}")
+        for key in ("attention.head_count_kv", "attention.key_length", "context_length", "attention.sliding_window"):
+            if get(key) is not None:
+                require_int(get(key), f"llama.{key}")
+        require_number(get("attention.layer_norm_rms_epsilon", 1e-5), "llama.attention.layer_norm_rms_epsilon", 0.0, 1.0)
+        require_number(get("rope.freq_base", 10000.0), "llama.rope.freq_base", low=1.0)
+    except ConfigError as e:
+        raise MiniLLMError(f"{path}: {e}") from None
     try:
         return ModelConfig(
             vocab_size=int(vocab),
@@ -130,22 +143,6 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
         )
     except (TypeError, ValueError) as e:
         raise MiniLLMError(f"{path}: incomplete llama metadata ({e})") from None
-
-
-def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF name -> shape for every weight a model of this config has ([out, in] for matrices)."""
-    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.dim), "model.norm.weight": (c.dim,)}
-    if not c.tie_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, c.dim)
-    per_layer = {"self_attn.q_proj": (q, c.dim), "self_attn.k_proj": (kv, c.dim), "self_attn.v_proj": (kv, c.dim),
-                 "self_attn.o_proj": (c.dim, q), "mlp.gate_proj": (c.ffn_dim, c.dim),
-                 "mlp.up_proj": (c.ffn_dim, c.dim), "mlp.down_proj": (c.dim, c.ffn_dim),
-                 "input_layernorm": (c.dim,), "post_attention_layernorm": (c.dim,)}
-    for i in range(c.n_layers):
-        for part, shape in per_layer.items():
-            shapes[f"model.layers.{i}.{part}.weight"] = shape
-    return shapes
 
 
 def default_dtype(config: ModelConfig) -> str:
@@ -181,6 +178,9 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
         except NotImplementedError:
             raise MiniLLMError(f"{path}: tensor {t.name} uses quant type {t.tensor_type.name}, "
                                f"which gguf {_gguf_version()} cannot dequantize") from None
+        if not np.isfinite(w).all():     # corrupt bytes: a garbled fp16 scale dequantizes to NaN/Inf
+            raise MiniLLMError(f"{path}: tensor {t.name} holds {int((~np.isfinite(w)).sum())} NaN/Inf values "
+                               f"(the file is corrupt)")
         if w.shape != shapes.get(name):
             raise MiniLLMError(f"{path}: tensor {t.name} has shape {w.shape}, "
                                f"the metadata implies {shapes.get(name)}")
@@ -199,35 +199,3 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
 def _gguf_version() -> str:
     from importlib.metadata import version
     return version("gguf")
-
-
-# ---- converting -----------------------------------------------------------------------------------
-def convert(src: str | Path, dst: str | Path, progress: bool = True, dtype: str | None = None,
-            quant: str | None = None, group_size: int = 128) -> Path:
-    """A .gguf file or an HF dir -> a minillm weights dir at `dst` (config.json, model.safetensors,
-    tokenizer files). dtype as in `load_gguf`; for an HF dir None keeps the stored dtype.
-    quant: "int8" | "int4" stores the layer matrices quantized (quant.py; groups of `group_size`)."""
-    from minillm.model.quant import quantize_checkpoint
-
-    src, dst = Path(src), Path(dst)
-    if src.is_file():
-        from minillm.checkpoints.tokenizer_files import tokenizer_from_gguf
-
-        reader = open_gguf(src)
-        config, tensors = load_gguf(src, dtype=dtype, progress=progress, reader=reader)
-        if quant:
-            config, tensors = quantize_checkpoint(config, tensors, quant, group_size, progress)
-        try:
-            tokenizer = tokenizer_from_gguf(reader)
-        except (KeyError, ValueError) as e:
-            raise MiniLLMError(f"{src}: cannot read its tokenizer ({type(e).__name__}: {e})") from None
-        return save_hf_dir(dst, config, tensors, tokenizer=tokenizer, progress=progress)
-    if src.is_dir():
-        if dst.exists() and dst.resolve() == src.resolve():
-            raise MiniLLMError(f"{dst}: convert cannot write into its own source dir")
-        config, tensors = load_hf_dir(src)
-        if quant:
-            config, tensors = quantize_checkpoint(config, tensors, quant, group_size, progress)
-        copy_tokenizer_files(src, dst)
-        return save_hf_dir(dst, config, tensors, dtype=dtype, progress=progress)
-    raise MiniLLMError(f"{src}: no such file or directory")

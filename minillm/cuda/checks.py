@@ -16,7 +16,8 @@ from minillm.backend import as_f32, to_dtype
 from minillm.model.config import ModelConfig
 from minillm.model.layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
 from minillm.model.transformer import Transformer
-from minillm.model.quant import quantize, quantize_checkpoint
+from minillm.checkpoints.quantize import quantize_checkpoint
+from minillm.model.quant import quantize
 from minillm.cuda.kernels import Kernels
 from minillm.cuda.qweights import QuantMatrix
 
@@ -435,8 +436,8 @@ def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int 
     from minillm.cuda.gpu_model import GPUTransformer
     cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
     cfg = cpu.config
-    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
     cpu, kv = _with_kv_cache(cpu, kv_cache)
+    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
                                   prefill_attention=prefill_attention, **kv)
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, n_prompt + n_decode)
     err = rel_err(gpu.prefill(ids[:n_prompt], gpu.new_cache(64), all_logits=True),

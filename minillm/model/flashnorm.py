@@ -29,9 +29,7 @@ double norm, so the engine does not use it.
 """
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -139,33 +137,6 @@ def _fold_final_norm(config: ModelConfig, out: dict, report: FoldReport, untie: 
         out["lm_head.weight"] = embed          # _fold stores a new, folded array under this name: the copy
         report.extra_bytes = embed.nbytes
     _fold(out, norm, ["lm_head.weight"], report, config)
-
-
-def convert_flashnorm(src: str | Path, dst: str | Path, untie: bool = False, dtype: str | None = None,
-                      quant: str | None = None, group_size: int = 128, progress: bool = False) -> FoldReport:
-    """Write the checkpoint at `src` (HF folder or .gguf) to `dst` with its norm gains folded (all-ones
-    norms: HF transformers loads it as an ordinary Llama), quantized afterwards if asked."""
-    from minillm.errors import MiniLLMError
-    from minillm.checkpoints.gguf_import import convert as convert_weights
-    from minillm.model.quant import quantize_checkpoint
-    from minillm.checkpoints.weights import copy_tokenizer_files, load_hf_dir, save_hf_dir
-
-    src, dst = Path(src), Path(dst)
-    if not src.exists():
-        raise MiniLLMError(f"{src}: no such file or directory")
-    if src.is_file():                       # a .gguf: to an HF folder first, then fold that
-        with tempfile.TemporaryDirectory() as tmp:
-            convert_weights(src, tmp, progress=progress, dtype=dtype)
-            return convert_flashnorm(tmp, dst, untie, None, quant, group_size, progress)
-    if dst.exists() and dst.resolve() == src.resolve():
-        raise MiniLLMError(f"{dst}: the destination must differ from the source (its weights are being read)")
-    config, tensors = load_hf_dir(src)
-    config, tensors, report = fold_checkpoint(config, tensors, untie)
-    if quant:
-        config, tensors = quantize_checkpoint(config, tensors, quant, group_size, progress)
-    copy_tokenizer_files(src, dst)
-    save_hf_dir(dst, config, tensors, dtype=dtype, progress=progress)
-    return report
 
 
 # ---- Prop. 2: deferred normalization (Transformer(flashnorm=True) calls these) ------------------------

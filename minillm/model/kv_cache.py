@@ -22,6 +22,22 @@ from minillm.model.config import ModelConfig
 from minillm.model.quant import quantize_int8
 
 
+# The KV-cache format, one vocabulary on every backend: "auto" keeps keys and values in the float type
+# the model computes in (fp32 on the CPU, the weights' fp16/bf16 on the GPU), as vLLM's kv_cache_dtype
+# "auto" does; "int8" stores codes with one scale per (token, KV head) vector.
+KV_CACHE_FORMATS = ("auto", "int8")
+
+
+def kv_cache_format(name: str, device: str = "cpu") -> str:
+    """Check a kv_cache choice and return its canonical name ("float32" is the CPU's "auto" by name)."""
+    if name == "float32" and device == "cpu":
+        return "auto"
+    if name not in KV_CACHE_FORMATS:
+        hint = " (on cuda the float cache is the weights' 16 bits: 'auto')" if name == "float32" else ""
+        raise ValueError(f"unknown kv_cache {name!r}{hint}; choose {' or '.join(KV_CACHE_FORMATS)}")
+    return name
+
+
 class CacheBase:
     """What every cache here shares: the count of filled positions (all layers agree; it advances
     once per forward pass, after the last layer) and the bytes it holds."""

@@ -113,8 +113,9 @@ def moe_matrix_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]
     shapes = {names["router"]: (config.n_experts, dim)}
     if "bias" in names:
         shapes[names["bias"]] = (config.n_experts,)
-    for key, (gate, up, down) in names.items():
+    for key, triple in names.items():
         if key.startswith("experts.") or key == "shared":
+            gate, up, down = triple
             width = ffn * (config.n_shared_experts if key == "shared" else 1)
             shapes |= {gate: (width, dim), up: (width, dim), down: (dim, width)}
     return shapes

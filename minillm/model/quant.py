@@ -107,8 +107,8 @@ directly (kernels/).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -116,10 +116,10 @@ from minillm.backend import as_f32, blockwise_matmul
 from minillm.model.config import ModelConfig
 from minillm.errors import MiniLLMError
 
-METHODS = ("int8", "int4")
+METHODS = ("int8", "int4", "fp8", "nf4", "mxfp4")   # the last three: low-bit float formats (formats.py)
 GROUP_SIZES = (32, 64, 128)
 BLOCK_BYTES = 4 << 20          # fp32 bytes widened at a time by `QuantizedWeight.matmul`
-SUFFIXES = (".qweight", ".scales", ".mins")   # the checkpoint tensors of a quantized matrix
+SUFFIXES = (".qweight", ".scales", ".mins", ".absmax")   # the checkpoint tensors of a quantized matrix
 CALIBRATION_TOKENS = 2048       # random tokens run through the model before int4 (input_importance)
 CALIBRATION_WINDOW = 256        # tokens per prefill, as in evaluate.perplexity's default windows
 
@@ -127,6 +127,8 @@ CALIBRATION_WINDOW = 256        # tokens per prefill, as in evaluate.perplexity'
 LAYER_MATRICES = {"self_attn.q_proj": "dim", "self_attn.k_proj": "dim", "self_attn.v_proj": "dim",
                   "self_attn.o_proj": "attn", "mlp.gate_proj": "dim", "mlp.up_proj": "dim",
                   "mlp.down_proj": "ffn"}
+# ... and the experts of MoE layers (moe.py), each its own matrices; the router stays in float.
+EXPERT_MATRIX = re.compile(r"(block_sparse_moe\.experts\.\d+\.w[123]|mlp\.(experts\.\d+|shared_experts)\.(gate|up|down)_proj)")
 
 
 class QuantizedWeight:
@@ -394,6 +396,9 @@ def quantize(w: np.ndarray, method: str, group_size: int = 128,
         return quantize_int8(w)
     if method == "int4":
         return quantize_int4(w, group_size, search=True, importance=importance)
+    if method in METHODS:                                  # fp8, nf4, mxfp4
+        from minillm.model.formats import quantize_format
+        return quantize_format(w, method)
     raise MiniLLMError(f"unknown quantization {method!r}; choose one of {', '.join(METHODS)}")
 
 
@@ -411,7 +416,7 @@ def unpack_int4(packed: np.ndarray) -> np.ndarray:
 
 
 # ---- whole checkpoints -----------------------------------------------------------------------------
-def _check(config: ModelConfig, method: str, group_size: int) -> None:
+def check_method(config: ModelConfig, method: str, group_size: int) -> None:
     if method not in METHODS:
         raise MiniLLMError(f"unknown quantization {method!r}; choose one of {', '.join(METHODS)}")
     if method == "int4" and (group_size <= 0 or group_size % 32):
@@ -425,85 +430,31 @@ def quantization_entry(method: str, group_size: int) -> dict:
     return {"method": method, "group_size": group_size} if method == "int4" else {"method": method}
 
 
-def _is_layer_matrix(name: str) -> bool:
-    return name.startswith("model.layers.") and name.removesuffix(".weight").split(".", 3)[3] in LAYER_MATRICES
+def is_layer_matrix(name: str) -> bool:
+    if not name.startswith("model.layers.") or not name.endswith(".weight"):
+        return False
+    part = name.removesuffix(".weight").split(".", 3)[3]
+    return part in LAYER_MATRICES or EXPERT_MATRIX.fullmatch(part) is not None
 
 
-def quantize_checkpoint(config: ModelConfig, tensors: dict[str, np.ndarray], method: str,
-                        group_size: int = 128, progress: bool = False,
-                        calibration_tokens: int = CALIBRATION_TOKENS) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Quantize every layer matrix of an HF-named checkpoint, one tensor at a time.
+def quantized_matrices(config: ModelConfig) -> dict[str, int]:
+    """Every matrix a quantized checkpoint of `config` stores quantized -> its input width.
+    ({"model.layers.0.self_attn.q_proj": dim, ...}; an MoE layer's experts instead of its MLP.)"""
+    from minillm.model.moe import moe_tensor_names
 
-    The other tensors (norms, embedding, LM head) pass through untouched. Only one matrix is ever
-    widened to fp32 at once, so memory holds the (memory-mapped) source plus the quantized result.
-    int4 first runs `calibration_tokens` random tokens through the model to weight each matrix's
-    grid search by its input columns' mean square (`input_importance`; 0: uniform weights).
-    """
-    from tqdm.auto import tqdm
-
-    _check(config, method, group_size)
-    if config.quantization:
-        raise MiniLLMError(f"this checkpoint is already quantized ({config.quantization}); "
-                           f"quantize the original weights instead")
-    importance = {}
-    if method == "int4" and calibration_tokens > 0:
-        importance = input_importance(config, tensors, calibration_tokens, progress=progress)
-    out: dict[str, np.ndarray] = {}
-    for name, a in tqdm(tensors.items(), desc=f"quantizing to {method}", unit="tensor", disable=not progress):
-        prefix = name.removesuffix(".weight")
-        if _is_layer_matrix(name):
-            out.update(quantize(a, method, group_size, importance.get(name)).tensors(prefix))
-        else:
-            out[name] = a
-    return config.replace(quantization=quantization_entry(method, group_size)), out
-
-
-# ---- which input columns matter: activation statistics ----------------------------------------------
-
-
-def input_importance(config: ModelConfig, tensors: dict[str, np.ndarray], n_tokens: int = CALIBRATION_TOKENS,
-                     seed: int = 0, progress: bool = False) -> dict[str, np.ndarray]:
-    """Mean square of every input column of every layer matrix, over `n_tokens` random token ids
-    run through the model in windows of CALIBRATION_WINDOW.   -> {"model.layers.i.<part>.weight": [in]}
-
-    Random ids, not text: what is measured (which channels carry large activations) is a property
-    of the model, and no text that a perplexity test might use ever reaches the quantizer.
-
-    The sums carry BLAS's rounding, which depends on its thread count: SmolLM2 calibrated on 1 vs 2
-    threads gives another int4 grid in 0.14% of groups (measured). One machine and thread count
-    reproduce the same checkpoint; to share one exactly, convert once and share the file."""
-    from tqdm.auto import tqdm
-
-    from minillm.model.transformer import Transformer
-
-    recorders = {name: _InputRecorder(a) for name, a in tensors.items() if _is_layer_matrix(name)}
-    model = Transformer(config, {**tensors, **recorders})
-    ids = np.random.default_rng(seed).integers(0, config.vocab_size, n_tokens)
-    for start in tqdm(range(0, n_tokens, CALIBRATION_WINDOW), desc="calibrating", unit="window", disable=not progress):
-        window = ids[start:start + CALIBRATION_WINDOW]
-        # every row through every layer (prefill would run the last layer's MLP for its last row only)
-        model.forward(window, model.new_cache(len(window)), skip_head=True)
-    return {name: r.mean_square() for name, r in recorders.items()}
-
-
-class _InputRecorder(QuantizedWeight):
-    """Stands in for a layer matrix during calibration: multiplies like it (layers.linear calls
-    `matmul`) and keeps the sum of squares of each input column."""
-
-    def __init__(self, weight: np.ndarray):
-        self.weight, self.sum_sq, self.rows = weight, np.zeros(weight.shape[1]), 0
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.weight.shape
-
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        self.sum_sq += np.square(x).sum(axis=0, dtype=np.float64)          # [in]
-        self.rows += x.shape[0]
-        return x @ as_f32(self.weight).T
-
-    def mean_square(self) -> np.ndarray:
-        return (self.sum_sq / max(self.rows, 1)).astype(np.float32)
+    width = {"dim": config.dim, "attn": config.n_heads * config.head_dim, "ffn": config.ffn_dim}
+    out = {}
+    for i in range(config.n_layers):
+        for part, in_kind in LAYER_MATRICES.items():
+            if not (config.is_moe_layer(i) and part.startswith("mlp.")):
+                out[f"model.layers.{i}.{part}"] = width[in_kind]
+        if config.is_moe_layer(i):
+            for key, names in moe_tensor_names(config, i).items():
+                if key.startswith("experts.") or key == "shared":
+                    ffn = config.moe_ffn_dim * (config.n_shared_experts if key == "shared" else 1)
+                    for name, in_width in zip(names, (config.dim, config.dim, ffn)):
+                        out[name.removesuffix(".weight")] = in_width
+    return out
 
 
 def gather(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict:
@@ -514,81 +465,18 @@ def gather(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict:
     method = config.quantization.get("method")
     if method not in METHODS:
         raise MiniLLMError(f"config.json: unknown quantization method {method!r}")
-    width = {"dim": config.dim, "attn": config.n_heads * config.head_dim, "ffn": config.ffn_dim}
     out = {k: v for k, v in tensors.items() if not k.endswith(SUFFIXES)}
-    for i in range(config.n_layers):
-        for part, in_kind in LAYER_MATRICES.items():
-            prefix = f"model.layers.{i}.{part}"
-            try:
-                if method == "int8":
-                    w = Int8Weight(tensors[prefix + ".qweight"], tensors[prefix + ".scales"])
-                else:
-                    w = Int4Weight(tensors[prefix + ".qweight"], tensors[prefix + ".scales"],
-                                   tensors[prefix + ".mins"], width[in_kind])
-            except KeyError as e:
-                raise MiniLLMError(f"quantized checkpoint is missing tensor {e.args[0]}") from None
-            out[prefix + ".weight"] = w
+    for prefix, in_features in quantized_matrices(config).items():
+        try:
+            if method == "int8":
+                w = Int8Weight(tensors[prefix + ".qweight"], tensors[prefix + ".scales"])
+            elif method == "int4":
+                w = Int4Weight(tensors[prefix + ".qweight"], tensors[prefix + ".scales"],
+                               tensors[prefix + ".mins"], in_features)
+            else:                                          # fp8, nf4, mxfp4 (formats.py)
+                from minillm.model.formats import from_tensors
+                w = from_tensors(config.quantization, tensors, prefix, in_features)
+        except KeyError as e:
+            raise MiniLLMError(f"quantized checkpoint is missing tensor {e.args[0]}") from None
+        out[prefix + ".weight"] = w
     return out
-
-
-def convert_quantized(src: str | Path, dst: str | Path, method: str, group_size: int = 128,
-                      progress: bool = True) -> Path:
-    """A .gguf file or HF/minillm dir -> a quantized minillm weights dir at `dst`."""
-    from minillm.checkpoints.gguf_import import convert
-    return convert(src, dst, progress=progress, quant=method, group_size=group_size)
-
-
-# ---- a random checkpoint of any shape, written one tensor at a time --------------------------------
-def write_random_checkpoint(config: ModelConfig, dst: str | Path, quant: str | None = None,
-                            group_size: int = 128, seed: int = 0, dtype: str = "bfloat16",
-                            progress: bool = False) -> Path:
-    """Write a random-weight checkpoint of `config`'s shape into `dst`, quantized or in `dtype`.
-
-    Proves that a model of a real size loads and runs in a given RAM without its weights: at most
-    one tensor is in memory while writing. Quantized matrices get random codes and plausible scales
-    (speed and memory do not depend on the values); norms are ones, other weights N(0, 0.02²).
-    """
-    import json
-
-    from minillm.backend import STORAGE_DTYPES, to_dtype
-    from minillm.checkpoints.gguf_import import expected_shapes
-    from minillm.checkpoints.weights import SAFETENSORS, write_safetensors_stream
-
-    if quant:
-        _check(config, quant, group_size)
-    dst = Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    float_dtype = np.dtype(STORAGE_DTYPES[dtype])
-    specs: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
-    for name, shape in expected_shapes(config).items():
-        prefix = name.removesuffix(".weight")
-        if quant and name.startswith("model.layers.") and prefix.split(".", 3)[3] in LAYER_MATRICES:
-            out_dim, in_dim = shape
-            if quant == "int8":
-                specs |= {prefix + ".qweight": (np.dtype(np.int8), shape),
-                          prefix + ".scales": (np.dtype(np.float32), (out_dim,))}
-            else:
-                n_groups = -(-in_dim // group_size)
-                specs |= {prefix + ".qweight": (np.dtype(np.uint8), (out_dim, n_groups * group_size // 2)),
-                          prefix + ".scales": (np.dtype(np.float16), (out_dim, n_groups)),
-                          prefix + ".mins": (np.dtype(np.float16), (out_dim, n_groups))}
-        else:
-            specs[name] = (float_dtype, shape)
-
-    def produce(name: str) -> np.ndarray:
-        d, shape = specs[name]
-        if name.endswith(".qweight"):
-            return rng.integers(-127 if d == np.int8 else 0, 128 if d == np.int8 else 256, shape, dtype=d)
-        if name.endswith(".scales"):     # int8 codes ±127 -> ±0.06; int4 codes 0..15 -> [-0.06, 0.06]
-            return np.full(shape, 0.06 / (127 if quant == "int8" else 7.5), dtype=d)
-        if name.endswith(".mins"):
-            return np.full(shape, -0.06, dtype=d)
-        if len(shape) == 1:
-            return to_dtype(np.ones(shape, np.float32), dtype)
-        return to_dtype(rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02), dtype)
-
-    write_safetensors_stream(dst / SAFETENSORS, specs, produce, progress=progress)
-    config = config.replace(torch_dtype=dtype, quantization=quantization_entry(quant, group_size) if quant else None)
-    (dst / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
-    return dst

@@ -9,16 +9,18 @@ Llama path) and "mla" (`mla_block`, DeepSeek's latent attention in mla.py, with 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from minillm.errors import MiniLLMError
 from minillm.model.attention import grouped_attention
-from minillm.backend import as_f32
+from minillm.backend import array_module, as_f32, to_host
 from minillm.model.config import ModelConfig
 from minillm.model.flashnorm import deferred_linear, deferred_swiglu, inv_rms, is_weightless, require_weightless
-from minillm.model.kv_cache import Int8KVCache, KVCache, MLACache, RollingKVCache
-from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, silu, swiglu
+from minillm.model.kv_cache import Int8KVCache, KVCache, MLACache, RollingKVCache, kv_cache_format
+from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, silu
 from minillm.model.mla import MLAWeights, mla_attention, mla_rope
 from minillm.model.moe import MoEWeights, moe_block, moe_tensor_names
 from minillm.model.quant import gather
@@ -44,6 +46,9 @@ class LayerWeights:
     moe: MoEWeights | None = None
     wqkv: np.ndarray | None = None       # [(n_heads + 2 n_kv_heads) * hd, dim]  after fuse()
     w_gate_up: np.ndarray | None = None  # [2 * ffn_dim, dim]                    after fuse()
+    # Additive biases, by projection ("q", "k", "v", "o", "gate", "up", "down"; see BIASES), [out] each;
+    # empty for bias-free models. fuse() adds the stacks "qkv" and "gate_up" (the parts become views).
+    bias: dict = field(default_factory=dict)
 
     def fuse(self) -> None:
         """Stack q/k/v into one matrix, and gate/up into another; the separate names become views
@@ -59,6 +64,17 @@ class LayerWeights:
         if self.w_gate is not None and _plain_arrays(self.w_gate, self.w_up):
             self.w_gate_up = np.concatenate([self.w_gate, self.w_up])
             self.w_gate, self.w_up = np.split(self.w_gate_up, 2)
+        for stack, parts, fused in (("qkv", "qkv", self.wqkv), ("gate_up", ("gate", "up"), self.w_gate_up)):
+            if fused is not None and parts[0] in self.bias:                 # biases follow their matrices
+                self.bias[stack] = np.concatenate([self.bias[n] for n in parts])
+                sizes = np.cumsum([len(self.bias[n]) for n in parts[:-1]])
+                self.bias.update(zip(parts, np.split(self.bias[stack], sizes)))
+
+    def biases(self) -> list:
+        """Each bias array once (the stacks, not their views)."""
+        views = {n for stack, parts in (("qkv", "qkv"), ("gate_up", ("gate", "up"))) if stack in self.bias
+                 for n in parts}
+        return [b for n, b in self.bias.items() if n not in views]
 
     def matrices(self, active_experts: int | None = None) -> list:
         """Every weight one forward pass reads, each once (stacks instead of their views); of an MoE
@@ -68,7 +84,7 @@ class LayerWeights:
             attention = [w for w in vars(self.mla).values() if w is not None]
         mlp = [self.w_gate_up] if self.w_gate_up is not None else [self.w_gate, self.w_up]
         mlp = self.moe.matrices(active_experts) if self.moe is not None else mlp + [self.w_down]
-        return [self.attn_norm, self.mlp_norm] + attention + mlp
+        return [self.attn_norm, self.mlp_norm] + attention + mlp + self.biases()
 
     @classmethod
     def from_hf(cls, tensors: dict[str, np.ndarray], i: int, attention: str = "gqa",
@@ -90,7 +106,20 @@ class LayerWeights:
             **attn,
             mlp_norm=tensors[p + "post_attention_layernorm.weight"],
             **mlp,
+            bias={part: tensors[name] for part, name in bias_names(config, i).items()} if config else {},
         )
+
+
+# Bias tensors: our short name -> (the HF module it belongs to, the ModelConfig flag that says it exists).
+BIASES = {"q": ("self_attn.q_proj", "qkv_bias"), "k": ("self_attn.k_proj", "qkv_bias"),
+          "v": ("self_attn.v_proj", "qkv_bias"), "o": ("self_attn.o_proj", "o_bias"),
+          "gate": ("mlp.gate_proj", "mlp_bias"), "up": ("mlp.up_proj", "mlp_bias"), "down": ("mlp.down_proj", "mlp_bias")}
+
+
+def bias_names(config: ModelConfig, i: int) -> dict[str, str]:
+    """The bias tensors layer i has: short name -> HF name (`model.layers.{i}.self_attn.q_proj.bias`, ...)."""
+    return {part: f"model.layers.{i}.{module}.bias" for part, (module, flag) in BIASES.items()
+            if getattr(config, flag) and not (module.startswith("mlp.") and config.is_moe_layer(i))}
 
 
 def _moe_tensors(config: ModelConfig, i: int, moe: MoEWeights) -> dict:
@@ -106,27 +135,58 @@ def _moe_tensors(config: ModelConfig, i: int, moe: MoEWeights) -> dict:
     return t
 
 
+def _checked_options(config: ModelConfig, kv_cache: str, mla_mode: str, prefill_chunk: int) -> tuple[str, str, int]:
+    kv_cache = kv_cache_format(kv_cache)
+    if kv_cache == "int8" and config.attention != "gqa":
+        raise ValueError("kv_cache='int8' supports Llama-style (GQA) attention only, not MLA")
+    if mla_mode not in ("absorbed", "naive", "naive-prefill"):   # naive-prefill: naive for T > 1 (mla.py)
+        raise ValueError(f"unknown mla_mode {mla_mode!r}; choose absorbed, naive or naive-prefill")
+    if int(prefill_chunk) < 1:
+        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    return kv_cache, mla_mode, int(prefill_chunk)
+
+
+class NonFiniteLogits(MiniLLMError):
+    """The forward pass produced NaN or Inf logits: corrupt weights, or activations that overflowed."""
+
+
+def require_finite(logits, positions=None):
+    """`logits` [T, vocab], if every value is finite; else NonFiniteLogits naming the first bad row.
+
+    Sampling would turn NaNs into token 0 without a word (argmax of NaNs is 0). One pass over [T, vocab]
+    next to the LM head's [vocab, dim] matmul that made them: nothing measurable per token."""
+    xp = array_module(logits)
+    if bool(xp.isfinite(logits).all()):
+        return logits
+    row = int(to_host(~xp.isfinite(logits).all(axis=-1)).argmax())
+    where = f"position {int(positions[row])}" if positions is not None else f"row {row} of the batch"
+    raise NonFiniteLogits(f"the model's logits are NaN/Inf at {where}: its weights are corrupt or its "
+                          "activations overflowed")
+
+
 def _plain_arrays(*weights) -> bool:
     return all(type(w) is np.ndarray or isinstance(w, np.memmap) for w in weights) and \
         len({w.dtype for w in weights}) == 1
 
 
 class Transformer:
-    # Prompts longer than this run through the model in chunks, so attention scores stay
-    # [heads, chunk, L] instead of [heads, L, L] (8k tokens would need gigabytes otherwise).
-    prefill_chunk = 512
-    # MLA only: "absorbed" (attend in latent space) or "naive" (expand K and V per head); same numbers.
-    mla_mode = "absorbed"
-    # "float32" or "int8" (Int8KVCache: a quarter of the bytes; GQA models only).
-    kv_cache_dtype = "float32"
+    """The model: its weights, how it runs (options fixed at construction), prefill and decode."""
     # FlashNorm (flashnorm.py), set by the constructor: norms deferred past the projections (Prop. 2).
     flashnorm = False
     defer_head = False
 
-    def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray], flashnorm: bool = False):
+    def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray], flashnorm: bool = False,
+                 kv_cache: str = "auto", mla_mode: str = "absorbed", prefill_chunk: int = 512, comm=None):
         """flashnorm: run the deferred normalization; the gains must already be folded (all-ones norms,
-        flashnorm.fold_checkpoint), else ValueError."""
+        flashnorm.fold_checkpoint), else ValueError. kv_cache: "auto" (fp32 here) or "int8"
+        (Int8KVCache: a quarter of the bytes; GQA models only). mla_mode (MLA only): "absorbed" (attend
+        in latent space) or "naive" (expand K and V per head); the same numbers. prefill_chunk: prompts
+        longer than this run in chunks, so attention scores stay [heads, chunk, L], not [heads, L, L].
+        comm: tensor parallelism (engine/parallel): an object with all_reduce and all_gather; config and
+        tensors are then this rank's shard (engine/parallel/sharding.py)."""
         self.config = config
+        self.comm = comm
+        self.kv_cache, self.mla_mode, self.prefill_chunk = _checked_options(config, kv_cache, mla_mode, prefill_chunk)
         tensors = gather(config, tensors)                                   # quantized: qweight/scales -> one weight
         self.embed = tensors["model.embed_tokens.weight"]                   # [vocab, dim]
         self.layers = [LayerWeights.from_hf(tensors, i, config.attention, config) for i in range(config.n_layers)]
@@ -136,10 +196,13 @@ class Transformer:
         self.lm_head = tensors.get("lm_head.weight", self.embed)            # [vocab, dim] (tied: the embedding)
         if config.tie_embeddings:
             self.lm_head = self.embed
+        if flashnorm and any(layer.bias for layer in self.layers):     # Prop. 2 would scale the bias by 1/RMS too
+            raise ValueError("flashnorm is not implemented for models with biases (attention_bias, mlp_bias, Qwen2)")
         if flashnorm:   # a tied head keeps its final-norm gain unless untied: then it is normalized first
             self.flashnorm = require_weightless(self.layers)
             self.defer_head = is_weightless(self.final_norm)
         self.rope_gain = 1.0                                                # YaRN scales cos and sin
+        self.cache_dtype = np.float32       # of the float caches; 16-bit when on the GPU (cuda.device_model)
         if config.attention == "mla":
             self.inv_freq, self.rope_gain = mla_rope(config)
             self.attend = self.mla_block
@@ -150,18 +213,33 @@ class Transformer:
     def new_cache(self, max_seq_len: int | None = None, spare: int = 0) -> KVCache | RollingKVCache | MLACache | Int8KVCache:
         """A cache for up to `max_seq_len` positions (default: the model's context). With a sliding
         window shorter than that, a rolling buffer of the window's size is all that is needed.
-        kv_cache_dtype "int8" always gives a contiguous Int8KVCache (the window is then a mask).
+        kv_cache "int8" always gives a contiguous Int8KVCache (the window is then a mask).
         spare: positions a forward may write and then roll back (speculative decoding's drafts): the
         rolling buffer keeps that many slots more, so a rollback never loses a key still in the window."""
         cfg = self.config
         n = max_seq_len or cfg.max_seq_len
+        xp, dtype = array_module(self.embed), self.cache_dtype               # made where the weights are
         if cfg.attention == "mla":
-            return MLACache(cfg, n)
-        if self.kv_cache_dtype == "int8":
+            return MLACache(cfg, n, dtype, xp)
+        if self.kv_cache == "int8":
             return Int8KVCache(cfg, n)
         if cfg.sliding_window is not None and n > cfg.sliding_window:
-            return RollingKVCache(cfg, cfg.sliding_window, spare=spare)
-        return KVCache(cfg, n)
+            return RollingKVCache(cfg, cfg.sliding_window, dtype, xp, spare=spare)
+        return KVCache(cfg, n, dtype, xp)
+
+    def with_options(self, **options) -> "Transformer":
+        """The same weights run another way: a copy with some of kv_cache, mla_mode, prefill_chunk changed."""
+        unknown = set(options) - {"kv_cache", "mla_mode", "prefill_chunk"}
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
+        current = {"kv_cache": self.kv_cache, "mla_mode": self.mla_mode, "prefill_chunk": self.prefill_chunk}
+        other = copy.copy(self)
+        other.kv_cache, other.mla_mode, other.prefill_chunk = _checked_options(self.config, **(current | options))
+        if self.attend.__func__ is Transformer.mla_block:        # bound methods must point at the copy
+            other.attend = other.mla_block
+        else:
+            other.attend = other.attention_block
+        return other
 
     # ---- the two phases ----------------------------------------------------------------------
     def prefill(self, tokens, cache: KVCache, all_logits: bool = False, n_layers: int | None = None) -> np.ndarray:
@@ -172,15 +250,15 @@ class Transformer:
         for start in range(0, len(tokens), self.prefill_chunk):
             chunk = tokens[start:start + self.prefill_chunk]
             is_last = start + self.prefill_chunk >= len(tokens)
-            if all_logits or is_last:
-                outputs.append(self.forward(chunk, cache, last_only=not all_logits, n_layers=n_layers))
+            if all_logits or is_last:                                       # logits come back to the host
+                outputs.append(to_host(self.forward(chunk, cache, last_only=not all_logits, n_layers=n_layers)))
             else:
                 self.forward(chunk, cache, skip_head=True, n_layers=n_layers)
         return np.concatenate(outputs) if all_logits else outputs[-1][-1]
 
     def decode(self, token: int, cache: KVCache, n_layers: int | None = None) -> np.ndarray:
         """Run one new position against the cache.  -> logits [vocab]"""
-        return self.forward(np.array([token], dtype=np.int64), cache, n_layers=n_layers)[0]
+        return to_host(self.forward(np.array([token], dtype=np.int64), cache, n_layers=n_layers)[0])
 
     # ---- the forward pass ----------------------------------------------------------------------
     def forward(self, tokens: np.ndarray, cache: KVCache, last_only: bool = False,
@@ -188,27 +266,29 @@ class Transformer:
         """tokens: [T] new positions, appended after the cache's `length` ones.  -> logits [T or 1, vocab]
         n_layers: early exit (LayerSkip-style self-speculation): only the first n_layers blocks run, then
         the final norm and head as usual; the cache's deeper layers are left untouched."""
-        positions = np.arange(cache.length, cache.length + len(tokens))
+        xp = array_module(self.embed)                                       # numpy, or cupy: weights on the GPU
+        positions = xp.arange(cache.length, cache.length + len(tokens))
+        tokens = xp.asarray(tokens)
         cos, sin = rope_tables(positions, self.inv_freq)                    # [T, hd/2] each
         if self.rope_gain != 1.0:
             cos, sin = cos * self.rope_gain, sin * self.rope_gain
-        x = as_f32(self.embed[tokens])                                      # [T, dim]
+        x = self.embed_tokens(tokens)                                       # [T, dim]
         layers = self.layers if n_layers is None else self.layers[:n_layers]
         last = len(layers) - 1
         for i, layer in enumerate(layers):
             if last_only and i == last and self.attend == self.attention_block:
                 # Only the last row reaches the LM head. The last layer still writes every row's k and v
                 # into the cache, but attention, o and the MLP run for the last query alone.
-                x = x[-1:] + self.attention_block(x, layer, i, cache, cos, sin, last_row_only=True)   # [1, dim]
+                x = x[-1:] + self.reduce(self.attention_block(x, layer, i, cache, cos, sin, last_row_only=True))
             else:
-                x = x + self.attend(x, layer, i, cache, cos, sin)
-            x = x + self.ffn(x, layer)
+                x = x + self.reduce(self.attend(x, layer, i, cache, cos, sin))   # tp: one all-reduce after o
+            x = x + self.reduce(self.ffn(x, layer))                           # tp: and one after down
         cache.advance(len(tokens))
         if skip_head:
             return None
         if last_only:
             x = x[-1:]                                                      # only the next token's logits are needed
-        return self.head(x)                                                 # [T or 1, vocab]
+        return self.head(x, positions[-len(x):])                            # [T or 1, vocab]
 
     def ffn(self, x, layer: LayerWeights) -> np.ndarray:
         """The MLP half of a layer, norm included (shared with batched.py).   [T, dim] -> [T, dim]"""
@@ -219,11 +299,39 @@ class Transformer:
             return moe_block(h, layer.moe, self.config)
         return self.mlp_block(h, layer)
 
-    def head(self, x) -> np.ndarray:
-        """Final norm and LM head (shared with batched.py).   x: [T, dim] -> logits [T, vocab]"""
+    def head(self, x, positions=None) -> np.ndarray:
+        """Final norm and LM head (shared with batched.py).   x: [T, dim] -> logits [T, vocab]
+        NaN/Inf logits raise NonFiniteLogits, naming the position (`positions` [T]) when given."""
         if self.defer_head:                                                 # Prop. 2: (x · W*) · 1/RMS(x)
-            return deferred_linear(x, self.lm_head, self.config.norm_eps)
-        return linear(rmsnorm(x, self.final_norm, self.config.norm_eps), self.lm_head)
+            logits = deferred_linear(x, self.lm_head, self.config.norm_eps)
+        else:
+            logits = linear(rmsnorm(x, self.final_norm, self.config.norm_eps), self.lm_head)
+        return require_finite(self.gather_vocab(logits), positions)
+
+    # ---- tensor parallelism (engine/parallel): what moves between ranks; nothing at all without comm ----
+    def embed_tokens(self, tokens):
+        """The embedding rows of `tokens`.   [T] -> [T, dim]
+        Vocab-parallel: this rank holds rows rank·R ... rank·R + R - 1 of the table; other ranks' tokens
+        read as zero rows here, and the all-reduce adds in the rank that holds each."""
+        if self.comm is None or self.comm.size == 1:
+            return as_f32(self.embed[tokens])
+        xp, rows = array_module(self.embed), len(self.embed)
+        local = tokens - self.comm.rank * rows                              # [T] row in this rank's block
+        mine = (local >= 0) & (local < rows)                                # [T]
+        x = as_f32(self.embed[xp.where(mine, local, 0)])                    # [T, dim] (a fresh copy)
+        x *= mine[:, None]
+        return self.comm.all_reduce(x)
+
+    def reduce(self, partial):
+        """Sum the ranks' partial outputs of a row-parallel matmul (o, down).   [T, dim] -> [T, dim]"""
+        return partial if self.comm is None else self.comm.all_reduce(partial)
+
+    def gather_vocab(self, logits):
+        """Every rank's block of logits side by side, cut to the vocabulary.   [T, R] -> [T, vocab]"""
+        if self.comm is None or self.comm.size == 1:
+            return logits
+        blocks = self.comm.all_gather(logits)                               # [tp, T, R]
+        return blocks.transpose(1, 0, 2).reshape(len(logits), -1)[:, :self.config.vocab_size]
 
     def attention_block(self, x, layer: LayerWeights, i: int, cache: KVCache, cos, sin,
                         last_row_only: bool = False) -> np.ndarray:
@@ -234,7 +342,7 @@ class Transformer:
         if last_row_only:
             q = q[-1:]                                                      # [1, n_heads, hd]: the last position
         out = grouped_attention(q, keys, values, self.config.sliding_window)  # [T or 1, n_heads * hd]
-        return linear(out, layer.wo)                                        # [T or 1, dim]
+        return linear(out, layer.wo, layer.bias.get("o"))                   # [T or 1, dim]
 
     def qkv(self, x, layer: LayerWeights, cos, sin):
         """Norm, the q/k/v projections and RoPE: what attention needs besides the cache.
@@ -242,12 +350,13 @@ class Transformer:
         cfg = self.config
         T, hd = x.shape[0], cfg.head_dim
         h = x if self.flashnorm else rmsnorm(x, layer.attn_norm, cfg.norm_eps)   # [T, dim]
+        b = layer.bias                                                      # empty, or Qwen2's / attention_bias's
         if layer.wqkv is not None:                                          # one matmul for q, k and v
-            qkv = linear(h, layer.wqkv)                                     # [T, (n_heads + 2 n_kv) * hd]
+            qkv = linear(h, layer.wqkv, b.get("qkv"))                       # [T, (n_heads + 2 n_kv) * hd]
             nq, nk = len(layer.wq), len(layer.wk)
             q, k, v = qkv[:, :nq], qkv[:, nq:nq + nk], qkv[:, nq + nk:]
         else:
-            q, k, v = linear(h, layer.wq), linear(h, layer.wk), linear(h, layer.wv)
+            q, k, v = linear(h, layer.wq, b.get("q")), linear(h, layer.wk, b.get("k")), linear(h, layer.wv, b.get("v"))
         if self.flashnorm:                                                  # Prop. 2: the deferred 1/RMS(x) per row
             s = inv_rms(x, cfg.norm_eps)                                    # [T, 1]
             q, k, v = q * s, k * s, v * s
@@ -258,11 +367,13 @@ class Transformer:
 
     def mlp_block(self, h, layer: LayerWeights) -> np.ndarray:
         """SwiGLU: down(silu(gate(h)) * up(h)), with gate and up as one matmul when stacked.   [T, dim]"""
+        b = layer.bias                                                      # empty unless mlp_bias
         if layer.w_gate_up is None:
-            return swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
-        gate_up = linear(h, layer.w_gate_up)                                # [T, 2 * ffn_dim]
-        gate, up = gate_up[:, :self.config.ffn_dim], gate_up[:, self.config.ffn_dim:]
-        return linear(silu(gate) * up, layer.w_down)                        # [T, dim]
+            gate, up = linear(h, layer.w_gate, b.get("gate")), linear(h, layer.w_up, b.get("up"))   # [T, ffn_dim]
+        else:
+            gate_up = linear(h, layer.w_gate_up, b.get("gate_up"))          # [T, 2 * ffn_dim]
+            gate, up = gate_up[:, :self.config.ffn_dim], gate_up[:, self.config.ffn_dim:]
+        return linear(silu(gate) * up, layer.w_down, b.get("down"))         # [T, dim]
 
     def hf_tensors(self) -> dict[str, np.ndarray]:
         """The HF-named weights this (GQA) model holds: the inverse of __init__, for conversions."""
@@ -275,6 +386,7 @@ class Transformer:
                   p + "self_attn.v_proj.weight": layer.wv, p + "self_attn.o_proj.weight": layer.wo,
                   p + "mlp.gate_proj.weight": layer.w_gate, p + "mlp.up_proj.weight": layer.w_up,
                   p + "mlp.down_proj.weight": layer.w_down}
+            t |= {name: layer.bias[part] for part, name in bias_names(self.config, i).items()}
             if layer.moe is not None:                                       # the experts' names instead
                 t = {k: v for k, v in t.items() if ".mlp." not in k} | _moe_tensors(self.config, i, layer.moe)
         return t

@@ -85,11 +85,11 @@ def decode_bytes_per_token(model, context: int) -> int:
 
 
 def kv_name(model) -> str:
-    return getattr(model, "kv_cache_dtype", "float32")
+    return getattr(model, "kv_cache", "auto")
 
 
 def minillm_name(model) -> str:
-    return "minillm (NumPy)" if kv_name(model) == "float32" else f"minillm (NumPy, {kv_name(model)} KV)"
+    return "minillm (NumPy)" if kv_name(model) == "auto" else f"minillm (NumPy, {kv_name(model)} KV)"
 
 
 def prefill_flops(cfg: ModelConfig, n_tokens: int) -> float:
@@ -215,13 +215,14 @@ def random_model(cfg: ModelConfig, seed: int = 0):
 def quantized(model, method: str, group_size: int = 128):
     """The same model with its layer matrices quantized (minillm.model.quant), as load(quant=...) does."""
     from minillm.model.transformer import Transformer
-    from minillm.model.quant import quantize_checkpoint
+    from minillm.checkpoints.quantize import quantize_checkpoint
     return Transformer(*quantize_checkpoint(model.config, model.hf_tensors(), method, group_size))
 
 
-PREFILL_PARTS = {"weight matmuls": ("layers.py", "linear"), "attention": ("attention.py", "grouped_attention"),
-                 "silu": ("layers.py", "silu"), "rmsnorm": ("layers.py", "rmsnorm"),
-                 "rope": ("layers.py", "apply_rope")}
+PREFILL_PARTS = {"weight matmuls": ("model/layers.py", "linear"),
+                 "attention": ("model/attention.py", "grouped_attention"),
+                 "silu": ("model/layers.py", "silu"), "rmsnorm": ("model/layers.py", "rmsnorm"),
+                 "rope": ("model/layers.py", "apply_rope")}
 
 
 def prefill_breakdown(model, prompt: list[int]) -> dict[str, float]:
@@ -238,7 +239,7 @@ def prefill_breakdown(model, prompt: list[int]) -> dict[str, float]:
     def cumulative(file: str, function: str) -> float:
         return sum(row[3] for (path, _, name), row in stats.items() if path.endswith(file) and name == function)
     parts = {label: cumulative(*where) for label, where in PREFILL_PARTS.items()}
-    parts["other"] = cumulative("model.py", "prefill") - sum(parts.values())
+    parts["other"] = cumulative("model/transformer.py", "prefill") - sum(parts.values())
     return parts
 
 
@@ -291,3 +292,53 @@ def run(model, prompt_tokens: int = 512, new_tokens: int = 32, repeats: int = 3,
          f"(this machine's {os.cpu_count()} cores are shared: other work slows both sides)")
     numbers["prefill_parts"] = parts
     return numbers
+
+
+# ---- `minillm bench`: which model, which device --------------------------------------------------
+def run_cli(model_name: str, random_weights: bool = False, dtype: str | None = None, prompt_tokens: int = 512,
+            new_tokens: int = 32, repeats: int = 3, peer: bool = True, device: str = "cpu",
+            quant: str | None = None, group_size: int = 128, kv_cache: str = "auto", echo=print) -> int:
+    """What `minillm bench` does: build the model asked for (a checkpoint, or random weights of a
+    preset's shape), run the benchmark on its device, print the table. -> the exit code."""
+    from minillm.errors import MiniLLMError
+    from minillm.llm import load
+    from minillm.model.config import PRESETS
+    if random_weights and model_name not in PRESETS:
+        raise MiniLLMError(f"--random-weights needs a preset name, got {model_name!r}")
+    if device == "cuda":
+        return _run_cuda(model_name, random_weights, dtype, prompt_tokens, new_tokens, peer, quant, group_size,
+                         kv_cache)
+    if random_weights:
+        net = random_model(PRESETS[model_name].config)
+        if quant:
+            try:
+                net = quantized(net, quant, group_size)
+            except ValueError as e:
+                raise MiniLLMError(str(e)) from None
+    else:
+        net = load(model_name, "cpu", dtype, quant, group_size=group_size).model
+    try:
+        net = net.with_options(kv_cache=kv_cache)
+    except ValueError as e:
+        raise MiniLLMError(str(e)) from None
+    run(net, prompt_tokens, new_tokens, repeats, peer, echo=echo)
+    return 0
+
+
+def _run_cuda(model_name, random_weights, dtype, prompt_tokens, new_tokens, peer, quant, group_size, kv_cache) -> int:
+    """The GPU benchmark runs on random weights of a preset's shape, made on the device."""
+    from minillm.errors import MiniLLMError
+    from minillm.llm import check_device
+    from minillm.model.config import PRESETS
+    if kv_cache == "int8":
+        raise MiniLLMError("on cuda, long-context decode with the int8 KV cache is timed by "
+                           "python -m minillm.cuda.qbench --kv-cache")
+    if not random_weights:
+        raise MiniLLMError("--device cuda benchmarks random weights of a preset's shape: "
+                           "add --random-weights and --model PRESET (e.g. mistral-7b)")
+    if quant == "int4" and group_size % 32:
+        raise MiniLLMError(f"int4 groups must be a multiple of 32, got {group_size}")
+    check_device("cuda")
+    from minillm.cuda.selfcheck import run_bench
+    return run_bench(PRESETS[model_name].config, f"{model_name} shape", dtype or "float16", new_tokens, 16,
+                     prompt_tokens, peer, quant=quant, group_size=group_size)

@@ -139,7 +139,7 @@ def run_cli(model: str, text_file: str | Path | None = None, n_chars: int | None
         f"seconds     {result.seconds:.1f}   ({result.tokens_per_s:.0f} tokens/s)",
     ]
     stored = llm.config.torch_dtype
-    changed = quant is not None or dtype not in (None, stored) or kv_cache not in (None, "float32")
+    changed = quant is not None or dtype not in (None, stored) or kv_cache not in (None, "auto", "float32")
     if baseline and changed:
         ref = perplexity(minillm.load(model), text, context=context, progress=True)
         delta = 100.0 * (result.ppl / ref.ppl - 1.0)
