@@ -19,6 +19,7 @@ from minillm.model.transformer import NonFiniteLogits, Transformer
 from minillm.checkpoints.quantize import quantize_checkpoint
 from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry
 from minillm.engine.sampling import SamplingParams
+from minillm.checkpoints.reader import read_checkpoint  # noqa: F401  (minillm.llm.read_checkpoint, as before)
 
 Messages = list[dict]
 
@@ -295,28 +296,6 @@ def _quantized(config: ModelConfig, tensors: dict, quant: str, group_size: int):
         raise MiniLLMError(f"these weights are stored quantized as {config.quantization}; load them without "
                            f"quant= (or convert the original weights with {wanted})")
     return quantize_checkpoint(config, tensors, quant, group_size)
-
-
-def read_checkpoint(path: Path):
-    """(config, HF-named tensors, tokenizer or None) from a weights folder or a .gguf file."""
-    from minillm.checkpoints.gguf_import import load_gguf
-    from minillm.checkpoints.tokenizer_files import tokenizer_from_gguf, tokenizer_from_hf
-    from minillm.checkpoints.weights import load_hf_dir
-
-    path = Path(path)
-    if path.suffix == ".gguf":
-        config, tensors = load_gguf(path)
-        return config, tensors, _quietly(tokenizer_from_gguf, path)
-    config, tensors = load_hf_dir(path)
-    has_tokenizer = (path / "tokenizer.json").exists()
-    return config, tensors, tokenizer_from_hf(path) if has_tokenizer else None
-
-
-def _quietly(make, path):
-    try:
-        return make(path)
-    except (ValueError, KeyError):
-        return None
 
 
 def check_device(device: str) -> None:

@@ -222,7 +222,7 @@ def test_int8_logits_stay_close_to_fp32(random_model):
 
 def test_input_importance_is_the_mean_square_of_each_matrix_input(random_model):
     from minillm.model.layers import rmsnorm
-    from minillm.llm import read_checkpoint
+    from minillm.checkpoints.reader import read_checkpoint
 
     config, tensors, _ = read_checkpoint(random_model)
     importance = quantize.input_importance(config, tensors, n_tokens=40, seed=7)
@@ -239,7 +239,7 @@ def test_input_importance_is_the_mean_square_of_each_matrix_input(random_model):
 
 @pytest.mark.parametrize("method,group_size", [("int8", 128), ("int4", 32)])
 def test_save_then_load_is_bit_exact_without_requantizing(random_model, tmp_path, monkeypatch, method, group_size):
-    from minillm.llm import read_checkpoint
+    from minillm.checkpoints.reader import read_checkpoint
     from minillm.checkpoints.weights import save_hf_dir
 
     config, tensors, _ = read_checkpoint(random_model)

@@ -37,6 +37,8 @@ import numpy as np
 from minillm.backend import as_f32
 from minillm.model.config import ModelConfig
 from minillm.model.transformer import Transformer
+from minillm.checkpoints.pull import resolve
+from minillm.checkpoints.reader import read_checkpoint
 
 
 def convert_to_mla(config: ModelConfig, tensors: dict[str, np.ndarray], kv_rank: int,
@@ -125,23 +127,20 @@ def rank_sweep(config: ModelConfig, tensors: dict[str, np.ndarray], ids, ranks, 
 
 
 def main(argv=None) -> None:
-    from minillm.llm import load
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default="smollm2-135m")
     ap.add_argument("--ranks", type=int, nargs="+", default=None, help="latent (value) ranks r")
     ap.add_argument("--key-ranks", type=int, nargs="+", default=None, help="RoPE key heads per frequency")
     ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args(argv)
-    llm = load(args.model)
-    cfg, model = llm.config, llm.model
+    cfg, tensors, tokenizer = read_checkpoint(resolve(args.model))
     full = min(cfg.n_kv_heads * cfg.head_dim, cfg.dim)
     ranks = args.ranks or sorted({max(1, full // 8), full // 4, full // 2, full})
     key_ranks = args.key_ranks or list(range(1, cfg.n_kv_heads + 1))
-    tensors = model.hf_tensors()
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, args.tokens).tolist()
-    if llm._tokenizer is not None:
+    if tokenizer is not None:
         text = "The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, "
-        ids = (llm.tokenizer.encode(text * 4))[:args.tokens]
+        ids = (tokenizer.encode(text * 4))[:args.tokens]
     print(f"{args.model}: GQA cache {cfg.kv_bytes_per_token(2):,} B/token (fp16); {len(ids)} tokens")
     print(f"{'r':>5} {'r_k':>4} {'B/token':>9} {'vs GQA':>7} {'max|Δlogit|':>12} {'rel RMS':>9} {'top-1 agree':>12}")
     for row in rank_sweep(cfg, tensors, ids, ranks, key_ranks):

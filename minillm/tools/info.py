@@ -12,7 +12,7 @@ def _gb(n: float) -> str:
 def describe(model: str) -> str:
     """A short report: shape, parameters, weight bytes, KV-cache bytes per token."""
     from minillm.checkpoints import pull
-    from minillm.llm import read_checkpoint
+    from minillm.checkpoints.reader import read_checkpoint
 
     preset = PRESETS.get(model)
     weights_bytes, where = None, "not pulled: run `minillm pull %s`" % model
