@@ -78,6 +78,12 @@ class PagedKVCache:
         for new, q, scale in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale)):
             q[layer, blocks, offsets], scale[layer, blocks, offsets] = quantize_vectors(new)   # per (token, head)
 
+    def clear(self, blocks: np.ndarray, offsets: np.ndarray) -> None:
+        """Zero these slots in every layer (a rolled-back speculative draft).   blocks, offsets: [T]"""
+        for a in (self.k, self.v, getattr(self, "k_scale", None), getattr(self, "v_scale", None)):
+            if a is not None:
+                a[:, blocks, offsets] = 0
+
     def read(self, layer: int, block_table, length: int, first_block: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One sequence's keys and values at positions first_block * block_size .. length - 1, in fp32.
         -> k, v: [n_kv, n, hd] (views), n = length - first_block * block_size"""
@@ -183,6 +189,16 @@ class BlockTableCache(CacheBase):
     def free(self) -> None:
         self.manager.release_all(self.block_table)
         self.length = 0
+
+    def truncate(self, length: int) -> None:
+        """Roll back to the first `length` positions: their slots after are zeroed, and every block left
+        with no position goes back to the pool."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
+        self.pool.clear(*self.pool.slots(self.block_table, length, self.length))
+        while len(self.block_table) > math.ceil(length / self.pool.block_size):
+            self.manager.release(self.block_table.pop())
+        self.length = length
 
 
 # ---- fragmentation: what each way of reserving memory costs --------------------------------------

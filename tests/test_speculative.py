@@ -1,0 +1,281 @@
+"""Speculative decoding: greedy equality with plain decoding for every drafter, the exactness of the
+acceptance rule (enumeration and a seeded chi-square test), and rollback in every cache."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+import minillm
+from hf_models import llama_config, mistral_config, save_random_model
+from minillm.engine.generate import generate_ids
+from minillm.engine.paged_kv import BlockManager, BlockTableCache, PagedKVCache
+from minillm.engine.sampling import SamplingParams, next_token_distribution
+from minillm.engine.speculative import (ModelDrafter, NgramDrafter, accept_draft, acceptance_probability,
+                                        early_exit_drafter, generate_speculative, int4_drafter, residual_distribution)
+from minillm.errors import MiniLLMError
+from minillm.llm import LLM
+from minillm.model.kv_cache import Int8KVCache, KVCache
+from minillm.tools.spec_bench import copy_heavy_prompts
+
+WINDOW = 6          # Mistral's window, shorter than every text below
+NEAR_TIE = 1e-3     # the issue's allowance: a verify over k rows rounds unlike a one-row decode
+
+
+def deepseek_config():
+    from transformers import DeepseekV3Config
+    from hf_models import SMALL
+    return DeepseekV3Config(**(SMALL | dict(
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=12, first_k_dense_replace=SMALL["num_hidden_layers"], rms_norm_eps=1e-5,
+        initializer_range=0.1, eos_token_id=None)))
+
+
+MODELS = {"llama": lambda: llama_config(n_heads=8, n_kv_heads=2, eos_token_id=None),
+          "mistral": lambda: mistral_config(sliding_window=WINDOW, eos_token_id=None),
+          "mla": deepseek_config}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def llm(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    save_random_model(MODELS[request.param](), path)
+    return minillm.load(str(path))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama-draft-target")
+    save_random_model(MODELS["llama"](), path)
+    return minillm.load(str(path))
+
+
+def _prompt(n=12, seed=0):
+    """A prompt that repeats itself, so prompt lookup has something to find."""
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 320, n)] * 2
+
+
+def assert_greedy_equal(model, prompt, plain, spec):
+    """spec == plain, or they part at a near-tie of the plain run (top-2 logit gap < NEAR_TIE)."""
+    if spec == plain:
+        return
+    i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
+    cache = model.new_cache(len(prompt) + i + 1)
+    top2 = np.sort(model.prefill(list(prompt) + plain[:i], cache))[-2:]
+    assert top2[1] - top2[0] < NEAR_TIE, f"speculation changed token {i} where the plain run had no near-tie"
+
+
+def _drafters(model, kind):
+    drafters = [NgramDrafter(), early_exit_drafter(model, 1), ModelDrafter(model, name="self")]
+    if kind != "mla":
+        drafters.append(int4_drafter(model))
+    return drafters
+
+
+def test_greedy_speculation_gives_the_plain_tokens_for_every_drafter(llm):
+    model, prompt, params = llm.model, _prompt(), SamplingParams()
+    plain = generate_ids(model, prompt, 30, params).token_ids
+    kind = llm.config.attention if llm.config.sliding_window is None else "mistral"
+    for drafter in _drafters(model, kind):
+        for k in (1, 4):
+            g = generate_speculative(model, drafter, prompt, 30, params, k)
+            assert_greedy_equal(model, prompt, plain, g.token_ids)
+            assert len(g.token_ids) == 30
+            stats = g.speculative
+            assert stats.target_forwards < 30 or stats.accepted_tokens == 0      # fewer passes when drafts land
+            assert 0.0 <= g.acceptance_rate <= 1.0 and 1.0 <= g.mean_accepted_length <= k + 1
+
+
+def test_a_draft_model_with_the_same_ids_drafts_perfectly_and_saves_passes(llama):
+    """The target as its own draft model accepts everything: k + 1 tokens a pass."""
+    g = generate_speculative(llama.model, llama.drafter(llama), _prompt(), 21, SamplingParams(), 4)
+    assert g.acceptance_rate == 1.0 and g.speculative.target_forwards == 4   # 1 + 4 passes × 5 tokens
+
+
+def test_stops_inside_an_accepted_run_end_where_plain_decoding_ends(llama):
+    model, prompt, params = llama.model, _prompt(), SamplingParams()
+    plain = generate_ids(model, prompt, 30, params).token_ids
+    eos = plain[9]                                   # pretend the 10th token is EOS
+    stop_at = plain.index(eos)
+    for k in (2, 5):
+        g = generate_speculative(model, ModelDrafter(model), prompt, 30, params, k, stop_ids={eos})
+        assert g.token_ids == plain[:stop_at] and g.finish_reason == "stop"
+        g = generate_speculative(model, ModelDrafter(model), prompt, 7, params, k)
+        assert g.token_ids == plain[:7] and g.finish_reason == "length"
+
+
+def test_sampling_is_reproducible_with_a_seed(llama):
+    params = SamplingParams(temperature=0.8, top_k=50, seed=3)
+    runs = [generate_speculative(llama.model, d, _prompt(), 20, params, 3).token_ids
+            for d in (ModelDrafter(llama.model), ModelDrafter(llama.model), NgramDrafter())]
+    assert runs[0] == runs[1] and len(runs[2]) == 20
+
+
+# ---- the acceptance rule is exact --------------------------------------------------------------------
+
+def _emitted_first_two(p, q, d_max=2):
+    """P(x1, x2) of the first two tokens speculation emits, by enumerating every draft and every branch of
+    the rule (the code's acceptance_probability and residual_distribution). p(ctx), q(ctx): [V] for the
+    token after context ctx (a tuple). Two drafts a pass; a pass that stops at one token is followed by
+    one whose first token is enumerated the same way."""
+    V = len(p(()))
+    out = np.zeros((V, V))
+
+    def first_token(ctx):                            # the first emitted token of a pass after ctx
+        dist = np.zeros(V)
+        for d in range(V):
+            a = acceptance_probability(p(ctx), q(ctx), d)
+            dist[d] += q(ctx)[d] * a
+            dist += q(ctx)[d] * (1 - a) * residual_distribution(p(ctx), q(ctx), d)
+        return dist
+
+    for d1 in range(V):
+        a1 = acceptance_probability(p(()), q(()), d1)
+        rejected = q(())[d1] * (1 - a1) * residual_distribution(p(()), q(()), d1)
+        for x1 in range(V):                          # rejected: x1 from the residual, x2 from the next pass
+            out[x1] += rejected[x1] * first_token((x1,))
+        for d2 in range(V):                          # accepted: x1 = d1, then d2 judged by p(.|d1)
+            w = q(())[d1] * a1 * q((d1,))[d2]
+            a2 = acceptance_probability(p((d1,)), q((d1,)), d2)
+            out[d1, d2] += w * a2
+            out[d1] += w * (1 - a2) * residual_distribution(p((d1,)), q((d1,)), d2)
+    return out
+
+
+def _bigram(seed, V=5):
+    table = np.random.default_rng(seed).dirichlet(np.ones(V) * 0.7, size=V + 1)   # row V: the empty context
+    return lambda ctx: table[ctx[-1] if ctx else V]
+
+
+def test_two_emitted_tokens_follow_the_target_exactly_by_enumeration():
+    p, q = _bigram(1), _bigram(2)
+    exact = np.array([[p(())[a] * p((a,))[b] for b in range(5)] for a in range(5)])
+    np.testing.assert_allclose(_emitted_first_two(p, q), exact, atol=1e-12)
+    # a deterministic drafter (q one-hot: ngram, greedy drafts) is exact too
+    one_hot = lambda ctx: np.eye(5)[(ctx[-1] + 1) % 5 if ctx else 0]
+    np.testing.assert_allclose(_emitted_first_two(p, one_hot), exact, atol=1e-12)
+
+
+def test_accept_draft_samples_the_target_distribution_chi_square():
+    """20,000 seeded runs of accept_draft with sampled drafts (temperature and top-k applied to p and q):
+    the first two emitted tokens' frequencies match p(x1) p(x2 | x1); a wrong rule (accept always, or no
+    residual) fails this at p < 1e-10, so the bound p > 1e-4 leaves room only for chance."""
+    V, params = 6, SamplingParams(temperature=0.9, top_k=4, seed=0)
+    rng = np.random.default_rng(0)
+    target, draft = rng.normal(size=(V + 1, V)) * 1.5, rng.normal(size=(V + 1, V)) * 1.5   # bigram logits
+    logits = lambda table, ctx: table[ctx[-1] if ctx else V]
+    p = lambda ctx: next_token_distribution(logits(target, ctx), params)
+    counts = np.zeros((V, V))
+    sampler = np.random.default_rng(params.seed)
+    for _ in range(20_000):
+        ctx: tuple = ()
+        while len(ctx) < 2:
+            drafts, qs = [], []
+            for _ in range(2):
+                q = next_token_distribution(logits(draft, ctx + tuple(drafts)), params)
+                drafts.append(int(sampler.choice(V, p=q)))
+                qs.append(q)
+            rows = np.stack([logits(target, ctx + tuple(drafts[:i])) for i in range(3)])
+            ctx += tuple(accept_draft(drafts, np.stack(qs), rows, params, sampler))
+        counts[ctx[0], ctx[1]] += 1
+    exact = np.array([[p(())[a] * p((a,))[b] for b in range(V)] for a in range(V)]).ravel()
+    seen = exact > 0
+    assert counts.ravel()[~seen].sum() == 0                          # top-k: filtered tokens never appear
+    assert chisquare(counts.ravel()[seen], exact[seen] * 20_000).pvalue > 1e-4
+
+
+def test_greedy_acceptance_is_the_argmax_comparison():
+    rows = np.array([[0, 5, 1], [3, 0, 0], [0, 0, 9.0]])           # argmax: 1, 0, 2
+    assert accept_draft([1, 0], None, rows, SamplingParams(), None) == [1, 0, 2]      # all + bonus
+    assert accept_draft([1, 2], None, rows, SamplingParams(), None) == [1, 0]         # corrected at 2
+    assert accept_draft([], None, rows[:1], SamplingParams(), None) == [1]            # no draft: a decode
+
+
+# ---- rollback: the cache equals a plain run's ---------------------------------------------------------
+
+def _rolled_back_and_plain(model, make_cache):
+    """Two caches at the same position: one ran [pending + 4 drafts] and was truncated past the drafts,
+    the other ran the pending token alone."""
+    prompt = _prompt(10)
+    a, b = make_cache(), make_cache()
+    model.prefill(prompt, a)
+    model.prefill(prompt, b)
+    model.forward(np.array([7, 8, 9, 10, 11]), a)
+    a.truncate(len(prompt) + 1)
+    model.forward(np.array([7]), b)
+    assert a.length == b.length == len(prompt) + 1
+    return a, b
+
+
+def _close(x, y, atol=1e-5):
+    np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=atol)
+
+
+def test_rollback_contiguous_int8_and_mla_caches_equal_a_plain_run(llm):
+    model, cfg = llm.model, llm.config
+    if cfg.attention == "mla":
+        makers, names, axis = [lambda: model.new_cache(64)], ["c_kv", "k_rope"], 1     # [layers, seq, r]
+    else:                                                                               # [layers, kv, seq, hd]
+        makers, names, axis = [lambda: KVCache(cfg, 64), lambda: Int8KVCache(cfg, 64)], ["k", "v"], 2
+    for make in makers:
+        a, b = _rolled_back_and_plain(model, make)
+        for name in names + [n for n in ("k_scale", "v_scale") if hasattr(a, n)]:
+            x, y = getattr(a, name), getattr(b, name)
+            if x.dtype == np.int8:                   # a code may round one step apart
+                assert np.abs(x.astype(int) - y.astype(int)).max() <= 1
+            else:
+                _close(x, y)
+            assert not np.take(x, range(a.length, x.shape[axis]), axis).any()    # zeros after the rollback
+
+
+def test_rollback_rolling_window_keeps_the_window(llm):
+    if llm.config.sliding_window is None:
+        pytest.skip("rolling buffers are for sliding-window models")
+    model = llm.model
+    a, b = _rolled_back_and_plain(model, lambda: model.new_cache(64, spare=4))      # 4 drafts rolled back
+    assert a.n_slots == WINDOW + 4
+    slots = np.arange(a.length - WINDOW + 1, a.length) % a.n_slots  # the next query's window, before itself
+    _close(a.k[:, :, slots], b.k[:, :, slots])
+    _close(a.v[:, :, slots], b.v[:, :, slots])
+    # and decoding on continues identically
+    _close(model.forward(np.array([3, 4]), a), model.forward(np.array([3, 4]), b), atol=1e-4)
+    with pytest.raises(ValueError, match="spare slots"):
+        model.forward(np.arange(7), a)
+        a.truncate(a.length - 7)
+
+
+def test_rollback_paged_cache_returns_empty_blocks_to_the_pool(llama):
+    model = llama.model
+    pools = [PagedKVCache(llama.config, 16, block_size=4, dtype=d) for d in ("float32", "float32")]
+    managers = [BlockManager(16), BlockManager(16)]
+    a, b = _rolled_back_and_plain(model, lambda: BlockTableCache(pools.pop(0), managers.pop(0)))
+    assert a.block_table == b.block_table == [0, 1, 2, 3, 4, 5]     # 25 positions: block 6 came and went
+    assert len(a.manager.free) == len(b.manager.free) == 10
+    _close(a.pool.k, b.pool.k)
+    _close(a.pool.v, b.pool.v)
+
+
+# ---- errors -------------------------------------------------------------------------------------------
+
+def test_bad_speculative_choices_are_one_line_errors(llm, llama):
+    with pytest.raises(MiniLLMError, match="layers:N"):
+        early_exit_drafter(llm.model, llm.config.n_layers)
+    with pytest.raises(MiniLLMError, match="number of layers"):
+        llm.drafter("layers:x")
+    if llm.config.attention == "mla":
+        with pytest.raises(MiniLLMError, match="int4 self-draft"):
+            llm.drafter("int4")
+        with pytest.raises(MiniLLMError, match="another tokenizer"):
+            llama.drafter(LLM(llm.config.replace(vocab_size=999), llm.model, None, "other"))
+
+
+# ---- the real model ----------------------------------------------------------------------------------
+
+def test_smollm2_ngram_on_a_copy_heavy_prompt_gives_the_plain_tokens(smollm2_dir):
+    llm = minillm.load(str(smollm2_dir))
+    prompt = next(p for p in copy_heavy_prompts() if p["kind"] == "edit text")["messages"]
+    plain = llm.generate(prompt, max_tokens=24)
+    spec = llm.generate(prompt, max_tokens=24, speculative="ngram", draft_tokens=4)
+    assert_greedy_equal(llm.model, llm.prompt_ids(prompt), plain.token_ids, spec.token_ids)
+    assert spec.text == plain.text if spec.token_ids == plain.token_ids else True
+    assert spec.acceptance_rate > 0.5 and spec.speculative.target_forwards < 12      # it copies the email
