@@ -291,3 +291,28 @@ def test_smollm2_logits_at_tp3_equal_tp1(smollm2_dir):
     one = minillm.load(smollm2_dir).logits(ids)
     for logits in sharded(smollm2_dir, 3, lambda llm: llm.logits(ids)):
         assert np.abs(logits - one).max() < 1e-3
+
+
+# ---- the cost model, against hand-computed cases -------------------------------------------------
+def test_allreduce_time_is_latency_plus_the_ring_bytes():
+    from minillm.engine.parallel import cost
+    link = cost.Link("test", bandwidth=1e9, latency_s=1e-5, source="made up")
+    assert cost.allreduce_s(1e6, 1, link) == 0.0
+    assert cost.allreduce_s(1e6, 2, link) == pytest.approx(1e-5 + 1e-3)          # 2(N-1)/N = 1 at N = 2
+    assert cost.allreduce_s(1e6, 4, link) == pytest.approx(1e-5 + 1.5e-3)        # 2·3/4 = 1.5
+
+
+def test_tp_rows_by_hand():
+    from minillm.engine.parallel import cost
+    cfg = ModelConfig(vocab_size=1000, dim=100, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=400)
+    link = cost.Link("test", bandwidth=1e9, latency_s=1e-5, source="made up")
+    one, two, four = cost.tp_rows(cfg, hbm_bandwidth=1e12, link=link, tps=(1, 2, 4), context=0)
+    assert one.step_s == pytest.approx(cfg.n_params * 2 / 1e12) and one.comm_s == 0
+    assert two.weight_bytes_per_rank == pytest.approx(cfg.n_params)             # 2 bytes a weight over 2
+    assert two.comm_s == pytest.approx(2 * 2 * (1e-5 + 200 / 1e9))              # 2 layers × 2 all-reduces of 200 B
+    assert two.bytes_moved_per_token_per_layer == pytest.approx(2 * 200)
+    assert four.kv_bytes_per_token_per_rank == 2 * 2 * 1 * 25 * 2                # 2 KV heads over 4: one each
+    assert cost.stops_paying([one, two, four]) == 2                            # latency dwarfs 0.6 µs of weights
+    assert cost.pp_bubble(4, 12) == pytest.approx(3 / 15)
+    link_fit = cost.measured_link(10.0, 1000, 110.0, 26000)
+    assert link_fit.latency_s == pytest.approx(1e-5) and link_fit.bandwidth == pytest.approx(1e9)

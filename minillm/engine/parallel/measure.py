@@ -1,0 +1,99 @@
+"""Measuring tensor parallelism on this machine: µs per all-reduce, prefill and decode tok/s, and the
+share of a decode step spent in collectives.
+
+`measure(model, tp, threads)` runs `python -m minillm.engine.parallel.measure` as `tp` MPI ranks (each
+with `threads` BLAS threads) and returns rank 0's numbers; lesson 21 and the benchmark docs use it to
+compare tp = 1 with 2 threads against tp = 2 with 1 thread a rank on the same cores.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from minillm.engine.parallel.communicator import Communicator, SingleProcess
+
+
+def allreduce_us(comm: Communicator, sizes=(576, 4096, 576 * 64), iters: int = 200) -> dict[int, float]:
+    """Median µs of one fp32 all-reduce of n values, for each n (every rank must call this)."""
+    out = {}
+    for n in sizes:
+        x = np.ones(n, dtype=np.float32)
+        times = []
+        for i in range(iters + 20):
+            comm.barrier()
+            start = time.perf_counter()
+            comm.all_reduce(x)
+            if i >= 20:                                   # the first calls set up buffers and connections
+                times.append(time.perf_counter() - start)
+        out[n] = 1e6 * float(np.median(times))
+    return out
+
+
+def profile(model, prompt_tokens: int = 64, new_tokens: int = 16, seed: int = 0) -> dict:
+    """Prefill `prompt_tokens` random ids, then decode `new_tokens` greedily: tok/s of each phase, and the
+    seconds of the decode spent in collectives (the communication share of a step)."""
+    comm = model.comm or SingleProcess()
+    ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, prompt_tokens).tolist()
+    cache = model.new_cache(prompt_tokens + new_tokens + 1)
+    comm.barrier()
+    start = time.perf_counter()
+    logits = model.prefill(ids, cache)
+    prefill_s = time.perf_counter() - start
+    comm.stats.reset()
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        logits = model.decode(int(np.argmax(logits)), cache)
+    decode_s = time.perf_counter() - start
+    stats = comm.stats
+    return {"prefill_tok_s": prompt_tokens / prefill_s, "decode_tok_s": new_tokens / decode_s,
+            "comm_share": stats.total_seconds / decode_s,
+            "collectives_per_token": sum(stats.calls.values()) / new_tokens,
+            "all_reduce_us": 1e6 * stats.seconds["all_reduce"] / max(stats.calls["all_reduce"], 1)}
+
+
+def measure(model: str | Path, tp: int = 1, threads: int = 1, prompt_tokens: int = 64, new_tokens: int = 16,
+            timeout_s: float = 600) -> dict:
+    """Run `profile` (and, at tp > 1, `allreduce_us`) as `tp` ranks with `threads` BLAS threads each."""
+    from minillm.engine.parallel.launcher import find_mpiexec
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+               MINILLM_THREADS=str(threads))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "numbers.json"
+        cmd = [sys.executable, "-m", "minillm.engine.parallel.measure", str(model), str(out), str(tp),
+               str(prompt_tokens), str(new_tokens)]
+        if tp > 1:
+            cmd = [find_mpiexec(), "-n", str(tp)] + cmd
+        subprocess.run(cmd, check=True, env=env, timeout=timeout_s, capture_output=True, text=True)
+        return json.loads(out.read_text())
+
+
+def _main() -> None:
+    p = argparse.ArgumentParser(description="one rank of `measure` (run it under mpiexec for tp > 1)")
+    p.add_argument("model")
+    p.add_argument("out")
+    p.add_argument("tp", type=int)
+    p.add_argument("prompt_tokens", type=int)
+    p.add_argument("new_tokens", type=int)
+    a = p.parse_args()
+    import minillm
+    from minillm.engine.parallel.sharding import model_bytes
+    llm = minillm.load(a.model, tp=a.tp)
+    comm = llm.model.comm or SingleProcess()
+    numbers = profile(llm.model, a.prompt_tokens, a.new_tokens)
+    numbers["weights_bytes_per_rank"] = model_bytes(llm.model)
+    if comm.size > 1:
+        numbers["all_reduce_us_by_size"] = allreduce_us(comm, (llm.config.dim, 64 * llm.config.dim))
+    if comm.rank == 0:
+        Path(a.out).write_text(json.dumps(numbers))
+
+
+if __name__ == "__main__":
+    _main()
