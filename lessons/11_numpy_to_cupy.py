@@ -10,8 +10,10 @@ NVLink-C2C, tens of GB/s). So the first question of a GPU port is where each arr
     stays on the host:          the tokenizer, the sampler, the generate loop, stop strings
 
 CuPy is NumPy's API over device arrays, and NumPy hands `np.exp(x)`, `np.concatenate(...)` to CuPy when
-x is a CuPy array (NEP 13 and 18), so the engine's own layers, attention and KV cache run unchanged on
-the GPU once their arrays are CuPy arrays. We measure the bus, run the engine's Transformer that way,
+x is a CuPy array (NEP 13 and 18); what it cannot hand over is making a new array (np.arange, np.zeros).
+So the engine's model asks `backend.array_module(x)` wherever it makes one (positions, masks, caches),
+and its own layers, attention and KV cache run unchanged on the GPU once their arrays are CuPy arrays:
+that change is this lesson's NEW part. We measure the bus, run the engine's Transformer that way,
 then the engine's GPUTransformer (fp16, hand-written kernels, a CUDA graph), and compare both with the
 CPU model's logits. Lessons 12 and 13 explain the difference in speed between the two.
 
@@ -27,11 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.backend import as_f32
 from minillm.course import lesson_model, print_table, quick, run_gpu_parts, transfer_bytes_reference, why_no_gpu
-from minillm.model.kv_cache import KVCache
-from minillm.model.layers import rope_tables
-from minillm.model.transformer import LayerWeights, Transformer
+from minillm.model.transformer import Transformer
 from minillm.engine.sampling import Sampler, SamplingParams
 
 
@@ -66,62 +65,40 @@ def host_us(fn, repeats: int) -> float:
 # -------------------------------------------------------------------------------------------------------
 
 
-# NEW: the engine's Transformer with its arrays on the device ---------------------------------------------
-def cupy_transformer(cpu: Transformer):
-    """minillm.model.transformer.Transformer with every array copied to the GPU (fp32, as on the CPU): `forward` and
-    `new_cache` below are the only methods rewritten; rmsnorm, attention, SwiGLU, the KV cache's append
-    are the engine's own code, and CuPy runs them because NumPy hands CuPy arrays over to it."""
-    import cupy as cp
-
-    class CuPyTransformer(Transformer):
-        def __init__(self):
-            sent = {}                                             # id(host array) -> its device copy
-
-            def dev(a):
-                if id(a) not in sent:                             # a tied LM head is the embedding: sent once
-                    sent[id(a)] = cp.asarray(as_f32(a))           # host -> device, fp32
-                return sent[id(a)]
-            self.config, self.rope_gain = cpu.config, cpu.rope_gain
-            self.embed, self.lm_head, self.final_norm = dev(cpu.embed), dev(cpu.lm_head), dev(cpu.final_norm)
-            self.inv_freq = cp.asarray(cpu.inv_freq)
-            self.layers = [device_layer(L, dev) for L in cpu.layers]
-            self.attend = self.attention_block
-            self.bytes_sent = sum(a.nbytes for a in sent.values()) + self.inv_freq.nbytes
-
-        def new_cache(self, max_seq_len=None) -> KVCache:
-            """The engine's KVCache with its two arrays made on the device: nothing crosses the bus."""
-            c, n = self.config, max_seq_len or self.config.max_seq_len
-            cache = KVCache(c, 0)
-            cache.k = cp.zeros((c.n_layers, c.n_kv_heads, n, c.head_dim), cp.float32)
-            cache.v = cp.zeros_like(cache.k)
-            cache.max_seq_len = n
-            return cache
-
-        def forward(self, tokens, cache, last_only=False, skip_head=False):
-            """Transformer.forward, but the positions are made on the device: CuPy refuses to mix a NumPy
-            array into device arithmetic (an implicit copy), and rope_tables would do exactly that."""
-            positions = cp.arange(cache.length, cache.length + len(tokens))    # NEW: made on the device
-            cos, sin = rope_tables(positions, self.inv_freq)                    # [T, hd/2] each, on the device
-            x = self.embed[tokens]                     # [T, dim]: a NumPy index is copied up (8 bytes a token)
-            for i, layer in enumerate(self.layers):
-                x = x + self.attend(x, layer, i, cache, cos, sin)
-                x = x + self.ffn(x, layer)
-            cache.advance(len(tokens))
-            if skip_head:
-                return None
-            return self.head(x[-1:] if last_only else x)                         # [T or 1, vocab] on the device
-
-    return CuPyTransformer()
+# NEW: the backend change: the engine's own Transformer on CuPy arrays -----------------------------------
+# minillm/backend.py gained one function, and every line of the model that MAKES an array asks it which
+# module to make it with (`xp = array_module(x)`: numpy, or cupy for a CuPy x). Arithmetic needs no
+# change (NumPy hands np.exp(x) to CuPy for a CuPy x); only creation does (np.arange, np.zeros, np.empty,
+# a mask from np.where): CuPy refuses to mix a host array into device arithmetic, a hidden copy each time.
+#
+#     def array_module(*arrays):
+#         cupy = sys.modules.get("cupy")                 # never imported here: CPU installs need no CuPy
+#         if cupy is not None and any(isinstance(a, cupy.ndarray) for a in arrays):
+#             return cupy
+#         return np
+#
+#     positions = xp.arange(cache.length, cache.length + len(tokens))     # transformer.forward
+#     q_pos = xp.arange(first_query, first_query + n_queries)[:, None]    # attention._allowed: the mask
+#     self.k = xp.zeros(shape, dtype=dtype)                               # KVCache: made on the device
+#
+# and the logits come back with backend.to_host. So "running on the GPU" is moving the arrays, nothing
+# more: minillm/cuda/device_model.to_device copies the weights (q|k|v and gate|up stay single stacks,
+# the separate names views of them) and hands back the same Transformer class.
+def backend_lines() -> list[tuple[str, int, str]]:
+    """Where the model code asks for its array module: (file, line, code), read from the engine's sources."""
+    import minillm.model
+    out = []
+    for path in sorted(Path(minillm.model.__file__).parent.glob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "array_module(" in line and not line.lstrip().startswith(("def ", "#", "from ")):
+                out.append((path.name, n, line.strip()))
+    return out
 
 
-def device_layer(L: LayerWeights, dev) -> LayerWeights:
-    """One layer's weights on the device, keeping the engine's layout: q|k|v and gate|up as single stacks,
-    the separate names as views of them (so attention still does one matmul for q, k and v)."""
-    wqkv, w_gate_up = dev(L.wqkv), dev(L.w_gate_up)
-    nq, nk, ffn = len(L.wq), len(L.wk), len(L.w_gate)
-    return LayerWeights(attn_norm=dev(L.attn_norm), wq=wqkv[:nq], wk=wqkv[nq:nq + nk], wv=wqkv[nq + nk:],
-                        wo=dev(L.wo), mlp_norm=dev(L.mlp_norm), w_gate=w_gate_up[:ffn], w_up=w_gate_up[ffn:],
-                        w_down=dev(L.w_down), wqkv=wqkv, w_gate_up=w_gate_up)
+def cupy_transformer(cpu: Transformer) -> Transformer:
+    """The engine's Transformer with every array copied to the GPU in fp32, as on the CPU: no method rewritten."""
+    from minillm.cuda.device_model import to_device
+    return to_device(cpu, "float32", cache_dtype="float32")
 # -------------------------------------------------------------------------------------------------------
 
 
@@ -180,6 +157,10 @@ def main():
     print(f"upload counted from the model's arrays: {up_counted:,} bytes; exercise 11's formula "
           f"(course.transfer_bytes_reference): {upload:,} bytes: {'match' if up_counted == upload else 'MISMATCH'}")
 
+    lines = backend_lines()
+    print_table(f"the backend change: {len(lines)} lines of the model ask backend.array_module which module "
+                f"makes their arrays", ["file", "line", "code"], [[f, str(n), code[:90]] for f, n, code in lines])
+
     # 2. What stays on the host, measured here: the work per token that never goes to the GPU.
     tokens, cpu_logits, cpu_times = cpu_reference(model, prompt, n_new)
     logits = cpu_logits[0]
@@ -200,7 +181,7 @@ def main():
     state, results = {}, {}
 
     def bus():
-        from minillm.cuda.selfcheck import copy_bandwidth
+        from minillm.cuda.dev.timing import copy_bandwidth
         sizes = [8, cfg.vocab_size * 4, 16 << 20] + ([] if small else [256 << 20])
         rows = []
         for n in sizes:
@@ -246,32 +227,21 @@ def main():
 
     def through_cupy():
         import cupy as cp
-        if cfg.attention != "gqa" or cfg.sliding_window is not None or model.layers[0].wqkv is None:
-            print("  skipped: this part needs a GQA model without a sliding window, with plain float weights "
-                  "(the sliding-window mask is built with NumPy at every step)")
+        if model.layers[0].wqkv is None:
+            print("  skipped: this part needs plain float weights (int8/int4 ones stay on the host)")
             return
         start = time.perf_counter()
         port = cupy_transformer(model)
         cp.cuda.Device().synchronize()
-        print(f"  the engine's Transformer on the device: {port.bytes_sent:,} bytes of fp32 weights sent in "
-              f"{time.perf_counter() - start:.2f} s")
+        sent = sum(a.nbytes for a in {id(a): a for a in port.weights_read_per_token() + [port.embed]}.values())
+        print(f"  the engine's Transformer on the device: {sent:,} bytes of fp32 weights sent in "
+              f"{time.perf_counter() - start:.2f} s; a {type(port).__name__} whose embedding is a "
+              f"{type(port.embed).__module__.split('.')[0]} array")
         cache = port.new_cache(len(prompt) + n_new + 1)
-        try:                                   # prefill: T > 1 positions need the causal mask
-            port.prefill(prompt, cache)
-            print("  prefill of the prompt ran through CuPy")
-        except Exception as e:  # noqa: BLE001 - show what CuPy says and go on
-            print(f"  prefill stops at the causal mask (attention.mask_bias builds it with NumPy on the host): "
-                  f"{type(e).__name__}: {str(e).splitlines()[0]}\n"
-                  f"  CuPy will not mix a NumPy array into device arithmetic (that would be a hidden copy every "
-                  f"time; only index arrays are copied up for you). Decode, one position, needs no mask: we "
-                  f"feed the prompt one position at a time.")
-        cache = port.new_cache(len(prompt) + n_new + 1)
-        for t in prompt:
-            last = port.decode(t, cache)
-        got, times = [last.get()], []
+        got, times = [port.prefill(prompt, cache)], []                   # the causal mask is made with cupy
         for t in tokens:
             start = time.perf_counter()
-            got.append(port.decode(t, cache).get())                      # logits down: [vocab] fp32
+            got.append(port.decode(t, cache))                            # host logits: [vocab] fp32
             times.append(time.perf_counter() - start)
         results["cupy"] = (1e3 * statistics.median(times), *compare(got, cpu_logits))
         del port, cache

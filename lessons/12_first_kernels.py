@@ -306,7 +306,7 @@ def main():
     def check():
         v = state["v"] = Versions()
         cp = v.cp
-        from minillm.cuda.checks import F32_TOL, poisoned, rel_err
+        from minillm.cuda.dev.common import F32_TOL, poisoned, rel_err
         rows = []
         for T, dim in [(3, 576), (5, 4096), (1, 4096), (130, 64)]:
             x = (rng.standard_normal((T, dim)) * 3).astype(np.float32)
@@ -340,7 +340,7 @@ def main():
 
     def timing(op: str):
         def run():
-            from minillm.cuda.selfcheck import copy_bandwidth, time_gpu
+            from minillm.cuda.dev.timing import copy_bandwidth, time_gpu
             v = state.get("v") or Versions()
             cp = v.cp
             bw = state.get("copy") or copy_bandwidth((64 if small else 1024) << 20)

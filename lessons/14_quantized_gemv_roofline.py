@@ -125,8 +125,8 @@ def check_magic(rows: int, cols: int) -> list[list]:
 
 # ---- on a GPU ---------------------------------------------------------------------------------------
 def gpu_gemvs(cfg) -> None:
-    from minillm.cuda.qbench import gemv_points
-    from minillm.cuda.selfcheck import copy_bandwidth
+    from minillm.cuda.dev.gemv import gemv_points
+    from minillm.cuda.dev.timing import copy_bandwidth
     bw = RESULTS["copy_bw"] = copy_bandwidth(1 << 30)
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + write), the memory roof")
     points = RESULTS["gemv"] = gemv_points(cfg, ("float16", "int8", "int4"))
@@ -142,7 +142,7 @@ def gpu_gemvs(cfg) -> None:
 def gpu_models(cfg, n_new: int) -> None:
     import cupy as cp
     from minillm.cuda.gpu_model import GPUTransformer
-    from minillm.cuda.selfcheck import decode_tok_s
+    from minillm.cuda.dev.bench import decode_tok_s
     bw = RESULTS.get("copy_bw", QUOTED_COPY_BW)
     rows, RESULTS["model"] = [], []
     for fmt, quant in (("fp16", None), ("int8", "int8"), ("int4-g128", "int4")):

@@ -23,7 +23,7 @@ import numpy as np
 
 from minillm.backend import as_f32
 from minillm.course import hf_tensors, lesson_model, print_table, quick, run_gpu_parts
-from minillm.cuda.flashnorm_gpu import FlashNormGPUTransformer, TwoStreamNorm, benchmark, print_benchmark
+from minillm.cuda.dev.flashnorm import FlashNormGPUTransformer, TwoStreamNorm, benchmark, print_benchmark
 from minillm.model.flashnorm import deferred_swiglu, fold_checkpoint, fold_rmsnorm_into_linear, inv_rms
 from minillm.model.layers import linear, rmsnorm, rope_tables
 from minillm.model.transformer import Transformer
@@ -197,7 +197,7 @@ def main():
          lambda: race_part(llm, race, ids, n_new, state)),
         ("why unit tests and perplexity did not catch it", lambda: missed_part(state, ids, small)),
         ("micro-benchmark: unfused vs two-stream vs fused, µs per layer (SmolLM2 shape; all shapes: "
-         "python -m minillm.cuda.flashnorm_gpu)",
+         "python -m minillm.cuda.dev.flashnorm)",
          lambda: print_benchmark(benchmark(presets=("smollm2-135m",), quick=small), "float16")),
         ("a CUDA graph capture of the implicit-join step", lambda: capture_part(state))])
     if failed:

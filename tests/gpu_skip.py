@@ -19,7 +19,7 @@ DTYPES = ["float16", "bfloat16"]
 
 
 def ok(result):
-    """Assert a minillm.cuda.checks result: (error, tolerance)."""
+    """Assert a minillm.cuda.dev check result: (error, tolerance)."""
     err, tol = result
     print(f"error {err:.3e} (tolerance {tol:.1e})")     # shown by pytest -rP: how close, not only whether
     assert err <= tol, f"error {err:.3e} > tolerance {tol:.1e}"

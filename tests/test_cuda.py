@@ -1,7 +1,7 @@
 """GPU kernels against their NumPy references, and the GPU model against the CPU model.
 
 Skipped where there is no CuPy or no CUDA device. The checks themselves live in
-minillm.cuda.checks (the selfcheck runs a subset of them before timing).
+minillm.cuda.dev (the selfcheck runs a subset of them before timing).
 """
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ from gpu_skip import DTYPES, cupy_with_a_device, ok
 
 cp = cupy_with_a_device()
 
-from minillm.cuda import checks  # noqa: E402
+from minillm.cuda.dev.attention import check_attention, check_kv_append, check_prefill_attention  # noqa: E402
+from minillm.cuda.dev.common import rel_err  # noqa: E402
+from minillm.cuda.dev.elementwise import check_embed_cast, check_rmsnorm, check_rope, check_swiglu  # noqa: E402
+from minillm.cuda.dev.gemv import check_gemv, check_gemv_qkv, check_gemv_rmsnorm, check_gemv_swiglu  # noqa: E402
+from minillm.cuda.dev.model import (check_graph_equals_eager, check_greedy, check_model_logits,  # noqa: E402
+                                    random_cpu_model, small_config)
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
 
@@ -21,30 +26,30 @@ from minillm.cuda.kernels import Kernels  # noqa: E402
 @pytest.mark.parametrize("T,dim", [(1, 64), (3, 576), (2, 4096), (5, 100)])
 @pytest.mark.parametrize("to_narrow", [False, True])
 def test_rmsnorm_matches_numpy(k, T, dim, to_narrow):
-    ok(checks.check_rmsnorm(k, T, dim, to_narrow))
+    ok(check_rmsnorm(k, T, dim, to_narrow))
 
 
 @pytest.mark.parametrize("rows,n_in", [(1, 8), (13, 64), (100, 136), (4096, 1024), (257, 4096), (64, 14336)])
 @pytest.mark.parametrize("version", [1, 2, 4])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_gemv_matches_numpy(k, rows, n_in, version, accumulate):
-    ok(checks.check_gemv(k, rows, n_in, version, accumulate))
+    ok(check_gemv(k, rows, n_in, version, accumulate))
 
 
 @pytest.mark.parametrize("rows,n_in", [(1, 8), (13, 64), (100, 576), (4096, 4096), (33, 12000)])
 def test_gemv_with_fused_rmsnorm_matches_numpy(k, rows, n_in):
-    ok(checks.check_gemv_rmsnorm(k, rows, n_in))
+    ok(check_gemv_rmsnorm(k, rows, n_in))
 
 
 @pytest.mark.parametrize("rows,n_in", [(1, 8), (13, 64), (100, 576), (4096, 4096), (33, 12000), (7, 14336)])
 def test_gemv_v4_with_fused_rmsnorm_matches_numpy(k, rows, n_in):
-    ok(checks.check_gemv_rmsnorm(k, rows, n_in, version=4))
+    ok(check_gemv_rmsnorm(k, rows, n_in, version=4))
 
 
 @pytest.mark.parametrize("ffn,n_in", [(1, 8), (7, 64), (300, 4096), (1000, 576)])
 @pytest.mark.parametrize("norm", [False, True])
 def test_gemv_v4_swiglu_matches_numpy(k, ffn, n_in, norm):
-    ok(checks.check_gemv_swiglu(k, ffn, n_in, norm))
+    ok(check_gemv_swiglu(k, ffn, n_in, norm))
 
 
 @pytest.mark.parametrize("n_heads,n_kv,hd,n_in,pos0,capacity", [(32, 8, 128, 4096, 4000, 4100), (9, 3, 64, 576, 17, 40),
@@ -52,7 +57,7 @@ def test_gemv_v4_swiglu_matches_numpy(k, ffn, n_in, norm):
                                                                 (8, 2, 64, 128, 50, 50)])   # last: past the capacity
 @pytest.mark.parametrize("norm", [False, True])
 def test_gemv_v4_qkv_rope_kv_append_matches_numpy(k, n_heads, n_kv, hd, n_in, pos0, capacity, norm):
-    ok(checks.check_gemv_qkv(k, n_heads, n_kv, hd, n_in, pos0, capacity, norm))
+    ok(check_gemv_qkv(k, n_heads, n_kv, hd, n_in, pos0, capacity, norm))
 
 
 def test_gemv_rejects_rows_whose_width_is_not_a_multiple_of_8(k):
@@ -63,13 +68,13 @@ def test_gemv_rejects_rows_whose_width_is_not_a_multiple_of_8(k):
 @pytest.mark.parametrize("T,n_heads,n_kv,hd,pos0", [(1, 8, 2, 64, 0), (1, 32, 8, 128, 4000), (7, 4, 4, 16, 3),
                                                    (3, 9, 3, 64, 100), (2, 2, 1, 256, 17)])
 def test_rope_matches_numpy(k, T, n_heads, n_kv, hd, pos0):
-    ok(checks.check_rope(k, T, n_heads, n_kv, hd, pos0))
+    ok(check_rope(k, T, n_heads, n_kv, hd, pos0))
 
 
 @pytest.mark.parametrize("T,n_heads,n_kv,hd,capacity,pos0", [(1, 8, 2, 64, 16, 0), (1, 8, 2, 64, 16, 15),
                                                               (5, 4, 1, 128, 40, 7), (3, 6, 6, 8, 9, 2)])
 def test_kv_append_writes_only_the_new_positions(k, T, n_heads, n_kv, hd, capacity, pos0):
-    ok(checks.check_kv_append(k, T, n_heads, n_kv, hd, capacity, pos0))
+    ok(check_kv_append(k, T, n_heads, n_kv, hd, capacity, pos0))
 
 
 @pytest.mark.parametrize("T,n_heads,n_kv,hd,length,n_splits,window", [
@@ -89,7 +94,7 @@ def test_kv_append_writes_only_the_new_positions(k, T, n_heads, n_kv, hd, capaci
 @pytest.mark.parametrize("version", [1, 2, 3], ids=["v1 split+combine", "v2 fused", "v3 gqa"])
 def test_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, version):
     with attention_version(k, version):
-        ok(checks.check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=version >= 2))
+        ok(check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=version >= 2))
 
 
 class attention_version:
@@ -130,7 +135,7 @@ class attention_version:
 ])
 def test_attention_v3_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, split_keys):
     with attention_version(k, 3, split_keys):
-        ok(checks.check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=True))
+        ok(check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=True))
 
 
 @pytest.mark.parametrize("one_wave,flags", [(False, 0), (True, 1), (False, 1)],
@@ -140,14 +145,14 @@ def test_attention_v3_settings_give_the_same_result(k, one_wave, flags, length):
     """The grid capped at one wave of blocks or not (17 splits on 8 KV heads: 136 blocks), and the ticket
     with one thread's release/acquire or v2's fences in every thread: the same attention."""
     with attention_version(k, 3, 0, one_wave, flags):
-        ok(checks.check_attention(k, 1, 32, 8, 128, length, 17, fused=True))
+        ok(check_attention(k, 1, 32, 8, 128, length, 17, fused=True))
 
 
 def test_attention_v3_falls_back_to_v2_when_head_dim_is_not_a_multiple_of_8(k):
     launched = []
     k.timer = lambda name, launch: (launched.append(name), launch())
     try:
-        ok(checks.check_attention(k, 1, 4, 2, 36, 50, 3, fused=True))
+        ok(check_attention(k, 1, 4, 2, 36, 50, 3, fused=True))
     finally:
         k.timer = None
     assert launched and set(launched) == {"attention_fused"}     # check_attention launches twice
@@ -178,7 +183,7 @@ def test_attention_v3_in_a_graph_follows_the_length():
             stream.synchronize()
             want = attend(qkv[:, :H * hd].reshape(1, H, hd), kc[:, :length].astype(np.float32),
                           vc[:, :length].astype(np.float32), None)
-            assert checks.rel_err(cp.asnumpy(out), want) <= 1e-4, length
+            assert rel_err(cp.asnumpy(out), want) <= 1e-4, length
             assert int(parts[3].max()) == 0
 
 
@@ -200,7 +205,7 @@ def test_attention_v3_in_a_graph_follows_the_length():
     (512, 32, 8, 128, 512, 4096),        # the Mistral-7B TTFT shape
 ])
 def test_prefill_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, window):
-    ok(checks.check_prefill_attention(k, T, n_heads, n_kv, hd, length, window))
+    ok(check_prefill_attention(k, T, n_heads, n_kv, hd, length, window))
 
 
 @pytest.mark.parametrize("hd", [132, 256])
@@ -214,27 +219,27 @@ def test_prefill_attention_rejects_large_heads(k, hd):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["gqa", "mistral", "hd64"])
 def test_gpu_logits_match_cpu_with_the_old_prefill_attention(kind, dtype):
-    ok(checks.check_model_logits(kind, dtype, prefill_attention="decode"))
+    ok(check_model_logits(kind, dtype, prefill_attention="decode"))
 
 
 def test_prefill_attention_tiled_equals_decode_kernel_path():
-    cpu = checks.random_cpu_model(checks.small_config("mistral"), "float16")
+    cpu = random_cpu_model(small_config("mistral"), "float16")
     ids = np.arange(3, 40)
     runs = []
     for mode in ("tiled", "decode"):
         gpu = GPUTransformer.from_cpu(cpu, "float16", prefill_attention=mode)
         runs.append(gpu.prefill(ids, gpu.new_cache(64), all_logits=True))
-    assert checks.rel_err(runs[0], runs[1]) < 5e-3     # only the fp32 order inside attention differs
+    assert rel_err(runs[0], runs[1]) < 5e-3     # only the fp32 order inside attention differs
 
 
 @pytest.mark.parametrize("T,ffn", [(1, 160), (4, 1536), (1, 14336)])
 @pytest.mark.parametrize("to_narrow", [False, True])
 def test_swiglu_matches_numpy(k, T, ffn, to_narrow):
-    ok(checks.check_swiglu(k, T, ffn, to_narrow))
+    ok(check_swiglu(k, T, ffn, to_narrow))
 
 
 def test_embed_and_cast_are_exact(k):
-    ok(checks.check_embed_cast(k, 300, 72))
+    ok(check_embed_cast(k, 300, 72))
 
 
 # ---- the model ------------------------------------------------------------------------------------
@@ -246,13 +251,13 @@ KINDS = ["gqa", "mha", "mqa", "tied", "mistral", "hd64", "llama3"]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpu_logits_match_cpu(kind, dtype, gemv_version, fuse_norm):
-    ok(checks.check_model_logits(kind, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version))
+    ok(check_model_logits(kind, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["gqa", "mistral", "tied"])
 def test_greedy_continuation_matches_cpu(kind, dtype):
-    same, detail = checks.check_greedy(kind, dtype, n=16)
+    same, detail = check_greedy(kind, dtype, n=16)
     assert same, detail
 
 
@@ -260,31 +265,31 @@ def test_greedy_continuation_matches_cpu(kind, dtype):
 @pytest.mark.parametrize("gemv_version", [2, 4], ids=["v2", "v4"])
 @pytest.mark.parametrize("kind", ["gqa", "mistral"])
 def test_graph_replay_equals_eager(kind, gemv_version, fuse_norm):
-    same, detail = checks.check_graph_equals_eager(kind, "float16", fuse_norm=fuse_norm, gemv_version=gemv_version)
+    same, detail = check_graph_equals_eager(kind, "float16", fuse_norm=fuse_norm, gemv_version=gemv_version)
     assert same, detail
 
 
 def test_chunked_prefill_equals_one_pass():
-    cpu = checks.random_cpu_model(checks.small_config("mistral"), "float16")
+    cpu = random_cpu_model(small_config("mistral"), "float16")
     gpu = GPUTransformer.from_cpu(cpu, "float16")
     ids = np.arange(3, 40)
     whole = gpu.prefill(ids, gpu.new_cache(64), all_logits=True)
     gpu.prefill_chunk = 7
     chunked = gpu.prefill(ids, gpu.new_cache(64), all_logits=True)
-    assert checks.rel_err(chunked, whole) < 5e-3     # cuBLAS may pick other algorithms per T
+    assert rel_err(chunked, whole) < 5e-3     # cuBLAS may pick other algorithms per T
 
 
 def test_generate_ids_runs_unchanged_on_the_gpu_model():
     from minillm.engine.generate import generate_ids
     from minillm.engine.sampling import SamplingParams
-    cpu = checks.random_cpu_model(checks.small_config("gqa"), "float16")
+    cpu = random_cpu_model(small_config("gqa"), "float16")
     gpu = GPUTransformer.from_cpu(cpu, "float16")
     g = generate_ids(gpu, [1, 2, 3, 4], 10, SamplingParams(temperature=0.0))
     assert len(g.token_ids) == 10
 
 
 def test_full_cache_is_refused():
-    gpu = GPUTransformer.from_cpu(checks.random_cpu_model(checks.small_config("gqa"), "float16"), "float16")
+    gpu = GPUTransformer.from_cpu(random_cpu_model(small_config("gqa"), "float16"), "float16")
     cache = gpu.new_cache(4)
     gpu.prefill([1, 2, 3, 4], cache)
     with pytest.raises(ValueError, match="full"):
@@ -299,11 +304,11 @@ SMOLLM2_PROMPT = [1, 504, 3458, 282, 253, 1351, 28, 665, 253, 2754, 282]     # i
 def test_smollm2_logits_match_cpu(smollm2_dir, dtype):
     import minillm
     cpu = minillm.load(str(smollm2_dir), dtype=dtype).model
-    ok(checks.check_model_logits("", dtype, n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu))
+    ok(check_model_logits("", dtype, n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu))
 
 
 def test_smollm2_greedy_16_tokens_match_cpu(smollm2_dir):
     import minillm
     cpu = minillm.load(str(smollm2_dir), dtype="float16").model
-    same, detail = checks.check_greedy("", "float16", n=16, cpu=cpu, prompt=np.array(SMOLLM2_PROMPT))
+    same, detail = check_greedy("", "float16", n=16, cpu=cpu, prompt=np.array(SMOLLM2_PROMPT))
     assert same, detail

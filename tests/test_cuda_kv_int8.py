@@ -10,7 +10,9 @@ from gpu_skip import DTYPES, cupy_with_a_device, ok
 
 cp = cupy_with_a_device()
 
-from minillm.cuda import checks  # noqa: E402
+from minillm.cuda.dev.attention import check_attention_int8, check_kv_append_int8, check_kv_dequantize  # noqa: E402
+from minillm.cuda.dev.model import (MODEL_TOL, check_graph_equals_eager, check_greedy,  # noqa: E402
+                                    check_model_logits, small_config)
 from minillm.cuda.gpu_kv_cache import GPUInt8KVCache  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 
@@ -24,7 +26,7 @@ from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
     (2, 8, 8, 256, 5, 1),         # MHA, hd 256: 8 values a lane
 ])
 def test_kv_append_int8_quantizes_like_the_cpu_cache(k, T, n_heads, n_kv, hd, capacity, pos0):
-    ok(checks.check_kv_append_int8(k, T, n_heads, n_kv, hd, capacity, pos0))
+    ok(check_kv_append_int8(k, T, n_heads, n_kv, hd, capacity, pos0))
 
 
 @pytest.mark.parametrize("T,n_heads,n_kv,hd,length,n_splits,window", [
@@ -42,14 +44,14 @@ def test_kv_append_int8_quantizes_like_the_cpu_cache(k, T, n_heads, n_kv, hd, ca
 def test_attention_over_int8_cache_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, codes_per_lane):
     k.attention_int8_codes_per_lane = codes_per_lane
     try:
-        ok(checks.check_attention_int8(k, T, n_heads, n_kv, hd, length, n_splits, window))
+        ok(check_attention_int8(k, T, n_heads, n_kv, hd, length, n_splits, window))
     finally:
         k.attention_int8_codes_per_lane = type(k).attention_int8_codes_per_lane
 
 
 @pytest.mark.parametrize("n", [1, 37, 50])
 def test_kv_dequantize_writes_the_first_positions(k, n):
-    ok(checks.check_kv_dequantize(k, 3, 64, 50, n))
+    ok(check_kv_dequantize(k, 3, 64, 50, n))
 
 
 # ---- the model ----------------------------------------------------------------------------------
@@ -57,27 +59,27 @@ def test_kv_dequantize_writes_the_first_positions(k, n):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["gqa", "mha", "mqa", "mistral", "hd64", "llama3"])
 def test_gpu_logits_with_int8_kv_match_cpu(kind, dtype, prefill_attention):
-    ok(checks.check_model_logits(kind, dtype, prefill_attention=prefill_attention, kv_cache="int8"))
+    ok(check_model_logits(kind, dtype, prefill_attention=prefill_attention, kv_cache="int8"))
 
 
 @pytest.mark.parametrize("quant,gemv_version", [(None, 2), (None, 4), ("int8", 4), ("int4", 4)])
 def test_int8_kv_with_every_weight_format(quant, gemv_version):
-    ok(checks.check_model_logits("gqa", "float16", gemv_version=gemv_version, quant=quant, kv_cache="int8"))
+    ok(check_model_logits("gqa", "float16", gemv_version=gemv_version, quant=quant, kv_cache="int8"))
 
 
 @pytest.mark.parametrize("kind", ["gqa", "mistral"])
 def test_greedy_with_int8_kv_matches_cpu(kind):
-    same, detail = checks.check_greedy(kind, "float16", n=16, kv_cache="int8")
+    same, detail = check_greedy(kind, "float16", n=16, kv_cache="int8")
     assert same, detail
 
 
 def test_graph_replay_with_int8_kv_equals_eager():
-    same, detail = checks.check_graph_equals_eager("gqa", "float16", kv_cache="int8")
+    same, detail = check_graph_equals_eager("gqa", "float16", kv_cache="int8")
     assert same, detail
 
 
 def test_int8_cache_holds_about_half_the_bytes():
-    cfg = checks.small_config("hd64")
+    cfg = small_config("hd64")
     gpu = GPUTransformer.random(cfg, kv_cache="int8")
     cache = gpu.new_cache(100)
     sixteen = GPUTransformer.random(cfg).new_cache(100)
@@ -93,11 +95,11 @@ def test_load_on_cuda_with_int8_kv_generates_like_the_cpu(tmp_path):
     ids = np.random.default_rng(0).integers(0, 100, 30).tolist()
     cpu = minillm.load(str(tmp_path), dtype="float16", kv_cache="int8").logits(ids)
     gpu = minillm.load(str(tmp_path), device="cuda", kv_cache="int8").logits(ids)
-    assert np.abs(gpu - cpu).max() <= checks.MODEL_TOL["float16"] * np.abs(cpu).max()
+    assert np.abs(gpu - cpu).max() <= MODEL_TOL["float16"] * np.abs(cpu).max()
 
 
 def test_int8_kv_needs_a_head_dim_that_is_a_multiple_of_8():
-    cfg = checks.small_config("gqa", dim=96, n_heads=8, n_kv_heads=2)     # hd 12
+    cfg = small_config("gqa", dim=96, n_heads=8, n_kv_heads=2)     # hd 12
     with pytest.raises(ValueError, match="head_dim % 8"):
         GPUTransformer.random(cfg, kv_cache="int8")
 
@@ -115,10 +117,10 @@ INT8_KV_MODEL_TOL = 3e-2
 def test_smollm2_with_int8_kv_matches_cpu(smollm2_dir):
     import minillm
     cpu = minillm.load(str(smollm2_dir), dtype="float16", kv_cache="int8").model
-    err, _ = checks.check_model_logits("", "float16", n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu,
+    err, _ = check_model_logits("", "float16", n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu,
                                        kv_cache="int8")
     print(f"error {err:.3e} (tolerance {INT8_KV_MODEL_TOL:.1e})")
     assert err <= INT8_KV_MODEL_TOL, f"error {err:.3e} > tolerance {INT8_KV_MODEL_TOL:.1e}"
     prompt = [1, 504, 3458, 282, 253, 1351, 28, 665, 253, 2754, 282]     # ids of a short English prompt
-    same, detail = checks.check_greedy("", "float16", n=16, cpu=cpu, prompt=np.array(prompt), kv_cache="int8")
+    same, detail = check_greedy("", "float16", n=16, cpu=cpu, prompt=np.array(prompt), kv_cache="int8")
     assert same, detail

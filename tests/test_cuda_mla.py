@@ -11,7 +11,8 @@ import minillm
 from hf_models import llama_config, save_random_model
 from minillm.cuda import available as gpu_available
 from minillm.cuda import device_model
-from minillm.cuda.checks import MODEL_TOL, greedy, rel_err
+from minillm.cuda.dev.common import rel_err
+from minillm.cuda.dev.model import MODEL_TOL, greedy
 from minillm.cuda.device_model import to_device
 from minillm.model.kv_cache import MLACache
 from minillm.model.transformer import Transformer

@@ -18,7 +18,10 @@ from gpu_skip import DTYPES, cupy_with_a_device, ok
 cp = cupy_with_a_device()
 
 import minillm  # noqa: E402
-from minillm.cuda import checks  # noqa: E402
+from minillm.cuda.dev.common import poisoned, rel_err, weights  # noqa: E402
+from minillm.cuda.dev.gemv import check_dequantize, check_gemv, check_gemv_qkv, check_gemv_rmsnorm  # noqa: E402
+from minillm.cuda.dev.model import (check_graph_equals_eager, check_greedy, check_model_logits,  # noqa: E402
+                                    random_cpu_model, small_config)
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
 from minillm.cuda.qweights import QuantMatrix  # noqa: E402
@@ -52,7 +55,7 @@ SHAPES = [(1, 16), (13, 40), (100, 200), (7, 576), (257, 4096), (4096, 1024), (6
 @pytest.mark.parametrize("rows,n_in", SHAPES)
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_quantized_gemv_matches_numpy(k, method, group, rows, n_in, accumulate):
-    ok_fp16_products(checks.check_gemv(k, rows, n_in, 4, accumulate, quant=method, group_size=group))
+    ok_fp16_products(check_gemv(k, rows, n_in, 4, accumulate, quant=method, group_size=group))
 
 
 @pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
@@ -61,9 +64,9 @@ def test_quantized_gemv_v1_matches_numpy_to_fp32_rounding(k, method, group, rows
     """v1 (x in fp32, fp32 products), kept to compare: within checks' fp32 tolerance, as before."""
     k.quant_version = 1
     try:
-        ok(checks.check_gemv(k, rows, n_in, 4, quant=method, group_size=group))
+        ok(check_gemv(k, rows, n_in, 4, quant=method, group_size=group))
         with pytest.raises(ValueError, match="plain"):                 # no fused variants in v1
-            k.gemv_swiglu(checks.weights(k, 4, 32, np.random.default_rng(0), method, group)[1],
+            k.gemv_swiglu(weights(k, 4, 32, np.random.default_rng(0), method, group)[1],
                           cp.ones(32, cp.float32), None, 1e-5, cp.empty(2, cp.float32))
     finally:
         k.quant_version = 2
@@ -75,33 +78,33 @@ def test_quantized_gemv_v2_keeps_fp16_in_range(k, method, group, scale):
     """x far outside fp16's comfortable range (x·code would overflow fp16 at 1e4, and 1e-6 is subnormal):
     the per-chunk power-of-two scaling keeps the products exact enough, with one outlier 30x the rest."""
     rng = np.random.default_rng(7)
-    ref, w = checks.weights(k, 96, 1000, rng, method, group)
+    ref, w = weights(k, 96, 1000, rng, method, group)
     x = rng.standard_normal(1000) * scale
     x[123] = 30 * scale
-    y = checks.poisoned(96, np.float32)
+    y = poisoned(96, np.float32)
     k.gemv(w, cp.asarray(x.astype(np.float32)), y)
     cp.cuda.Device().synchronize()
     want = ref.astype(np.float64) @ x.astype(np.float32).astype(np.float64)
-    assert checks.rel_err(cp.asnumpy(y), want) <= QUANT_TOL
+    assert rel_err(cp.asnumpy(y), want) <= QUANT_TOL
 
 
 @pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
 @pytest.mark.parametrize("rows,n_in", [(1, 16), (13, 64), (101, 4096), (33, 100), (7, 14336)])
 def test_quantized_gemv_with_fused_rmsnorm_matches_numpy(k, method, group, rows, n_in):
-    ok_fp16_products(checks.check_gemv_rmsnorm(k, rows, n_in, version=4, quant=method, group_size=group))
+    ok_fp16_products(check_gemv_rmsnorm(k, rows, n_in, version=4, quant=method, group_size=group))
 
 
 def swiglu_error(k, method, group, ffn, n_in, norm, seed=0) -> float:
     """The fused gate/up + SwiGLU kernel's error, relative to max|gate|·max|up|: the scale its inputs'
     errors (QUANT_TOL of each vector's largest value) reach the output with. Relative to the output's own
-    largest value instead (as checks.check_gemv_swiglu measures), one small silu(g)·u (ffn = 1) could ask
+    largest value instead (as dev.gemv.check_gemv_swiglu measures), one small silu(g)·u (ffn = 1) could ask
     for more precision than the GEMV outputs it is made of have."""
     from minillm.model.layers import rmsnorm, silu
     rng = np.random.default_rng(seed)
-    w, dw = checks.weights(k, 2 * ffn, n_in, rng, method, group)
+    w, dw = weights(k, 2 * ffn, n_in, rng, method, group)
     x = (rng.standard_normal(n_in) * 3).astype(np.float32)
     g = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
-    out = checks.poisoned(ffn, np.float32)
+    out = poisoned(ffn, np.float32)
     k.gemv_swiglu(dw, cp.asarray(x), cp.asarray(g) if norm else None, 1e-5, out)
     cp.cuda.Device().synchronize()
     h = rmsnorm(x[None], g, 1e-5)[0] if norm else x
@@ -127,14 +130,14 @@ def test_quantized_gemv_swiglu_matches_numpy(k, method, group, ffn, n_in, norm):
 @pytest.mark.parametrize("norm", [False, True])
 def test_quantized_gemv_qkv_rope_kv_append_matches_numpy(k, method, group, n_heads, n_kv, hd, n_in, pos0, capacity,
                                                          norm):
-    ok_fp16_products(checks.check_gemv_qkv(k, n_heads, n_kv, hd, n_in, pos0, capacity, norm, quant=method,
+    ok_fp16_products(check_gemv_qkv(k, n_heads, n_kv, hd, n_in, pos0, capacity, norm, quant=method,
                                            group_size=group))
 
 
 @pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
 @pytest.mark.parametrize("rows,n_in", [(3, 40), (64, 576), (512, 4096)])
 def test_prefill_dequantize_matches_numpy(k, method, group, rows, n_in):
-    ok(checks.check_dequantize(k, method, rows, n_in, group))
+    ok(check_dequantize(k, method, rows, n_in, group))
 
 
 @pytest.mark.parametrize("blocks_per_sm", [0, 1, 2])
@@ -143,12 +146,12 @@ def test_quantized_gemv_is_the_same_for_any_grid(blocks_per_sm):
     sum runs in the same order whoever computes it."""
     k = Kernels("float16")
     rng = np.random.default_rng(3)
-    _, w = checks.weights(k, 3001, 576, rng, "int4", 64)
+    _, w = weights(k, 3001, 576, rng, "int4", 64)
     x = cp.asarray(rng.standard_normal(576).astype(np.float32))
     outs = []
     for b in (blocks_per_sm, 0):
         k.quant_blocks_per_sm = b
-        y = checks.poisoned(3001, np.float32)
+        y = poisoned(3001, np.float32)
         k.gemv(w, x, y)
         outs.append(cp.asnumpy(y))
     assert np.array_equal(outs[0], outs[1]) and not np.isnan(outs[0]).any()
@@ -171,31 +174,31 @@ KINDS = ["gqa", "mqa", "tied", "mistral", "hd64", "llama3"]
 @pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_quantized_gpu_logits_match_cpu(kind, method, group, dtype, fuse_norm):
-    ok(checks.check_model_logits(kind, dtype, fuse_norm=fuse_norm, quant=method, group_size=group))
+    ok(check_model_logits(kind, dtype, fuse_norm=fuse_norm, quant=method, group_size=group))
 
 
 @pytest.mark.parametrize("method,group", [("int8", 0), ("int4", 96)], ids=["int8", "int4-g96"])
 def test_quantized_logits_with_rows_padded_to_whole_groups(method, group):
     """dim 128 in groups of 96: every int4 row ends in a padded group (and prefill widens it back)."""
-    ok(checks.check_model_logits("gqa", "float16", quant=method, group_size=group))
+    ok(check_model_logits("gqa", "float16", quant=method, group_size=group))
 
 
 @pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
 @pytest.mark.parametrize("kind", ["gqa", "mistral", "tied"])
 def test_quantized_greedy_continuation_matches_cpu(kind, method, group):
-    same, detail = checks.check_greedy(kind, "float16", quant=method, group_size=group)
+    same, detail = check_greedy(kind, "float16", quant=method, group_size=group)
     assert same, detail
 
 
 @pytest.mark.parametrize("fuse_norm", [False, True], ids=["norm", "fused-norm"])
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_graph_replay_equals_eager(method, fuse_norm):
-    same, detail = checks.check_graph_equals_eager("mistral", "float16", fuse_norm=fuse_norm, quant=method)
+    same, detail = check_graph_equals_eager("mistral", "float16", fuse_norm=fuse_norm, quant=method)
     assert same, detail
 
 
 def test_quantized_models_refuse_the_old_gemv_versions():
-    cpu = checks.random_cpu_model(checks.small_config("gqa"), "float16", quant="int8")
+    cpu = random_cpu_model(small_config("gqa"), "float16", quant="int8")
     with pytest.raises(ValueError, match="gemv_version=4"):
         GPUTransformer.from_cpu(cpu, "float16", gemv_version=2)
 
@@ -203,7 +206,7 @@ def test_quantized_models_refuse_the_old_gemv_versions():
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_weight_bytes_count_the_quantized_bytes(method):
     """What a decode step reads: codes + scales (+ mins) of every layer matrix, the 16-bit head, the norms."""
-    cfg = checks.small_config("gqa", dim=256, ffn_dim=512)
+    cfg = small_config("gqa", dim=256, ffn_dim=512)
     gpu = GPUTransformer.random(cfg, "float16", quant=method)
     c, hd = cfg, cfg.head_dim
     shapes = [((c.n_heads + 2 * c.n_kv_heads) * hd, c.dim), (c.dim, c.n_heads * hd), (2 * c.ffn_dim, c.dim),
@@ -218,7 +221,7 @@ def test_weight_bytes_count_the_quantized_bytes(method):
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_random_quantized_model_decodes_finite_logits(method):
-    gpu = GPUTransformer.random(checks.small_config("mistral"), "float16", quant=method, seed=2)
+    gpu = GPUTransformer.random(small_config("mistral"), "float16", quant=method, seed=2)
     cache = gpu.new_cache(64)
     logits = gpu.prefill(np.arange(1, 20), cache)
     for _ in range(5):
@@ -253,7 +256,7 @@ QUANT_MODEL_TOL = 1.5e-2
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_smollm2_quantized_logits_match_cpu(smollm2, method):
     cpu = _smollm2_cpu(smollm2, method)
-    err, _ = checks.check_model_logits("", "float16", n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu)
+    err, _ = check_model_logits("", "float16", n_prompt=24, n_decode=16, fuse_norm=True, cpu=cpu)
     print(f"error {err:.3e} (tolerance {QUANT_MODEL_TOL:.1e})")
     assert err <= QUANT_MODEL_TOL, f"error {err:.3e} > tolerance {QUANT_MODEL_TOL:.1e}"
 
@@ -262,7 +265,7 @@ def test_smollm2_quantized_logits_match_cpu(smollm2, method):
 def test_smollm2_quantized_greedy_16_tokens_match_cpu(smollm2, method):
     cpu = _smollm2_cpu(smollm2, method)
     prompt = [1, 504, 3458, 282, 253, 1351, 28, 665, 253, 2754, 282]     # ids of a short English prompt
-    same, detail = checks.check_greedy("", "float16", n=16, cpu=cpu, prompt=np.array(prompt))
+    same, detail = check_greedy("", "float16", n=16, cpu=cpu, prompt=np.array(prompt))
     assert same, detail
 
 
@@ -274,6 +277,6 @@ def test_load_on_cuda_with_quant_matches_cpu(smollm2):
     cpu = minillm.load(str(smollm2), quant="int4", dtype="float16").logits(ids)
     gpu_llm = minillm.load(str(smollm2), device="cuda", quant="int4", dtype="float16")
     assert isinstance(gpu_llm.model, GPUTransformer) and gpu_llm.model.quant == "int4"
-    err = checks.rel_err(gpu_llm.logits(ids), cpu)
+    err = rel_err(gpu_llm.logits(ids), cpu)
     print(f"error {err:.3e} (tolerance {QUANT_MODEL_TOL:.1e})")
     assert err <= QUANT_MODEL_TOL

@@ -12,8 +12,8 @@ from gpu_skip import cupy_with_a_device
 cp = cupy_with_a_device()
 
 from minillm.backend import as_f32  # noqa: E402
-from minillm.cuda.checks import narrow  # noqa: E402
-from minillm.cuda.flashnorm_gpu import (FlashNormGPUTransformer, FlashNormKernels, TwoStreamNorm,  # noqa: E402
+from minillm.cuda.dev.common import narrow  # noqa: E402
+from minillm.cuda.dev.flashnorm import (FlashNormGPUTransformer, FlashNormKernels, TwoStreamNorm,  # noqa: E402
                                         benchmark)
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
@@ -88,7 +88,7 @@ def unfused(k, w, x):
         k.rmsnorm(xd, cp.ones(dim, cp.float32), h, EPS)
         k.gemv(wd, h[0], y[0], version=4)
     else:
-        from minillm.cuda.flashnorm_gpu import gemm
+        from minillm.cuda.dev.flashnorm import gemm
         h, y = cp.empty((T, dim), wd.dtype), cp.empty((T, w.shape[0]), cp.float32)
         k.rmsnorm(xd, cp.ones(dim, cp.float32), h, EPS)
         gemm(h, wd, y, k.dtype, cp.cuda.get_current_stream())

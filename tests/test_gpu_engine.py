@@ -22,7 +22,8 @@ import pytest
 
 from minillm.backend import to_dtype
 from minillm.engine.batched import BatchedRunner, CPUBatching, SeqChunk
-from minillm.cuda import checks
+from minillm.cuda.dev.common import narrow
+from minillm.cuda.dev.model import MODEL_TOL, random_cpu_model, small_config
 from minillm.cuda.dev.paged_attention import (paged_attention_reference, paged_kv_write_reference,
                                               rope_at_positions_reference)
 from minillm.cuda.gpu_batched import CPUOps, DevicePagedKV, GPUBatchedRunner, batch_meta
@@ -38,7 +39,7 @@ except Exception:      # no CuPy, no driver, or a driver too old for this CuPy
 needs_gpu = pytest.mark.skipif(_N_DEVICES == 0, reason="no CuPy or no CUDA device")
 
 GREEDY_TOL = 0.05          # logits are O(1) here (max ≈ 3); fp16 noise in them is ~1e-2
-LOGITS_TOL = checks.MODEL_TOL["float16"]      # relative to the largest |logit|
+LOGITS_TOL = MODEL_TOL["float16"]      # relative to the largest |logit|
 # int8 pools: both sides quantize K/V, but from slightly different values (the device path narrows GEMM inputs
 # to fp16, the CPU does not), so a value near a rounding boundary takes the next code. Measured with the
 # NumPy twin: 1.6-2.8e-3 (16-bit pools: 4-5e-4); the bound is about 3.5x that.
@@ -48,7 +49,7 @@ LENGTHS = [3, 40, 17, 9, 26, 1]
 
 def small(kind: str = "gqa", **changes):
     """A small config with no EOS (every request runs to max_tokens) and room for the prompts."""
-    return checks.small_config(kind, eos_token_id=None, max_seq_len=256, **changes)
+    return small_config(kind, eos_token_id=None, max_seq_len=256, **changes)
 
 
 def prompts(lengths=LENGTHS, prefix=(), seed=7):
@@ -152,7 +153,7 @@ def test_the_gpu_runner_on_numpy_matches_the_cpu_batched_path(kind, kv):
     """Same weights, same ops, same pool format: any difference is the GPU runner's packing, slots, block
     tables or positions (batch_meta), which the device path uses unchanged."""
     config = small(kind)
-    cpu = checks.random_cpu_model(config, "float16")
+    cpu = random_cpu_model(config, "float16")
     storage = "int8" if kv == "int8" else "float32"
     cpu_runner = BatchedRunner(cpu, PagedKVCache(config, 24, 4, storage))
     runner = _on_numpy(cpu, PagedKVCache(config, 24, 4, storage))
@@ -205,7 +206,7 @@ def test_the_engine_with_the_gpu_runner_on_numpy_greedy_through_preemption(kind,
     """mistral (window 6): the scheduler gives back the blocks behind the window (FREED table entries),
     which the device block tables carry and paged attention never reads. int8: the int8 pool, checked
     against the CPU model with the int8 KV cache."""
-    cpu = checks.random_cpu_model(small(kind), "float16").with_options(kv_cache=kv)   # int8: the reference too
+    cpu = random_cpu_model(small(kind), "float16").with_options(kv_cache=kv)   # int8: the reference too
     options = dict(num_blocks=16, block_size=4) if kind == "gqa" else dict(num_blocks=4, block_size=4,
                                                                            max_batch_tokens=4)
     engine = _numpy_engine(cpu, **options)
@@ -224,7 +225,7 @@ def models():
     from minillm.cuda.gpu_model import GPUTransformer
     out = {}
     for kind in ("gqa", "mistral", "hd64"):
-        cpu = checks.random_cpu_model(small(kind), "float16")
+        cpu = random_cpu_model(small(kind), "float16")
         out[kind] = (cpu, GPUTransformer.from_cpu(cpu, "float16"))
     return out
 
@@ -240,15 +241,15 @@ def test_paged_kernels_match_numpy(dtype, shape, window):
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.cuda.gpu_batched import DeviceOps
     config = small("gqa", sliding_window=window or None, **shape)
-    gpu = GPUTransformer.from_cpu(checks.random_cpu_model(config, dtype), dtype)
+    gpu = GPUTransformer.from_cpu(random_cpu_model(config, dtype), dtype)
     c, inv_freq = config, cp.asnumpy(gpu.inv_freq)
     dev = DeviceOps(gpu)
     steps = schedule_by_hand(4, 24, seed=1)
     chunks = steps[2]                                          # decodes and a prefill chunk, together
     rng = np.random.default_rng(5)
     pool_h = DevicePagedKV(config, 24, 4, dtype, xp=np)
-    pool_h.k[0] = checks.narrow(rng.standard_normal(pool_h.k[0].shape), dtype)   # earlier positions' K/V
-    pool_h.v[0] = checks.narrow(rng.standard_normal(pool_h.v[0].shape), dtype)
+    pool_h.k[0] = narrow(rng.standard_normal(pool_h.k[0].shape), dtype)   # earlier positions' K/V
+    pool_h.v[0] = narrow(rng.standard_normal(pool_h.v[0].shape), dtype)
     pool_d = DevicePagedKV(config, 24, 4, dtype)
     pool_d.k[0], pool_d.v[0] = cp.asarray(pool_h.k[0]), cp.asarray(pool_h.v[0])
     meta_h, meta_d = batch_meta(chunks, 4, np.asarray), batch_meta(chunks, 4, cp.asarray)
@@ -288,7 +289,7 @@ def test_paged_int8_kernels_match_numpy(shape, window):
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.cuda.gpu_batched import DeviceOps
     config = small("gqa", sliding_window=window or None, **shape)
-    gpu = GPUTransformer.from_cpu(checks.random_cpu_model(config, "float16"), "float16")
+    gpu = GPUTransformer.from_cpu(random_cpu_model(config, "float16"), "float16")
     c = config
     dev = DeviceOps(gpu)
     chunks = schedule_by_hand(4, 24, seed=1)[2]                # decodes and a prefill chunk, together

@@ -13,9 +13,16 @@ TESTS = Path(__file__).parent
 GPU_TEST_MODULES = sorted(p for p in TESTS.glob("test_*.py") if "cupy_with_a_device()" in p.read_text())
 
 
-@pytest.mark.parametrize("name", sorted(m.name for m in pkgutil.iter_modules(minillm.cuda.__path__)))
+CUDA_MODULES = sorted(m.name for m in pkgutil.walk_packages(minillm.cuda.__path__, "minillm.cuda."))
+
+
+@pytest.mark.parametrize("name", CUDA_MODULES)
 def test_every_cuda_module_imports_without_a_gpu(name):
-    importlib.import_module(f"minillm.cuda.{name}")
+    importlib.import_module(name)
+
+
+def test_the_dev_modules_are_found():
+    assert {"minillm.cuda.dev.gemv", "minillm.cuda.dev.attention", "minillm.cuda.dev.selfcheck"} <= set(CUDA_MODULES)
 
 
 def test_the_gpu_test_modules_are_found():

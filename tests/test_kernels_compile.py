@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from minillm.cuda import flashnorm_gpu
+from minillm.cuda.dev import flashnorm
 from minillm.cuda.kernels import KERNEL_DIR, SOURCES, kernel_source
 
 CU_FILES = sorted(KERNEL_DIR.glob("*.cu"))
 # Sources other modules load themselves (through kernels.module), beside kernels.py's own list.
-OTHER_SOURCES = {flashnorm_gpu.SOURCE: flashnorm_gpu.KERNELS}
+OTHER_SOURCES = {flashnorm.SOURCE: flashnorm.KERNELS}
 
 
 def test_every_source_is_listed():

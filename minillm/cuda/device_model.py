@@ -31,7 +31,7 @@ from minillm.backend import to_dtype
 from minillm.model.quant import QuantizedWeight
 from minillm.model.transformer import LayerWeights, Transformer
 
-DTYPES = ("float16", "bfloat16")
+DTYPES = ("float16", "bfloat16", "float32")    # float32: lesson 11 (the CPU's numbers on the GPU)
 CACHE_DTYPES = ("float16", "float32")
 NORMS = ("attn_norm", "mlp_norm", "q_norm", "kv_norm")      # gains: fp32 on the device
 STACKS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}   # the fused names and their views
@@ -48,7 +48,7 @@ def to_device(model: Transformer, dtype: str = "float16", xp=None, cache_dtype: 
     norm gains fp32, a tied LM head uploaded once. int8/int4 weights are refused (16-bit only here)."""
     xp = xp if xp is not None else _cupy()
     if dtype not in DTYPES:
-        raise ValueError(f"GPU weights are float16 or bfloat16, not {dtype!r}")
+        raise ValueError(f"GPU weights are float16, bfloat16 or float32, not {dtype!r}")
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"the device cache is float16 or float32, not {cache_dtype!r}")
     if model.kv_cache == "int8":

@@ -38,7 +38,7 @@ rotates, `k_cache=None`), decode attention reads the codes and scales directly (
 the 16-bit cache's bytes at hd 128), and prefill widens the layer's cached positions into a 16-bit scratch
 for its tiled kernel. Attention sees the quantized keys and values in both phases, as on the CPU.
 
-MLA models run on the device through `gpu_mla.GPUMLATransformer` (CuPy ops and cuBLAS, no graph); many
+MLA models run on the device as the engine's own Transformer on CuPy arrays (device_model.to_device); many
 sequences at once through the engine's GPU path (`gpu_batched.py`). Not here yet: a rolling KV buffer
 (sliding windows use a contiguous cache and a mask).
 """
@@ -90,7 +90,7 @@ class GPUTransformer:
             raise ValueError(f"the GPU int8 KV cache needs head_dim % 8 == 0, not {config.head_dim}")
         self.kv_cache = kv_cache
         if config.attention != "gqa":
-            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs on GPUMLATransformer (cuda/gpu_mla.py)")
+            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs as the Transformer on CuPy arrays (cuda/device_model.py)")
         self.config, self.layers, self.dtype = config, layers, dtype
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         self.use_graph, self.gemv_version = use_graph, gemv_version
@@ -138,7 +138,7 @@ class GPUTransformer:
         cp = _cp()
         cfg = model.config
         if cfg.attention != "gqa":
-            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs on GPUMLATransformer (cuda/gpu_mla.py)")
+            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs as the Transformer on CuPy arrays (cuda/device_model.py)")
         dev = lambda a: cp.asarray(to_dtype(np.asarray(a), dtype))
         f32 = lambda a: cp.asarray(to_dtype(np.asarray(a), "float32"))
 

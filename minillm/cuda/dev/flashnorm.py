@@ -13,7 +13,7 @@ With the norm gains folded into the weights (minillm/model/flashnorm.py, Prop. 1
               and scales in its epilogue (decode shape; why no GEMM variant: see the .cu header).
 
 `FlashNormGPUTransformer` is GPUTransformer with its LM head on the two-stream path (lesson 15, tests).
-`python -m minillm.cuda.flashnorm_gpu [--quick]` times the three per layer (norm -> qkv and norm -> gate/up)
+`python -m minillm.cuda.dev.flashnorm [--quick]` times the three per layer (norm -> qkv and norm -> gate/up)
 at SmolLM2 and Mistral-7B shapes, decode and a 512-token prefill, and prints a table.
 Importing this module does not import CuPy.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 
 import numpy as np
@@ -29,6 +28,7 @@ import numpy as np
 from minillm.model.config import PRESETS, ModelConfig
 from minillm.cuda.gpu_kv_cache import device_dtype
 from minillm.cuda.gpu_model import GPUTransformer
+from minillm.cuda.dev.timing import capture, time_gpu
 from minillm.cuda.kernels import Kernels, module, suffix
 
 SOURCE = "flashnorm_gemv"                  # kernels/flashnorm_gemv.cu
@@ -272,30 +272,15 @@ def _time_us(fn, stream, graph: bool, inner: int, outer: int) -> float | None:
     with stream:
         fn()
         stream.synchronize()
+        step = lambda: [fn() for _ in range(inner)]
         if graph:
             try:
-                stream.begin_capture()
-                try:
-                    for _ in range(inner):
-                        fn()
-                finally:
-                    g = stream.end_capture()
+                g = capture(step, stream)
             except Exception:   # noqa: BLE001 - e.g. a library that cannot be captured: report no number
                 cp.cuda.Device().synchronize()
                 return None
             step = lambda: g.launch(stream)
-        else:
-            step = lambda: [fn() for _ in range(inner)]
-        step()
-        times = []
-        for _ in range(outer):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            step()
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / inner)
-    return statistics.median(times)
+        return time_gpu(step, outer, warmup=1) * 1000.0 / inner
 
 
 def benchmark(presets=("smollm2-135m", "mistral-7b"), dtype: str = "float16", prefill_tokens: int = 512,
@@ -346,7 +331,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from minillm.cuda import available
     if not available():
-        print("minillm.cuda.flashnorm_gpu: no CUDA device (or no CuPy): nothing to time", file=sys.stderr)
+        print("minillm.cuda.dev.flashnorm: no CUDA device (or no CuPy): nothing to time", file=sys.stderr)
         return 1
     cp = _cp()
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]

@@ -1,0 +1,465 @@
+"""The whole-model benchmark on random weights made on the device (`minillm bench --device cuda`).
+
+`bench`: fp16/bf16 weights: GEMV kernels vs cuBLAS, TTFT, decode tok/s eager vs graph (v2 and v4),
+bytes per token, GB/s, % of copy bandwidth, and where one decode step and one prefill spend their time.
+`bench_quant`: the same table for int8/int4 layer matrices, with each decode kernel timed in a graph.
+`bench_hf`: the same workload through HF transformers. `run_bench` is what the CLI calls.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from minillm.cuda.dev.common import FAILED, say, verdict
+from minillm.cuda.dev.timing import BANDWIDTH, EventTimer, copy_bandwidth, graph_us, time_gpu
+from minillm.model.config import PRESETS, ModelConfig
+
+
+TARGETS = {"float16": 250, "int8": 430, "int4": 650}     # issue #6, Mistral-7B shape, tok/s
+
+
+def bench_config(quick: bool) -> ModelConfig:
+    if quick:
+        return ModelConfig(vocab_size=8000, dim=1024, n_layers=4, n_heads=16, n_kv_heads=4, ffn_dim=2816,
+                           max_seq_len=4096, family="mistral", sliding_window=4096)
+    return PRESETS["mistral-7b"].config
+
+
+def decode_bytes(cfg: ModelConfig, weight_bytes: int, prompt_len: int, n_new: int) -> tuple[float, float]:
+    """(bytes one decode token reads, the 16-bit KV cache's share of them), at the average context of
+    n_new tokens generated after a prompt_len-token prompt."""
+    kv_read = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2 * (prompt_len + n_new / 2)
+    return weight_bytes + kv_read, kv_read
+
+
+def report_decode(cfg: ModelConfig, weight_bytes: int, prompt_len: int, n_new: int, results: dict, bw: float,
+                  width: int = 20) -> float:
+    """Print the bytes a decode token reads, then each mode's tok/s, ms/token, GB/s and % of the copy
+    bandwidth. results: {mode: (tok/s, tokens)}.   -> bytes per token"""
+    per_token, kv_read = decode_bytes(cfg, weight_bytes, prompt_len, n_new)
+    say(f"\ndecode, batch 1, {n_new} new tokens after a {prompt_len}-token prompt (host argmax each step)")
+    say(f"  bytes per token: {per_token / 1e9:.3f} GB (weights {weight_bytes / 1e9:.3f} + KV {kv_read / 1e6:.1f} MB "
+        f"on average)")
+    say(f"  {'mode':<{width}} {'tok/s':>8} {'ms/token':>9} {'GB/s':>8} {'% copy BW':>10}")
+    for mode, (tps, _) in results.items():
+        say(f"  {mode:<{width}} {tps:8.1f} {1e3 / tps:9.2f} {per_token * tps / 1e9:8.0f} {100 * per_token * tps / bw:9.0f}%")
+    return per_token
+
+
+def prefill_ttft(gpu, cache, prompt, repeats: int = 3) -> float:
+    """Seconds to prefill `prompt` into an emptied cache, host logits included: the median of `repeats`
+    runs after a warm-up."""
+    times = []
+    for _ in range(repeats + 1):
+        cache.reset()
+        start = time.perf_counter()
+        gpu.prefill(prompt, cache)                         # returns host logits: includes the copy back
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def decode_tok_s(gpu, cache, prompt, n_new: int) -> tuple[float, list[int]]:
+    """tok/s of n_new greedy steps after `prompt` with the model's current settings, and the tokens (host
+    argmax each step). A warm-up run first, which also recaptures the cache's graph for those settings."""
+    for attempt in ("warm-up", "timed"):
+        cache.reset()
+        cache.graph = None if attempt == "warm-up" else cache.graph
+        logits = gpu.prefill(prompt, cache)
+        tokens = []
+        start = time.perf_counter()
+        for _ in range(n_new):
+            tokens.append(int(np.argmax(logits)))
+            logits = gpu.decode(tokens[-1], cache)
+        elapsed = time.perf_counter() - start
+    return n_new / elapsed, tokens
+
+
+def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
+          config: ModelConfig | None = None, label: str | None = None) -> None:
+    """Benchmark a random-weight model of `config`'s shape (default: Mistral-7B, or a small one)."""
+    import cupy as cp
+    from minillm.cuda.gpu_model import GPUTransformer
+
+    cfg = config or bench_config(quick)
+    show_targets = config is None and not quick          # issue #6's targets are for the Mistral-7B shape
+    label = label or ("small (--quick)" if quick else "Mistral-7B shape")
+    say("\ncopy bandwidth")
+    bw = BANDWIDTH["copy"] = copy_bandwidth((256 if quick else 2048) << 20)
+    say(f"  device-to-device copy: {bw / 1e12:.2f} TB/s (bytes read + written)")
+
+    t0 = time.perf_counter()
+    gpu = GPUTransformer.random(cfg, dtype, seed=0)
+    wbytes = gpu.weight_bytes
+    say(f"\nmodel: {label}, random {dtype} weights made on the "
+        f"device in {time.perf_counter() - t0:.1f} s: {wbytes / 1e9:.2f} GB read per decode step; "
+        f"roofline {bw / wbytes:.0f} tok/s")
+
+    # -- GEMV kernels vs cuBLAS on the model's matrices
+    say("\nGEMV, one matrix (median of 20, CUDA events); v4 fused = v4 with its decode prologue/epilogue "
+        "(qkv: norm+rope+kv append; gate_up: norm+swiglu; lm_head: norm)")
+    say(f"  {'matrix':<10} {'shape':>13} {'v1 µs':>8} {'v2 µs':>8} {'v3+norm µs':>10} {'cuBLAS µs':>10} "
+        f"{'v2 TB/s':>8} {'v2 % copy':>9} {'v4 µs':>8} {'v4 fused µs':>11} {'v4 TB/s':>8} {'v4 % copy':>9}")
+    L = gpu.layers[0]
+    c = cfg
+    scratch = gpu.new_cache(64)
+    with gpu.stream:
+        for name, w in [("qkv", L.wqkv), ("o", L.wo), ("gate_up", L.w_gate_up), ("down", L.w_down), ("lm_head", gpu.lm_head)]:
+            x = cp.ones(w.shape[1], cp.float32)
+            y = cp.empty(w.shape[0], cp.float32)
+            g = cp.ones(w.shape[1], cp.float32)
+            v1 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=1), 20) * 1e3
+            v2 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=2), 20) * 1e3
+            v4 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=4), 20) * 1e3
+            v3 = v4f = float("nan")
+            if name in ("qkv", "gate_up", "lm_head"):          # the matrices an RMSNorm feeds
+                v3 = time_gpu(lambda: gpu.k.gemv_rmsnorm(w, x, g, 1e-5, y), 20) * 1e3
+            if name == "qkv":
+                v4f = time_gpu(lambda: gpu.k.gemv_qkv(w, x, g, 1e-5, y, gpu.step_pos, gpu.inv_freq, scratch.k[0],
+                                                      scratch.v[0], c.n_heads, c.n_kv_heads, c.head_dim), 20) * 1e3
+            elif name == "gate_up":
+                act = cp.empty(w.shape[0] // 2, cp.float32)
+                v4f = time_gpu(lambda: gpu.k.gemv_swiglu(w, x, g, 1e-5, act), 20) * 1e3
+            elif name == "lm_head":
+                v4f = time_gpu(lambda: gpu.k.gemv_rmsnorm(w, x, g, 1e-5, y, version=4), 20) * 1e3
+            else:
+                v4f = time_gpu(lambda: gpu.k.gemv(w, x, y, accumulate=True, version=4), 20) * 1e3   # + residual
+            try:
+                xh = cp.ones((w.shape[1], 1), w.dtype) if w.dtype == cp.float16 else None
+                cub = (time_gpu(lambda: cp.matmul(w, xh), 20) * 1e3) if xh is not None else float("nan")
+            except Exception:
+                cub = float("nan")
+            tbs = w.nbytes / (v2 / 1e6) / 1e12
+            tbs4 = w.nbytes / (v4 / 1e6) / 1e12
+            say(f"  {name:<10} {str(tuple(w.shape)):>13} {v1:8.1f} {v2:8.1f} {v3:10.1f} {cub:10.1f} {tbs:8.2f} "
+                f"{100 * w.nbytes / (v2 / 1e6) / bw:8.0f}% {v4:8.1f} {v4f:11.1f} {tbs4:8.2f} "
+                f"{100 * w.nbytes / (v4 / 1e6) / bw:8.0f}%")
+
+    # -- prefill (TTFT)
+    cache = gpu.new_cache(max(ttft_len, prompt_len + n_new) + 8)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, cfg.vocab_size, ttft_len)
+    ttft = prefill_ttft(gpu, cache, prompt)
+    flops = 2 * (wbytes / 2) * ttft_len
+    say(f"\nprefill {ttft_len} tokens: TTFT {ttft * 1e3:.1f} ms (median of 3 after a warm-up; "
+        f"{flops / ttft / 1e12:.0f} TFLOP/s on the weight matmuls)")
+
+    # -- decode, eager then graph; the first version (v2, fuse_norm off / v3) beside v4
+    short = rng.integers(0, cfg.vocab_size, prompt_len)
+    results = {}
+    modes = {"v2 eager": (2, False, False), "v2 graph": (2, True, False), "v2 graph+fused-norm": (2, True, True),
+             "v4 eager": (4, False, True), "v4 graph": (4, True, True)}
+    for mode, (version, use_graph, fuse) in modes.items():
+        gpu.gemv_version, gpu.use_graph, gpu.fuse_norm = version, use_graph, fuse
+        results[mode] = decode_tok_s(gpu, cache, short, n_new)
+    gpu.gemv_version, gpu.use_graph, gpu.fuse_norm = 4, True, True
+    same = results["v2 eager"][1] == results["v2 graph"][1] and results["v4 eager"][1] == results["v4 graph"][1]
+    verdict(f"{label} decode: graph tokens == eager tokens",
+            same, "" if same else "the graph replay diverged from eager launches")
+
+    per_token = report_decode(cfg, wbytes, prompt_len, n_new, results, bw)
+    fused_same = results["v4 graph"][1][:8] == results["v2 graph"][1][:8]
+    say(f"  v4 tokens {'equal the v2 ones' if fused_same else 'differ from the v2 ones'} "
+        f"(first 8; random weights may part ways later at a near-tie)")
+
+    # -- one decode step, per kernel (v4, then the first version for comparison)
+    for version, fuse in ((4, True), (2, False)):
+        gpu.gemv_version, gpu.fuse_norm = version, fuse
+        timer = EventTimer()
+        with gpu.stream:
+            gpu.step.set(np.array([1, cache.length], dtype=np.int32))
+            gpu.k.timer = timer
+            try:
+                gpu.decode_step(cache)
+            finally:
+                gpu.k.timer = None
+            totals = timer.totals()
+        step_ms = sum(ms for _, ms in totals.values())
+        graph_mode = "v4 graph" if version == 4 else "v2 graph"
+        say(f"\none decode step, per kernel, v{version}{' fused-norm' if fuse else ''} (eager, CUDA events around "
+            f"each launch; sum {step_ms:.3f} ms of GPU time vs {1e3 / results[graph_mode][0]:.3f} ms per token "
+            f"with the graph)")
+        say(f"  {'kernel':<34} {'launches':>8} {'total µs':>9} {'µs each':>8} {'share':>6}")
+        for name, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+            say(f"  {name:<34} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / step_ms:5.1f}%")
+        n_launches = sum(n for n, _ in totals.values())
+        say(f"  {n_launches} launches per step")
+    gpu.gemv_version, gpu.fuse_norm = 4, True
+
+    # -- one prefill, per kernel (cuBLAS GEMMs included): where TTFT goes
+    timer = EventTimer()
+    real_gemm = gpu.gemm
+
+    def timed_gemm(a, w, out, accumulate=False):
+        rows = w.shape[0]
+        label = {gpu.qkv_width: "qkv", cfg.dim: "o/down", 2 * cfg.ffn_dim: "gate_up"}.get(rows, "lm_head")
+        timer(f"cuBLAS gemm {label}", lambda: real_gemm(a, w, out, accumulate))
+    cache.reset()
+    with gpu.stream:
+        gpu.k.timer, gpu.gemm = timer, timed_gemm
+        try:
+            gpu.prefill(prompt, cache)
+        finally:
+            gpu.k.timer = None
+            del gpu.gemm                                   # back to the class's method
+        totals = timer.totals()
+    pf_ms = sum(ms for _, ms in totals.values())
+    say(f"\none prefill of {ttft_len} tokens, per kernel (CUDA events around each launch; sum {pf_ms:.2f} ms "
+        f"vs TTFT {ttft * 1e3:.1f} ms)")
+    say(f"  {'kernel':<34} {'launches':>8} {'total µs':>9} {'µs each':>8} {'share':>6}")
+    for name, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        say(f"  {name:<34} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / pf_ms:5.1f}%")
+
+    # -- prefill attention: the tiled kernel vs the decode kernel with one query per token (the first version)
+    def attention_us(mode: str) -> tuple[float, float]:
+        """(µs of attention launches in one prefill, TTFT ms) with gpu.prefill_attention = mode."""
+        gpu.prefill_attention = mode
+        try:
+            ts = []
+            for _ in range(3):
+                cache.reset()
+                start = time.perf_counter()
+                gpu.prefill(prompt, cache)
+                ts.append(time.perf_counter() - start)
+            t = EventTimer()
+            cache.reset()
+            with gpu.stream:
+                gpu.k.timer = t
+                try:
+                    gpu.prefill(prompt, cache)
+                finally:
+                    gpu.k.timer = None
+            us = sum(ms for name, (_, ms) in t.totals().items() if "attention" in name) * 1e3
+            return us, statistics.median(ts[1:]) * 1e3
+        finally:
+            gpu.prefill_attention = "tiled"
+    old_us, old_ttft = attention_us("decode")
+    new_us, new_ttft = attention_us("tiled")
+    say(f"\nprefill attention: old vs new µs: {old_us:.0f} vs {new_us:.0f} ({old_us / max(new_us, 1e-9):.1f}x; "
+        f"{cfg.n_layers} layers, {ttft_len} tokens; old = decode kernel one query per token, new = tiled "
+        f"prefill_attention.cu{'' if gpu.k.prefill_attention_supported(cfg.head_dim) else ': head_dim too large, fell back'}); "
+        f"TTFT {old_ttft:.1f} vs {new_ttft:.1f} ms")
+
+    best = max(("v4 graph", "v2 graph", "v2 graph+fused-norm"), key=lambda m: results[m][0])
+    graph_tps, eager_tps = results[best][0], results["v4 eager"][0]
+    say(f"\nsummary ({label}, {dtype}, batch 1; "
+        f"best decode mode: {best})")
+    rows = [("decode tok/s", f"{graph_tps:.1f}", "≥ 250"), ("decode tok/s, v4 eager", f"{eager_tps:.1f}", ""),
+            ("decode tok/s, v2 graph", f"{results['v2 graph'][0]:.1f}", ""),
+            ("GB/s", f"{per_token * graph_tps / 1e9:.0f}", ""),
+            ("% of copy bandwidth", f"{100 * per_token * graph_tps / bw:.0f}%", "≥ 85%"),
+            (f"TTFT {ttft_len} tokens, ms", f"{ttft * 1e3:.1f}", "≤ 20")]
+    say(f"  {'':<24} {'measured':>10} {'target':>8}")
+    for name, value, target in rows:
+        say(f"  {name:<24} {value:>10} {target if show_targets else '':>8}")
+
+
+def bench_hf(cfg: ModelConfig, n_new: int, prompt_len: int, ttft_len: int, bw: float | None) -> None:
+    """The same workload through HF transformers (eager, fp16, random weights built on the device)."""
+    import torch
+    import transformers
+    from transformers import MistralConfig, MistralForCausalLM
+    hf_cfg = MistralConfig(hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim, num_hidden_layers=cfg.n_layers,
+                           num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+                           vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_seq_len,
+                           sliding_window=cfg.sliding_window, rope_theta=cfg.rope_theta)
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    with torch.device(dev):
+        torch.set_default_dtype(torch.float16)
+        try:
+            model = MistralForCausalLM(hf_cfg).eval()
+        finally:
+            torch.set_default_dtype(torch.float32)
+
+    def run(plen: int, n: int) -> float:
+        ids = torch.randint(0, cfg.vocab_size, (1, plen), device=dev)
+        with torch.no_grad():
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    run(8, 4)                                                   # warm-up
+    ttft = statistics.median(run(ttft_len, 1) for _ in range(3))
+    short_first = run(prompt_len, 1)
+    total = run(prompt_len, n_new)
+    tps = (n_new - 1) / (total - short_first)
+    say(f"\nHF transformers {transformers.__version__} (torch {torch.__version__}), eager fp16, same shape and workload")
+    say(f"  TTFT {ttft_len} tokens {ttft * 1e3:.1f} ms; decode {tps:.1f} tok/s" +
+        (f" ({100 * tps * 2 * sum(p.numel() for p in model.parameters()) / bw:.0f}% of copy BW)" if bw else ""))
+
+
+# ---- int8 / int4 layer weights ----------------------------------------------------------------
+def step_kernels_in_graphs(gpu, bw: float) -> dict:
+    """Each GEMV of the decode step (fused as the step runs it) and attention, over all layers in turn (so
+    nothing stays in L2 from one launch to the next), timed inside a CUDA graph; fp16 v4 on 8 copies of the
+    same shape beside it. Prints the table; returns {kind: µs per launch}."""
+    import cupy as cp
+    c, k = gpu.config, gpu.k
+    cache = gpu.new_cache(256)
+    cache.length = 128
+    gpu.step.set(np.array([1, 128], dtype=np.int32))
+    cp.cuda.Device().synchronize()                         # the copy ran on the default stream
+    ones = cp.ones(max(c.dim, c.ffn_dim), cp.float32)
+    x, act = cp.ones(c.dim, cp.float32), cp.ones(c.ffn_dim, cp.float32)
+    y = cp.empty(max(c.dim, gpu.qkv_width, 2 * c.ffn_dim), cp.float32)    # room for any matrix's rows
+    gu = cp.empty(c.ffn_dim, cp.float32)
+    parts = gpu._decode_parts(cache)
+    n = len(gpu.layers)
+    Ls = gpu.layers
+    runs = {
+        "qkv": lambda i: k.gemv_qkv(Ls[i].wqkv, x, ones[:c.dim], 1e-5, y[:gpu.qkv_width], gpu.step_pos, gpu.inv_freq,
+                                    cache.k[i], cache.v[i], c.n_heads, c.n_kv_heads, c.head_dim),
+        "attention": lambda i: k.attention(gpu.qkv, 1, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i],
+                                           gpu.step_pos, c.sliding_window, parts, gpu.attn),
+        "o": lambda i: k.gemv(Ls[i].wo, gpu.attn[0], y[:c.dim], True, 4),
+        "gate_up": lambda i: k.gemv_swiglu(Ls[i].w_gate_up, x, ones[:c.dim], 1e-5, gu),
+        "down": lambda i: k.gemv(Ls[i].w_down, act, y[:c.dim], True, 4),
+    }
+    out = {}
+    say(f"\none decode step's kernels, each kind launched once per layer ({n} in a row, different weights) inside "
+        f"a CUDA graph: µs per launch, gaps included; fp16 v4 on the same shape (8 copies in turn)")
+    say(f"  {'kernel':<10} {'shape':>13} {'MB':>7} {'µs':>7} {'TB/s':>6} {'% copy':>7} {'x layers µs':>11} "
+        f"{'fp16 µs':>8} {'fp16 TB/s':>9}")
+    for kind, run in runs.items():
+        us = out[kind] = graph_us(run, n)
+        if kind == "attention":
+            say(f"  {kind:<10} {'':>13} {'':>7} {us:7.1f} {'':>6} {'':>7} {us * n:11.0f}")
+            continue
+        w = getattr(Ls[0], {"qkv": "wqkv", "o": "wo", "gate_up": "w_gate_up", "down": "w_down"}[kind])
+        rows, cols = w.shape
+        dense = [cp.empty((rows, cols), cp.float16) for _ in range(8)]
+        for j, d in enumerate(dense):
+            k.fill_uniform(d, 100 + j, 0.01)
+        xin = act if kind == "down" else x
+        f16 = graph_us(lambda i: k.gemv(dense[i % 8], xin, y[:rows], False, 4), 16)
+        say(f"  {kind:<10} {str((rows, cols)):>13} {w.nbytes / 1e6:7.1f} {us:7.1f} {w.nbytes / us / 1e6:6.2f} "
+            f"{100 * w.nbytes / (us * 1e-6) / bw:6.0f}% {us * n:11.0f} {f16:8.1f} {2 * rows * cols / f16 / 1e6:9.2f}")
+    head_us = out["lm_head"] = graph_us(lambda i: k.gemv_rmsnorm(gpu.lm_head, x, ones[:c.dim], 1e-5, gpu.logits,
+                                                                 version=4), 4)
+    total = sum(v * (1 if kind == "lm_head" else n) for kind, v in out.items())
+    say(f"  lm_head (16-bit) {head_us:.1f} µs; all kernels of a step, summed: {total / 1e3:.3f} ms")
+    out["sum_ms"] = total / 1e3
+    return out
+
+
+def _decode_tok_s(gpu, cache, prompt, n_new: int, use_graph: bool = True) -> tuple[float, list[int]]:
+    """selfcheck.decode_tok_s with or without the CUDA graph (the graph is back on after)."""
+    gpu.use_graph = use_graph
+    try:
+        return decode_tok_s(gpu, cache, prompt, n_new)
+    finally:
+        gpu.use_graph = True
+
+
+def _per_kernel(gpu, cache, run) -> tuple[dict, float]:
+    """CUDA events around every launch of run() (eager): {kernel: (launches, ms)}, total ms."""
+    timer = EventTimer()
+    with gpu.stream:
+        gpu.k.timer = timer
+        try:
+            run()
+        finally:
+            gpu.k.timer = None
+        totals = timer.totals()
+    return totals, sum(ms for _, ms in totals.values())
+
+
+def _print_kernels(totals: dict, total_ms: float) -> None:
+    say(f"  {'kernel':<34} {'launches':>8} {'total µs':>9} {'µs each':>8} {'share':>6}")
+    for name, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        say(f"  {name:<34} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / total_ms:5.1f}%")
+
+
+def bench_quant(cfg: ModelConfig, label: str, quant: str, dtype: str = "float16", n_new: int = 128,
+                prompt_len: int = 16, ttft_len: int = 512, group_size: int = 128,
+                show_targets: bool = False, sweep: bool = False) -> dict:
+    """Benchmark a random-weight model of cfg's shape with int8/int4 layer matrices; print the table.
+    sweep: also time decode with the quantized GEMV's other settings (grid, prefetching)."""
+    from minillm.cuda.gpu_model import GPUTransformer
+
+    say("\ncopy bandwidth")
+    bw = BANDWIDTH["copy"] = copy_bandwidth(2048 << 20)
+    say(f"  device-to-device copy: {bw / 1e12:.2f} TB/s (bytes read + written)")
+    t0 = time.perf_counter()
+    gpu = GPUTransformer.random(cfg, dtype, seed=0, quant=quant, group_size=group_size)
+    wbytes = gpu.weight_bytes
+    head = gpu.lm_head.nbytes
+    say(f"\nmodel: {label}, random {quant}{f' (groups of {group_size})' if quant == 'int4' else ''} layer weights "
+        f"+ {dtype} LM head, made on the device in {time.perf_counter() - t0:.1f} s: {wbytes / 1e9:.3f} GB read per "
+        f"decode step ({head / 1e9:.3f} GB of it the 16-bit LM head); roofline {bw / wbytes:.0f} tok/s")
+
+    # -- each kind of kernel of the decode step, 32 launches (one per layer) replayed as a CUDA graph
+    table = step_kernels_in_graphs(gpu, bw)
+    # -- prefill (TTFT): each quantized matrix widened to 16 bits, then cuBLAS
+    cache = gpu.new_cache(max(ttft_len, prompt_len + n_new) + 8)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, cfg.vocab_size, ttft_len)
+    ttft = prefill_ttft(gpu, cache, prompt)
+    say(f"\nprefill {ttft_len} tokens: TTFT {ttft * 1e3:.1f} ms (median of 3 after a warm-up)")
+
+    # -- decode: eager, graph (and the grid sweep)
+    short = rng.integers(0, cfg.vocab_size, prompt_len)
+    results = {"eager": _decode_tok_s(gpu, cache, short, n_new, use_graph=False),
+               "graph": _decode_tok_s(gpu, cache, short, n_new)}
+    same = results["eager"][1] == results["graph"][1]
+    verdict(f"{label} {quant} decode: graph tokens == eager tokens", same,
+            "" if same else "the graph replay diverged from eager launches")
+    if sweep:          # other settings of the quantized GEMV (Kernels' tunables), each with its own graph
+        k, defaults = gpu.k, (gpu.k.quant_blocks_per_sm, gpu.k.quant_flags, gpu.prefetch_next)
+        for label_, blocks, flags, nxt in [("L2 look-ahead", 2, 1, False), ("next-GEMV prefetch", 2, 0, True),
+                                           ("look-ahead + next GEMV", 2, 1, True),
+                                           ("look-ahead 2 + next GEMV", 2, 3, True),
+                                           ("1 block/SM", 1, 0, False), ("unbounded grid", 0, 0, False)]:
+            k.quant_blocks_per_sm, k.quant_flags, gpu.prefetch_next = blocks, flags, nxt
+            results[f"graph, {label_}"] = _decode_tok_s(gpu, cache, short, n_new)
+        k.quant_blocks_per_sm, k.quant_flags, gpu.prefetch_next = defaults
+    per_token = report_decode(cfg, wbytes, prompt_len, n_new, results, bw, width=34)
+
+    # -- where one prefill spends its time (the decode step's kernels: the graph table above)
+    cache.reset()
+    totals, pf_ms = _per_kernel(gpu, cache, lambda: gpu.prefill(prompt, cache))
+    graph_ms = 1e3 / results["graph"][0]
+    say(f"\ndecode step: {graph_ms:.3f} ms per token with the graph; its kernels timed kind by kind in graphs "
+        f"sum to {table['sum_ms']:.3f} ms")
+    say(f"\none prefill of {ttft_len} tokens, per kernel (cuBLAS GEMMs not timed one by one; sum of our "
+        f"kernels {pf_ms:.2f} ms vs TTFT {ttft * 1e3:.1f} ms)")
+    _print_kernels(totals, pf_ms)
+
+    tps = results["graph"][0]
+    target = TARGETS[quant] if show_targets else None
+    say(f"\nsummary ({label}, {quant} layer weights, {dtype} head and activations, batch 1)")
+    say(f"  {'':<24} {'measured':>10} {'target':>8}")
+    for name, value, want in [("decode tok/s", f"{tps:.1f}", f"≥ {target}" if target else ""),
+                              ("decode tok/s, eager", f"{results['eager'][0]:.1f}", ""),
+                              ("GB/s", f"{per_token * tps / 1e9:.0f}", ""),
+                              ("% of copy bandwidth", f"{100 * per_token * tps / bw:.0f}%", ""),
+                              (f"TTFT {ttft_len} tokens, ms", f"{ttft * 1e3:.1f}", "")]:
+        say(f"  {name:<24} {value:>10} {want:>8}")
+    if target:
+        gap = tps / target - 1
+        say(f"  {'met' if gap >= 0 else 'missed'}: {100 * gap:+.0f}% against {target} tok/s")
+    return {"tok_s": tps, "gb_s": per_token * tps / 1e9, "copy_bw": bw, "bytes_per_token": per_token,
+            "ttft_s": ttft, "step_kernels": table, "results": {m: r[0] for m, r in results.items()}}
+
+
+def run_bench(config: ModelConfig, label: str, dtype: str = "float16", n_new: int = 128, prompt_len: int = 16,
+              ttft_len: int = 512, peer: bool = True, quant: str | None = None, group_size: int = 128) -> int:
+    """`minillm bench --device cuda`: the benchmark part alone, for any model shape, then HF on the same shape
+    (HF in fp16 also next to int8/int4: eager transformers has no int8/int4 kernels of its own)."""
+    import cupy as cp
+    if quant:
+        bench_quant(config, label, quant, dtype, n_new, prompt_len, ttft_len, group_size,
+                    show_targets=config == bench_config(False))
+    else:
+        bench(False, dtype, n_new, prompt_len, ttft_len, config=config, label=label)
+    if peer:
+        cp.get_default_memory_pool().free_all_blocks()
+        try:
+            bench_hf(config, n_new, prompt_len, ttft_len, BANDWIDTH.get("copy"))
+        except Exception as e:  # noqa: BLE001 - a missing torch/transformers is not a minillm failure
+            say(f"\nHF transformers comparison skipped: {type(e).__name__}: {e}")
+    return 1 if FAILED else 0

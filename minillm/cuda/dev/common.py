@@ -1,0 +1,143 @@
+"""What every dev module shares: tolerances, the error measure, poisoned outputs, random weights, and
+the small check-runner that prints PASS/FAIL lines (the selfcheck driver and each family's `main`).
+
+Each `check_*` in the family modules runs on random inputs (never zeros), poisons outputs with NaN first
+(an element a kernel forgets to write shows up as NaN), and returns (error, tolerance): the largest
+absolute difference relative to the reference's largest magnitude, and what is accepted.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Callable
+
+import numpy as np
+
+from minillm.backend import as_f32, to_dtype
+from minillm.cuda.kernels import Kernels
+from minillm.cuda.qweights import QuantMatrix
+from minillm.model.quant import quantize
+
+# Relative tolerances: fp16 keeps 11 significant bits, bf16 8; fp32 paths are far tighter.
+TOL = {"float16": 2e-3, "bfloat16": 1.6e-2}
+F32_TOL = 1e-5
+
+
+# Quantized GEMVs (gemv_quant.cu v2) multiply codes and x in fp16 within each 16-byte chunk, then widen:
+# ~1e-3 of the largest output at worst, 10-100x below what quantizing the weights moved it already.
+QUANT_TOL = 3e-3
+
+
+def gemv_tol(n_in: int, quant: str | None) -> float:
+    """Same weights on both sides: fp32 summation order only, or the quantized kernels' fp16 products."""
+    return QUANT_TOL if quant is not None else F32_TOL * math.sqrt(n_in)
+
+
+def _cp():
+    import cupy
+    return cupy
+
+
+def narrow(a: np.ndarray, dtype: str) -> np.ndarray:
+    """fp32 -> host 16-bit storage (float16, or bf16 bits as uint16), as the GPU holds it."""
+    return to_dtype(np.asarray(a, np.float32), dtype)
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return math.inf
+    if np.isnan(got).any():
+        return math.inf                        # a poisoned element was never written
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def poisoned(shape, dtype):
+    """A device array filled with NaN (fp16/fp32) or the bf16 NaN pattern 0x7FC0 (uint16)."""
+    cp = _cp()
+    if np.dtype(dtype) == np.uint16:
+        return cp.full(shape, 0x7FC0, dtype=cp.uint16)
+    return cp.full(shape, np.nan, dtype=dtype)
+
+
+def _host(a) -> np.ndarray:
+    """Device array -> host fp32 (16-bit storage widened)."""
+    return as_f32(_cp().asnumpy(a))
+
+
+def _sync():
+    _cp().cuda.Device().synchronize()
+
+
+def weights(k: Kernels, rows: int, n_in: int, rng, quant: str | None = None, group_size: int = 128):
+    """Random W [rows, in] (variance 1/in) as the GPU holds it, and the fp32 reference it stands for:
+    16-bit (the weight dtype), or int8/int4 quantized by minillm.model.quant and uploaded as is.
+    -> (reference fp32 [rows, in] on the host, device matrix)"""
+    w = rng.standard_normal((rows, n_in)) / math.sqrt(n_in)
+    if quant is None:
+        w = narrow(w, k.dtype)
+        return as_f32(w), _cp().asarray(w)
+    q = quantize(w.astype(np.float32), quant, group_size)
+    return q.dequantize(), QuantMatrix.upload([q])
+
+
+def _narrow_dt(dtype: str):
+    return np.float16 if dtype == "float16" else np.uint16
+
+
+# ---- running checks -----------------------------------------------------------------------------
+FAILED: list[str] = []
+
+
+SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def verdict(name: str, passed: bool, detail: str) -> None:
+    say(f"  {'PASS' if passed else 'FAIL'}  {name:<52} {detail}")
+    if not passed:
+        FAILED.append(name)
+
+
+def guarded(name: str, fn) -> None:
+    """Run one check; an exception is a failed check, not the end of the selfcheck."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - report and go on
+        verdict(name, False, f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def run_cases(make_cases: Callable[[Kernels], list], dtypes=("float16", "bfloat16"), quick: bool = False) -> None:
+    """Every (label, check) of make_cases(Kernels(dtype)) for each dtype, one PASS/FAIL line each
+    (quick: every other case)."""
+    for dtype in dtypes:
+        k = Kernels(dtype)
+        listed = make_cases(k)
+        for name, run in listed[::2] if quick else listed:
+            label = f"{SHORT[dtype]} {name}"
+
+            def one(run=run, label=label):
+                err, tol = run()
+                verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
+            guarded(label, one)
+
+
+def require_gpu(prog: str) -> bool:
+    """True when a GPU can be used; else one line on stderr saying why."""
+    from minillm.cuda import available
+    if available():
+        return True
+    print(f"{prog}: no CUDA device (or no CuPy): run this on the GPU machine", file=sys.stderr)
+    return False
+
+
+def finish(prog: str) -> int:
+    """The last line of a run: all passed (0) or which failed (1)."""
+    if FAILED:
+        say(f"{prog}: {len(FAILED)} FAILED: {', '.join(FAILED)}")
+        return 1
+    say(f"{prog}: all checks passed")
+    return 0

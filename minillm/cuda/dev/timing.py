@@ -1,0 +1,85 @@
+"""The one GPU timer and the one bandwidth probe every dev module, lesson and benchmark uses.
+
+    time_gpu(fn, reps)     median ms of fn() on the current stream, by CUDA events (warmed up first)
+    graph_us(fn, n)        µs per call of fn(0) .. fn(n-1) captured as one CUDA graph and replayed
+    EventTimer             Kernels.timer: CUDA events around every launch, summed per kernel name
+    copy_bandwidth(bytes)  device-to-device copy, bytes read + written per second: the memory roofline
+"""
+from __future__ import annotations
+
+import statistics
+
+BANDWIDTH: dict[str, float] = {}
+
+
+def time_gpu(fn, reps: int, warmup: int = 2) -> float:
+    """Median milliseconds of fn() on the current stream, by CUDA events."""
+    import cupy as cp
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(cp.cuda.get_current_stream())        # explicit: record() alone may mean the null stream
+        fn()
+        end.record(cp.cuda.get_current_stream())
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+def capture(fn, stream):
+    """fn()'s launches on `stream`, captured as a CUDA graph (not run)."""
+    stream.begin_capture()
+    try:
+        fn()
+    finally:
+        graph = stream.end_capture()
+    return graph
+
+
+def graph_us(fn, n: int, reps: int = 5) -> float:
+    """µs per call of fn(i), i = 0 .. n-1, captured as one CUDA graph and replayed (median of `reps`): no
+    host launch cost, the gaps between dependent kernels stay, as in the decode step's own graph."""
+    import cupy as cp
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn(0)                                               # load / warm outside the capture
+        graph = capture(lambda: [fn(i) for i in range(n)], stream)
+        ms = time_gpu(lambda: graph.launch(stream), reps)
+    return ms * 1e3 / n
+
+
+class EventTimer:
+    """Kernels.timer: CUDA events around every launch, summed per kernel name."""
+
+    def __init__(self):
+        self.records = []
+
+    def __call__(self, name, launch):
+        import cupy as cp
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(cp.cuda.get_current_stream())
+        launch()
+        end.record(cp.cuda.get_current_stream())
+        self.records.append((name, start, end))
+
+    def totals(self) -> dict[str, tuple[int, float]]:
+        import cupy as cp
+        self.records[-1][2].synchronize()
+        out: dict[str, list] = {}
+        for name, s, e in self.records:
+            n, ms = out.get(name, (0, 0.0))
+            out[name] = (n + 1, ms + cp.cuda.get_elapsed_time(s, e))
+        return out
+
+
+def copy_bandwidth(nbytes: int) -> float:
+    """Device-to-device copy, bytes read + written per second (the memory roofline)."""
+    import cupy as cp
+    src = cp.ones(nbytes // 4, cp.float32)
+    dst = cp.empty_like(src)
+    ms = time_gpu(lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes,
+                                                      cp.cuda.runtime.memcpyDeviceToDevice,
+                                                      cp.cuda.get_current_stream().ptr), reps=10)
+    return 2 * nbytes / (ms / 1e3)
