@@ -56,9 +56,9 @@ def attend_codes(q, k8, k_scale, v8, v_scale):
 
 
 def kv_decode_on_the_gpu() -> None:
-    """Long-context decode with the 16-bit and the int8 KV cache on the device (minillm.cuda.qbench)."""
-    from minillm.cuda.qbench import kv_cache_report
-    from minillm.cuda.selfcheck import bench_config
+    """Long-context decode with the 16-bit and the int8 KV cache on the device (minillm.cuda.dev.qbench)."""
+    from minillm.cuda.dev.qbench import kv_cache_report
+    from minillm.cuda.dev.bench import bench_config
     contexts = (1024, 4096) if quick() else (4096, 32000)
     if quick():
         out = kv_cache_report(bench_config(True), "a small Mistral-like model", contexts=contexts, n_new=16)
@@ -157,7 +157,7 @@ def main():
                  ["int8 + fp32 scale per vector", 2 * (hd + 4), f"{(hd + 4) / (2 * hd):.2f}"]])
     print("The GPU kernel (decode_attention.cu, attention_gqa*_int8) does exactly this per key: codes widened in\n"
           "registers, one multiply by the key's scale on its score, one by the value's scale on its probability.")
-    failed = run_gpu_parts([("long-context decode, 16-bit vs int8 KV cache (python -m minillm.cuda.qbench "
+    failed = run_gpu_parts([("long-context decode, 16-bit vs int8 KV cache (python -m minillm.cuda.dev.qbench "
                              "--kv-cache)", kv_decode_on_the_gpu)])
 
     def draw(ax):

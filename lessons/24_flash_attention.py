@@ -130,7 +130,7 @@ def gpu_tiled_vs_naive() -> None:
     """prefill_attention.cu vs the decode kernel used for prefill vs a naive three-step CuPy attention."""
     import cupy as cp
     from minillm.cuda.kernels import Kernels
-    from minillm.cuda.selfcheck import time_gpu
+    from minillm.cuda.dev.timing import time_gpu
     k = Kernels("float16")
     H, n_kv, hd = 32, 8, 128                                   # Mistral-7B's attention layout
     group, rng = H // n_kv, np.random.default_rng(0)

@@ -332,13 +332,13 @@ def _run_cuda(model_name, random_weights, dtype, prompt_tokens, new_tokens, peer
     from minillm.model.config import PRESETS
     if kv_cache == "int8":
         raise MiniLLMError("on cuda, long-context decode with the int8 KV cache is timed by "
-                           "python -m minillm.cuda.qbench --kv-cache")
+                           "python -m minillm.cuda.dev.qbench --kv-cache")
     if not random_weights:
         raise MiniLLMError("--device cuda benchmarks random weights of a preset's shape: "
                            "add --random-weights and --model PRESET (e.g. mistral-7b)")
     if quant == "int4" and group_size % 32:
         raise MiniLLMError(f"int4 groups must be a multiple of 32, got {group_size}")
     check_device("cuda")
-    from minillm.cuda.selfcheck import run_bench
+    from minillm.cuda.dev.bench import run_bench
     return run_bench(PRESETS[model_name].config, f"{model_name} shape", dtype or "float16", new_tokens, 16,
                      prompt_tokens, peer, quant=quant, group_size=group_size)
