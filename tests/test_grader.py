@@ -35,7 +35,7 @@ def test_three_students_give_the_expected_csv_within_a_bounded_time(tmp_path):
     _copy(1, subs / "carol"), _copy(24, subs / "carol")
     (subs / "carol" / exercise_path(2).name).write_text(LOOP)          # loops forever in exercise 02 only
     start = time.monotonic()
-    grades = grade_folder(subs, tmp_path / "grades.csv", tmp_path / "feedback", Limits(time_s=1.5, jobs=3))
+    grades = grade_folder(subs, tmp_path / "grades.csv", tmp_path / "feedback", Limits(time_s=3, jobs=3))
     assert time.monotonic() - start < 40                               # the loop cost its time limit, once
 
     rows = list(csv.DictReader(open(tmp_path / "grades.csv")))
@@ -54,7 +54,7 @@ def test_three_students_give_the_expected_csv_within_a_bounded_time(tmp_path):
     assert "exercise 02 kv_cache_update" in bob and "FAIL  prefill" in bob and "in place" in bob, bob
     assert "FAILS_CASE = 'prefill'" in wrong
     carol = (tmp_path / "feedback" / "carol.txt").read_text()
-    assert "over the time limit of 1.5 s" in carol and "not submitted: 03" in carol, carol
+    assert "over the time limit of 3 s" in carol and "not submitted: 03" in carol, carol
     assert "FAILED" not in (tmp_path / "feedback" / "alice.txt").read_text()
 
 
