@@ -141,17 +141,16 @@ def _metrics_line(g) -> str:
 @_load_options
 @_sampling_options
 @click.option("--system", default=None, help="A system message to start the conversation with.")
-def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p, seed, system):
+@_tp_option
+def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p, seed, system, tp):
     """Talk with a model in the terminal; an empty line or Ctrl-C ends the conversation."""
-    llm = _load(model, device, dtype, quant, group_size, kv_cache)
+    from minillm.engine.parallel.launcher import read_turn
+    llm = _load(model, device, dtype, quant, group_size, kv_cache, tp=tp)
     messages = [{"role": "system", "content": system}] if system else []
     click.echo(f"Chatting with {model}. An empty line or Ctrl-C ends.", err=True)
     while True:
-        try:
-            user = input("> ")
-        except (EOFError, KeyboardInterrupt):
-            break
-        if not user.strip():
+        user = read_turn("> ", llm.model)      # with --tp: rank 0 reads, every rank gets the line
+        if user is None:
             break
         messages.append({"role": "user", "content": user})
         g = llm.generate(messages, max_tokens=max_tokens, temperature=temperature, top_k=top_k,

@@ -316,3 +316,8 @@ def test_tp_rows_by_hand():
     assert cost.pp_bubble(4, 12) == pytest.approx(3 / 15)
     link_fit = cost.measured_link(10.0, 1000, 110.0, 26000)
     assert link_fit.latency_s == pytest.approx(1e-5) and link_fit.bandwidth == pytest.approx(1e9)
+
+
+def test_weight_formats_it_cannot_slice_are_refused():
+    with pytest.raises(MiniLLMError, match="not nf4"):
+        sharding.check(SMOLLM2.replace(quantization={"method": "nf4", "group_size": 64}), 3)

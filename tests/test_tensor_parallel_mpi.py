@@ -110,3 +110,13 @@ def test_a_rank_that_dies_mid_generation_ends_the_others(model_dir, how):
     assert time.perf_counter() - start < 30
     if how == "hang":                                     # rank 0 says why it stopped
         assert "waited over 2 s for the other ranks" in result.stderr
+
+
+def test_chat_with_tp2_answers_what_tp1_answers(tiny_chat_model):
+    def chat(*extra):
+        cmd = [sys.executable, "-m", "minillm", "chat", "-m", str(tiny_chat_model), "-n", "6", *extra]
+        return subprocess.run(cmd, input="Hello there\n\n", capture_output=True, text=True, timeout=90, env=ENV)
+
+    one, two = chat(), chat("--tp", "2")
+    assert two.returncode == 0, two.stderr
+    assert two.stdout == one.stdout and two.stdout.count("> ") == 2    # rank 0 read both lines for everyone

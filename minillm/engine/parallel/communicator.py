@@ -44,7 +44,7 @@ class Communicator(Protocol):
     def all_reduce(self, x): ...
     def all_gather(self, x): ...
     def broadcast(self, x, root: int = 0): ...
-    def broadcast_object(self, obj, root: int = 0): ...
+    def broadcast_object(self, obj, root: int = 0, timeout_s: float | None = None): ...
     def barrier(self) -> None: ...
 
 
@@ -105,7 +105,7 @@ class SingleProcess(_Timed):
     def broadcast(self, x, root: int = 0):
         return x
 
-    def broadcast_object(self, obj, root: int = 0):
+    def broadcast_object(self, obj, root: int = 0, timeout_s: float | None = None):
         return obj
 
     def barrier(self) -> None:
@@ -172,7 +172,7 @@ class LocalCommunicator(_Timed):
         x[...] = self.group.exchange(self.rank, np.array(x, copy=True))[root]
         return x
 
-    def broadcast_object(self, obj, root: int = 0):
+    def broadcast_object(self, obj, root: int = 0, timeout_s: float | None = None):
         return self.group.exchange(self.rank, obj)[root]
 
     def barrier(self) -> None:
@@ -218,16 +218,19 @@ class MPICommunicator(_Timed):
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.timeout_s = timeout_s
 
-    def _wait(self, request, op: str) -> None:
-        """Poll the request; after a short spin, yield the core between polls (ranks may share cores)."""
-        deadline = time.monotonic() + self.timeout_s
+    def _wait(self, request, op: str, timeout_s: float | None = None) -> None:
+        """Poll the request: spin briefly, then yield the core between polls (ranks may share cores), and
+        after 10 ms of waiting sleep a millisecond between polls (a rank waiting on a user must not burn one)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        start = time.monotonic()
         spins = 0
         while not request.Test():
             spins += 1
             if spins > 64:
-                time.sleep(0)
-                if time.monotonic() > deadline:
-                    raise CommTimeout(f"rank {self.rank}: {op} waited over {self.timeout_s:g} s for the other "
+                waited = time.monotonic() - start
+                time.sleep(0.001 if waited > 0.01 else 0)
+                if waited > timeout_s:
+                    raise CommTimeout(f"rank {self.rank}: {op} waited over {timeout_s:g} s for the other "
                                       f"ranks (one died or hangs)")
 
     def all_reduce(self, x):
@@ -245,16 +248,17 @@ class MPICommunicator(_Timed):
         self._time("all_gather", x.nbytes, start)
         return out
 
-    def broadcast(self, x, root: int = 0):
+    def broadcast(self, x, root: int = 0, timeout_s: float | None = None):
         start = time.perf_counter()
-        self._wait(self.comm.Ibcast(x, root=root), "broadcast")
+        self._wait(self.comm.Ibcast(x, root=root), "broadcast", timeout_s)
         self._time("broadcast", x.nbytes, start)
         return x
 
-    def broadcast_object(self, obj, root: int = 0):
-        """Pickled, then a length and the bytes as two broadcasts (each with the timeout)."""
+    def broadcast_object(self, obj, root: int = 0, timeout_s: float | None = None):
+        """Pickled, then a length and the bytes as two broadcasts. timeout_s: longer than the default where
+        root waits on a person (a chat's next line)."""
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if self.rank == root else None
-        n = self.broadcast(np.array([0 if data is None else len(data)], dtype=np.int64), root)
+        n = self.broadcast(np.array([0 if data is None else len(data)], dtype=np.int64), root, timeout_s)
         buf = data.copy() if data is not None else np.empty(int(n[0]), dtype=np.uint8)
         return pickle.loads(self.broadcast(buf, root).tobytes())
 
@@ -329,8 +333,8 @@ class NCCLCommunicator(_Timed):
         self._time("broadcast", x.nbytes, start)
         return x
 
-    def broadcast_object(self, obj, root: int = 0):
-        return self.host.broadcast_object(obj, root)
+    def broadcast_object(self, obj, root: int = 0, timeout_s: float | None = None):
+        return self.host.broadcast_object(obj, root, timeout_s)
 
     def barrier(self) -> None:
         self.all_reduce(self.xp.zeros(1, dtype=np.float32))

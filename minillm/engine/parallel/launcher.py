@@ -126,6 +126,20 @@ def exit_rank(code: int) -> None:
     _active.abort(code)
 
 
+def read_turn(prompt: str, model=None) -> str | None:
+    """The user's next line, None at an empty line, EOF or Ctrl-C. With tensor parallelism rank 0 reads
+    it (mpiexec gives stdin to rank 0 only) and every rank gets it, waiting as long as the user takes."""
+    comm = getattr(model, "comm", None)
+    line = None
+    if comm is None or comm.rank == 0:
+        try:
+            line = input(prompt)
+        except (EOFError, KeyboardInterrupt):
+            line = None
+        line = line if line and line.strip() else None
+    return line if comm is None else comm.broadcast_object(line, timeout_s=float("inf"))
+
+
 def is_main_rank() -> bool:
     """Rank 0 (or no ranks at all): the process that prints."""
     return _active is None or _active.rank == 0

@@ -37,6 +37,7 @@ COLUMN_PARALLEL = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "
 ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")
 REPLICATED = ("input_layernorm.weight", "post_attention_layernorm.weight")
 INT4_GROUP_SIZES = (32, 64, 128)
+SHARDED_FORMATS = ("int8", "int4")       # quantized storage whose tensors this module knows how to slice
 VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 
 
@@ -96,6 +97,9 @@ def check(config: ModelConfig, tp: int) -> None:
 def _check_int4_groups(config: ModelConfig, tp: int) -> None:
     """Row-parallel int4 shards must hold whole groups: o_proj's and down_proj's inputs per rank."""
     q = config.quantization or {}
+    if q and q.get("method") not in SHARDED_FORMATS:
+        raise MiniLLMError(f"tensor parallelism shards float, int8 and int4 weights, not {q.get('method')}; "
+                           f"use tp=1 or quantize to int8/int4")
     if q.get("method") != "int4":
         return
     widths = {"o_proj": config.n_heads * config.head_dim // tp, "down_proj": config.ffn_dim // tp}
