@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import sys
 
 import click
@@ -30,6 +31,8 @@ class _Group(click.Group):
             _fail("interrupted", 130)
         except MemoryError:
             _fail("out of memory: try a smaller model or --dtype bfloat16", 1)
+        except OSError as e:             # a path the user gave: missing folder, a file where a folder goes, no permission
+            _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e), 1)
 
 
 def _fail(message: str, code: int):
@@ -56,11 +59,29 @@ def _top_p(ctx, param, value):
     return value
 
 
+class Finite(click.FloatRange):
+    """A float option in a range that also refuses nan and inf: FloatRange lets NaN through, since every
+    comparison with NaN is False."""
+    name = "finite float"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def _nonempty(ctx, param, value):
+    if value is not None and not str(value).strip():
+        raise click.BadParameter("must not be empty", ctx=ctx, param=param)
+    return value
+
+
 def _sampling_options(f):
-    f = click.option("--seed", type=int, default=None, help="Random seed for sampling.")(f)
-    f = click.option("--top-p", type=float, default=None, callback=_top_p, help="Nucleus sampling mass, in (0, 1].")(f)
+    f = click.option("--seed", type=click.IntRange(min=0), default=None, help="Random seed for sampling (>= 0).")(f)
+    f = click.option("--top-p", type=Finite(), default=None, callback=_top_p, help="Nucleus sampling mass, in (0, 1].")(f)
     f = click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens.")(f)
-    f = click.option("--temperature", "-t", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+    f = click.option("--temperature", "-t", type=Finite(min=0.0), default=0.0, show_default=True,
                      help="0 is greedy decoding.")(f)
     f = click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)(f)
     return f
@@ -191,8 +212,8 @@ def pull(name):
 
 
 @cli.command()
-@click.argument("src")
-@click.argument("dst")
+@click.argument("src", callback=_nonempty)
+@click.argument("dst", type=click.Path(file_okay=False), callback=_nonempty)
 @click.option("--kv-heads", type=click.IntRange(min=1), default=None,
               help="Mean-pool K/V projection heads down to this many KV heads (GQA/MQA conversion).")
 @click.option("--quant", type=click.Choice(["int8", "int4"]), default=None, help="Write quantized layer weights.")
@@ -271,12 +292,12 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
 @click.option("--random-weights", is_flag=True, help="Random weights of the preset's shape.")
 @click.option("--requests", "n_requests", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Clients in flight.")
-@click.option("--prefix-share", type=click.FloatRange(0.0, 0.99), default=0.75, show_default=True,
+@click.option("--prefix-share", type=Finite(0.0, 0.99), default=0.75, show_default=True,
               help="Agentic workload: the fraction of each prompt that is the shared system prompt.")
 @click.option("--workload", type=click.Choice(["random", "agentic", "both"]), default="both", show_default=True)
 @click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True, help="Mean prompt tokens.")
 @click.option("--output-len", type=click.IntRange(min=1), default=32, show_default=True, help="Mean output tokens.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Write the table here.")
 @click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None, help="Write a chart here.")
 @click.option("--url", default=None, help="Drive a running server (minillm serve or any OpenAI-compatible one) "
@@ -296,7 +317,7 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
 @click.option("--users", type=click.IntRange(min=1), default=None, help="Given: solve for the max context instead.")
 @click.option("--dtype", default="bf16", show_default=True, help="Weights: fp32|fp16|bf16|int8|int4.")
 @click.option("--kv-dtype", default=None, help="fp32|fp16|bf16|int8 [default: the weights' float dtype, else fp16]")
-@click.option("--price", type=float, default=None, help="$ per GPU-hour (overrides the table).")
+@click.option("--price", type=Finite(min=0.0), default=None, help="$ per GPU-hour (overrides the table).")
 @click.option("--reserve", default=None, help="Memory kept back: 0.1, 10% or 8GB [default: 10%].")
 @click.option("--plot", type=click.Path(file_okay=False), default=None, help="Write PNG charts into DIR.")
 def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot):
@@ -358,7 +379,7 @@ def exercise_handout(folder):
               help="Write the grades here: a row per student, a column per exercise (cases passed/total).")
 @click.option("--feedback", "feedback_dir", type=click.Path(file_okay=False), default="feedback", show_default=True,
               help="Write each student's feedback text (their failing cases) into this folder.")
-@click.option("--time-limit", type=click.FloatRange(min=0.1, max=3600), default=30.0, show_default=True,
+@click.option("--time-limit", type=Finite(min=0.1, max=3600), default=30.0, show_default=True,
               help="Seconds one exercise of one student may take.")
 @click.option("--memory-mb", type=click.IntRange(min=256), default=4096, show_default=True,
               help="Address space of a student's grading process.")

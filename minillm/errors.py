@@ -11,3 +11,9 @@ class MiniLLMError(Exception):
 
 class WeightsNotFound(MiniLLMError):
     """A preset's weights are not on disk; the message names the command that fetches them."""
+
+
+class InvalidValue(MiniLLMError, ValueError):
+    """An argument outside what it may be (a NaN temperature, a negative seed, an empty prompt).
+
+    Also a ValueError, so code that already catches ValueError from these checks keeps working."""

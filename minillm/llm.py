@@ -8,7 +8,7 @@ import numpy as np
 
 from minillm.backend import STORAGE_DTYPES, to_dtype, widen_16_bit
 from minillm.model.config import PRESETS, ModelConfig
-from minillm.errors import MiniLLMError, WeightsNotFound
+from minillm.errors import InvalidValue, MiniLLMError, WeightsNotFound
 from minillm.engine.generate import ContextOverflow, Generation, generate_ids
 from minillm.engine.speculative import (ModelDrafter, NgramDrafter, early_exit_drafter, generate_speculative,
                                         int4_drafter, parse_speculative)
@@ -93,8 +93,8 @@ class LLM:
         """Complete `prompt` (plain text), or answer it (a list of messages, or chat=True).
         speculative: "ngram", "int4", "layers:N", a draft model (name, path or LLM) or a Drafter:
         `draft_tokens` proposed per target pass (engine/speculative); the same tokens when greedy."""
-        if max_tokens < 1:
-            raise MiniLLMError(f"max_tokens must be >= 1, got {max_tokens}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+            raise InvalidValue(f"max_tokens must be an integer >= 1, got {max_tokens}")
         if getattr(self.model, "comm", None) is not None:    # tensor parallel: every rank samples alike
             seed = shared_seed(self.model.comm, seed)
         try:

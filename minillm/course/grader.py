@@ -46,7 +46,7 @@ class Report:
             lines.append(f"  {self.note}")
         n_ok = sum(c.passed for c in self.cases)
         verdict = "passed" if self.passed else "FAILED"
-        lines.append(f"{verdict}: {n_ok}/{len(self.cases)} cases")
+        lines.append(f"{verdict}: {n_ok}/{len(self.cases)} cases" if self.cases else f"{verdict}: no case ran")
         return "\n".join(lines)
 
 
@@ -55,7 +55,12 @@ def check_exercise(number: int, module: ModuleType | Callable | str | Path | Non
     exercise = EXERCISES.get(number)
     if exercise is None:
         raise MiniLLMError(f"no exercise {number:02d} (exercises: {', '.join(f'{n:02d}' for n in EXERCISES)})")
-    fn, source = _student_function(exercise, module)
+    try:
+        fn, source = _student_function(exercise, module)
+    except StudentFileError as e:                # the file does not even import: a failed check, not a crash
+        report = Report(number, exercise.function, e.source)
+        report.note = f"does not load: {e}"
+        return report
     report = Report(number, exercise.function, source)
     if fn is None:
         report.note = f"{source} has no function {exercise.function}()"
@@ -83,13 +88,40 @@ def exercise_path(number: int) -> Path:
     return matches[0]
 
 
+class StudentFileError(MiniLLMError):
+    """A student's file that does not import (a syntax error, a missing module): says the file and line."""
+
+    def __init__(self, message: str, source: str):
+        super().__init__(message)
+        self.source = source
+
+
 def load_exercise(number: int, path: str | Path | None = None) -> ModuleType:
-    """Import a student's exercise file as a fresh module (edits are picked up every time)."""
+    """Import a student's exercise file as a fresh module (edits are picked up every time).
+    A file that does not import raises StudentFileError naming the line, not the import's traceback."""
     path = Path(path) if path is not None else exercise_path(number)
+    if path.suffix != ".py":
+        raise MiniLLMError(f"{path}: an exercise is a Python file (exNN_name.py)")
     spec = importlib.util.spec_from_file_location(f"minillm_exercise_{number:02d}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:                     # IndentationError and TabError too: the file never ran
+        where = "" if e.filename and Path(e.filename).resolve() == path.resolve() else f" (in {e.filename})"
+        raise StudentFileError(f"line {e.lineno}{where}: {type(e).__name__}: {e.msg}", _display(path)) from None
+    except Exception as e:  # its top level raised: `import` of a missing module, a NameError, ... (not Ctrl-C)
+        raise StudentFileError(f"line {_student_line(e, path)}: {type(e).__name__}: {e}", _display(path)) from None
     return module
+
+
+def _student_line(error: BaseException, path: Path) -> int | str:
+    """The last line of the student's file in the error's traceback (where their code raised)."""
+    line, target, tb = "?", str(path.resolve()), error.__traceback__
+    while tb is not None:
+        if str(Path(tb.tb_frame.f_code.co_filename).resolve()) == target:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
 
 
 def _student_function(exercise, module) -> tuple[Callable | None, str]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from minillm.engine.sampling import Sampler, SamplingParams
+from minillm.errors import InvalidValue
 
 
 @dataclass
@@ -40,8 +41,8 @@ class Generation:
         return None if self.speculative is None else self.speculative.mean_accepted_length
 
 
-class ContextOverflow(ValueError):
-    pass
+class ContextOverflow(InvalidValue):
+    """The prompt leaves no room in the model's context for a new token."""
 
 
 def generate_ids(model, prompt_ids: Sequence[int], max_tokens: int, params: SamplingParams,
@@ -50,7 +51,7 @@ def generate_ids(model, prompt_ids: Sequence[int], max_tokens: int, params: Samp
     """Generate up to `max_tokens` new tokens after `prompt_ids`, streaming text to `on_text`."""
     context = model.config.max_seq_len
     if len(prompt_ids) == 0:
-        raise ValueError("the prompt is empty")
+        raise InvalidValue("the prompt is empty: there is no token to continue from")
     if len(prompt_ids) >= context:
         raise ContextOverflow(f"the prompt is {len(prompt_ids)} tokens; this model's context is {context}")
     max_tokens = min(max_tokens, context - len(prompt_ids))

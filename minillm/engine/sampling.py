@@ -5,9 +5,12 @@ settings pick from the same distribution HF would.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from minillm.errors import InvalidValue
 
 
 @dataclass
@@ -18,12 +21,24 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top-k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        # NaN passes every comparison's `not`, and inf divides the logits to all-zero or NaN: say so here,
+        # where Python callers and the CLI both come through, not as a NumPy error mid-generation.
+        if not _is_number(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise InvalidValue(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k is not None and not (_is_int(self.top_k) and self.top_k >= 1):
+            raise InvalidValue(f"top-k must be an integer >= 1, got {self.top_k}")
+        if self.top_p is not None and not (_is_number(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise InvalidValue(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not (_is_int(self.seed) and self.seed >= 0):   # NumPy's generators take >= 0
+            raise InvalidValue(f"seed must be an integer >= 0, got {self.seed}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
 def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minillm.backend import as_f32
+from minillm.errors import MiniLLMError
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import int8_kv_bytes_per_token
 
@@ -247,6 +248,9 @@ def run(model, prompt_tokens: int = 512, new_tokens: int = 32, repeats: int = 3,
         echo=print) -> dict:
     """Measure and print the table; return the numbers (for docs and tests)."""
     cfg = model.config
+    if prompt_tokens + new_tokens > cfg.max_seq_len:
+        raise MiniLLMError(f"{prompt_tokens} prompt + {new_tokens} new tokens exceed this model's context of "
+                           f"{cfg.max_seq_len}: lower --prompt-tokens or --new-tokens")
     prompt = np.random.default_rng(0).integers(100, cfg.vocab_size, prompt_tokens).tolist()
     echo(f"machine: {machine_description()}")
     load_before = os.getloadavg()[0]

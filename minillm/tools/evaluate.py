@@ -120,7 +120,10 @@ def run_cli(model: str, text_file: str | Path | None = None, n_chars: int | None
         path = Path(text_file)
         if not path.is_file():
             raise MiniLLMError(f"{path}: text file not found")
-        text = path.read_text(encoding="utf-8")[:n_chars]
+        try:
+            text = path.read_text(encoding="utf-8")[:n_chars]
+        except UnicodeDecodeError as e:
+            raise MiniLLMError(f"{path}: not a UTF-8 text file (byte {e.start}: {e.reason})") from None
         source = f"{path} ({len(text)} chars)"
     else:
         text = eval_text(n_chars or DEFAULT_CHARS)
