@@ -14,13 +14,17 @@ checkout. Every exercise's reference solution is the engine's own code (`minillm
     ex_flashnorm.py  exercise 15: the RMSNorm gain folded into the next projection
     ex_serving.py    exercises 16-19: the block table, the packed batch, the prefix cache, SSE streams
     ex_parallel.py   exercise 21: one rank's shard of a block and its partial outputs (tensor parallelism)
+    ex_flash.py      exercise 24: merging two online-softmax partials (FlashAttention, split-K decode)
     registry.py      EXERCISES: every exercise by number
     grader.py        check_exercise: grade a student's file, case by case
+    classroom.py     a teacher's tools: exercise list, handout (stubs only), solutions, grading a class
+    sandbox.py       the child process that grades one student: no network, memory/CPU/time limits
 
 Everything a lesson, a test or the CLI uses is importable from `minillm.course` itself.
 """
 from minillm.course.cases import Case, CaseFailed, Exercise, expect_close, expect_unchanged
 from minillm.course.ex_basics import kv_cache_update_reference
+from minillm.course.ex_flash import merge_partials_reference
 from minillm.course.ex_flashnorm import fold_rmsnorm_reference
 from minillm.course.ex_parallel import tp_partials_reference
 from minillm.course.ex_gpu import (_warps_reduced, _xor_shuffle_sum, block_sum_reference, decode_launches_reference,
@@ -47,7 +51,7 @@ __all__ = [
     "expect_close", "expect_unchanged", "load_exercise",
     # the engine's references (the lessons measure with some of them)
     "block_sum_reference", "cached_prefix_reference", "decode_launches_reference",
-    "dequantize_int4_words_reference", "fold_rmsnorm_reference", "gather_reference",
+    "dequantize_int4_words_reference", "fold_rmsnorm_reference", "gather_reference", "merge_partials_reference",
     "kv_cache_update_reference", "pack_reference", "quantize_int4_reference", "quantize_int8_reference",
     "quantize_kv_int8_reference", "stream_text_reference", "tp_partials_reference", "transfer_bytes_reference",
     # private, but tests/test_exercises.py checks the block-sum emulation's steps directly
