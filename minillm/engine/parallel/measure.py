@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from minillm.engine.parallel.communicator import Communicator, SingleProcess
+from minillm.engine.parallel.sharding import model_bytes
 
 
 def allreduce_us(comm: Communicator, sizes=(576, 4096, 576 * 64), iters: int = 200) -> dict[int, float]:
@@ -75,6 +76,20 @@ def measure(model: str | Path, tp: int = 1, threads: int = 1, prompt_tokens: int
         return json.loads(out.read_text())
 
 
+def _rank_model(path: str, tp: int):
+    """This rank's Transformer straight from an HF-layout folder (float weights): what load(tp=) builds,
+    without the layers above the engine."""
+    from minillm.checkpoints.weights import load_hf_dir
+    from minillm.engine.parallel.communicator import from_environment
+    from minillm.engine.parallel.sharding import shard_checkpoint
+    from minillm.model.transformer import Transformer
+    config, tensors = load_hf_dir(path)
+    comm = from_environment(tp)
+    if comm.size > 1:
+        config, tensors = shard_checkpoint(config, tensors, comm.rank, comm.size)
+    return Transformer(config, tensors, comm=comm if comm.size > 1 else None)
+
+
 def _main() -> None:
     p = argparse.ArgumentParser(description="one rank of `measure` (run it under mpiexec for tp > 1)")
     p.add_argument("model")
@@ -83,14 +98,12 @@ def _main() -> None:
     p.add_argument("prompt_tokens", type=int)
     p.add_argument("new_tokens", type=int)
     a = p.parse_args()
-    import minillm
-    from minillm.engine.parallel.sharding import model_bytes
-    llm = minillm.load(a.model, tp=a.tp)
-    comm = llm.model.comm or SingleProcess()
-    numbers = profile(llm.model, a.prompt_tokens, a.new_tokens)
-    numbers["weights_bytes_per_rank"] = model_bytes(llm.model)
+    model = _rank_model(a.model, a.tp)
+    comm = model.comm or SingleProcess()
+    numbers = profile(model, a.prompt_tokens, a.new_tokens)
+    numbers["weights_bytes_per_rank"] = model_bytes(model)
     if comm.size > 1:
-        numbers["all_reduce_us_by_size"] = allreduce_us(comm, (llm.config.dim, 64 * llm.config.dim))
+        numbers["all_reduce_us_by_size"] = allreduce_us(comm, (model.config.dim, 64 * model.config.dim))
     if comm.rank == 0:
         Path(a.out).write_text(json.dumps(numbers))
 
