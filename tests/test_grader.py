@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from minillm.course import EXERCISES, exercise_path
-from minillm.course.classroom import (Limits, exercise_list, find_submissions, grade_folder, grade_student, is_stub,
-                                      solution_path, write_handout)
+from minillm.course.classroom import exercise_list, is_stub, solution_path, write_handout
+from minillm.course.grading import Limits, find_submissions, grade_folder, grade_student
 from minillm.errors import MiniLLMError
 
 WRONG_DIR = Path(__file__).parent / "data" / "wrong_solutions"

@@ -17,7 +17,8 @@ checkout. Every exercise's reference solution is the engine's own code (`minillm
     ex_flash.py      exercise 24: merging two online-softmax partials (FlashAttention, split-K decode)
     registry.py      EXERCISES: every exercise by number
     grader.py        check_exercise: grade a student's file, case by case
-    classroom.py     a teacher's tools: exercise list, handout (stubs only), solutions, grading a class
+    classroom.py     a teacher's tools: the exercise list, the handout (stubs only), the solutions
+    grading.py       grading a class: a subprocess per student, the CSV, the feedback
     sandbox.py       the child process that grades one student: no network, memory/CPU/time limits
 
 Everything a lesson, a test or the CLI uses is importable from `minillm.course` itself.

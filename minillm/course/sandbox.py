@@ -1,4 +1,4 @@
-"""The child process `minillm exercise grade` runs for one student: it shuts itself off from the
+"""The child process `minillm exercise grade` (grading.py) runs for one student: it shuts itself off from the
 network (where the OS allows), sets its own memory and CPU limits, then grades the student's files
 one exercise at a time and writes each verdict as one JSON line to the file descriptor it was given.
 
