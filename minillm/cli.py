@@ -9,7 +9,6 @@ import click
 
 from minillm.model.config import DEFAULT_MODEL, PRESETS
 from minillm.errors import MiniLLMError
-from minillm.model.quant import METHODS as QUANT_METHODS
 
 
 class _Group(click.Group):
@@ -92,8 +91,8 @@ def _load_options(f):
     f = _kv_cache_option(f)
     f = click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
                      help="int4 group size along the input dimension (a multiple of 32).")(f)
-    f = click.option("--quant", type=click.Choice(QUANT_METHODS), default=None,
-                     help="Quantize the layer weights as they load (int8/int4, or the float formats fp8, nf4, mxfp4).")(f)
+    f = click.option("--quant", type=click.Choice(["int8", "int4"]), default=None,
+                     help="Quantize the layer weights as they load.")(f)
     f = click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
                      help="How weights are held in memory (compute is fp32 on the CPU).")(f)
     f = click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)(f)
@@ -101,11 +100,11 @@ def _load_options(f):
 
 
 def _kv_cache_option(f, default="auto"):
-    return click.option("--kv-cache", type=click.Choice(["auto", "int8", "fp8", "float32"]), default=default,
+    return click.option("--kv-cache", type=click.Choice(["auto", "int8", "float32"]), default=default,
                         show_default=default is not None,
                         help="KV-cache format: auto = the float type the model computes in (fp32 on the CPU, the "
                              "weights' 16 bits on cuda; float32 names it on the CPU); int8 = codes + a scale "
-                             "per token and head; fp8 = E4M3 codes + a scale the same way (CPU).")(f)
+                             "per token and head.")(f)
 
 
 def memory_line(model) -> str:
@@ -182,22 +181,6 @@ def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperat
         messages.append({"role": "assistant", "content": g.text})
 
 
-def _serve_guard_options(f):
-    """`minillm serve`'s access control and per-request bounds (ServeOptions)."""
-    f = click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
-                     help="Longest prompt in tokens [default: the model's context minus one].")(f)
-    f = click.option("--max-prompt-chars", type=click.IntRange(min=1), default=8_000_000, show_default=True,
-                     help="Longest prompt in characters (all messages together), checked before tokenizing.")(f)
-    f = click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 2 ** 20, show_default=True,
-                     help="Largest request body; a larger one is refused (413) before it is read.")(f)
-    f = click.option("--cors-origin", default=None, help="Let pages from this origin read replies (CORS) [default: none].")(f)
-    f = click.option("--allowed-hosts", default=None, metavar="NAMES",
-                     help="Comma-separated Host names to answer besides loopback and --host ('*': any).")(f)
-    f = click.option("--api-key", envvar="MINILLM_API_KEY", default=None,
-                     help="Require 'Authorization: Bearer KEY' on /v1 routes [env: MINILLM_API_KEY].")(f)
-    return f
-
-
 @cli.command()
 @_load_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
@@ -207,22 +190,16 @@ def _serve_guard_options(f):
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
               help="Reuse the KV blocks of prompt prefixes seen before.")
 @click.option("--served-model-name", default=None, help="The model id clients send [default: --model as given].")
-@_serve_guard_options
 def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, prefix_caching,
-          served_model_name, **guard):
+          served_model_name):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)."""
     from minillm.serve import server     # fails in one line without FastAPI: pip install "minillm[serve]"
     server.check_address(host, port)
-    guard["allowed_hosts"] = tuple(h for h in (guard["allowed_hosts"] or "").split(",") if h.strip())
-    warning = server.exposure_warning(host, guard["api_key"])
-    if warning:
-        click.echo(f"minillm: warning: {warning}", err=True)
     llm = _load(model, device, dtype, quant, group_size)
     options = {"kv_cache": kv_cache, "prefix_caching": prefix_caching}
     if max_concurrency is not None:
         options["max_batch"] = max_concurrency
-    server.serve(llm, served_model_name or model, host, port, server.ServeOptions(**guard), **options)
-
+    server.serve(llm, served_model_name or model, host, port, **options)
 
 
 @cli.command()
@@ -239,7 +216,7 @@ def pull(name):
 @click.argument("dst", type=click.Path(file_okay=False), callback=_nonempty)
 @click.option("--kv-heads", type=click.IntRange(min=1), default=None,
               help="Mean-pool K/V projection heads down to this many KV heads (GQA/MQA conversion).")
-@click.option("--quant", type=click.Choice(QUANT_METHODS), default=None, help="Write quantized layer weights.")
+@click.option("--quant", type=click.Choice(["int8", "int4"]), default=None, help="Write quantized layer weights.")
 @click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True, help="int4 group size.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
               help="Store the float tensors in this dtype.")
@@ -259,7 +236,7 @@ def evaluate():
 
 @evaluate.command()
 @_model_option
-@click.option("--quant", type=click.Choice(QUANT_METHODS), default=None)
+@click.option("--quant", type=click.Choice(["int8", "int4"]), default=None)
 @click.option("--group-size", type=click.IntRange(min=1), default=None, help="int4 group size (default 128).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None)
 @functools.partial(_kv_cache_option, default=None)
@@ -293,7 +270,7 @@ def info(model):
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--peer/--no-peer", default=True, show_default=True, help="Run HF transformers on the same weights too.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--quant", type=click.Choice(QUANT_METHODS), default=None, help="Quantized layer weights.")
+@click.option("--quant", type=click.Choice(["int8", "int4"]), default=None, help="Quantized layer weights.")
 @click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
               help="int4 group size along the input dimension (a multiple of 32).")
 @_kv_cache_option
