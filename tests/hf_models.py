@@ -22,8 +22,15 @@ def mistral_config(sliding_window=6, **extra):
                                          sliding_window=sliding_window) | extra))
 
 
+def qwen2_config(n_heads=8, n_kv_heads=2, tied=False, **extra):
+    """Qwen2: Llama's shape with a bias on q, k and v (none on o or the MLP)."""
+    from transformers import Qwen2Config
+    return Qwen2Config(**(SMALL | dict(num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
+                                       tie_word_embeddings=tied) | extra))
+
+
 def save_random_model(config, path: Path, seed: int = 0):
-    """Build an HF causal LM with random weights (norm gains too), save it, return the HF model."""
+    """Build an HF causal LM with random weights (norm gains and biases too), save it, return the HF model."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -31,6 +38,8 @@ def save_random_model(config, path: Path, seed: int = 0):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):     # default gains are all ones: make them matter
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):         # HF initializes biases to zero: a forgotten bias would pass
+                p.copy_(0.2 * torch.randn_like(p))
     model.save_pretrained(path)
     return model
 

@@ -228,6 +228,11 @@ def _compile_or_fail(template: str):
         raise ChatTemplateError(f"the chat template does not parse: {e}") from None
 
 
+def check_template(template: str) -> None:
+    """ChatTemplateError if `template` does not parse: a model file's broken template is refused at load."""
+    _compile_or_fail(template)
+
+
 class _TemplateTimeout(Exception):
     pass
 

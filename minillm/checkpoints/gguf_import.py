@@ -174,7 +174,8 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
                 warnings.warn(f"{path}: skipping unknown tensor {t.name}")
             continue
         try:
-            w = dequantize(t.data, t.tensor_type)                # float32, [out, in]
+            with np.errstate(over="ignore", invalid="ignore"):   # corrupt scales: checked just below
+                w = dequantize(t.data, t.tensor_type)            # float32, [out, in]
         except NotImplementedError:
             raise MiniLLMError(f"{path}: tensor {t.name} uses quant type {t.tensor_type.name}, "
                                f"which gguf {_gguf_version()} cannot dequantize") from None

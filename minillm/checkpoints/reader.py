@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minillm.checkpoints.gguf_import import load_gguf
-from minillm.checkpoints.tokenizer_files import tokenizer_from_gguf, tokenizer_from_hf
+from minillm.checkpoints.tokenizer_files import NoTokenizer, tokenizer_from_gguf, tokenizer_from_hf
 from minillm.checkpoints.weights import load_hf_dir
 
 
@@ -20,8 +20,8 @@ def read_checkpoint(path: str | Path):
 
 
 def _quietly(make, path):
-    """A GGUF's tokenizer when it has a readable one, else None (the model still loads)."""
+    """A GGUF's tokenizer, or None when it holds none (the model still loads); a corrupt one is an error."""
     try:
         return make(path)
-    except (ValueError, KeyError):
+    except NoTokenizer:
         return None

@@ -7,14 +7,43 @@ from __future__ import annotations
 
 import json
 import re
+import struct
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from minillm.errors import MiniLLMError
+from minillm.checkpoints.chat_template import check_template
 from minillm.checkpoints.tokenizer import (BYTE, CONTROL, GGUF_PRE_TOKENIZERS, NORMAL, SPACE_MARK, UNKNOWN, UNUSED,
                                USER_DEFINED, Tokenizer)
 
 LLAMA3_PRE_NAMES = ("llama-bpe", "llama3", "llama-v3")
+
+
+class TokenizerFileError(MiniLLMError, ValueError):
+    """A tokenizer file that is corrupt or uses a part minillm does not implement; the message names both."""
+
+
+class NoTokenizer(TokenizerFileError):
+    """A GGUF file without tokenizer metadata (a weights-only file): not an error when loading weights."""
+
+
+class TokenizerNotFound(MiniLLMError, FileNotFoundError):
+    """No tokenizer file where one was asked for."""
+
+
+@contextmanager
+def _reading(where):
+    """Whatever a malformed file makes the parsing raise becomes one line naming the file."""
+    try:
+        yield
+    except MiniLLMError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, struct.error) as e:
+        text = str(e) if not isinstance(e, KeyError) else f"missing key {e}"
+        text = text if str(where) in text else f"{where}: {text}"
+        raise TokenizerFileError(text if isinstance(e, ValueError) else f"{text} ({type(e).__name__})") from None
 
 
 def is_gguf(path: Path) -> bool:
@@ -47,6 +76,8 @@ def _read_gguf_metadata(path: Path) -> dict:
             nonlocal pos
             (n,) = struct.unpack_from("<Q", buf, pos)
             pos += 8 + n
+            if pos > len(buf):              # a garbled length: stop here, not read (or loop) past the end
+                raise ValueError(f"{path}: truncated or corrupt GGUF metadata (a string runs past the end)")
             return buf[pos - n:pos].decode("utf-8", errors="replace")
 
         def value(kind: int):
@@ -56,12 +87,16 @@ def _read_gguf_metadata(path: Path) -> dict:
             if kind == 9:
                 elem, n = struct.unpack_from("<IQ", buf, pos)
                 pos += 12
+                if n > len(buf) - pos:          # every element takes at least one byte
+                    raise ValueError(f"{path}: truncated or corrupt GGUF metadata (an array of {n} values)")
                 if elem in _GGUF_SCALARS and elem != 7:   # numbers: one bulk read
                     dtype = np.dtype(_GGUF_SCALARS[elem])
                     arr = np.frombuffer(buf, dtype=dtype, count=n, offset=pos)
                     pos += n * dtype.itemsize
                     return arr.tolist()
                 return [value(elem) for _ in range(n)]
+            if kind not in _GGUF_SCALARS:
+                raise ValueError(f"{path}: corrupt GGUF metadata (unknown value type {kind})")
             fmt = _GGUF_SCALARS[kind]
             (v,) = struct.unpack_from(fmt, buf, pos)
             pos += struct.calcsize(fmt)
@@ -94,7 +129,7 @@ def args_from_gguf(path_or_reader) -> dict:
 
     model = get("ggml.model")
     if model is None:
-        raise ValueError(f"{where} holds no tokenizer (no tokenizer.ggml.model key)")
+        raise NoTokenizer(f"{where} holds no tokenizer (no tokenizer.ggml.model key)")
     tokens = get("ggml.tokens")
     args = dict(tokens=tokens, token_types=get("ggml.token_type") or [NORMAL] * len(tokens),
                 bos_id=get("ggml.bos_token_id"), eos_id=get("ggml.eos_token_id"),
@@ -149,7 +184,7 @@ def args_from_hf(path) -> dict:
     path = Path(path)
     json_path = path / "tokenizer.json" if path.is_dir() else path
     if not json_path.exists():
-        raise FileNotFoundError(f"no tokenizer.json at {json_path}")
+        raise TokenizerNotFound(f"no tokenizer.json at {json_path}")
     try:
         data = json.loads(json_path.read_text(encoding="utf-8"))
         model = data["model"]
@@ -158,10 +193,17 @@ def args_from_hf(path) -> dict:
     if model.get("type") != "BPE":
         raise ValueError(f"{json_path}: only BPE tokenizers are supported, not {model.get('type')!r}")
     config_path = json_path.parent / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+    except ValueError as err:
+        raise ValueError(f"{config_path} is not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} is not a JSON object")
 
-    vocab: dict[str, int] = model["vocab"]
+    vocab: dict[str, int] = model.get("vocab")
     added = data.get("added_tokens") or []
+    _check_ids(json_path, vocab, added)
+    _check_merges(json_path, model.get("merges", []), vocab)
     size = 1 + max([*vocab.values(), *(a["id"] for a in added)])
     tokens = [f"<unused_{i}>" for i in range(size)]   # holes in the id range stay unusable
     types = [UNUSED] * size
@@ -196,6 +238,35 @@ def args_from_hf(path) -> dict:
         add_bos = bos is not None and single[0].get("SpecialToken", {}).get("id") == bos
     args["add_bos"] = bool(add_bos)
     return args
+
+
+MAX_VOCAB = 1 << 24      # ids past this are corruption, not a vocabulary (the largest real ones are ~260K)
+
+
+def _check_ids(json_path: Path, vocab, added) -> None:
+    """model.vocab maps strings to ids, added_tokens have an id and a content; every id in 0..MAX_VOCAB."""
+    if not isinstance(vocab, dict) or not vocab:
+        raise ValueError(f"{json_path}: model.vocab must be a non-empty object of token -> id")
+    if not isinstance(added, list) or not all(isinstance(a, dict) and isinstance(a.get("content"), str)
+                                              for a in added):
+        raise ValueError(f"{json_path}: added_tokens must be a list of objects with an id and a content")
+    for where, i in [*(("model.vocab", i) for i in vocab.values()), *(("added_tokens", a.get("id")) for a in added)]:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_VOCAB:
+            raise ValueError(f"{json_path}: {where} has the id {i!r}; ids are integers from 0 to {MAX_VOCAB - 1}")
+
+
+def _check_merges(json_path: Path, merges, vocab: dict) -> None:
+    """Each merge is two vocab tokens whose join is a vocab token too, as HF `tokenizers` requires (a merge
+    we skipped would tokenize differently from HF without a word)."""
+    if not isinstance(merges, list):
+        raise ValueError(f"{json_path}: model.merges must be a list")
+    for n, m in enumerate(merges):
+        pair = m.split(" ") if isinstance(m, str) else m
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(isinstance(t, str) for t in pair):
+            raise ValueError(f"{json_path}: model.merges[{n}] = {m!r} is not a pair of tokens")
+        for piece in (pair[0], pair[1], pair[0] + pair[1]):
+            if piece not in vocab:
+                raise ValueError(f"{json_path}: model.merges[{n}] = {m!r} uses {piece!r}, which is not in model.vocab")
 
 
 def _chat_template_from(config: dict, folder: Path) -> str | None:
@@ -275,20 +346,31 @@ def save_hf(tok: Tokenizer, directory: Path) -> None:
 
 
 def tokenizer_from_gguf(path_or_reader) -> Tokenizer:
-    """The tokenizer stored in a GGUF file (a model file or a vocab-only one)."""
-    return Tokenizer(**args_from_gguf(path_or_reader))
+    """The tokenizer stored in a GGUF file (a model file or a vocab-only one); TokenizerFileError if it
+    is corrupt or unsupported, NoTokenizer if the file holds none."""
+    with _reading(getattr(path_or_reader, "path", path_or_reader)):
+        return _checked(Tokenizer(**args_from_gguf(path_or_reader)))
 
 
 def tokenizer_from_hf(path) -> Tokenizer:
-    """An HF tokenizer: a folder with tokenizer.json (+ tokenizer_config.json) or the json itself."""
-    return Tokenizer(**args_from_hf(path))
+    """An HF tokenizer: a folder with tokenizer.json (+ tokenizer_config.json) or the json itself;
+    TokenizerFileError naming the file and the part if it is corrupt or uses what is not implemented."""
+    with _reading(path):
+        return _checked(Tokenizer(**args_from_hf(path)))
+
+
+def _checked(tok: Tokenizer) -> Tokenizer:
+    """A chat template that does not even parse is a broken file: say so at load, not at the first chat."""
+    if tok.chat_template is not None:
+        check_template(tok.chat_template)
+    return tok
 
 
 def load_tokenizer(path) -> Tokenizer:
     """Load a tokenizer from a .gguf file (vocab-only is fine), a folder, or a tokenizer.json."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no tokenizer at {path}: expected a .gguf file, a tokenizer.json, "
+        raise TokenizerNotFound(f"no tokenizer at {path}: expected a .gguf file, a tokenizer.json, "
                                 "or a folder holding tokenizer.json")
     if path.is_dir():
         if (path / "tokenizer.json").exists():
@@ -296,9 +378,9 @@ def load_tokenizer(path) -> Tokenizer:
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return tokenizer_from_gguf(ggufs[0])
-        raise ValueError(f"{path} holds no tokenizer.json (and not exactly one .gguf file)")
+        raise TokenizerFileError(f"{path} holds no tokenizer.json (and not exactly one .gguf file)")
     if is_gguf(path):
         return tokenizer_from_gguf(path)
     if path.suffix == ".json":
         return tokenizer_from_hf(path)
-    raise ValueError(f"{path} is not a tokenizer file: expected a GGUF file or an HF tokenizer.json")
+    raise TokenizerFileError(f"{path} is not a tokenizer file: expected a GGUF file or an HF tokenizer.json")

@@ -27,9 +27,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minillm.backend import STORAGE_DTYPES, bf16_to_f32, f32_to_bf16, to_dtype  # noqa: F401  (bf16 helpers re-exported)
-from minillm.model.config import ModelConfig
+from minillm.model.config import ConfigError, ModelConfig
 from minillm.errors import MiniLLMError
-from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES
+from minillm.model.moe import moe_matrix_shapes
+from minillm.model.formats import FORMATS, stored_shapes
+from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES, is_layer_matrix
+from minillm.model.transformer import bias_names
 from minillm.checkpoints.tokenizer_files import save_hf
 
 # safetensors dtype name <-> numpy dtype. BF16 travels as raw uint16 bits (see the module docstring).
@@ -147,8 +150,10 @@ def read_config(path: str | Path) -> ModelConfig:
     if not file.is_file():
         raise MiniLLMError(f"{file}: missing (a weights dir needs config.json next to its safetensors)")
     try:
-        return ModelConfig.from_hf(json.loads(file.read_text()))
-    except json.JSONDecodeError as e:
+        return ModelConfig.from_hf(json.loads(file.read_text(encoding="utf-8")))
+    except ConfigError as e:                                    # names the field already
+        raise MiniLLMError(f"{file}: {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MiniLLMError(f"{file}: not valid JSON ({e})") from None
     except (KeyError, ValueError, TypeError) as e:
         raise MiniLLMError(f"{file}: cannot read the model shape ({type(e).__name__}: {e})") from None
@@ -164,11 +169,110 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
         raise MiniLLMError(f"{path}: not a directory")
     config = read_config(path)
     if (path / SAFETENSORS).is_file():
-        return config, read_safetensors(path / SAFETENSORS)
-    if (path / SAFETENSORS_INDEX).is_file():
-        return config, _load_sharded(path / SAFETENSORS_INDEX)
-    raise MiniLLMError(f"{path}: no {SAFETENSORS} or {SAFETENSORS_INDEX} (only safetensors weights are read; "
-                       f"convert .bin checkpoints with transformers' save_pretrained first)")
+        tensors = read_safetensors(path / SAFETENSORS)
+    elif (path / SAFETENSORS_INDEX).is_file():
+        tensors = _load_sharded(path / SAFETENSORS_INDEX)
+    else:
+        raise MiniLLMError(f"{path}: no {SAFETENSORS} or {SAFETENSORS_INDEX} (only safetensors weights are read; "
+                           f"convert .bin checkpoints with transformers' save_pretrained first)")
+    check_tensors(config, tensors, path)
+    return config, tensors
+
+
+# ---- the tensors a config implies ------------------------------------------------------------------
+def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every float tensor a model of this config has ([out, in] for matrices):
+    biases, MLA attention and MoE blocks included."""
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.dim), "model.norm.weight": (c.dim,)}
+    if not c.tie_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.dim)
+    attention = _mla_shapes(c) if c.attention == "mla" else {
+        "self_attn.q_proj": (q, c.dim), "self_attn.k_proj": (kv, c.dim), "self_attn.v_proj": (kv, c.dim),
+        "self_attn.o_proj": (c.dim, q)}
+    dense = {"mlp.gate_proj": (c.ffn_dim, c.dim), "mlp.up_proj": (c.ffn_dim, c.dim), "mlp.down_proj": (c.dim, c.ffn_dim)}
+    norms = {"input_layernorm": (c.dim,), "post_attention_layernorm": (c.dim,)}
+    for i in range(c.n_layers):
+        p = f"model.layers.{i}."
+        mlp = {} if c.is_moe_layer(i) else dense
+        shapes |= {f"{p}{part}.weight": shape for part, shape in (attention | mlp | norms).items()}
+        shapes |= {name: (shapes[name.removesuffix(".bias") + ".weight"][0],) for name in bias_names(c, i).values()}
+        if c.is_moe_layer(i):
+            shapes |= moe_matrix_shapes(c, i)
+    return shapes
+
+
+def _mla_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """One MLA layer's attention tensors (mla.py): low-rank or plain queries, the latent KV path, o."""
+    qk = c.n_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim)
+    q = ({"self_attn.q_a_proj": (c.q_lora_rank, c.dim), "self_attn.q_a_layernorm": (c.q_lora_rank,),
+          "self_attn.q_b_proj": (qk, c.q_lora_rank)} if c.q_lora_rank else {"self_attn.q_proj": (qk, c.dim)})
+    return q | {"self_attn.kv_a_proj_with_mqa": (c.kv_lora_rank + c.qk_rope_head_dim, c.dim),
+                "self_attn.kv_a_layernorm": (c.kv_lora_rank,),
+                "self_attn.kv_b_proj": (c.n_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
+                "self_attn.o_proj": (c.dim, c.n_heads * c.v_head_dim)}
+
+
+def _quantized_shapes(c: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The same with each layer matrix P.weight stored as quant.py writes it: P.qweight, P.scales (, P.mins)."""
+    out = {}
+    group = c.quantization.get("group_size", 0)
+    for name, shape in shapes.items():
+        if not is_layer_matrix(name):
+            out[name] = shape
+            continue
+        p, (rows, cols) = name.removesuffix(".weight"), shape
+        if c.quantization["method"] == "int8":
+            out |= {p + ".qweight": shape, p + ".scales": (rows,)}
+        elif c.quantization["method"] in FORMATS:        # fp8, nf4, mxfp4
+            out |= {p + suffix: s for suffix, s in stored_shapes(c.quantization, shape).items()}
+        else:
+            groups = -(-cols // group)
+            out |= {p + ".qweight": (rows, groups * group // 2), p + ".scales": (rows, groups), p + ".mins": (rows, groups)}
+    return out
+
+
+# Tensors some checkpoints carry that change nothing: RoPE's frequencies are computed, not loaded.
+_IGNORABLE = ("rotary_emb.inv_freq",)
+
+
+def check_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], where: str | Path) -> None:
+    """Every tensor the config implies is present, with its shape and a float dtype; nothing that would
+    change the math (a bias, a norm, a layer the config does not declare) is left over. MiniLLMError otherwise.
+
+    Checks the header's shapes only: nothing is read from the files."""
+    shapes = expected_shapes(config)
+    if config.quantization:
+        shapes = _quantized_shapes(config, shapes)
+    for name, shape in shapes.items():
+        if name not in tensors:
+            hint = " (tie_word_embeddings is false: an untied model needs its LM head)" if name == "lm_head.weight" else ""
+            raise MiniLLMError(f"{where}: tensor {name} is missing{hint}")
+        a = tensors[name]
+        if tuple(a.shape) != shape:
+            raise MiniLLMError(f"{where}: tensor {name} has shape {tuple(a.shape)}, config.json implies {shape} "
+                               f"({_fields_of(config, name, shape, tuple(a.shape))})")
+        if not name.endswith(QUANT_SUFFIXES) and not _is_float(a):
+            raise MiniLLMError(f"{where}: tensor {name} has dtype {a.dtype}, expected a float type")
+    extra = sorted(n for n in tensors if n not in shapes and not n.endswith(_IGNORABLE)
+                   and not (n == "lm_head.weight" and config.tie_embeddings))   # HF ignores a tied head's copy too
+    if extra:
+        why = ("a bias config.json does not declare (attention_bias / mlp_bias are false)" if extra[0].endswith(".bias")
+               else f"not part of a {config.family} model of this config (minillm would ignore it)")
+        raise MiniLLMError(f"{where}: tensor {extra[0]} is {why}" + (f"; {len(extra) - 1} more" if len(extra) > 1 else ""))
+
+
+def _fields_of(c: ModelConfig, name: str, expected: tuple[int, ...], found: tuple[int, ...]) -> str:
+    """Which config.json fields set the dimensions that differ, for the error message."""
+    heads = {c.n_kv_heads * c.head_dim: "num_key_value_heads x head_dim",
+             c.n_heads * c.head_dim: "num_attention_heads x head_dim"}
+    if ".k_proj." in name or ".v_proj." in name:
+        heads = dict(reversed(heads.items()))
+    mlp = {c.ffn_dim: "intermediate_size"}
+    # Later entries win when two fields have the same value: the ones this tensor's kind is made of.
+    names = (mlp | heads if "self_attn" in name else heads | mlp) | {c.vocab_size: "vocab_size", c.dim: "hidden_size"}
+    wrong = [names.get(e, f"dimension {i}") for i, (e, f) in enumerate(zip(expected, found)) if e != f]
+    return "check " + ", ".join(wrong) if wrong and len(expected) == len(found) else "check the config's sizes"
 
 
 def _load_sharded(index_file: Path) -> dict[str, np.ndarray]:

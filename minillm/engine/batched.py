@@ -77,7 +77,7 @@ class BatchedRunner:
             # the queries are the last T of these L keys: masks only need positions relative to them
             out[row:row + T] = grouped_attention(q[row:row + T], keys, values, window)
             row += T
-        return linear(out, layer.wo)                                               # [N, dim]
+        return linear(out, layer.wo, layer.bias.get("o"))                          # [N, dim]
 
 
 def pack(chunks: list[SeqChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -8,15 +8,28 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+import math
 from typing import Any
 
-# HF `architectures` names we know how to run, mapped to our short family name.
+from minillm.errors import MiniLLMError
+
+# HF `architectures` names we know how to run, mapped to our short family name (= HF's model_type).
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "MixtralForCausalLM": "mixtral",
 }
+# RoPE variants the forward pass implements (layers.rope_inv_freq; mla.mla_rope adds YaRN and
+# mla_convert's "repeat" for DeepSeek-style latent attention).
+ROPE_TYPES = ("default", "linear", "llama3")
+MLA_ROPE_TYPES = ROPE_TYPES + ("yarn", "repeat")
+ACTIVATIONS = ("silu", "swish")          # HF's ACT2FN maps both names to SiLU
+
+
+class ConfigError(MiniLLMError, ValueError):
+    """config.json holds a value minillm cannot run or that makes no sense; the message names the field."""
 
 
 @dataclass
@@ -48,6 +61,10 @@ class ModelConfig:
     rope_interleave: bool = False      # DeepSeek: RoPE pairs are adjacent dims (x0, x1), (x2, x3), ...
     # How the layer matrices are stored when quantized (quant.py), e.g. {"method": "int4", "group_size": 128}.
     quantization: dict | None = None
+    # Additive biases (HF Linear(bias=True)): Llama's attention_bias is q/k/v/o, Qwen2 has q/k/v only.
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False                # gate, up and down
     # Mixture of experts (moe.py). n_experts == 0: every layer has one dense SwiGLU MLP of ffn_dim.
     n_experts: int = 0                 # routed experts in each MoE layer
     n_experts_per_token: int = 0       # top-k: experts each token is sent to
@@ -132,53 +149,67 @@ class ModelConfig:
     # ---- HF config.json ------------------------------------------------------------------------
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> "ModelConfig":
-        """Build from an HF `config.json` dictionary (Llama or Mistral)."""
-        archs = d.get("architectures") or ["LlamaForCausalLM"]
-        family = ARCHITECTURES.get(archs[0])
-        if family is None:
-            model_type = d.get("model_type", "?")
-            family = {"llama": "llama", "mistral": "mistral", "deepseek_v3": "deepseek_v3",
-                      "mixtral": "mixtral"}.get(model_type)
-            if family is None:
-                raise ValueError(f"unsupported architecture {archs[0]} (model_type {model_type})")
-        rope_scaling = d.get("rope_scaling")
-        rope_theta = d.get("rope_theta")
-        rope_params = d.get("rope_parameters")  # transformers >= 5 folds theta and scaling in here
-        if isinstance(rope_params, dict):
-            rope_theta = rope_params.get("rope_theta", rope_theta)
-            if rope_params.get("rope_type", "default") != "default":
-                rope_scaling = dict(rope_params)
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in (None, "default"):
-            rope_scaling = None
+        """Build from an HF `config.json` dictionary (Llama, Mistral, Mixtral, Qwen2, DeepseekV3).
+
+        Every field HF's model class reads is either implemented or refused with a ConfigError that
+        names it: a field we ignored would load and give wrong numbers without a word.
+        """
+        if not isinstance(d, dict):
+            raise ConfigError(f"config.json is a JSON {type(d).__name__}, not an object")
+        family = _family(d)
+        _refuse_unsupported(d, family)
+        n_heads = _int(d, "num_attention_heads")
+        kv_heads = _int(d, "num_key_value_heads", default=n_heads)
+        if n_heads % kv_heads:
+            raise ConfigError(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={kv_heads}")
+        dim = _int(d, "hidden_size")
+        head_dim = _int(d, "head_dim", default=None)
+        if head_dim is None and family != "deepseek_v3" and dim % n_heads:
+            raise ConfigError(f"hidden_size={dim} is not a multiple of num_attention_heads={n_heads} "
+                              "and there is no head_dim")
+        if (head_dim or dim // n_heads) % 2 and family != "deepseek_v3":
+            raise ConfigError(f"head_dim={head_dim or dim // n_heads} is odd: RoPE rotates pairs of dimensions")
+        rope_theta, rope_scaling = _rope(d, family)
+        attention_bias = _bool(d, "attention_bias", False) if family == "llama" else False
         return cls(
-            vocab_size=d["vocab_size"],
-            dim=d["hidden_size"],
-            n_layers=d["num_hidden_layers"],
-            n_heads=d["num_attention_heads"],
-            n_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-            ffn_dim=d["intermediate_size"],
-            head_dim=d.get("head_dim"),
-            norm_eps=d.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            vocab_size=_int(d, "vocab_size"),
+            dim=dim,
+            n_layers=_int(d, "num_hidden_layers"),
+            n_heads=n_heads,
+            n_kv_heads=kv_heads,
+            ffn_dim=_int(d, "intermediate_size"),
+            head_dim=head_dim,
+            norm_eps=_number(d, "rms_norm_eps", 1e-6, low=0.0, high=1.0),
+            rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_seq_len=d.get("max_position_embeddings", 2048),
-            tie_embeddings=d.get("tie_word_embeddings", False),
-            sliding_window=d.get("sliding_window") if family in ("mistral", "mixtral") else None,
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_id=d.get("eos_token_id"),
+            max_seq_len=_int(d, "max_position_embeddings", default=2048),
+            tie_embeddings=_bool(d, "tie_word_embeddings", False),
+            sliding_window=_sliding_window(d, family),
+            bos_token_id=_token_ids(d, "bos_token_id"),
+            eos_token_id=_token_ids(d, "eos_token_id"),
             family=family,
             torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
-            quantization=d.get("quantization"),
+            quantization=_quantization(d),
+            qkv_bias=attention_bias or family == "qwen2",      # Qwen2: q, k and v always have a bias
+            o_bias=attention_bias,
+            mlp_bias=_bool(d, "mlp_bias", False) if family == "llama" else False,
             **(_mla_fields(d) if family == "deepseek_v3" else {}),
             **(_moe_fields(d, family) if family in ("mixtral", "deepseek_v3") else {}),
         )
 
     def to_hf(self) -> dict[str, Any]:
-        """The HF `config.json` dictionary that transformers loads as Llama/MistralForCausalLM."""
-        arch = {"mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}.get(self.family, "LlamaForCausalLM")
+        """The HF `config.json` dictionary that transformers loads as Llama/Mistral/Mixtral/Qwen2ForCausalLM."""
+        family = self.family if self.family in ("mistral", "mixtral", "qwen2") else "llama"
+        arch = {"mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
+                "qwen2": "Qwen2ForCausalLM"}.get(family, "LlamaForCausalLM")
+        if family == "llama" and self.qkv_bias != self.o_bias:
+            raise ValueError("a Llama config.json has one attention_bias for q, k, v and o: "
+                             f"qkv_bias={self.qkv_bias} with o_bias={self.o_bias} cannot be written")
+        if family != "llama" and (self.o_bias or self.mlp_bias or self.qkv_bias != (family == "qwen2")):
+            raise ValueError(f"{family} has fixed biases; these are not them")
         d: dict[str, Any] = {
             "architectures": [arch],
-            "model_type": self.family,
+            "model_type": family,
             "vocab_size": self.vocab_size,
             "hidden_size": self.dim,
             "num_hidden_layers": self.n_layers,
@@ -194,10 +225,14 @@ class ModelConfig:
             "tie_word_embeddings": self.tie_embeddings,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
-            "attention_bias": False,
-            "mlp_bias": False,
+            "attention_bias": self.qkv_bias,
+            "mlp_bias": self.mlp_bias,
             "torch_dtype": self.torch_dtype,
         }
+        if self.family == "qwen2":   # biases are fixed by the class; the window covers every layer or none
+            del d["attention_bias"], d["mlp_bias"]
+            d |= {"use_sliding_window": self.sliding_window is not None, "sliding_window": self.sliding_window,
+                  "max_window_layers": 0 if self.sliding_window is not None else self.n_layers}
         if self.family in ("mistral", "mixtral"):
             d["sliding_window"] = self.sliding_window
         if self.family == "mixtral":
@@ -254,15 +289,173 @@ def _moe_fields(d: dict[str, Any], family: str) -> dict[str, Any]:
                 routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)))
 
 
+# ---- reading config.json: one check per field, each naming the field --------------------------------
+_REQUIRED = object()
+
+
+def _family(d: dict[str, Any]) -> str:
+    """Our family name from `architectures` and `model_type`, which must agree when both are given."""
+    archs, model_type = d.get("architectures"), d.get("model_type")
+    if archs is not None and (not isinstance(archs, list) or not archs):
+        raise ConfigError(f"architectures={archs!r}: expected a list such as [\"LlamaForCausalLM\"]")
+    if archs:
+        if archs[0] not in ARCHITECTURES:
+            raise ConfigError(f"architectures={archs!r}: unsupported (supported: {', '.join(ARCHITECTURES)})")
+        family = ARCHITECTURES[archs[0]]
+        if model_type is not None and model_type != family:
+            raise ConfigError(f"model_type={model_type!r} disagrees with architectures={archs!r}")
+        return family
+    if model_type not in ARCHITECTURES.values():
+        raise ConfigError(f"model_type={model_type!r}: unsupported (supported: "
+                          f"{', '.join(ARCHITECTURES.values())}; no architectures given either)")
+    return model_type
+
+
+def _refuse_unsupported(d: dict[str, Any], family: str) -> None:
+    """Fields that change the math and are not implemented: refuse rather than run something else."""
+    act = d.get("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise ConfigError(f"hidden_act={act!r}: only silu (SwiGLU MLPs) is implemented")
+    quant = d.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise ConfigError(f"quantization_config (quant_method={method!r}) is not supported: minillm reads float "
+                          "safetensors or its own int8/int4 checkpoints (minillm convert --quant)")
+    if family != "llama":
+        for key in ("attention_bias", "mlp_bias"):   # HF's Mistral/Qwen2/DeepseekV3 classes ignore them: so do we,
+            if key in d:                             # but a checkpoint carrying bias tensors is refused (weights.py)
+                _bool(d, key, False)
+
+
+def _int(d: dict[str, Any], key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
+    """d[key] as an int >= minimum; `default` when absent or null (required when no default)."""
+    value = d.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ConfigError(f"{key} is missing")
+        return default
+    return require_int(value, key, minimum)
+
+
+def require_int(value: Any, key: str, minimum: int = 1) -> int:
+    """`value` if it is an int >= minimum (not a bool, a float or a string), else ConfigError naming `key`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}={value!r}: expected an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ConfigError(f"{key}={value}: must be >= {minimum}")
+    return value
+
+
+def _bool(d: dict[str, Any], key: str, default: bool) -> bool:
+    value = d.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+    return value
+
+
+def _number(d: dict[str, Any], key: str, default: float, low: float, high: float = math.inf) -> float:
+    """d[key] as a finite float in (low, high)."""
+    value = d.get(key)
+    return default if value is None else require_number(value, key, low, high)
+
+
+def require_number(value: Any, key: str, low: float, high: float = math.inf) -> float:
+    """`value` as a float strictly between low and high, else ConfigError naming `key`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}={value!r}: expected a number, got {type(value).__name__}")
+    if not (low < value < high) or not math.isfinite(value):
+        bounds = f"> {low:g}" if high == math.inf else f"between {low:g} and {high:g}"
+        raise ConfigError(f"{key}={value!r}: must be a finite number {bounds}")
+    return float(value)
+
+
+def _token_ids(d: dict[str, Any], key: str) -> int | list[int] | None:
+    value = d.get(key)
+    if isinstance(value, list):
+        return [require_int(v, key, minimum=0) for v in value]
+    return None if value is None else require_int(value, key, minimum=0)
+
+
+def _rope(d: dict[str, Any], family: str) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling or None) from rope_theta/rope_scaling, or transformers 5's rope_parameters."""
+    scaling, theta = d.get("rope_scaling"), d.get("rope_theta")
+    params = d.get("rope_parameters")       # transformers >= 5 folds theta and scaling in here
+    if isinstance(params, dict):
+        theta = params.get("rope_theta", theta)
+        if params.get("rope_type", "default") != "default":
+            scaling = dict(params)
+    theta = 10000.0 if theta is None else require_number(theta, "rope_theta", low=1.0)
+    if scaling is None:
+        return theta, None
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"rope_scaling={scaling!r}: expected an object with a rope_type")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    supported = MLA_ROPE_TYPES if family == "deepseek_v3" else ROPE_TYPES
+    if kind not in supported:
+        raise ConfigError(f"rope_scaling rope_type={kind!r} is not implemented (supported: {', '.join(supported)})")
+    needs = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                                "original_max_position_embeddings")}.get(kind, ())
+    for key in needs:
+        require_number(scaling.get(key), f"rope_scaling.{key}", low=0.0)
+    if kind == "llama3" and not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
+        raise ConfigError("rope_scaling: llama3 needs low_freq_factor < high_freq_factor")
+    return theta, None if kind == "default" else scaling
+
+
+def _sliding_window(d: dict[str, Any], family: str) -> int | None:
+    """Mistral: one window for every layer. Qwen2: a window on the layers from max_window_layers on
+    (or as layer_types says): only all-or-none is implemented."""
+    if family in ("mistral", "mixtral"):
+        return _int(d, "sliding_window", default=None)
+    if family != "qwen2":
+        return None
+    n_layers = _int(d, "num_hidden_layers")
+    types = d.get("layer_types")
+    if types is None:
+        if not _bool(d, "use_sliding_window", False):
+            return None
+        first = _int(d, "max_window_layers", default=28, minimum=0)
+        types = ["full_attention" if i < first else "sliding_attention" for i in range(n_layers)]
+    if not isinstance(types, list) or len(types) != n_layers or \
+            not set(types) <= {"full_attention", "sliding_attention"}:
+        raise ConfigError(f"layer_types={types!r}: expected {n_layers} of 'full_attention'/'sliding_attention'")
+    window = _int(d, "sliding_window", default=None)
+    if "sliding_attention" not in types or window is None:
+        return None
+    if "full_attention" in types:
+        raise ConfigError("layer_types mixes sliding and full attention layers: not implemented "
+                          "(only a window on every layer or on none)")
+    return window
+
+
+def _quantization(d: dict[str, Any]) -> dict | None:
+    """minillm's own "quantization" entry (quant.py writes it): int8, or int4 with a group size."""
+    q = d.get("quantization")
+    if q is None:
+        return None
+    if not isinstance(q, dict) or q.get("method") not in ("int8", "int4", "fp8", "nf4", "mxfp4"):
+        raise ConfigError(f"quantization={q!r}: expected {{\"method\": \"int8\"}}, "
+                          f"{{\"method\": \"int4\", \"group_size\": N}} or a format (fp8, nf4, mxfp4)")
+    if q["method"] == "fp8" and (q.get("kind", "e4m3") not in ("e4m3", "e5m2") or
+                                 not (q.get("block") is None or (isinstance(q["block"], list) and len(q["block"]) == 2))):
+        raise ConfigError(f"quantization={q!r}: fp8 takes kind e4m3|e5m2 and an optional block [rows, cols]")
+    if q["method"] == "int4":
+        size = require_int(q.get("group_size"), "quantization.group_size")
+        if size % 32:
+            raise ConfigError(f"quantization.group_size={size}: must be a multiple of 32")
+    return q
+
+
 def _mla_fields(d: dict[str, Any]) -> dict[str, Any]:
     """The MLA part of a DeepseekV3 `config.json`; rejects what minillm cannot run."""
     if d.get("attention_bias"):
-        raise ValueError("attention_bias=True is not supported for MLA")
-    if d.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act={d['hidden_act']!r} is not supported (only silu)")
-    return dict(attention="mla", q_lora_rank=d.get("q_lora_rank"), kv_lora_rank=d["kv_lora_rank"],
-                qk_nope_head_dim=d["qk_nope_head_dim"], qk_rope_head_dim=d["qk_rope_head_dim"],
-                v_head_dim=d["v_head_dim"], rope_interleave=bool(d.get("rope_interleave", True)))
+        raise ConfigError("attention_bias=True is not supported for MLA")
+    return dict(attention="mla", q_lora_rank=_int(d, "q_lora_rank", default=None),
+                kv_lora_rank=_int(d, "kv_lora_rank"), qk_nope_head_dim=_int(d, "qk_nope_head_dim"),
+                qk_rope_head_dim=_int(d, "qk_rope_head_dim"), v_head_dim=_int(d, "v_head_dim"),
+                rope_interleave=_bool(d, "rope_interleave", True))
 
 
 def _deepseek_hf(c: ModelConfig, llama_like: dict[str, Any]) -> dict[str, Any]:

@@ -23,13 +23,20 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
-def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """x @ Wᵀ with W in HF's [out, in] layout.    x: [T, in] -> [T, out]
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """x @ Wᵀ (+ b) with W in HF's [out, in] layout.    x: [T, in] -> [T, out]; bias: [out] or None
 
     At decode (T = 1) this is a matrix-vector product that reads every byte of W once: almost all
     decode time is spent here, bound by memory bandwidth, not arithmetic. A quantized W (int8,
     int4: quant.py) is widened to fp32 a block of rows at a time inside its own matmul.
     """
+    y = _matmul(x, weight)                                         # [T, out], a new array
+    if bias is not None:                                           # Qwen2's q/k/v, Llama's attention_bias / mlp_bias
+        y += as_f32(bias)                                          # [T, out] + [out]
+    return y
+
+
+def _matmul(x: np.ndarray, weight) -> np.ndarray:
     if isinstance(weight, QuantizedWeight):
         return weight.matmul(x)
     if weight.dtype != np.float32:
