@@ -338,6 +338,8 @@ class GPUTransformer:
                k.attention_flags, k.attention_int8_codes_per_lane)
         if cache.graph is None or cache.graph_key != key:
             self._decode_parts(cache)                    # allocate scratch before capturing
+            if self.gemv_version < 4 or k.quant_version < 2:
+                k.load_older()                           # and load the earlier kernels it may launch
             self.stream.begin_capture()
             try:
                 self.decode_step(cache)

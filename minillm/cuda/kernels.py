@@ -10,6 +10,10 @@ explicit `np.int32` / `np.float32` (CuPy would otherwise guess a C type from a P
 
 All launches go on CuPy's current stream. `Kernels.timer`, when set, wraps each launch (per-kernel
 CUDA-event timings for the selfcheck).
+
+`Kernels` loads what the engine launches when it is built. The earlier versions (gemv v1/v2, the v3 fused
+norm, the fp32-x quantized GEMV v1) stay here to compare and to teach (lessons 12-14, minillm/cuda/dev,
+the tests), but load only the first time a launch names one, or all at once by `load_older()`.
 """
 from __future__ import annotations
 
@@ -112,9 +116,6 @@ class Kernels:
             "kv_append": get("kv_append", f"kv_append_{sfx}"),
             "attention_split": get("decode_attention", f"attention_split_{sfx}"),
             "attention_combine": get("decode_attention", "attention_combine"),
-            "gemv_v1": get("gemv", f"gemv_v1_{sfx}"),
-            "gemv_v2": get("gemv", f"gemv_v2_{sfx}"),
-            "gemv_rmsnorm_v3": get("gemv", f"gemv_rmsnorm_v3_{sfx}"),
             "gemv_v4": get("gemv", f"gemv_v4_{sfx}"),
             "gemv_rmsnorm_v4": get("gemv", f"gemv_rmsnorm_v4_{sfx}"),
             "gemv_swiglu_v4": get("gemv", f"gemv_swiglu_v4_{sfx}"),
@@ -152,11 +153,16 @@ class Kernels:
             "gemv_rmsnorm_swiglu_int4": get("gemv_quant", f"gemv_rmsnorm_swiglu_int4_{sfx}"),
             "gemv_qkv_int4": get("gemv_quant", f"gemv_qkv_int4_{sfx}"),
             "gemv_rmsnorm_qkv_int4": get("gemv_quant", f"gemv_rmsnorm_qkv_int4_{sfx}"),
-            "gemv_int8_v1": get("gemv_quant", f"gemv_int8_v1_{sfx}"),     # v1 (fp32 x), plain only: to compare
-            "gemv_int4_v1": get("gemv_quant", f"gemv_int4_v1_{sfx}"),
             "dequant_int8": get("gemv_quant", f"dequant_int8_{sfx}"),
             "dequant_int4": get("gemv_quant", f"dequant_int4_{sfx}"),
             "fill_random_words": get("gemv_quant", "fill_random_words"),
+        }
+        self.older = {           # earlier versions, to compare: loaded on first use (`load_older`)
+            "gemv_v1": lambda: get("gemv", f"gemv_v1_{sfx}"),
+            "gemv_v2": lambda: get("gemv", f"gemv_v2_{sfx}"),
+            "gemv_rmsnorm_v3": lambda: get("gemv", f"gemv_rmsnorm_v3_{sfx}"),
+            "gemv_int8_v1": lambda: get("gemv_quant", f"gemv_int8_v1_{sfx}"),   # v1 (fp32 x), plain only
+            "gemv_int4_v1": lambda: get("gemv_quant", f"gemv_int4_v1_{sfx}"),
         }
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
@@ -174,15 +180,32 @@ class Kernels:
         optin = props.get("sharedMemPerBlockOptin") or cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
         self.max_quant_smem = optin - 1024                # 97: cudaDevAttrMaxSharedMemoryPerBlockOptin
         for name, f in self.fn.items():
-            if name.startswith("gemv_") and ("int8" in name or "int4" in name):
-                f.max_dynamic_shared_size_bytes = self.max_quant_smem
+            self._allow_quant_smem(name, f)
+
+    def _allow_quant_smem(self, name: str, f) -> None:
+        if name.startswith("gemv_") and ("int8" in name or "int4" in name):
+            f.max_dynamic_shared_size_bytes = self.max_quant_smem
+
+    def load_older(self) -> None:
+        """Load every earlier kernel version now (before capturing a graph that may launch one)."""
+        for name in self.older:
+            self._function(name)
+
+    def _function(self, name: str):
+        """The loaded kernel `name`; an earlier version is loaded here the first time it is named."""
+        f = self.fn.get(name)
+        if f is None:
+            f = self.fn[name] = self.older[name]()
+            getattr(f, "attributes", None)                  # NVRTC + module load now
+            self._allow_quant_smem(name, f)
+        return f
 
     def _launch(self, name: str, grid, block, args, label: str = "", shared_mem: int = 0) -> None:
-        fn = self.fn[name]
+        launch = lambda: self._function(name)(grid, block, args, shared_mem=shared_mem)
         if self.timer is None:
-            fn(grid, block, args, shared_mem=shared_mem)
+            launch()
         else:
-            self.timer(f"{name} {label}".strip(), lambda: fn(grid, block, args, shared_mem=shared_mem))
+            self.timer(f"{name} {label}".strip(), launch)
 
     # ---- the kernels ---------------------------------------------------------------------------
     def rmsnorm(self, x, gain, out, eps: float) -> None:

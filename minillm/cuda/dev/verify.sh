@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The whole GPU verification of a checkout in one command, for one call on the GPU machine (10 minutes):
+#   the GPU test suite (+ the real SmolLM2 cut when .smollm2/pieces.npz came along), the selfcheck driver,
+#   lessons 11-15 (quick), `minillm bench --device cuda` for fp16/int8/int4 and `minillm bench serve`.
+# Each step has its own time limit and log in $OUT; the last lines of each are printed.
+#   here:   (cd tests && python -c "from pathlib import Path; import smollm2_pieces as s;
+#            s.pack(Path('<smollm2 dir>'), Path('../.smollm2/pieces.npz'), 8, tokenizer=True)")
+#   there:  bash minillm/cuda/dev/verify.sh [steps...]     (steps: suite selfcheck lessons bench serve)
+set -u
+cd "$(dirname "$0")/../../.."
+OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
+STEPS=${*:-suite selfcheck lessons bench serve}
+
+step() {   # step NAME SECONDS COMMAND...: run it under a limit, log to $OUT/NAME.log, show its end
+    local name=$1 limit=$2; shift 2
+    echo "=== $name  $(date -u +%H:%M:%S)  $*"
+    timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
+    echo "--- rc=$?"
+    tail -n "${TAIL:-12}" "$OUT/$name.log"
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
+python3 -c "import cupy, numpy, torch; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
+if [ -f .smollm2/pieces.npz ]; then
+    python3 tests/smollm2_pieces.py unpack .smollm2/pieces.npz /tmp/smollm2 >/dev/null && export MINILLM_TEST_SMOLLM2=/tmp/smollm2
+fi
+for s in $STEPS; do case $s in
+suite)
+    step suite 330 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" tests/test_cuda.py \
+        tests/test_cuda_kv_int8.py tests/test_cuda_quant.py tests/test_cuda_load.py tests/test_flashnorm_gpu.py \
+        tests/test_gpu_engine.py tests/test_cuda_mla.py tests/test_decode_launches.py tests/test_kernels_compile.py \
+        tests/test_gpu_imports.py ;;
+selfcheck)
+    step selfcheck 150 python3 -m minillm.cuda.selfcheck --quick ;;
+lessons)
+    for n in 11 12 13 14 15; do
+        MINILLM_LESSON_QUICK=1 MINILLM_LESSON_MODEL=${MINILLM_TEST_SMOLLM2:-random:smollm2-135m} \
+            TAIL=4 step lessons 120 python3 lessons/${n}_*.py
+    done ;;
+bench)
+    for q in "" int8 int4; do
+        TAIL=22 step bench 150 python3 -m minillm bench --device cuda --random-weights -m mistral-7b --new-tokens 128 \
+            --no-peer ${q:+--quant $q}
+    done ;;
+serve)
+    TAIL=10 step serve 200 python3 -m minillm bench serve --device cuda --random-weights -m mistral-7b --requests 64 \
+        --concurrency 64 --workload random --prompt-len 128 --output-len 64 ;;
+esac; done
+echo "=== done $(date -u +%H:%M:%S)"
