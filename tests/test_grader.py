@@ -66,7 +66,7 @@ def test_a_crash_or_a_syntax_error_costs_only_that_exercise(tmp_path):
     _copy(24, folder)
     grades = grade_student("dave", find_submissions(tmp_path)["dave"], Limits(time_s=5))
     assert "died (exit code 3)" in grades.exercises[1].note
-    assert "does not compile" in grades.exercises[2].note and "line 1" in grades.exercises[2].note
+    assert "SyntaxError" in grades.exercises[2].note and "line 1" in grades.exercises[2].note
     assert grades.exercises[24].complete                      # a fresh process graded the rest
 
 
@@ -121,7 +121,7 @@ def test_exercise_list_shows_each_status(tmp_path):
     n2, n24 = len(EXERCISES[2].cases()), len(EXERCISES[24].cases())
     assert status[1] == "not written" and status[2] == f"passed {n2}/{n2}" and status[4] == "no file"
     assert status[24].startswith("failing ") and status[24].endswith(f"of {n24}")
-    assert status[3] == "does not load: SyntaxError, line 1"
+    assert status[3].startswith("does not load") and "SyntaxError" in status[3] and "line 1" in status[3]
 
 
 def test_cli_grade_handout_and_list(tmp_path):
