@@ -9,6 +9,7 @@ import click
 
 from minillm.model.config import DEFAULT_MODEL, PRESETS
 from minillm.errors import MiniLLMError
+from minillm.model.quant import METHODS as QUANT_METHODS
 
 
 class _Group(click.Group):
@@ -91,8 +92,8 @@ def _load_options(f):
     f = _kv_cache_option(f)
     f = click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
                      help="int4 group size along the input dimension (a multiple of 32).")(f)
-    f = click.option("--quant", type=click.Choice(["int8", "int4"]), default=None,
-                     help="Quantize the layer weights as they load.")(f)
+    f = click.option("--quant", type=click.Choice(QUANT_METHODS), default=None,
+                     help="Quantize the layer weights as they load (int8/int4, or the float formats fp8, nf4, mxfp4).")(f)
     f = click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
                      help="How weights are held in memory (compute is fp32 on the CPU).")(f)
     f = click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)(f)
@@ -100,11 +101,11 @@ def _load_options(f):
 
 
 def _kv_cache_option(f, default="auto"):
-    return click.option("--kv-cache", type=click.Choice(["auto", "int8", "float32"]), default=default,
+    return click.option("--kv-cache", type=click.Choice(["auto", "int8", "fp8", "float32"]), default=default,
                         show_default=default is not None,
                         help="KV-cache format: auto = the float type the model computes in (fp32 on the CPU, the "
                              "weights' 16 bits on cuda; float32 names it on the CPU); int8 = codes + a scale "
-                             "per token and head.")(f)
+                             "per token and head; fp8 = E4M3 codes + a scale the same way (CPU).")(f)
 
 
 def memory_line(model) -> str:
@@ -216,7 +217,7 @@ def pull(name):
 @click.argument("dst", type=click.Path(file_okay=False), callback=_nonempty)
 @click.option("--kv-heads", type=click.IntRange(min=1), default=None,
               help="Mean-pool K/V projection heads down to this many KV heads (GQA/MQA conversion).")
-@click.option("--quant", type=click.Choice(["int8", "int4"]), default=None, help="Write quantized layer weights.")
+@click.option("--quant", type=click.Choice(QUANT_METHODS), default=None, help="Write quantized layer weights.")
 @click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True, help="int4 group size.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
               help="Store the float tensors in this dtype.")
@@ -236,7 +237,7 @@ def evaluate():
 
 @evaluate.command()
 @_model_option
-@click.option("--quant", type=click.Choice(["int8", "int4"]), default=None)
+@click.option("--quant", type=click.Choice(QUANT_METHODS), default=None)
 @click.option("--group-size", type=click.IntRange(min=1), default=None, help="int4 group size (default 128).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None)
 @functools.partial(_kv_cache_option, default=None)
@@ -270,7 +271,7 @@ def info(model):
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--peer/--no-peer", default=True, show_default=True, help="Run HF transformers on the same weights too.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--quant", type=click.Choice(["int8", "int4"]), default=None, help="Quantized layer weights.")
+@click.option("--quant", type=click.Choice(QUANT_METHODS), default=None, help="Quantized layer weights.")
 @click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
               help="int4 group size along the input dimension (a multiple of 32).")
 @_kv_cache_option

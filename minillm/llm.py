@@ -17,6 +17,7 @@ from minillm.engine.parallel.sharding import shard_checkpoint
 from minillm.model.kv_cache import kv_cache_format
 from minillm.model.transformer import NonFiniteLogits, Transformer
 from minillm.checkpoints.quantize import quantize_checkpoint
+from minillm.model.formats import FORMATS
 from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry
 from minillm.engine.sampling import SamplingParams
 from minillm.checkpoints.reader import read_checkpoint  # noqa: F401  (minillm.llm.read_checkpoint, as before)
@@ -250,6 +251,10 @@ def _check_sparse(config: ModelConfig, device: str, flashnorm: bool, quant: str 
                            "(use --device cpu)")
     if config.n_experts and flashnorm:
         raise MiniLLMError("--flashnorm does not fold into mixture-of-experts layers yet")
+    stored = (config.quantization or {}).get("method")
+    if device == "cuda" and (quant in FORMATS or stored in FORMATS):
+        raise MiniLLMError(f"the {quant or stored} weight format runs on the CPU only: GPU kernels for fp8/nf4/mxfp4 "
+                           "are future work (use --device cpu, or --quant int8|int4 on cuda)")
 
 
 def _folded(config: ModelConfig, tensors: dict):

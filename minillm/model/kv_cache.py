@@ -24,14 +24,17 @@ from minillm.model.quant import quantize_int8
 
 # The KV-cache format, one vocabulary on every backend: "auto" keeps keys and values in the float type
 # the model computes in (fp32 on the CPU, the weights' fp16/bf16 on the GPU), as vLLM's kv_cache_dtype
-# "auto" does; "int8" stores codes with one scale per (token, KV head) vector.
-KV_CACHE_FORMATS = ("auto", "int8")
+# "auto" does; "int8" stores codes with one scale per (token, KV head) vector; "fp8" E4M3 codes with one
+# the same way (Fp8KVCache; CPU only for now).
+KV_CACHE_FORMATS = ("auto", "int8", "fp8")
 
 
 def kv_cache_format(name: str, device: str = "cpu") -> str:
     """Check a kv_cache choice and return its canonical name ("float32" is the CPU's "auto" by name)."""
     if name == "float32" and device == "cpu":
         return "auto"
+    if name == "fp8" and device != "cpu":
+        raise ValueError("kv_cache='fp8' runs on the CPU only: GPU fp8 KV kernels are future work")
     if name not in KV_CACHE_FORMATS:
         hint = " (on cuda the float cache is the weights' 16 bits: 'auto')" if name == "float32" else ""
         raise ValueError(f"unknown kv_cache {name!r}{hint}; choose {' or '.join(KV_CACHE_FORMATS)}")
@@ -147,6 +150,30 @@ class Int8KVCache(CacheBase):
         for a in (self.k, self.v, self.k_scale, self.v_scale):
             a[:, :, start:stop] = 0
 
+
+
+class Fp8KVCache(Int8KVCache):
+    """Keys and values as fp8 E4M3 (formats.py), each vector with its own fp32 scale amax / 448, so its
+    largest value sits at the top of the grid. The same bytes as int8; the error is relative (≤ 2⁻⁴ of
+    each value) where int8's is absolute (≤ scale / 2 for every value of the vector)."""
+
+    def __init__(self, config: ModelConfig, max_seq_len: int):
+        super().__init__(config, max_seq_len)
+        self.k, self.v = (np.zeros(self.k.shape, dtype=np.uint8) for _ in range(2))   # fp8 bit patterns
+
+    def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """k_new, v_new: [n_kv_heads, T, head_dim] -> fp32 k, v: [n_kv_heads, length + T, head_dim]"""
+        from minillm.model.formats import quantize_fp8, value_table
+
+        start, end = self.length, self.end_of_write(k_new.shape[1])
+        for new, q, scale in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale)):
+            w = quantize_fp8(new.reshape(-1, new.shape[-1]))                # one scale per vector
+            q[layer, :, start:end] = w.qweight.reshape(new.shape)
+            scale[layer, :, start:end] = w.scales.reshape(new.shape[:-1])
+        table = value_table("e4m3")
+        keys = table[self.k[layer, :, :end]] * self.k_scale[layer, :, :end, None]   # [n_kv, end, hd] fp32
+        values = table[self.v[layer, :, :end]] * self.v_scale[layer, :, :end, None]
+        return keys, values
 
 
 class MLACache(CacheBase):

@@ -19,7 +19,7 @@ from minillm.model.attention import grouped_attention
 from minillm.backend import array_module, as_f32, to_host
 from minillm.model.config import ModelConfig
 from minillm.model.flashnorm import deferred_linear, deferred_swiglu, inv_rms, is_weightless, require_weightless
-from minillm.model.kv_cache import Int8KVCache, KVCache, MLACache, RollingKVCache, kv_cache_format
+from minillm.model.kv_cache import Fp8KVCache, Int8KVCache, KVCache, MLACache, RollingKVCache, kv_cache_format
 from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, silu
 from minillm.model.mla import MLAWeights, mla_attention, mla_rope
 from minillm.model.moe import MoEWeights, moe_block, moe_tensor_names
@@ -137,8 +137,8 @@ def _moe_tensors(config: ModelConfig, i: int, moe: MoEWeights) -> dict:
 
 def _checked_options(config: ModelConfig, kv_cache: str, mla_mode: str, prefill_chunk: int) -> tuple[str, str, int]:
     kv_cache = kv_cache_format(kv_cache)
-    if kv_cache == "int8" and config.attention != "gqa":
-        raise ValueError("kv_cache='int8' supports Llama-style (GQA) attention only, not MLA")
+    if kv_cache in ("int8", "fp8") and config.attention != "gqa":
+        raise ValueError(f"kv_cache={kv_cache!r} supports Llama-style (GQA) attention only, not MLA")
     if mla_mode not in ("absorbed", "naive", "naive-prefill"):   # naive-prefill: naive for T > 1 (mla.py)
         raise ValueError(f"unknown mla_mode {mla_mode!r}; choose absorbed, naive or naive-prefill")
     if int(prefill_chunk) < 1:
@@ -162,6 +162,19 @@ def require_finite(logits, positions=None):
     where = f"position {int(positions[row])}" if positions is not None else f"row {row} of the batch"
     raise NonFiniteLogits(f"the model's logits are NaN/Inf at {where}: its weights are corrupt or its "
                           "activations overflowed")
+
+
+def _moe_tensors(config: ModelConfig, i: int, moe: MoEWeights) -> dict:
+    """Layer i's MoE block under its HF names (the inverse of MoEWeights.from_hf)."""
+    names = moe_tensor_names(config, i)
+    t = {names["router"]: moe.router}
+    if moe.bias is not None:
+        t[names["bias"]] = moe.bias
+    for e, expert in enumerate(moe.experts):
+        t |= dict(zip(names[f"experts.{e}"], expert.matrices()))
+    if moe.shared is not None:
+        t |= dict(zip(names["shared"], moe.shared.matrices()))
+    return t
 
 
 def _plain_arrays(*weights) -> bool:
@@ -223,6 +236,8 @@ class Transformer:
             return MLACache(cfg, n, dtype, xp)
         if self.kv_cache == "int8":
             return Int8KVCache(cfg, n)
+        if self.kv_cache == "fp8":
+            return Fp8KVCache(cfg, n)
         if cfg.sliding_window is not None and n > cfg.sliding_window:
             return RollingKVCache(cfg, cfg.sliding_window, dtype, xp, spare=spare)
         return KVCache(cfg, n, dtype, xp)
