@@ -279,3 +279,32 @@ def test_smollm2_ngram_on_a_copy_heavy_prompt_gives_the_plain_tokens(smollm2_dir
     assert_greedy_equal(llm.model, llm.prompt_ids(prompt), plain.token_ids, spec.token_ids)
     assert spec.text == plain.text if spec.token_ids == plain.token_ids else True
     assert spec.acceptance_rate > 0.5 and spec.speculative.target_forwards < 12      # it copies the email
+
+
+# ---- the continuous-batching engine ---------------------------------------------------------------
+
+def test_engine_speculation_gives_the_plain_tokens_with_preemption_and_prefix_caching(llm):
+    """Four requests sharing a prompt prefix, in a pool so small that drafts force preemptions (Llama;
+    Mistral's window gives blocks back instead); every drafter, the draft model's KV in the pool."""
+    if llm.config.attention == "mla":
+        pytest.skip("the batching engine runs GQA models")
+    rng = np.random.default_rng(0)
+    shared = [int(t) for t in rng.integers(0, 320, 8)]
+    prompts = [shared + [int(t) for t in rng.integers(0, 320, 6)] * 2 for _ in range(4)]
+    plain = [g.token_ids for g in minillm.Engine(llm).generate(prompts, max_tokens=20)]
+    preempted = 0
+    for spec in ("ngram", "int4", "layers:1", llm):
+        engine = minillm.Engine(llm, speculative=spec, draft_tokens=3, num_blocks=14, block_size=4)
+        gens = engine.generate(prompts, max_tokens=20)
+        for p, want, g in zip(prompts, plain, gens):
+            assert_greedy_equal(llm.model, p, want, g.token_ids)
+        stats = engine.stats()
+        preempted += stats["preemptions"]
+        assert stats["blocks_used"] == 0 and stats["spec_verify_passes"] > 0 and stats["prefix_hit_tokens"] > 0
+        assert 1.0 <= stats["spec_mean_accepted_length"] <= 4.0 and gens[0].acceptance_rate is not None
+    assert preempted > 0 or llm.config.sliding_window is not None
+
+
+def test_engine_speculation_refuses_what_it_cannot_run(llama):
+    with pytest.raises(MiniLLMError, match="draft_tokens"):
+        minillm.Engine(llama, speculative="ngram", draft_tokens=0)

@@ -43,13 +43,15 @@ class SeqChunk:
 class BatchedRunner:
     """Runs a Transformer's weights over many sequences at once, their KV in a PagedKVCache."""
 
-    def __init__(self, model, pool: PagedKVCache):
+    def __init__(self, model, pool: PagedKVCache, n_layers: int | None = None):
+        """n_layers: run only the first n_layers blocks, then the head (an early-exit speculative draft)."""
         check_supported(model)
-        self.model, self.pool = model, pool
+        self.model, self.pool, self.n_layers = model, pool, n_layers
 
-    def forward(self, chunks: list[SeqChunk], all_logits: bool = False) -> np.ndarray:
+    def forward(self, chunks: list[SeqChunk], all_logits: bool = False, rows=None) -> np.ndarray:
         """Run every chunk; -> logits [len(chunks), vocab] at each chunk's last token
-        (all_logits: [N, vocab], every token, in chunk order)."""
+        (all_logits: [N, vocab], every token, in chunk order; rows: those rows of the N, e.g. every
+        position of a speculative verify chunk)."""
         m = self.model
         tokens, positions, last_rows = pack(chunks)                                         # [N], [N], [B]
         slots = [self.pool.slots(c.block_table, c.start, c.end) for c in chunks]
@@ -57,10 +59,12 @@ class BatchedRunner:
         offsets = np.concatenate([o for _, o in slots])                                     # [N]
         cos, sin = rope_tables(positions, m.inv_freq)                                       # [N, hd/2] each
         x = as_f32(m.embed[tokens])                                                         # [N, dim]
-        for i, layer in enumerate(m.layers):
+        for i, layer in enumerate(m.layers[:self.n_layers]):
             x = x + self.attention(x, layer, i, chunks, cos, sin, blocks, offsets)
             x = x + m.ffn(x, layer)
-        if not all_logits:
+        if rows is not None:
+            x = x[rows]                                                                     # [len(rows), dim]
+        elif not all_logits:
             x = x[last_rows]                                                                # [B, dim]
         return m.head(x)                                                                    # [B or N, vocab]
 

@@ -33,7 +33,9 @@ from minillm.engine.generate import Generation, _TextCollector
 from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, BlockManager
 from minillm.engine.prefix_cache import PrefixCache
 from minillm.engine.sampling import Sampler, SamplingParams
+from minillm.threads import for_rows
 from minillm.engine.scheduler import Scheduler, Sequence
+from minillm.engine.speculative.pooled import EngineSpeculation
 from minillm.model.kv_cache import kv_cache_format
 
 
@@ -58,6 +60,7 @@ class Request:
     pieces: list[str] = field(default_factory=list)      # text produced since the last event
     sample_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    speculative: object | None = None                    # SpeculativeStats once finished, with speculation
 
     def generation(self) -> Generation:
         """The result in `llm.generate`'s form (times measured from add_request)."""
@@ -66,7 +69,7 @@ class Request:
         decode_s = times[n - 1] - times[0] if n > 1 else 0.0
         latencies = [b - a for a, b in zip([self.arrival] + times, times)]
         return Generation(self.text.text, list(self.seq.output_ids), self.seq.prompt_len, ttft, decode_s,
-                          self.finish_reason or "abort", latencies)
+                          self.finish_reason or "abort", latencies, speculative=self.speculative)
 
 
 class Engine:
@@ -74,12 +77,16 @@ class Engine:
 
     def __init__(self, llm, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
                  max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int = 512,
-                 prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True):
+                 prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True,
+                 speculative=None, draft_tokens: int = 4):
         """kv_cache: "auto" (the model's float type: fp32 here, the weights' 16 bits on the GPU) or "int8"
         (codes with a scale per position and head); default: as the model was loaded. The pool holds
         `num_blocks` blocks of `block_size` tokens, or as many as fit in `max_kv_bytes`. The backend comes
         with the LLM: `llm.batching` makes the pool and the runner (engine.batched.CPUBatching, or the
-        GPU's for an llm loaded with device="cuda"); the engine never imports a backend."""
+        GPU's for an llm loaded with device="cuda"); the engine never imports a backend. speculative:
+        a drafter or its name, as llm.generate takes it ("ngram", "int4", "layers:N", a draft model), with
+        `draft_tokens` drafts per request and step (engine/speculative/pooled.py; a draft model's KV
+        takes a share of every block)."""
         if block_size < 1 or max_batch < 1 or max_batch_tokens < 1:
             raise MiniLLMError("block_size, max_batch and max_batch_tokens must be >= 1")
         self.llm, self.config = llm, llm.config
@@ -90,8 +97,12 @@ class Engine:
             kv_cache = kv_cache_format(kv_cache, backend.device)
         except ValueError as e:
             raise MiniLLMError(str(e)) from None
+        drafter = self._drafter(speculative, draft_tokens, backend) if speculative is not None else None
+        storage = "int8" if kv_cache == "int8" else "float32"
         if num_blocks is None:
             per_block = backend.bytes_per_block(self.config, block_size, kv_cache)
+            if drafter is not None:
+                per_block += EngineSpeculation.draft_bytes_per_block(drafter, block_size, storage)
             num_blocks = (max_kv_bytes or backend.default_kv_bytes) // per_block
             if backend.cap_to_max_batch and max_kv_bytes is None:   # no more than max_batch full contexts
                 num_blocks = min(num_blocks, max_batch * math.ceil(self.config.max_seq_len / block_size))
@@ -99,6 +110,8 @@ class Engine:
             raise MiniLLMError(f"max_kv_bytes={max_kv_bytes} holds no KV block of {block_size} tokens")
         self.pool = backend.new_pool(self.config, num_blocks, block_size, kv_cache)
         self.runner = backend.new_runner(self.pool)
+        self.spec = None if drafter is None else EngineSpeculation(drafter, draft_tokens, num_blocks, block_size,
+                                                                   storage, self.config.sliding_window)
         self.prefix_cache = PrefixCache() if prefix_caching else None
         self.blocks = BlockManager(num_blocks, self.prefix_cache)
         self.scheduler = Scheduler(self.blocks, block_size, max_batch, max_batch_tokens, self.prefix_cache,
@@ -109,6 +122,20 @@ class Engine:
         self._next_id = 0
         self._counters = dict(tokens_generated=0, tokens_computed=0, prompt_tokens_computed=0, steps=0,
                               batch_size=0, peak_blocks_used=0)
+
+    def _drafter(self, speculative, draft_tokens: int, backend):
+        """The drafter for `speculative` (the LLM builds it), checked for what the engine can run."""
+        if backend.device != "cpu":
+            raise MiniLLMError("speculative decoding in the engine runs on the CPU only for now")
+        if draft_tokens < 1:
+            raise MiniLLMError(f"draft_tokens must be >= 1, got {draft_tokens}")
+        drafter = self.llm.drafter(speculative)
+        draft_model = getattr(drafter, "model", None)
+        if draft_model is not None and (draft_model.config.attention != "gqa" or
+                                        draft_model.config.sliding_window != self.config.sliding_window):
+            raise MiniLLMError("the engine's draft model must be GQA with the target's sliding window (it "
+                               "shares the target's block tables)")
+        return drafter
 
     # ---- requests in ---------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | list[dict], max_tokens: int = 64, temperature: float = 0.0,
@@ -191,36 +218,60 @@ class Engine:
         """Schedule, run one batched forward pass, sample; -> what each request produced."""
         with self._lock:
             events, self._events = self._events, []
+            if self.spec is not None:                                # drafts ride along as pending tokens
+                self.spec.draft(self.scheduler.running, self.requests)
             batch = self.scheduler.schedule()
+            if self.spec is not None:
+                self.spec.fill(batch, self.requests)
             self._count_step(batch)
             if not batch:
                 return events
+            for_rows(sum(n for _, n in batch))                       # decode or prefill: its BLAS threads (threads.py)
             chunks = [SeqChunk(seq.tokens[seq.num_computed:seq.num_computed + n], seq.num_computed,
                                seq.block_table) for seq, n in batch]
+            verify = self.spec.rows(batch) if self.spec is not None else None
+            if verify is not None:                                   # a verify chunk needs all its rows
+                logits = self.runner.forward(chunks, rows=verify[0])
+                for (seq, n), rows in zip(batch, verify[1]):
+                    request = self.requests[seq.request_id]
+                    if seq.request_id in self.spec.pending:
+                        events.append(self._emit(request, self.spec.verify(request, logits[rows], self.scheduler)))
+                    else:
+                        self._advance_and_sample(seq, n, logits[rows][-1], events)
+                return events
             logits = self.runner.forward(chunks)                     # [len(batch), vocab]
             for (seq, n), row in zip(batch, logits):
-                self.scheduler.advance(seq, n)
-                if seq.num_pending == 0:                             # caught up: its next token is due
-                    events.append(self._sample(self.requests[seq.request_id], row))
+                self._advance_and_sample(seq, n, row, events)
             return events
+
+    def _advance_and_sample(self, seq, n: int, row: np.ndarray, events: list) -> None:
+        self.scheduler.advance(seq, n)
+        if seq.num_pending == 0:                                     # caught up: its next token is due
+            events.append(self._sample(self.requests[seq.request_id], row))
 
     def _sample(self, request: Request, logits: np.ndarray) -> StepEvent:
         """The same rules as generate.generate_ids: EOS stops (and is not output), then stop strings,
         then max_tokens."""
-        seq = request.seq
-        token = request.sampler(logits)
-        request.sample_times.append(time.perf_counter())
+        return self._emit(request, [request.sampler(logits)])
+
+    def _emit(self, request: Request, tokens: list[int]) -> StepEvent:
+        """Append sampled tokens (one, or a speculative run) under those rules, one token at a time."""
+        seq, now = request.seq, time.perf_counter()
         new, reason = [], None
-        if token in request.stop_ids:
-            reason = "stop"
-        else:
-            new = [token]
+        for token in tokens:
+            request.sample_times.append(now)
+            if token in request.stop_ids:
+                reason = "stop"
+                break
+            new.append(token)
             seq.tokens.append(token)
             self._counters["tokens_generated"] += 1
             if request.text.push(token):
                 reason = "stop"
             elif len(seq.output_ids) >= seq.max_tokens:
                 reason = "length"
+            if reason is not None:
+                break
         if reason is not None:
             self._finish(request, reason)
         text = "".join(request.pieces)
@@ -229,6 +280,9 @@ class Engine:
 
     def _finish(self, request: Request, reason: str) -> None:
         request.finish_reason = reason
+        if self.spec is not None:
+            request.speculative = self.spec.stats.pop(request.seq.request_id, None)
+            self.spec.forget(request.seq.request_id)
         request.text.finish()                                        # release held-back text
         self.scheduler.finish(request.seq)
         del self.requests[request.seq.request_id]
@@ -259,7 +313,17 @@ class Engine:
                         prompt_tokens_computed=c["prompt_tokens_computed"], tokens_computed=c["tokens_computed"],
                         preemptions=self.scheduler.preemptions,
                         steps=c["steps"], kv_bytes_per_block=self.pool.bytes_per_block,
-                        peak_kv_bytes=c["peak_blocks_used"] * self.pool.bytes_per_block)
+                        peak_kv_bytes=c["peak_blocks_used"] * self.pool.bytes_per_block, **self._spec_stats())
+
+    def _spec_stats(self) -> dict:
+        """Speculative decoding's counters (none without it): drafted, accepted, verify passes, and the two
+        ratios users compare (acceptance rate; tokens per target pass, accepted + 1)."""
+        if self.spec is None:
+            return {}
+        t = self.spec.totals
+        return dict(spec_draft_tokens=t.draft_tokens, spec_accepted_tokens=t.accepted_tokens,
+                    spec_verify_passes=t.target_forwards, spec_acceptance_rate=t.acceptance_rate,
+                    spec_mean_accepted_length=t.mean_accepted_length)
 
     # ---- the convenience loop ------------------------------------------------------------------
     def generate(self, prompts: list, max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,

@@ -183,6 +183,13 @@ class Scheduler:
             seq.block_table[j] = FREED
         seq.num_dropped = max(seq.num_dropped, keep)
 
+    def rollback(self, seq: Sequence) -> None:
+        """Speculative decoding rejected drafts past `num_computed`: the blocks that now hold no computed
+        position go back to the pool (they were reserved for the drafts; the next step reserves anew)."""
+        keep = math.ceil(seq.num_computed / self.block_size)
+        while len(seq.block_table) > keep:
+            self.blocks.release(seq.block_table.pop())
+
     def finish(self, seq: Sequence) -> None:
         """seq is done (or aborted): out of the queues, its blocks freed or left in the prefix cache."""
         seq.finished = True
