@@ -40,7 +40,10 @@ def set_limits(memory_bytes: int, cpu_seconds: int) -> None:
     for limit, value in ((resource.RLIMIT_AS, memory_bytes), (resource.RLIMIT_CPU, cpu_seconds)):
         if value > 0:
             _, hard = resource.getrlimit(limit)
-            resource.setrlimit(limit, (value if hard == resource.RLIM_INFINITY else min(value, hard), hard))
+            try:
+                resource.setrlimit(limit, (value if hard == resource.RLIM_INFINITY else min(value, hard), hard))
+            except (ValueError, OSError):
+                pass          # macOS refuses some limits; the parent's watchdog still holds the time
 
 
 class TimeLimit(BaseException):
