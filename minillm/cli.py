@@ -321,10 +321,17 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
 @click.option("--price", type=Finite(min=0.0), default=None, help="$ per GPU-hour (overrides the table).")
 @click.option("--reserve", default=None, help="Memory kept back: 0.1, 10% or 8GB [default: 10%].")
 @click.option("--plot", type=click.Path(file_okay=False), default=None, help="Write PNG charts into DIR.")
-def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot):
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor parallelism: per-rank memory, bytes moved, all-reduce time, where it stops paying.")
+@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline stages: the bubble.")
+@click.option("--link", type=click.Choice(["nvlink", "pcie", "mpi"]), default="nvlink", show_default=True,
+              help="The interconnect for --tp (mpi: this machine's, measured with 2 local ranks).")
+def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot, tp, pp, link):
     """KV bytes/token, max users or max context, decode roofline, cost per 1M tokens."""
-    from minillm.tools.planner import run_cli
+    from minillm.tools.planner import run_cli, tp_plan
     click.echo(run_cli(model, gpu, context, users, dtype, kv_dtype, price, plot, reserve))
+    if tp > 1 or pp > 1:
+        click.echo("\n" + tp_plan(model, gpu, tp, pp, context, users or 1, dtype, kv_dtype, link))
 
 
 @cli.command()

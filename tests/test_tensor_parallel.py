@@ -321,3 +321,16 @@ def test_tp_rows_by_hand():
 def test_weight_formats_it_cannot_slice_are_refused():
     with pytest.raises(MiniLLMError, match="not nf4"):
         sharding.check(SMOLLM2.replace(quantization={"method": "nf4", "group_size": 64}), 3)
+
+
+def test_plan_tp_prints_per_rank_memory_and_the_bubble():
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    result = CliRunner().invoke(cli, ["plan", "-m", "mistral-7b", "--gpu", "h200", "--tp", "8", "--pp", "4"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines() if line[:3].strip().isdigit()}
+    assert rows["8"].split()[1] == "1.81"                  # 14.48 GB of bf16 weights over 8 ranks
+    assert rows["2"].split()[5] == "16.4"                  # 2 all-reduces × 2(N-1)/N × 4096 × 2 bytes = 16.4 KB
+    assert "leave 75% of the schedule idle" in result.output       # (4 - 1) / (1 + 4 - 1)
+    odd = CliRunner().invoke(cli, ["plan", "-m", "smollm2-135m", "--tp", "2"])
+    assert "tp=2 does not split this model; tp can be 1" in odd.output

@@ -389,3 +389,22 @@ def run_cli(model: str, gpu: str = DEFAULT_GPU, context: int = DEFAULT_CONTEXT, 
     if plot:
         text += "".join(f"\nwrote {path}" for path in plot_plan(p, plot))
     return text
+
+
+def tp_plan(model: str, gpu: str = DEFAULT_GPU, tp: int = 2, pp: int = 1, context: int = DEFAULT_CONTEXT,
+            users: int = 1, dtype: str = "bf16", kv_dtype: str | None = None, link: str = "nvlink") -> str:
+    """`minillm plan --tp N [--pp M] [--link nvlink|pcie|mpi]`: engine/parallel/cost.py's tensor-parallel
+    table for this model and GPU (mpi: this machine's interconnect, measured with 2 local ranks)."""
+    from minillm.engine.parallel import cost
+    name, c = resolve_model(model)
+    g = gpu if isinstance(gpu, GPU) else find_gpu(gpu)
+    w = dtype_name(dtype, WEIGHT_DTYPES, "weight")
+    kv = dtype_name(kv_dtype or (w if w in FLOAT_BYTES else "fp16"), KV_DTYPES, "KV")
+    kv_value = kv_bytes_per_token(c, kv) / c.kv_bytes_per_token(1)          # bytes a cached value, scales included
+    if link == "mpi":
+        from minillm.engine.parallel.measure import measure_link
+        chosen = measure_link()
+    else:
+        chosen = cost.LINKS[link]
+    return cost.plan_text(name, c, g.name, g.memory_bytes, g.bandwidth, tp, pp, context, users,
+                          weight_bytes(c, w), kv_value, chosen)

@@ -90,7 +90,28 @@ def _rank_model(path: str, tp: int):
     return Transformer(config, tensors, comm=comm if comm.size > 1 else None)
 
 
+def measure_link(timeout_s: float = 120) -> "Link":
+    """This machine's MPI as a cost.Link: two fp32 all-reduces between 2 local ranks, fitted (lesson 21,
+    `minillm plan --tp N --link mpi`)."""
+    from minillm.engine.parallel.cost import measured_link
+    from minillm.engine.parallel.launcher import find_mpiexec
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "link.json"
+        cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "minillm.engine.parallel.measure", "--link", str(out)]
+        subprocess.run(cmd, check=True, env=env, timeout=timeout_s, capture_output=True, text=True)
+        (n1, us1), (n2, us2) = [(int(n), us) for n, us in json.loads(out.read_text()).items()]
+    return measured_link(us1, n1, us2, n2)
+
+
 def _main() -> None:
+    if sys.argv[1:2] == ["--link"]:                   # measure_link's ranks
+        from minillm.engine.parallel.communicator import from_environment
+        comm = from_environment(2)
+        sizes = allreduce_us(comm, (1024, 256 * 1024))
+        if comm.rank == 0:
+            Path(sys.argv[2]).write_text(json.dumps(sizes))
+        return
     p = argparse.ArgumentParser(description="one rank of `measure` (run it under mpiexec for tp > 1)")
     p.add_argument("model")
     p.add_argument("out")
