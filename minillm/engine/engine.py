@@ -78,14 +78,14 @@ class Engine:
     def __init__(self, llm, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
                  max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int = 512,
                  prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True,
-                 speculative=None, draft_tokens: int = 4):
+                 speculative=None, draft_tokens: int | None = None):
         """kv_cache: "auto" (the model's float type: fp32 here, the weights' 16 bits on the GPU) or "int8"
         (codes with a scale per position and head); default: as the model was loaded. The pool holds
         `num_blocks` blocks of `block_size` tokens, or as many as fit in `max_kv_bytes`. The backend comes
         with the LLM: `llm.batching` makes the pool and the runner (engine.batched.CPUBatching, or the
         GPU's for an llm loaded with device="cuda"); the engine never imports a backend. speculative:
         a drafter or its name, as llm.generate takes it ("ngram", "int4", "layers:N", a draft model), with
-        `draft_tokens` drafts per request and step (engine/speculative/pooled.py; a draft model's KV
+        `draft_tokens` drafts per request and step (default: the drafter's; engine/speculative/pooled.py; a draft model's KV
         takes a share of every block)."""
         if block_size < 1 or max_batch < 1 or max_batch_tokens < 1:
             raise MiniLLMError("block_size, max_batch and max_batch_tokens must be >= 1")
@@ -97,7 +97,10 @@ class Engine:
             kv_cache = kv_cache_format(kv_cache, backend.device)
         except ValueError as e:
             raise MiniLLMError(str(e)) from None
-        drafter = self._drafter(speculative, draft_tokens, backend) if speculative is not None else None
+        drafter = self._drafter(speculative, backend) if speculative is not None else None
+        draft_tokens = draft_tokens if draft_tokens is not None or drafter is None else drafter.default_k
+        if draft_tokens is not None and draft_tokens < 1:
+            raise MiniLLMError(f"draft_tokens must be >= 1, got {draft_tokens}")
         storage = "int8" if kv_cache == "int8" else "float32"
         if num_blocks is None:
             per_block = backend.bytes_per_block(self.config, block_size, kv_cache)
@@ -123,12 +126,10 @@ class Engine:
         self._counters = dict(tokens_generated=0, tokens_computed=0, prompt_tokens_computed=0, steps=0,
                               batch_size=0, peak_blocks_used=0)
 
-    def _drafter(self, speculative, draft_tokens: int, backend):
+    def _drafter(self, speculative, backend):
         """The drafter for `speculative` (the LLM builds it), checked for what the engine can run."""
         if backend.device != "cpu":
             raise MiniLLMError("speculative decoding in the engine runs on the CPU only for now")
-        if draft_tokens < 1:
-            raise MiniLLMError(f"draft_tokens must be >= 1, got {draft_tokens}")
         drafter = self.llm.drafter(speculative)
         draft_model = getattr(drafter, "model", None)
         if draft_model is not None and (draft_model.config.attention != "gqa" or

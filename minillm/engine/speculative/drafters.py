@@ -30,6 +30,7 @@ from minillm.model.quant import QuantizedWeight, quantize_int4
 
 class Drafter(Protocol):
     name: str
+    default_k: int                        # drafts a pass when the caller does not say
 
     def begin(self, prompt_ids: Sequence[int], max_len: int, k: int) -> None: ...
 
@@ -39,9 +40,13 @@ class Drafter(Protocol):
 
 class NgramDrafter:
     """Prompt lookup: the longest suffix of the context (max_n down to min_n tokens) that occurred before,
-    latest occurrence first; propose the k tokens that followed it."""
+    latest occurrence first; propose the k tokens that followed it.
 
-    def __init__(self, max_n: int = 3, min_n: int = 1):
+    Defaults as measured on SmolLM2's copy-heavy prompts (tools/data): a one-token match guesses wrong too
+    often to pay for its verify rows, and since drafting is free, 8 drafts a pass beat 4 (2.4x vs 2.0x)."""
+    default_k = 8
+
+    def __init__(self, max_n: int = 4, min_n: int = 2):
         if not 1 <= min_n <= max_n:
             raise MiniLLMError(f"ngram sizes must satisfy 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.max_n, self.min_n, self.name = max_n, min_n, "ngram"
@@ -64,6 +69,8 @@ class NgramDrafter:
 class ModelDrafter:
     """A model that drafts token by token over its own cache: another checkpoint, the int4 target, or
     the target's first `n_layers` layers (early exit)."""
+
+    default_k = 4                         # each draft costs a draft forward: fewer than ngram's free ones
 
     def __init__(self, model, n_layers: int | None = None, name: str = "draft model",
                  vocab_size: int | None = None):
