@@ -90,10 +90,11 @@ class LLM:
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: Sequence[str] | None = None, chat: bool | None = None,
                  on_text: Callable[[str], None] | None = None, speculative=None,
-                 draft_tokens: int = 4) -> Generation:
+                 draft_tokens: int | None = None) -> Generation:
         """Complete `prompt` (plain text), or answer it (a list of messages, or chat=True).
         speculative: "ngram", "int4", "layers:N", a draft model (name, path or LLM) or a Drafter:
-        `draft_tokens` proposed per target pass (engine/speculative); the same tokens when greedy."""
+        `draft_tokens` proposed per target pass (default: the drafter's own, 8 for ngram, 4 for models;
+        engine/speculative); the same tokens when greedy."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
             raise InvalidValue(f"max_tokens must be an integer >= 1, got {max_tokens}")
         if getattr(self.model, "comm", None) is not None:    # tensor parallel: every rank samples alike
@@ -113,10 +114,12 @@ class LLM:
     def _generate(self, ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens) -> Generation:
         try:
             if speculative is not None:
-                if draft_tokens < 1:
-                    raise MiniLLMError(f"draft_tokens must be >= 1, got {draft_tokens}")
-                return generate_speculative(self.model, self.drafter(speculative), ids, max_tokens, params,
-                                            draft_tokens, stop_ids=stop_ids, stop_strings=stop or (),
+                drafter = self.drafter(speculative)
+                k = drafter.default_k if draft_tokens is None else draft_tokens
+                if k < 1:
+                    raise MiniLLMError(f"draft_tokens must be >= 1, got {k}")
+                return generate_speculative(self.model, drafter, ids, max_tokens, params,
+                                            k, stop_ids=stop_ids, stop_strings=stop or (),
                                             tokenizer=self.tokenizer, on_text=on_text)
             return generate_ids(self.model, ids, max_tokens, params, stop_ids=stop_ids,
                                 stop_strings=stop or (), tokenizer=self.tokenizer, on_text=on_text)
