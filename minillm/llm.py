@@ -277,7 +277,7 @@ def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_c
     from minillm.cuda.gpu_model import GPUTransformer
     dtype = "bfloat16" if dtype == "bfloat16" else "float16"
     try:
-        if transformer.config.attention == "mla":
+        if transformer.config.attention == "mla" or transformer.comm is not None:   # MLA, or a tp shard (NCCL)
             return to_device(transformer, dtype)
         return GPUTransformer.from_cpu(transformer, dtype=dtype, kv_cache="int8" if kv_cache == "int8" else "auto")
     except ValueError as e:

@@ -149,8 +149,8 @@ def test_load_refuses_in_one_line(tmp_path):
         run_ranks(3, lambda comm: minillm.load(tmp_path, comm=comm))
     with pytest.raises(MiniLLMError, match="started by mpiexec"):
         minillm.load(tmp_path, tp=2)                          # not a rank of 2: says how to start them
-    with pytest.raises(MiniLLMError, match="CPU"):
-        parallel_communicator(2, device="cuda")
+    with pytest.raises(MiniLLMError, match="communicator given has 2 ranks"):
+        run_ranks(2, lambda comm: parallel_communicator(3, comm))
 
 
 # ---- the communicators -------------------------------------------------------------------------
@@ -263,6 +263,24 @@ def test_the_model_runs_on_the_nccl_communicator(tmp_path):
     def logits(host):
         comm = NCCLCommunicator(host, nccl=_FakeNCCL, xp=_fake_cupy())
         return np.asarray(minillm.load(tmp_path, comm=comm).logits(IDS))
+
+    for out in run_ranks(2, logits):
+        assert np.abs(out - one).max() < 1e-4
+
+
+def test_a_tp_shard_runs_as_the_device_model_over_nccl(tmp_path):
+    """load(tp=, device="cuda")'s path: each rank's shard moved by cuda.device_model.to_device (here onto
+    NumPy, the CPU's stand-in for CuPy) with the NCCL communicator doing the all-reduces."""
+    from minillm.cuda.device_model import to_device
+    save_random_model(llama_config(), tmp_path)
+    _FakeNCCL.groups.clear()
+    one = minillm.load(tmp_path).logits(IDS)
+
+    def logits(host):
+        comm = NCCLCommunicator(host, nccl=_FakeNCCL, xp=_fake_cupy())
+        model = to_device(minillm.load(tmp_path, comm=comm).model, "float32", xp=np, cache_dtype="float32")
+        assert model.comm is comm
+        return model.prefill(IDS, model.new_cache(len(IDS)), all_logits=True)
 
     for out in run_ranks(2, logits):
         assert np.abs(out - one).max() < 1e-4

@@ -396,9 +396,6 @@ def parallel_communicator(tp: int = 1, comm: Communicator | None = None, device:
         return comm
     if tp < 1:
         raise MiniLLMError(f"tp must be >= 1, got {tp}")
-    if tp > 1 and device == "cuda":
-        raise MiniLLMError("tp > 1 runs on the CPU for now: the NCCL communicator exists "
-                           "(engine/parallel/communicator.py) but the GPU runner does not take one yet")
     return from_environment(tp, device)
 
 

@@ -170,9 +170,10 @@ def memory_line(model) -> str:
     """'[tp 2 · weights per rank 35.2, 35.2 MB · 70.4 MB in all]': what each rank holds, measured (every
     rank must call this: the sizes travel in one all-gather)."""
     import numpy as np
+    from minillm.backend import to_host
     from minillm.engine.parallel.sharding import model_bytes
     comm = model.comm
     mine = np.array([model_bytes(model)], dtype=np.int64)
-    sizes = [int(n) for n in np.asarray(comm.all_gather(mine)).ravel()] if comm is not None else [int(mine[0])]
+    sizes = [int(n) for n in to_host(comm.all_gather(mine)).ravel()] if comm is not None else [int(mine[0])]
     each = ", ".join(f"{n / 1e6:.1f}" for n in sizes)
     return f"[tp {len(sizes)} · weights per rank {each} MB · {sum(sizes) / 1e6:.1f} MB in all]"
