@@ -1,10 +1,13 @@
-"""The GPU backend: CuPy glue around the hand-written kernels in `kernels/*.cu`.
+"""The GPU backend: what is GPU-specific and nothing else.
 
-`kernels.py` compiles the sources (NVRTC, through CuPy's RawModule) and wraps each launch;
-`gpu_model.py` is the Transformer on the device: cuBLAS prefill, and a decode step made only of
-our kernels and preallocated buffers, so it can be captured once in a CUDA graph and replayed
-per token. `qweights.py` holds int8/int4 matrices on the device (minillm.model.quant's layout, read by
-kernels/gemv_quant.cu); `qbench.py` times them (`minillm bench --device cuda --quant ...`).
+`kernels.py` compiles kernels/*.cu (NVRTC, through CuPy's RawModule) and wraps each launch;
+`gpu_model.py` is the fast path for Llama-family models: cuBLAS prefill, and a decode step made only of
+our kernels and preallocated buffers, captured once in a CUDA graph and replayed per token;
+`gpu_kv_cache.py` holds its device caches and `qweights.py` its int8/int4 matrices (minillm.model.quant's
+layout, read by kernels/gemv_quant.cu). `gpu_batched.py` is the engine's batched runner on the device
+(the paged pool, paged attention) and `GPUBatching`, what `minillm.load` hands the Engine. Every model
+without kernels (MLA) runs as the engine's own Transformer on CuPy arrays (`device_model.py`).
+Measuring code (references, checks, sweeps, benchmarks) lives apart, in `dev/`;
 `python -m minillm.cuda.selfcheck` checks every kernel and times a 7B-shaped model.
 
 Importing this package does not import CuPy; `available()` says whether a GPU can be used.
