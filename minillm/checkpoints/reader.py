@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minillm.checkpoints.gguf_import import load_gguf
+from minillm.errors import MiniLLMError
 from minillm.checkpoints.tokenizer_files import NoTokenizer, tokenizer_from_gguf, tokenizer_from_hf
 from minillm.checkpoints.weights import load_hf_dir
 
@@ -13,10 +14,14 @@ def read_checkpoint(path: str | Path):
     path = Path(path)
     if path.suffix == ".gguf":
         config, tensors = load_gguf(path)
-        return config, tensors, _quietly(tokenizer_from_gguf, path)
-    config, tensors = load_hf_dir(path)
-    has_tokenizer = (path / "tokenizer.json").exists()
-    return config, tensors, tokenizer_from_hf(path) if has_tokenizer else None
+        tokenizer = _quietly(tokenizer_from_gguf, path)
+    else:
+        config, tensors = load_hf_dir(path)
+        tokenizer = tokenizer_from_hf(path) if (path / "tokenizer.json").exists() else None
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:   # its ids would index past the embedding
+        raise MiniLLMError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+                           f"{config.vocab_size}: they do not belong together")
+    return config, tensors, tokenizer
 
 
 def _quietly(make, path):

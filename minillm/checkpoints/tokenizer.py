@@ -91,13 +91,20 @@ def _regex_for(pre: dict | None) -> tuple[str, bool]:
     splits = [s for s in steps if s["type"] == "Split"]
     byte_level_regex = any(s["type"] == "ByteLevel" and s.get("use_regex", True) for s in steps)
     unknown = set(kinds) - {"ByteLevel", "Digits", "Split"}
+    for s in steps:   # what the regex below does: isolate each match; one digit a piece
+        if s["type"] == "Split" and (s.get("behavior", "Isolated") != "Isolated" or s.get("invert")):
+            raise ValueError(f"unsupported pre_tokenizer Split behavior={s.get('behavior')!r} "
+                             f"invert={s.get('invert')} (only Isolated, not inverted)")
+        if s["type"] == "Digits" and not s.get("individual_digits"):
+            raise ValueError("unsupported pre_tokenizer Digits with individual_digits=false")
     if unknown or len(splits) > 1 or (splits and (byte_level_regex or digits)) or (digits and not byte_level_regex):
         raise ValueError(f"unsupported pre_tokenizer for byte-level BPE: {json.dumps(pre)[:300]}")
     if splits:
         pattern = splits[0]["pattern"]
-        if "Regex" in pattern:
-            return pattern["Regex"], prefix
-        return re.escape(pattern["String"]) + r"|(?:(?!" + re.escape(pattern["String"]) + r")[\s\S])+", prefix
+        # Isolated: each match is a piece and so is each stretch between matches (tiktoken keeps only
+        # matches, so the stretches are spelled as a second alternative: characters where no match starts).
+        split = pattern["Regex"] if "Regex" in pattern else re.escape(pattern["String"])
+        return f"(?:{split})|(?:(?!(?:{split}))[\\s\\S])+", prefix
     if digits:
         return DIGITS_GPT2_PATTERN, prefix
     if byte_level_regex:

@@ -226,6 +226,7 @@ def args_from_hf(path) -> dict:
     args = dict(kind="spm" if spm else "bpe", tokens=tokens, token_types=types, merges=merges,
                 bos_id=ids.get(bos), eos_id=ids.get(eos), unk_id=unk_id,
                 chat_template=_chat_template_from(config, json_path.parent))
+    _check_components(json_path, data, spm)
     if spm:
         args["add_space_prefix"] = _spm_prefix_from_json(data)
     else:
@@ -234,10 +235,60 @@ def args_from_hf(path) -> dict:
             raise ValueError(f"{json_path}: byte-level tokenizers with a normalizer are not supported")
     add_bos = config.get("add_bos_token")
     if add_bos is None:      # no flag: does the post-processor put BOS in front of a sequence?
-        single = (data.get("post_processor") or {}).get("single") or [{}]
+        single = _template_single(data.get("post_processor")) or [{}]
         add_bos = bos is not None and single[0].get("SpecialToken", {}).get("id") == bos
     args["add_bos"] = bool(add_bos)
     return args
+
+
+def _steps(component: dict | None, key: str) -> list[dict]:
+    """A component's parts: the list inside a Sequence, or the component itself."""
+    if not component:
+        return []
+    if not isinstance(component, dict):
+        raise ValueError(f"expected an object, got {component!r}")
+    return component.get(key) or [] if component.get("type") == "Sequence" else [component]
+
+
+def _template_single(post: dict | None) -> list[dict] | None:
+    """The `single` template of a TemplateProcessing post-processor (inside a Sequence too), if any."""
+    for step in _steps(post, "processors"):
+        if step.get("type") == "TemplateProcessing":
+            return step.get("single")
+    return None
+
+
+def _check_components(json_path: Path, data: dict, spm: bool) -> None:
+    """Refuse, naming it, every tokenizer.json part that would change the ids and that minillm does not
+    implement: ignoring it would tokenize differently from HF `tokenizers` without a word."""
+    def refuse(part: str, what) -> None:
+        raise ValueError(f"{json_path}: {part} {json.dumps(what)[:200]} is not supported")
+
+    model = data["model"]
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key):
+            refuse(f"model.{key}", model[key])
+    if model.get("dropout"):                    # HF would drop merges at random on every encode
+        refuse("model.dropout", model["dropout"])
+    for step in _steps(data.get("post_processor"), "processors"):
+        kind = step.get("type")
+        if kind == "TemplateProcessing":
+            single = step.get("single") or []
+            text_at = [i for i, piece in enumerate(single) if "Sequence" in piece]
+            if text_at != [len(single) - 1] or len(single) > 2:      # [BOS] $A only: no EOS after the text
+                refuse("post_processor TemplateProcessing single", single)
+        elif kind != "ByteLevel":               # ByteLevel's post-processing only trims offsets
+            refuse("post_processor", {"type": kind})
+    if not spm:
+        return                                  # byte-level pre-tokenizers: tokenizer._regex_for refuses
+    for step in _steps(data.get("normalizer"), "normalizers"):
+        replace = step.get("type") == "Replace" and step.get("pattern") == {"String": " "} and \
+            step.get("content") == SPACE_MARK
+        if not (replace or (step.get("type") == "Prepend" and step.get("prepend") == SPACE_MARK)):
+            refuse("normalizer", step)
+    for step in _steps(data.get("pre_tokenizer"), "pretokenizers"):
+        if step.get("type") != "Metaspace" or step.get("replacement", SPACE_MARK) != SPACE_MARK:
+            refuse("pre_tokenizer", step)
 
 
 MAX_VOCAB = 1 << 24      # ids past this are corruption, not a vocabulary (the largest real ones are ~260K)
