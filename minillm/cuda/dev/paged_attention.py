@@ -69,3 +69,76 @@ def paged_attention_reference(qkv: np.ndarray, k_pool: np.ndarray, v_pool: np.nd
         w /= w.sum(axis=1, keepdims=True)
         out[t] = np.einsum("hl,lhd->hd", w, V).reshape(-1)
     return out
+
+
+# ---- the check ------------------------------------------------------------------------------------
+def check_paged(dtype: str = "float16", window: int = 0, int8: bool = False, seed: int = 0) -> tuple[float, float]:
+    """The three paged kernels on a mixed batch (two decodes and a prefill chunk, block tables scattered over
+    the pool, earlier positions random), each output NaN-poisoned first, against the references above.
+    -> (largest error relative to each reference's largest value, tolerance)"""
+    import cupy as cp
+    from minillm.cuda.dev.common import TOL, narrow, rel_err
+    from minillm.cuda.dev.model import random_cpu_model, small_config
+    from minillm.cuda.gpu_batched import DeviceOps, DevicePagedKV, batch_meta
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.engine.batched import SeqChunk
+    c = small_config("gqa", sliding_window=window or None, max_seq_len=256)
+    gpu = GPUTransformer.from_cpu(random_cpu_model(c, dtype, seed), dtype)
+    rng = np.random.default_rng(seed)
+    tables = rng.permutation(24).reshape(3, 8).tolist()                    # 3 sequences, blocks of 4
+    chunks = [SeqChunk([1], 21, tables[0]), SeqChunk([2], 13, tables[1]), SeqChunk([3, 4, 5, 6], 5, tables[2])]
+    pool = DevicePagedKV(c, 24, 4, "int8" if int8 else dtype)
+    for a in (pool.k, pool.v):                                             # earlier positions' K/V
+        a[0] = cp.asarray(rng.integers(-127, 128, a[0].shape).astype(np.int8) if int8
+                          else narrow(rng.standard_normal(a[0].shape), dtype))
+    if int8:
+        for a in (pool.k_scale, pool.v_scale):
+            a[0] = cp.asarray((0.01 + rng.random(a[0].shape) / 20).astype(np.float32))
+    meta_h, meta_d = batch_meta(chunks, 4, np.asarray), batch_meta(chunks, 4, cp.asarray)
+    qkv_h = rng.standard_normal((len(meta_h.tokens), gpu.qkv_width)).astype(np.float32)
+    qkv_d, dev = cp.asarray(qkv_h), DeviceOps(gpu, pool)
+    cp.cuda.Device().synchronize()                                         # the copies ran on the default stream
+    with gpu.stream:
+        dev.rope(qkv_d, meta_d.positions)
+        gpu.stream.synchronize()
+        rope_at_positions_reference(qkv_h, meta_h.positions, cp.asnumpy(gpu.inv_freq), c.n_heads, c.n_kv_heads,
+                                    c.head_dim)
+        err = rel_err(cp.asnumpy(qkv_d), qkv_h)
+        qkv_h = cp.asnumpy(qkv_d)                                          # the rest reads what the device has
+        want = {name: cp.asnumpy(getattr(pool, name)[0]) for name in ("k", "v", "k_scale", "v_scale")
+                if hasattr(pool, name)}
+        scales = (want["k_scale"], want["v_scale"]) if int8 else None
+        paged_kv_write_reference(qkv_h, meta_h.slots, want["k"], want["v"], c.n_heads, c.n_kv_heads, c.head_dim,
+                                 dtype, scales)
+        out = cp.full((len(qkv_h), c.n_heads * c.head_dim), cp.nan, cp.float32)
+        dev.kv_write(0, qkv_d, meta_d)
+        dev.attention(0, qkv_d, meta_d, out=out)
+        gpu.stream.synchronize()
+    for name, a in want.items():
+        err = max(err, rel_err(to_dtype(cp.asnumpy(getattr(pool, name)[0]), "float32") if a.dtype == np.uint16
+                               else cp.asnumpy(getattr(pool, name)[0]).astype(np.float32),
+                               to_dtype(a, "float32") if a.dtype == np.uint16 else a.astype(np.float32)))
+    ref = paged_attention_reference(qkv_h, want["k"], want["v"], meta_h.block_tables, meta_h.seq_of_row,
+                                    meta_h.positions, c.n_heads, window, scales)
+    return max(err, rel_err(cp.asnumpy(out), ref)), TOL[dtype]
+
+
+def main() -> int:
+    """`python -m minillm.cuda.dev.paged_attention`: the paged kernels, 16-bit and int8 pools, windowed or not."""
+    from minillm.cuda.dev.common import SHORT, finish, guarded, require_gpu, verdict
+    if not require_gpu("paged_attention"):
+        return 2
+    for dtype, int8 in (("float16", False), ("bfloat16", False), ("float16", True)):
+        for window in (0, 6):
+            label = f"{SHORT[dtype]} paged rope + kv write + attention{' int8 pool' if int8 else ''} window {window}"
+
+            def one(dtype=dtype, int8=int8, window=window, label=label):
+                err, tol = check_paged(dtype, window, int8)
+                verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
+            guarded(label, one)
+    return finish("paged_attention")
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

@@ -5,7 +5,8 @@
 # Each step has its own time limit and log in $OUT; the last lines of each are printed.
 #   here:   (cd tests && python -c "from pathlib import Path; import smollm2_pieces as s;
 #            s.pack(Path('<smollm2 dir>'), Path('../.smollm2/pieces.npz'), 8, tokenizer=True)")
-#   there:  bash minillm/cuda/dev/verify.sh [steps...]     (steps: suite selfcheck lessons bench serve)
+#   there:  bash minillm/cuda/dev/verify.sh [steps...]     (steps: suite selfcheck lessons bench serve; also
+#           dev: each dev module's checks and sweep; full: the selfcheck without --quick)
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
@@ -34,10 +35,16 @@ suite)
 selfcheck)
     step selfcheck 150 python3 -m minillm.cuda.selfcheck --quick ;;
 lessons)
-    for n in 11 12 13 14 15; do
+    for n in 10 11 12 13 14 15 24; do
         MINILLM_LESSON_QUICK=1 MINILLM_LESSON_MODEL=${MINILLM_TEST_SMOLLM2:-random:smollm2-135m} \
             TAIL=4 step lessons 120 python3 lessons/${n}_*.py
     done ;;
+dev)
+    for m in elementwise gemv attention paged_attention "flashnorm --quick" qbench; do
+        TAIL=6 step dev 150 python3 -m minillm.cuda.dev.$m
+    done ;;
+full)
+    TAIL=20 step full 240 python3 -m minillm.cuda.selfcheck --no-hf ;;
 bench)
     for q in "" int8 int4; do
         TAIL=22 step bench 150 python3 -m minillm bench --device cuda --random-weights -m mistral-7b --new-tokens 128 \
