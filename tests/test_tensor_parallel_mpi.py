@@ -120,3 +120,12 @@ def test_chat_with_tp2_answers_what_tp1_answers(tiny_chat_model):
     one, two = chat(), chat("--tp", "2")
     assert two.returncode == 0, two.stderr
     assert two.stdout == one.stdout and two.stdout.count("> ") == 2    # rank 0 read both lines for everyone
+
+
+def test_bench_tp2_measures_both_runs(model_dir):
+    cmd = [sys.executable, "-m", "minillm", "bench", "-m", str(model_dir), "--tp", "2", "--prompt-tokens", "8",
+           "--new-tokens", "3"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=ENV)
+    assert result.returncode == 0, result.stderr
+    assert "tp=1, 2 threads" in result.stdout and "tp=2, 1 thread a rank" in result.stdout
+    assert "one all-reduce alone: 64 values" in result.stdout          # dim = 64
