@@ -88,7 +88,21 @@ def _sampling_options(f):
     return f
 
 
+def _fix_threads(ctx, param, value):
+    if value is not None:
+        from minillm.threads import fix
+        fix(value)
+    return value
+
+
+def _threads_option(f):
+    return click.option("--threads", type=click.IntRange(1, 1024), default=None, expose_value=False,
+                        callback=_fix_threads, help="BLAS threads for decode and prefill [default: measured at "
+                        "load, fewer on a busy machine].")(f)
+
+
 def _load_options(f):
+    f = _threads_option(f)
     f = _kv_cache_option(f)
     f = click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
                      help="int4 group size along the input dimension (a multiple of 32).")(f)
@@ -246,6 +260,7 @@ def evaluate():
 @click.option("--chars", type=click.IntRange(min=100), default=None, help="Characters of the text to use.")
 @click.option("--context", type=click.IntRange(min=2), default=None, help="Tokens per window [default: 256].")
 @click.option("--baseline/--no-baseline", default=True, help="Also score the unquantized model and print the delta.")
+@_threads_option
 def perplexity(model, quant, group_size, dtype, kv_cache, text_file, chars, context, baseline):
     """Perplexity of MODEL on an evaluation text, and the delta against the unquantized model."""
     from minillm.tools import evaluate as ev
@@ -275,6 +290,7 @@ def info(model):
 @click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
               help="int4 group size along the input dimension (a multiple of 32).")
 @_kv_cache_option
+@_threads_option
 @click.pass_context
 def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device, quant, group_size,
           kv_cache):

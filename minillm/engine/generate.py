@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 from minillm.engine.sampling import Sampler, SamplingParams
 from minillm.errors import InvalidValue
+from minillm.threads import for_rows
 
 
 @dataclass
@@ -60,7 +61,9 @@ def generate_ids(model, prompt_ids: Sequence[int], max_tokens: int, params: Samp
     text = _TextCollector(tokenizer, stop_strings, on_text)
 
     start = time.perf_counter()
+    for_rows(len(prompt_ids))                      # the BLAS threads each phase runs on (threads.py)
     logits = model.prefill(prompt_ids, cache)
+    for_rows(1)
     new_ids, times, finish = [], [], "length"
     for step in range(max_tokens):
         token = sampler(logits)

@@ -19,6 +19,7 @@ import numpy as np
 
 from minillm.backend import as_f32
 from minillm.errors import MiniLLMError
+from minillm.threads import for_rows, policy
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import int8_kv_bytes_per_token
 
@@ -111,10 +112,12 @@ def bench_minillm(model, prompt: list[int], new_tokens: int, repeats: int) -> Re
     ttfts, steps = [], []
     for _ in range(repeats):
         cache = model.new_cache(len(prompt) + new_tokens + 1)
+        for_rows(len(prompt))                     # each phase on the policy's BLAS threads, as generate does
         start = time.perf_counter()
         logits = model.prefill(prompt, cache)
         ttfts.append(time.perf_counter() - start)
         token = int(np.argmax(logits))
+        for_rows(1)
         for _ in range(new_tokens):
             start = time.perf_counter()
             token = int(np.argmax(model.decode(token, cache)))
@@ -253,6 +256,7 @@ def run(model, prompt_tokens: int = 512, new_tokens: int = 32, repeats: int = 3,
                            f"{cfg.max_seq_len}: lower --prompt-tokens or --new-tokens")
     prompt = np.random.default_rng(0).integers(100, cfg.vocab_size, prompt_tokens).tolist()
     echo(f"machine: {machine_description()}")
+    echo(f"threads: {policy() or 'BLAS as NumPy set it up (no policy installed)'}")
     load_before = os.getloadavg()[0]
     copy_bw, gemv_bw, flops = copy_bandwidth(), gemv_bandwidth(), matmul_flops()
     echo(f"measured: copy {copy_bw / 1e9:.1f} GB/s · fp32 GEMV {gemv_bw / 1e9:.1f} GB/s · "
@@ -320,7 +324,11 @@ def run_cli(model_name: str, random_weights: bool = False, dtype: str | None = N
             except ValueError as e:
                 raise MiniLLMError(str(e)) from None
     else:
-        net = load(model_name, "cpu", dtype, quant, group_size=group_size).model
+        net = load(model_name, "cpu", dtype, quant, group_size=group_size).model   # measures the thread policy
+    if random_weights:
+        from minillm.llm import thread_policy
+        from minillm.threads import install
+        install(thread_policy(net))
     try:
         net = net.with_options(kv_cache=kv_cache)
     except ValueError as e:

@@ -278,8 +278,11 @@ def run_from_cli(model_name: str, device: str = "cpu", random_weights: bool = Fa
             from minillm.cuda.gpu_model import GPUTransformer
             llm = LLM(config, GPUTransformer.random(config, "float16"), name=model_name)
         else:
+            from minillm.llm import thread_policy
+            from minillm.threads import install
             from minillm.tools.bench import random_model
             llm = LLM(config, random_model(config), name=model_name)
+            install(thread_policy(llm.model))           # as load() does: BLAS threads measured for this model
     else:
         llm = load(model_name, device)
     run_cli(llm, n_requests, concurrency, prefix_share, workload, prompt_len, output_len, csv_path, png_path, seed,
