@@ -305,6 +305,9 @@ def batching_for(model):
     if isinstance(model, GPUTransformer):
         from minillm.cuda.gpu_batched import GPUBatching
         return GPUBatching(model)
+    if getattr(model, "comm", None) is not None:         # tensor parallel: rank 0 leads, the others follow
+        from minillm.engine.parallel.serving import TPBatching
+        return TPBatching(model)
     return CPUBatching(model)
 
 

@@ -126,6 +126,27 @@ def test_int4_row_parallel_shards_keep_whole_groups(quantized_dir):
     assert (down.shape, down.group_size, down.scales.shape) == ((64, 64), 32, (64, 2))    # 64 of 128
 
 
+def test_the_engine_at_tp2_gives_the_tokens_of_tp1(tmp_path):
+    """Rank 0 runs the Engine (scheduler, sampler); rank 1 follows the batches it broadcasts."""
+    from minillm.engine.engine import Engine
+    from minillm.engine.parallel.serving import follow
+    save_random_model(llama_config(), tmp_path)
+    prompts = [[3, 17, 99], [5, 7, 300, 42, 11], [250, 1]]
+    want = [g.token_ids for g in Engine(minillm.load(tmp_path), max_kv_bytes=1 << 20).generate(prompts, max_tokens=6)]
+
+    def rank(comm):
+        llm = minillm.load(tmp_path, comm=comm)
+        if comm.rank != 0:
+            return follow(llm)
+        engine = Engine(llm, max_kv_bytes=1 << 20)
+        out = [g.token_ids for g in engine.generate(prompts, max_tokens=6)]
+        engine.runner.release()
+        return out
+
+    got, follower_steps = run_ranks(2, rank)
+    assert got == want and follower_steps >= 6
+
+
 # ---- refusals ----------------------------------------------------------------------------------
 SMOLLM2 = ModelConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536)
 

@@ -129,3 +129,33 @@ def test_bench_tp2_measures_both_runs(model_dir):
     assert result.returncode == 0, result.stderr
     assert "tp=1, 2 threads" in result.stdout and "tp=2, 1 thread a rank" in result.stdout
     assert "one all-reduce alone: 64 values" in result.stdout          # dim = 64
+
+
+def test_serve_with_tp2_answers_like_generate(tiny_chat_model):
+    import signal
+    import socket
+    import httpx
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "minillm", "serve", "-m", str(tiny_chat_model), "--tp", "2", "--port", str(port)]
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        body = {"model": str(tiny_chat_model), "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
+        deadline, answer = time.time() + 60, None
+        while answer is None and time.time() < deadline and server.poll() is None:
+            try:
+                answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30).json()
+            except httpx.TransportError:
+                time.sleep(0.3)
+        assert answer is not None, server.stderr.read() if server.poll() is not None else "no answer in 60 s"
+        want = minillm.load(tiny_chat_model).generate("Once upon a time", max_tokens=6, chat=False).text
+        assert answer["choices"][0]["text"] == want
+    finally:
+        server.send_signal(signal.SIGINT)              # rank 0 stops serving and releases rank 1
+        try:
+            code = server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise
+    assert code in (0, 130)

@@ -58,10 +58,10 @@ class BatchedRunner:
         blocks = np.concatenate([b for b, _ in slots])                                      # [N]
         offsets = np.concatenate([o for _, o in slots])                                     # [N]
         cos, sin = rope_tables(positions, m.inv_freq)                                       # [N, hd/2] each
-        x = as_f32(m.embed[tokens])                                                         # [N, dim]
-        for i, layer in enumerate(m.layers[:self.n_layers]):
-            x = x + self.attention(x, layer, i, chunks, cos, sin, blocks, offsets)
-            x = x + m.ffn(x, layer)
+        x = m.embed_tokens(tokens)                                                          # [N, dim]
+        for i, layer in enumerate(m.layers[:self.n_layers]):            # m.reduce: tp's all-reduces (else nothing)
+            x = x + m.reduce(self.attention(x, layer, i, chunks, cos, sin, blocks, offsets))
+            x = x + m.reduce(m.ffn(x, layer))
         if rows is not None:
             x = x[rows]                                                                     # [len(rows), dim]
         elif not all_logits:
