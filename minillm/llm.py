@@ -239,7 +239,8 @@ def thread_policy(model, threads: int | None = None) -> blas.ThreadPolicy:
     if not isinstance(model, Transformer):
         return blas.choose(None, threads)
     x = np.random.default_rng(0).standard_normal((blas.PREFILL_ROWS, model.config.dim)).astype(np.float32)
-    return blas.choose(lambda rows: model.ffn(x[:rows], model.layers[0]), threads)
+    with np.errstate(all="ignore"):     # timing only: what bad weights do is reported by the forward pass
+        return blas.choose(lambda rows: model.ffn(x[:rows], model.layers[0]), threads)
 
 
 def non_finite_weight(model) -> str:
