@@ -114,6 +114,14 @@ def _load_options(f):
     return _model_option(f)
 
 
+def _speculative_options(f):
+    f = click.option("--draft-tokens", type=click.IntRange(min=1), default=None,
+                     help="Drafts per target pass [default: the drafter's, 8 for ngram, 4 for models].")(f)
+    return click.option("--speculative", default=None, metavar="ngram|int4|layers:N|MODEL",
+                        help="Speculative decoding: prompt lookup, the int4 self-draft, the first N layers, "
+                        "or a draft model with the same tokenizer.")(f)
+
+
 def _kv_cache_option(f, default="auto"):
     return click.option("--kv-cache", type=click.Choice(["auto", "int8", "fp8", "float32"]), default=default,
                         show_default=default is not None,
@@ -150,15 +158,17 @@ def _load(model, device, dtype, quant=None, group_size=128, kv_cache="auto", fla
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
 @click.option("--flashnorm", is_flag=True, help="Fold the norm gains into the weights and defer the normalization.")
 @_tp_option
+@_speculative_options
 def generate(prompt, model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p,
-             seed, chat, stop, flashnorm, tp):
+             seed, chat, stop, flashnorm, tp, speculative, draft_tokens):
     """Complete PROMPT, streaming tokens to stdout and timings to stderr."""
     llm = _load(model, device, dtype, quant, group_size, kv_cache, flashnorm, tp)
     if tp > 1:
         click.echo(memory_line(llm.model), err=True)     # a collective: rank 0 prints what each rank holds
     use_chat = llm.chat_default if chat is None else chat
     g = llm.generate(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                     seed=seed, stop=stop, chat=use_chat, on_text=_stream_out)
+                     seed=seed, stop=stop, chat=use_chat, on_text=_stream_out, speculative=speculative,
+                     draft_tokens=draft_tokens)
     click.echo("")
     click.echo(_metrics_line(g), err=True)
 
@@ -169,8 +179,10 @@ def _stream_out(piece: str) -> None:
 
 
 def _metrics_line(g) -> str:
+    spec = "" if g.speculative is None else \
+        f" · accepted {g.acceptance_rate:.0%} · {g.mean_accepted_length:.2f} tokens/pass"
     return (f"[prompt {g.prompt_tokens} tokens · TTFT {g.ttft_s * 1000:.0f} ms · "
-            f"{len(g.token_ids)} new tokens · decode {g.decode_tok_s:.1f} tok/s · {g.finish_reason}]")
+            f"{len(g.token_ids)} new tokens · decode {g.decode_tok_s:.1f} tok/s{spec} · {g.finish_reason}]")
 
 
 @cli.command()
@@ -178,7 +190,9 @@ def _metrics_line(g) -> str:
 @_sampling_options
 @click.option("--system", default=None, help="A system message to start the conversation with.")
 @_tp_option
-def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p, seed, system, tp):
+@_speculative_options
+def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p, seed, system, tp,
+         speculative, draft_tokens):
     """Talk with a model in the terminal; an empty line or Ctrl-C ends the conversation."""
     from minillm.engine.parallel.launcher import read_turn
     llm = _load(model, device, dtype, quant, group_size, kv_cache, tp=tp)
@@ -190,7 +204,8 @@ def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperat
             break
         messages.append({"role": "user", "content": user})
         g = llm.generate(messages, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                         top_p=top_p, seed=seed, on_text=_stream_out)
+                         top_p=top_p, seed=seed, on_text=_stream_out, speculative=speculative,
+                         draft_tokens=draft_tokens)
         click.echo("")
         click.echo(_metrics_line(g), err=True)
         messages.append({"role": "assistant", "content": g.text})
@@ -205,13 +220,16 @@ def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperat
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
               help="Reuse the KV blocks of prompt prefixes seen before.")
 @click.option("--served-model-name", default=None, help="The model id clients send [default: --model as given].")
-def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, prefix_caching,
+@_speculative_options
+def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, prefix_caching, speculative,
+          draft_tokens,
           served_model_name):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)."""
     from minillm.serve import server     # fails in one line without FastAPI: pip install "minillm[serve]"
     server.check_address(host, port)
     llm = _load(model, device, dtype, quant, group_size)
-    options = {"kv_cache": kv_cache, "prefix_caching": prefix_caching}
+    options = {"kv_cache": kv_cache, "prefix_caching": prefix_caching, "speculative": speculative,
+               "draft_tokens": draft_tokens}
     if max_concurrency is not None:
         options["max_batch"] = max_concurrency
     server.serve(llm, served_model_name or model, host, port, **options)
@@ -291,13 +309,17 @@ def info(model):
               help="int4 group size along the input dimension (a multiple of 32).")
 @_kv_cache_option
 @_threads_option
+@_speculative_options
 @click.pass_context
 def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device, quant, group_size,
-          kv_cache):
+          kv_cache, speculative, draft_tokens):
     """Prefill and decode speed: tok/s, GB/s, % of this machine's limits, side by side with HF.
     `minillm bench serve`: many concurrent requests through the batching engine."""
     if ctx.invoked_subcommand is not None:
         return
+    if speculative is not None:    # plain vs speculative decode on the shipped copy-heavy prompts
+        from minillm.tools.spec_bench import run_cli as run_speculative
+        sys.exit(run_speculative(model, speculative, draft_tokens, new_tokens, device, echo=click.echo))
     from minillm.tools.bench import run_cli
     sys.exit(run_cli(model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device, quant, group_size,
                      kv_cache, echo=click.echo))

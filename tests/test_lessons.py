@@ -26,6 +26,7 @@ EVIDENCE = {5: ["MQA-1 (KV heads mean-pooled)", "perplexity"],
             14: ["roofline tok/s", "int4: magic-number codes vs unpack_int4", "% of issue rate", "GPU 2/2"],
             15: ["max |folded - original|", "one step late", "Prop. 3", "[GPU 1/4] the race"],
             19: ["data: [DONE]", "Engine via HTTP", "client - server", "largest batch"],
+            20: ["max |emitted - p|", "W-blocks @ xᵀ (engine)", "verify pass", "same tokens"],
             24: ["max |tiled - attend|", "tiled 64×64", "score table", "prefill_attention.cu", "[GPU 1/1]"]}
 
 

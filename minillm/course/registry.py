@@ -10,6 +10,7 @@ from minillm.course.ex_basics import (_check_kv, _check_rmsnorm, _check_rope, _c
                         _rope_cases, _top_p_cases, kv_cache_update_reference)
 from minillm.course.ex_flash import _check_merge, _merge_cases, merge_partials_reference
 from minillm.course.ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
+from minillm.course.ex_speculative import _check_spec, _spec_cases, speculative_step_reference
 from minillm.course.ex_parallel import _check_tp, _tp_cases, tp_partials_reference
 from minillm.course.ex_gpu import (_block_sum_cases, _check_block_sum, _check_launches, _check_transfer, _launch_cases,
                      _transfer_cases, block_sum_reference, decode_launches_reference, transfer_bytes_reference)
@@ -56,6 +57,7 @@ EXERCISES: dict[int, Exercise] = {e.number: e for e in [
     Exercise(17, "pack_batch", 17, pack_reference, _pack_cases, _check_pack),
     Exercise(18, "cached_prefix_tokens", 18, cached_prefix_reference, _prefix_cases, _check_prefix),
     Exercise(19, "stream_text", 19, stream_text_reference, _sse_cases, _check_sse),
+    Exercise(20, "speculative_step", 20, speculative_step_reference, _spec_cases, _check_spec),
     Exercise(21, "tp_partials", 21, tp_partials_reference, _tp_cases, _check_tp),
     Exercise(24, "merge_softmax_partials", 24, merge_partials_reference, _merge_cases, _check_merge),
 ]}

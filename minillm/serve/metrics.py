@@ -69,7 +69,7 @@ class Metrics:
                  e.get("steps", 0)),
                 ("minillm_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
                  e.get("prefix_hit_tokens", 0)),
-            ]:
+            ] + _speculative_rows(e):
                 lines += [f"# HELP {name} {help}", f"# TYPE {name} {kind}", f"{name} {value}"]
             lines += ["# HELP minillm_requests_finished_total Requests finished, by finish reason.",
                       "# TYPE minillm_requests_finished_total counter"]
@@ -77,3 +77,16 @@ class Metrics:
                       for reason, n in sorted(self.finished.items())]
             lines += self.ttft.lines() + self.itl.lines()
         return "\n".join(lines) + "\n"
+
+
+def _speculative_rows(e: dict) -> list[tuple]:
+    """Speculative decoding's metrics, when the engine runs it (`minillm serve --speculative`)."""
+    if "spec_draft_tokens" not in e:
+        return []
+    return [("minillm_spec_draft_tokens_total", "counter", "Tokens proposed by the drafter.", e["spec_draft_tokens"]),
+            ("minillm_spec_accepted_tokens_total", "counter", "Drafted tokens the target accepted.",
+             e["spec_accepted_tokens"]),
+            ("minillm_spec_acceptance_rate", "gauge", "Accepted / drafted tokens since the start.",
+             round(e["spec_acceptance_rate"], 4)),
+            ("minillm_spec_mean_accepted_length", "gauge", "Tokens per verify pass (accepted drafts + 1).",
+             round(e["spec_mean_accepted_length"], 4))]
