@@ -111,3 +111,28 @@ def test_a_bias_model_on_cuda_is_refused_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(minillm.llm, "check_device", lambda device: None)
     with pytest.raises(MiniLLMError, match="runs on the CPU only"):
         minillm.load(str(tmp_path), device="cuda")
+
+
+def test_qwen2_with_every_layer_windowed_matches_hf(tmp_path):
+    """use_sliding_window with max_window_layers=0 windows every layer: Mistral's mask, which minillm has."""
+    hf = save_random_model(qwen2_config(use_sliding_window=True, sliding_window=5, max_window_layers=0), tmp_path)
+    llm = minillm.load(str(tmp_path))
+    assert llm.config.sliding_window == 5
+    ids = _ids(16)
+    np.testing.assert_allclose(llm.logits(ids), hf_logits(hf, ids), atol=TOL, rtol=0)
+
+
+def test_qwen2_with_some_layers_windowed_is_refused(tmp_path):
+    save_random_model(qwen2_config(use_sliding_window=True, sliding_window=5, max_window_layers=1), tmp_path)
+    with pytest.raises(MiniLLMError, match="layer_types mixes sliding and full attention"):
+        minillm.load(str(tmp_path))
+
+
+def test_converting_a_bias_model_to_mla_is_refused(tmp_path):
+    """The latent attention has no biases: a converted Qwen2 would have dropped them without a word."""
+    from minillm.checkpoints.mla_convert import convert_to_mla
+    from minillm.checkpoints.weights import load_hf_dir
+    save_random_model(qwen2_config(n_heads=4, n_kv_heads=2), tmp_path)
+    config, tensors = load_hf_dir(tmp_path)
+    with pytest.raises(ValueError, match="attention biases are not implemented for MLA"):
+        convert_to_mla(config, tensors, kv_rank=32)

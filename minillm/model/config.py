@@ -89,6 +89,10 @@ class ModelConfig:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.n_experts:
             _check_moe(self)
+        if self.attention == "mla" and (self.qkv_bias or self.o_bias):   # mla.py has no bias: it would drop them
+            raise ValueError("attention biases are not implemented for MLA (latent attention)")
+        if self.n_experts and self.mlp_bias:
+            raise ValueError("mlp_bias is not implemented for mixture-of-experts layers")
 
     def is_moe_layer(self, i: int) -> bool:
         """Layer i has a sparse MoE block (else a dense SwiGLU MLP of ffn_dim)."""
@@ -453,7 +457,7 @@ def _mla_fields(d: dict[str, Any]) -> dict[str, Any]:
     if d.get("attention_bias"):
         raise ConfigError("attention_bias=True is not supported for MLA")
     return dict(attention="mla", q_lora_rank=_int(d, "q_lora_rank", default=None),
-                kv_lora_rank=_int(d, "kv_lora_rank"), qk_nope_head_dim=_int(d, "qk_nope_head_dim"),
+                kv_lora_rank=_int(d, "kv_lora_rank"), qk_nope_head_dim=_int(d, "qk_nope_head_dim", minimum=0),
                 qk_rope_head_dim=_int(d, "qk_rope_head_dim"), v_head_dim=_int(d, "v_head_dim"),
                 rope_interleave=_bool(d, "rope_interleave", True))
 
