@@ -27,6 +27,8 @@ EVIDENCE = {5: ["MQA-1 (KV heads mean-pooled)", "perplexity"],
             15: ["max |folded - original|", "one step late", "Prop. 3", "[GPU 1/4] the race"],
             19: ["data: [DONE]", "Engine via HTTP", "client - server", "largest batch"],
             20: ["max |emitted - p|", "W-blocks @ xᵀ (engine)", "verify pass", "same tokens"],
+            22: ["max |sparse - dense|", "busiest / balanced", "time / dense time", "DeepSeek-V3"],
+            23: ["the value grids", "MXFP4 (E8M0 / 32)", "bits per weight vs perplexity", "NF4"],
             24: ["max |tiled - attend|", "tiled 64×64", "score table", "prefill_attention.cu", "[GPU 1/1]"]}
 
 

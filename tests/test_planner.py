@@ -122,7 +122,7 @@ def test_model_from_a_config_json_folder(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(gpu="v100"), "unknown GPU"), (dict(dtype="fp8"), "unknown weight dtype"),
+    (dict(gpu="v100"), "unknown GPU"), (dict(dtype="fp6"), "unknown weight dtype"),
     (dict(kv_dtype="int4"), "unknown KV dtype"), (dict(context=0), "context must be positive"),
     (dict(users=-1), "users must be positive"), (dict(reserve="lots"), "reserve"),
     (dict(model="gpt-5"), "unknown model"),

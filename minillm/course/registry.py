@@ -10,6 +10,8 @@ from minillm.course.ex_basics import (_check_kv, _check_rmsnorm, _check_rope, _c
                         _rope_cases, _top_p_cases, kv_cache_update_reference)
 from minillm.course.ex_flash import _check_merge, _merge_cases, merge_partials_reference
 from minillm.course.ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
+from minillm.course.ex_formats import _block_cases, _check_block, encode_mxfp4_block_reference
+from minillm.course.ex_moe import _check_route, _route_cases, top_k_route_reference
 from minillm.course.ex_speculative import _check_spec, _spec_cases, speculative_step_reference
 from minillm.course.ex_parallel import _check_tp, _tp_cases, tp_partials_reference
 from minillm.course.ex_gpu import (_block_sum_cases, _check_block_sum, _check_launches, _check_transfer, _launch_cases,
@@ -59,5 +61,7 @@ EXERCISES: dict[int, Exercise] = {e.number: e for e in [
     Exercise(19, "stream_text", 19, stream_text_reference, _sse_cases, _check_sse),
     Exercise(20, "speculative_step", 20, speculative_step_reference, _spec_cases, _check_spec),
     Exercise(21, "tp_partials", 21, tp_partials_reference, _tp_cases, _check_tp),
+    Exercise(22, "top_k_route", 22, top_k_route_reference, _route_cases, _check_route),
+    Exercise(23, "encode_mxfp4_block", 23, encode_mxfp4_block_reference, _block_cases, _check_block),
     Exercise(24, "merge_softmax_partials", 24, merge_partials_reference, _merge_cases, _check_merge),
 ]}

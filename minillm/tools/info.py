@@ -44,6 +44,10 @@ def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str) ->
         ("parameters", f"{c.n_params:,} ({c.n_params / 1e9:.3f} B)"),
         ("bytes fp32 / bf16", f"{_gb(4 * c.n_params)} / {_gb(2 * c.n_params)}"),
     ]
+    if c.n_experts:   # memory holds every expert; a token reads its k (and the shared ones)
+        rows[5:5] = [("experts", _moe_summary(c))]
+        rows += [("active parameters", f"{c.n_active_params:,} ({c.n_active_params / 1e9:.3f} B) a token"),
+                 ("bytes read / token", f"{_gb(2 * c.n_active_params)} bf16 at batch 1 (the active experts only)")]
     if c.quantization:
         q = c.quantization
         rows.append(("quantization", q["method"] + (f", groups of {q['group_size']}" if "group_size" in q else "")
@@ -56,6 +60,14 @@ def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str) ->
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _moe_summary(c: ModelConfig) -> str:
+    routing = ("softmax top-k" if c.router == "softmax" else
+               f"sigmoid + correction bias, {c.n_groups_per_token} of {c.n_expert_groups} groups")
+    shared = f", {c.n_shared_experts} shared" if c.n_shared_experts else ""
+    dense = f"; layers 0-{c.first_dense_layers - 1} dense" if c.first_dense_layers else ""
+    return (f"{c.n_experts} of width {c.moe_ffn_dim}, top-{c.n_experts_per_token}{shared} ({routing}){dense}")
 
 
 def _attention_summary(c: ModelConfig) -> str:

@@ -79,13 +79,16 @@ def find_gpu(name: str) -> GPU:
 
 
 # ---- precisions ---------------------------------------------------------------------------------
-WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "int8", "int4")
+WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "int8", "int4", "fp8", "nf4", "mxfp4")
 KV_DTYPES = ("fp32", "fp16", "bf16", "int8")
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
                   "bfloat16": "bf16", "q8": "int8", "q4": "int4"}
 FLOAT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 SCALE_BYTES = 2           # every quantization scale is one fp16
 INT4_GROUP = 128          # int4 is group-wise: one scale per 128 consecutive weights of a row
+# The float formats (model/formats.py) as minillm stores them: bytes a weight, and (scale bytes, weights a scale)
+# per row: fp8 one fp32 per row, NF4 one fp32 absmax per 64, MXFP4 one E8M0 byte per 32.
+FORMAT_BYTES = {"fp8": (1.0, 4, None), "nf4": (0.5, 4, 64), "mxfp4": (0.5, 1, 32)}
 
 
 def dtype_name(name: str, allowed: tuple[str, ...], what: str) -> str:
@@ -98,6 +101,18 @@ def dtype_name(name: str, allowed: tuple[str, ...], what: str) -> str:
 
 def _is_mla(c: ModelConfig) -> bool:
     return getattr(c, "attention", "gqa") == "mla"
+
+
+def _layer_matrices(c: ModelConfig, i: int, experts: int | None = None) -> list[tuple[int, int]]:
+    """Layer i's linear weights: a dense layer's, or attention + `experts` routed experts (default all)
+    + the shared ones of an MoE layer (its router stays 16-bit, counted with the rest)."""
+    if not getattr(c, "n_experts", 0) or not c.is_moe_layer(i):
+        return _block_matrices(c)
+    attention = _block_matrices(c)[:-3]
+    width = c.moe_ffn_dim
+    expert = [(width, c.dim), (width, c.dim), (c.dim, width)]
+    shared = [(width * c.n_shared_experts, c.dim)] * 2 + [(c.dim, width * c.n_shared_experts)] if c.n_shared_experts else []
+    return attention + expert * (c.n_experts if experts is None else experts) + shared
 
 
 def _block_matrices(c: ModelConfig) -> list[tuple[int, int]]:
@@ -121,16 +136,37 @@ def weight_bytes(c: ModelConfig, dtype: str) -> int:
     channel (one fp16 scale per row); int4 is group-wise (one fp16 scale per 128 weights of a row,
     i.e. +0.125 bits/weight; add another 2 bytes/group if your format stores a zero point too).
     """
+    return _bytes(c, dtype, None, c.n_params)
+
+
+def _bytes(c: ModelConfig, dtype: str, experts: int | None, n_params: int) -> int:
+    """weight_bytes with `experts` routed experts a MoE layer (None: all) and n_params counted."""
     if dtype in FLOAT_BYTES:
-        return c.n_params * FLOAT_BYTES[dtype]
-    matrices = _block_matrices(c)
-    linear = c.n_layers * sum(rows * cols for rows, cols in matrices)
+        return n_params * FLOAT_BYTES[dtype]
+    matrices = [m for i in range(c.n_layers) for m in _layer_matrices(c, i, experts)]
+    linear = sum(rows * cols for rows, cols in matrices)
+    if dtype in FORMAT_BYTES:   # fp8 / nf4 / mxfp4: (bytes a weight, bytes a scale, weights a scale or per row)
+        per_weight, per_scale, block = FORMAT_BYTES[dtype]
+        scales = sum(rows * (1 if block is None else math.ceil(cols / block)) for rows, cols in matrices)
+        return int(linear * per_weight) + scales * per_scale + (n_params - linear) * 2
     if dtype == "int8":
-        values, scales = linear, c.n_layers * sum(rows for rows, _ in matrices)
+        values, scales = linear, sum(rows for rows, _ in matrices)
     else:  # int4: two weights a byte
         values = linear // 2
-        scales = c.n_layers * sum(rows * math.ceil(cols / INT4_GROUP) for rows, cols in matrices)
-    return values + scales * SCALE_BYTES + (c.n_params - linear) * 2
+        scales = sum(rows * math.ceil(cols / INT4_GROUP) for rows, cols in matrices)
+    return values + scales * SCALE_BYTES + (n_params - linear) * 2
+
+
+def weights_read_per_step(c: ModelConfig, dtype: str, users: int) -> int:
+    """Bytes of weights one decode step reads for `users` tokens. Dense: all of them. MoE: all but the
+    routed experts, and of those the ones some token picked, E·(1 - (1 - k/E)^users) a layer if the
+    router spreads tokens uniformly (memory still holds every expert: weight_bytes)."""
+    if not getattr(c, "n_experts", 0):
+        return weight_bytes(c, dtype)
+    touched = c.n_experts * (1 - (1 - c.n_experts_per_token / c.n_experts) ** max(users, 1))
+    none = _bytes(c, dtype, 0, c._params(0))                       # everything but the routed experts
+    every = weight_bytes(c, dtype)
+    return int(none + (every - none) * touched / c.n_experts)
 
 
 def kv_bytes_per_token(c: ModelConfig, dtype: str) -> int:
@@ -191,6 +227,8 @@ def resolve_model(model: str | Path | ModelConfig) -> tuple[str, ModelConfig]:
         return "custom", model
     if str(model) in PRESETS:
         return str(model), PRESETS[str(model)].config
+    if str(model) in PLANNER_ONLY:
+        return str(model), PLANNER_ONLY[str(model)]
     if Path(model).is_dir():
         from minillm.checkpoints.weights import read_config
         try:
@@ -198,6 +236,15 @@ def resolve_model(model: str | Path | ModelConfig) -> tuple[str, ModelConfig]:
         except MiniLLMError as e:
             raise PlanError(str(e)) from None
     raise PlanError(f"unknown model {str(model)!r}: not a preset ({', '.join(PRESETS)}) nor a folder with config.json")
+
+
+# Shapes the planner knows but minillm does not run (their checkpoints are refused in one line).
+# GPT-OSS-120B (the inference workshop's example: ~240 GB bf16, ~120 GB fp8, ~65 GB MXFP4): 36 layers
+# of 128 experts (top-4) of width 2880, GQA 64/8 heads of 64; its attention sinks, biases and the
+# alternating 128-token window are left out (a few MB).
+PLANNER_ONLY = {"gpt-oss-120b": ModelConfig(
+    vocab_size=201088, dim=2880, n_layers=36, n_heads=64, n_kv_heads=8, head_dim=64, ffn_dim=2880,
+    max_seq_len=131072, family="mixtral", n_experts=128, n_experts_per_token=4, moe_ffn_dim=2880)}
 
 
 def reserve_bytes(reserve: float, memory_bytes: float) -> float:
@@ -248,7 +295,13 @@ def plan(model: str | Path | ModelConfig, gpu: str | GPU = DEFAULT_GPU, weight_d
                      f"{budget / GB:.2f} GB left; shorten the context or quantize")
         n_users = 0
 
-    step_bytes, memory_s, compute_s = decode_roofline(weights, per_token * context, n_users, c.n_params, gpu)
+    read = weights_read_per_step(c, weight_dtype, n_users)         # MoE: the experts the batch touches
+    active = getattr(c, "n_active_params", c.n_params)
+    step_bytes, memory_s, compute_s = decode_roofline(read, per_token * context, n_users, active, gpu)
+    if getattr(c, "n_experts", 0):
+        notes.append(f"MoE: memory holds all {c.n_experts} experts a layer ({weights / GB:.2f} GB); a decode step "
+                     f"reads the ones its {max(n_users, 1)} token(s) picked ({read / GB:.2f} GB) and computes "
+                     f"with the active {active / 1e9:.2f} B parameters")
     tok_s_total = n_users / max(memory_s, compute_s)
     cost = price / (tok_s_total * 3600) * 1e6 if tok_s_total else None   # $/h ÷ tokens/h × 1e6
     return Plan(name, c, gpu, weight_dtype, kv_dtype, mode, context, n_users, max_users, max_context, users,
@@ -304,6 +357,8 @@ def format_plan(p: Plan) -> str:
             ("cost", f"${p.cost_per_million:.3f} per 1M output tokens" if p.cost_per_million is not None
                      else "n/a"),
         ]
+    if getattr(c, "n_experts", 0):
+        rows += expert_parallel_rows(c, p.weight_dtype)
     rows += [("note", n) for n in p.notes]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -347,6 +402,21 @@ def plot_plan(p: Plan, directory: str | Path, user_counts: tuple[int, ...] = (1,
     _finish(ax, title, "max concurrent users", log_y=bool((max_users > 0).any()))
     users_png = _save(fig, FigureCanvasAgg, directory / "max_users_vs_context.png")
     return [kv_png, users_png]
+
+
+def expert_parallel_rows(c: ModelConfig, dtype: str, ranks: tuple[int, ...] = (8,)) -> list[tuple[str, str]]:
+    """Expert parallelism beside tensor parallelism: the experts split over `ranks` GPUs, attention
+    replicated. Each token's hidden state (dim values, bf16) goes to the ranks of its k experts and
+    comes back: per MoE layer 2 · k · dim · 2 bytes, (n-1)/n of it off the GPU (uniform routing)."""
+    rows = []
+    for n in ranks:
+        experts = -(-c.n_experts // n)
+        per_layer = 2 * c.n_experts_per_token * c.dim * 2 * (n - 1) / n                 # bytes a token
+        expert_bytes = (weight_bytes(c, dtype) - _bytes(c, dtype, 0, c._params(0))) / n
+        rows.append((f"expert parallel {n}", f"{experts} experts a GPU ({expert_bytes / GB:.2f} GB of experts each); "
+                     f"all-to-all {per_layer * c.n_moe_layers / 1e3:,.1f} KB a token "
+                     f"({per_layer / 1e3:.1f} KB x {c.n_moe_layers} MoE layers, dispatch + combine)"))
+    return rows
 
 
 def _finish(ax, title: str, ylabel: str, log_y: bool = True) -> None:

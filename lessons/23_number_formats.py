@@ -1,0 +1,141 @@
+"""Lesson 23 — Low-bit number formats: fp8, NF4 and MXFP4 beside int8 and int4.
+
+Read it after lessons 08 and 09 (int8, int4). Decode reads every weight once a token, so the bits a
+weight takes set decode's speed and whether a model fits at all: GPT-OSS-120B is ~240 GB in bf16,
+~120 GB in fp8 and ~65 GB in MXFP4, which is what puts it on one 80 GB GPU. int8/int4 put a row or
+group on an evenly spaced grid; the formats of this lesson use *float* grids, dense near zero where
+most weights are, sparse far out where few are:
+
+  fp8 E4M3   1 sign, 4 exponent, 3 mantissa bits (largest 448), one fp32 scale per output row
+  NF4        16 values at the quantiles of a normal distribution, one absmax per block of 64 (QLoRA)
+  MXFP4      FP4 E2M1 elements (±0, .5, 1, 1.5, 2, 3, 4, 6), one power-of-two E8M0 scale per 32 (OCP MX)
+
+The float types are ml_dtypes' (NumPy dtypes with correct rounding); the packing, scales and matmuls
+are minillm.model.formats. This lesson draws the grids side by side, measures each format's error on a
+real SmolLM2 matrix (random weights of its shape when SmolLM2 is not pulled), and measures bits per
+weight against perplexity. Exercise 23 encodes one MXFP4 block.
+
+Run: python lessons/23_number_formats.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
+"""
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # stable timings on a shared machine (lesson 08)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+
+import numpy as np
+
+import minillm
+from minillm.course import lesson_model, print_table, quick, save_plot
+from minillm.model import formats
+from minillm.model.formats import bits_per_weight, float_grid, nf4_values
+from minillm.model.quant import quantize_int4, quantize_int8
+
+QUICK = quick()
+
+
+# NEW: the grids, side by side ----------------------------------------------------------------------
+def grids() -> dict[str, np.ndarray]:
+    """Each format's values on [-1, 1] (scaled by its largest), the grid a scale then stretches."""
+    e4m3, e2m1 = float_grid("e4m3"), float_grid("e2m1")
+    return {"int4 (asymmetric, 16 levels)": np.linspace(-1, 1, 16),
+            "int8 (255 levels)": np.arange(-127, 128) / 127,
+            "E2M1 (MXFP4's element)": e2m1 / e2m1.max(),
+            "NF4": nf4_values(),
+            "E4M3 (fp8)": e4m3 / e4m3.max(),
+            "E5M2 (fp8)": float_grid("e5m2") / float_grid("e5m2").max()}
+
+
+def show_grids():
+    rows = []
+    for name, g in grids().items():
+        positive = g[g > 0]
+        near_zero = positive.min()
+        rows.append([name, len(g), f"{near_zero:.2g}", f"{(positive < 0.1).sum()}",
+                     " ".join(f"{v:.3g}" for v in positive[-4:])])
+    print_table("Lesson 23 — the value grids, each scaled so its largest value is 1",
+                ["format", "values", "smallest > 0", "values in (0, 0.1)", "the four largest"], rows)
+    print("  float grids double their spacing every power of two: relative error stays constant; int grids")
+    print("  keep one step: fine far out, coarse near zero, where a normal-ish weight row has most of its mass")
+
+    def draw(ax):
+        for y, (name, g) in enumerate(grids().items()):
+            shown = g if len(g) <= 64 else g[np.abs(g) <= 1]
+            ax.plot(shown, np.full(len(shown), y), "|", markersize=12)
+        ax.set_yticks(range(len(grids())), list(grids()))
+        ax.set_xlabel("value / the format's largest")
+    save_plot("23_value_grids.png", draw)
+
+
+# NEW: the error of each format on one real matrix -----------------------------------------------------
+def quantizers() -> dict:
+    return {"int8 (per row)": quantize_int8,
+            "int4 g128 (min/max)": lambda w: quantize_int4(w, 128),
+            "int4 g32 (min/max)": lambda w: quantize_int4(w, 32),
+            "fp8 E4M3 (per row)": lambda w: formats.quantize_fp8(w, "e4m3"),
+            "fp8 E5M2 (per row)": lambda w: formats.quantize_fp8(w, "e5m2"),
+            "NF4 (absmax / 64)": formats.quantize_nf4,
+            "MXFP4 (E8M0 / 32)": formats.quantize_mxfp4}
+
+
+def matrix_errors(llm):
+    layer = llm.model.layers[len(llm.model.layers) // 2]
+    w = np.asarray(layer.w_down, dtype=np.float32)                           # [dim, ffn]
+    if QUICK:
+        w = w[:64]
+    x = np.random.default_rng(0).standard_normal((8, w.shape[1])).astype(np.float32)
+    rows = []
+    for name, quantize in quantizers().items():
+        t0 = time.perf_counter()
+        q = quantize(w)
+        seconds = time.perf_counter() - t0
+        d = q.dequantize()
+        rel = np.linalg.norm(d - w) / np.linalg.norm(w)
+        out = np.linalg.norm(x @ d.T - x @ w.T) / np.linalg.norm(x @ w.T)
+        rows.append([name, f"{8 * q.nbytes / w.size:.2f}", f"{100 * rel:.2f}%", f"{100 * out:.2f}%",
+                     f"{np.abs(d - w).max():.2e}", f"{seconds * 1e3:.0f}"])
+    print_table(f"error per format on layer {len(llm.model.layers) // 2}'s down projection {list(w.shape)} "
+                f"({llm.name})", ["format", "bits/weight", "‖Ŵ - W‖ / ‖W‖", "output error (random x)",
+                                  "max |Ŵ - W|", "quantize ms"], rows)
+
+
+# NEW: bits per weight vs perplexity ------------------------------------------------------------------
+def bits_vs_perplexity(llm):
+    from minillm.tools.evaluate import eval_text, perplexity
+    text = eval_text(400 if QUICK else 6000)
+    methods = [(None, 128), ("mxfp4", 128)] if QUICK else [(None, 128), ("int8", 128), ("fp8", 128),
+                                                           ("int4", 32), ("int4", 128), ("nf4", 128), ("mxfp4", 128)]
+    rows, points, base = [], [], None
+    for quant, group in methods:
+        model = llm if quant is None else minillm.load(llm.name, quant=quant, group_size=group)
+        r = perplexity(model, text, context=128 if QUICK else 256)
+        base = base or r.ppl
+        name = "fp32" if quant is None else (f"int4 g{group}" if quant == "int4" else quant)
+        bits = 32.0 if quant is None else bits_per_weight(quant, llm.config.dim, group)
+        rows.append([name, f"{bits:.2f}", f"{r.ppl:.3f}", f"{100 * (r.ppl / base - 1):+.2f}%", r.n_tokens])
+        points.append((bits, r.ppl, name))
+    print_table(f"bits per weight vs perplexity ({llm.name}, the layer matrices quantized; embedding and head "
+                "as stored)", ["format", "bits/weight", "perplexity", "change", "tokens"], rows)
+    print("  SmolLM2's 'fp32' is its Q4_1 GGUF dequantized: int4 g32 is that very grid (exact), every other")
+    print("  format rounds an already-4-bit grid a second time, so 4-bit formats look worse here than on bf16 weights")
+
+    def draw(ax):
+        for bits, ppl, name in points:
+            ax.scatter(bits, ppl)
+            ax.annotate(name, (bits, ppl))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bits per weight")
+        ax.set_ylabel("perplexity")
+    save_plot("23_bits_vs_perplexity.png", draw)
+
+
+if __name__ == "__main__":
+    show_grids()
+    llm = lesson_model()
+    matrix_errors(llm)
+    if llm.name.startswith("random:"):
+        print("bits per weight vs perplexity skipped: random weights have no perplexity worth comparing (pull smollm2-135m)")
+    else:
+        bits_vs_perplexity(llm)
