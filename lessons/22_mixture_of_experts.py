@@ -90,6 +90,7 @@ def balance(rng):
                 "as the correction bias is updated (step size 0.02)",
                 ["update", "fraction of routed slots per expert (1/8 = 0.125 each when balanced)",
                  "busiest / balanced"], rows)
+    print("  a fixed step leaves the bias oscillating around its target (DeepSeek-V3 trains with a step of 0.001);")
     print("  an expert that gets 3x its share holds up every expert-parallel step (its GPU is the slowest),")
     print("  and a popular expert's tokens may be dropped where capacity is fixed: balance is a speed issue.")
     save_plot("22_load_balance.png", lambda ax: (ax.plot(history), ax.set_xlabel("bias updates"),

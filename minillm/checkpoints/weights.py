@@ -31,13 +31,17 @@ from minillm.model.config import ConfigError, ModelConfig
 from minillm.errors import MiniLLMError
 from minillm.model.moe import moe_matrix_shapes
 from minillm.model.formats import FORMATS, stored_shapes
-from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES, is_layer_matrix
+from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES, is_layer_matrix, quantized_matrices
+from minillm.checkpoints.hf_quantized import translate_config, translate_tensors
 from minillm.model.transformer import bias_names
 from minillm.checkpoints.tokenizer_files import save_hf
 
 # safetensors dtype name <-> numpy dtype. BF16 travels as raw uint16 bits (see the module docstring).
 _ST_TO_NP = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    # fp8 travels as its raw bytes, like bf16 (hf_quantized.py reads them as fp8); listed before U8 so that
+    # uint8 still writes as U8
+    "F8_E4M3": np.uint8, "F8_E5M2": np.uint8,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
 }
 _NP_TO_ST = {np.dtype(v).str: k for k, v in _ST_TO_NP.items()}  # uint16 maps back to BF16
@@ -150,7 +154,7 @@ def read_config(path: str | Path) -> ModelConfig:
     if not file.is_file():
         raise MiniLLMError(f"{file}: missing (a weights dir needs config.json next to its safetensors)")
     try:
-        return ModelConfig.from_hf(json.loads(file.read_text(encoding="utf-8")))
+        return ModelConfig.from_hf(translate_config(json.loads(file.read_text(encoding="utf-8"))))
     except ConfigError as e:                                    # names the field already
         raise MiniLLMError(f"{file}: {e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -175,6 +179,8 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     else:
         raise MiniLLMError(f"{path}: no {SAFETENSORS} or {SAFETENSORS_INDEX} (only safetensors weights are read; "
                            f"convert .bin checkpoints with transformers' save_pretrained first)")
+    if (config.quantization or {}).get("block"):            # an HF fp8 checkpoint: its tensors renamed
+        tensors = translate_tensors(tensors, quantized_matrices(config))
     check_tensors(config, tensors, path)
     return config, tensors
 
