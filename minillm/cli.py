@@ -344,7 +344,7 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
 def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
                 output_len, seed, csv_path, png_path, url):
     """Serving throughput and latency: sequential vs continuous batching, + prefix caching, + int8 KV."""
-    from minillm.tools.serve_bench import run_from_cli
+    from minillm.tools.serve_bench_cli import run_from_cli
     run_from_cli(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
                  output_len, seed, csv_path, png_path, url, echo=click.echo)
 
