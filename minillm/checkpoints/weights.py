@@ -240,6 +240,8 @@ def _quantized_shapes(c: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> dic
 
 # Tensors some checkpoints carry that change nothing: RoPE's frequencies are computed, not loaded.
 _IGNORABLE = ("rotary_emb.inv_freq",)
+# Tensors a checkpoint may leave out: an MLA latent without its norm is linear (mla_convert writes none).
+_OPTIONAL = ("self_attn.kv_a_layernorm.weight",)
 
 
 def check_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], where: str | Path) -> None:
@@ -251,6 +253,8 @@ def check_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], where: st
     if config.quantization:
         shapes = _quantized_shapes(config, shapes)
     for name, shape in shapes.items():
+        if name not in tensors and name.endswith(_OPTIONAL):
+            continue
         if name not in tensors:
             hint = " (tie_word_embeddings is false: an untied model needs its LM head)" if name == "lm_head.weight" else ""
             raise MiniLLMError(f"{where}: tensor {name} is missing{hint}")
