@@ -170,6 +170,7 @@ CONFIG_CASES = {   # case: (corruption, the field the message must name)
     "unknown-minillm-quantization": (_set(quantization={"method": "int3"}), "quantization"),
     "attention-bias-without-tensors": (_set(attention_bias=True), "self_attn.q_proj.bias"),
     "tied-flag-not-a-bool": (_set(tie_word_embeddings="no"), "tie_word_embeddings"),
+    "tied-but-the-head-is-its-own": (_set(tie_word_embeddings=True), "tie_word_embeddings"),
     "eos-not-an-id": (_set(eos_token_id="</s>"), "eos_token_id"),
     "not-json": (lambda d: (d / "config.json").write_text('{"hidden_size": 64,'), "config.json"),
     "a-json-list": (lambda d: (d / "config.json").write_text("[1, 2]"), "config.json"),

@@ -264,12 +264,23 @@ def check_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], where: st
                                f"({_fields_of(config, name, shape, tuple(a.shape))})")
         if not name.endswith(QUANT_SUFFIXES) and not _is_float(a):
             raise MiniLLMError(f"{where}: tensor {name} has dtype {a.dtype}, expected a float type")
+    if config.tie_embeddings and "lm_head.weight" in tensors:   # a tied head's copy: HF ignores it, if it is one
+        _check_tied_copy(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"], where)
     extra = sorted(n for n in tensors if n not in shapes and not n.endswith(_IGNORABLE)
-                   and not (n == "lm_head.weight" and config.tie_embeddings))   # HF ignores a tied head's copy too
+                   and not (n == "lm_head.weight" and config.tie_embeddings))
     if extra:
         why = ("a bias config.json does not declare (attention_bias / mlp_bias are false)" if extra[0].endswith(".bias")
                else f"not part of a {config.family} model of this config (minillm would ignore it)")
         raise MiniLLMError(f"{where}: tensor {extra[0]} is {why}" + (f"; {len(extra) - 1} more" if len(extra) > 1 else ""))
+
+
+def _check_tied_copy(head: np.ndarray, embed: np.ndarray, where) -> None:
+    """tie_word_embeddings=true with an lm_head.weight that is not the embedding is an untied model
+    mislabeled: tying would throw its head away. Sixteen rows tell (reading all would page in both)."""
+    rows = np.unique(np.linspace(0, len(embed) - 1, 16).astype(np.int64))
+    if head.shape != embed.shape or not np.array_equal(head[rows], embed[rows]):
+        raise MiniLLMError(f"{where}: config.json says tie_word_embeddings=true, but lm_head.weight is not a copy "
+                           "of the embedding (set tie_word_embeddings to false if the model has its own LM head)")
 
 
 def _fields_of(c: ModelConfig, name: str, expected: tuple[int, ...], found: tuple[int, ...]) -> str:
