@@ -198,7 +198,7 @@ def main():
         ("why unit tests and perplexity did not catch it", lambda: missed_part(state, ids, small)),
         ("micro-benchmark: unfused vs two-stream vs fused, µs per layer (SmolLM2 shape; all shapes: "
          "python -m minillm.cuda.dev.flashnorm)",
-         lambda: print_benchmark(benchmark(presets=("smollm2-135m",), quick=small), "float16")),
+         lambda: print_benchmark(benchmark(presets=("smollm2-135m",), quick=small), "float16", print_table)),
         ("a CUDA graph capture of the implicit-join step", lambda: capture_part(state))])
     if failed:
         sys.exit(f"GPU parts failed: {', '.join(failed)}")

@@ -125,6 +125,15 @@ def run_cases(make_cases: Callable[[Kernels], list], dtypes=("float16", "bfloat1
             guarded(label, one)
 
 
+def plain_table(title: str, headers, rows) -> None:
+    """title, then headers and rows in columns as wide as their widest cell."""
+    cells = [[str(c) for c in row] for row in [headers] + list(rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    say(f"\n{title}")
+    for r in cells[:1] + [["-" * w for w in widths]] + cells[1:]:
+        say("  ".join(v.ljust(w) for v, w in zip(r, widths)))
+
+
 def require_gpu(prog: str) -> bool:
     """True when a GPU can be used; else one line on stderr saying why."""
     from minillm.cuda import available

@@ -28,6 +28,7 @@ import numpy as np
 from minillm.model.config import PRESETS, ModelConfig
 from minillm.cuda.gpu_kv_cache import device_dtype
 from minillm.cuda.gpu_model import GPUTransformer
+from minillm.cuda.dev.common import plain_table
 from minillm.cuda.dev.timing import capture, time_gpu
 from minillm.cuda.kernels import Kernels, module, suffix
 
@@ -309,9 +310,10 @@ def benchmark(presets=("smollm2-135m", "mistral-7b"), dtype: str = "float16", pr
     return rows
 
 
-def print_benchmark(rows: list[dict], dtype: str) -> None:
-    """The table: µs per layer and the ratio to the unfused path (graph: GPU time; eager: with launches)."""
-    from minillm.course import print_table
+def print_benchmark(rows: list[dict], dtype: str, print_table=None) -> None:
+    """The table: µs per layer and the ratio to the unfused path (graph: GPU time; eager: with launches).
+    print_table(title, headers, rows): how to print it (lesson 15 passes the course's; plain columns here)."""
+    print_table = print_table or plain_table
     base = {(r["preset"], r["phase"]): r for r in rows if r["variant"] == "unfused"}
 
     def cell(r, mode):
