@@ -23,6 +23,7 @@ from minillm.model.config import ConfigError, ModelConfig, require_int, require_
 from minillm.errors import MiniLLMError
 from minillm.backend import to_dtype
 from minillm.checkpoints.weights import expected_shapes  # noqa: F401  (quantize.py reads it from here)
+from minillm.checkpoints.gguf_moe import is_moe_tensor, moe_fields, moe_hf_tensors
 
 # Above this many bytes of float32 weights, the default output dtype is float16: a 7B model is then
 # 14 GB instead of 28 GB, which fits a 24 GB machine.
@@ -139,7 +140,8 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
             sliding_window=sliding_window,
             bos_token_id=_meta(reader, "tokenizer.ggml.bos_token_id"),
             eos_token_id=_meta(reader, "tokenizer.ggml.eos_token_id"),
-            family="mistral" if sliding_window else "llama",
+            family="mixtral" if get("expert_count") else "mistral" if sliding_window else "llama",
+            **moe_fields(get),                                      # Mixtral: experts (gguf_moe.py)
         )
     except (TypeError, ValueError) as e:
         raise MiniLLMError(f"{path}: incomplete llama metadata ({e})") from None
@@ -168,7 +170,7 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
 
     tensors: dict[str, np.ndarray] = {}
     for t in tqdm(reader.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor", disable=not progress):
-        name = hf_name(t.name)
+        name = hf_name(t.name) if not is_moe_tensor(t.name) else t.name
         if name is None:
             if t.name != "rope_freqs.weight":  # already warned about in config_from_gguf
                 warnings.warn(f"{path}: skipping unknown tensor {t.name}")
@@ -182,19 +184,26 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
         if not np.isfinite(w).all():     # corrupt bytes: a garbled fp16 scale dequantizes to NaN/Inf
             raise MiniLLMError(f"{path}: tensor {t.name} holds {int((~np.isfinite(w)).sum())} NaN/Inf values "
                                f"(the file is corrupt)")
-        if w.shape != shapes.get(name):
-            raise MiniLLMError(f"{path}: tensor {t.name} has shape {w.shape}, "
-                               f"the metadata implies {shapes.get(name)}")
-        if name.endswith("q_proj.weight"):
-            w = unpermute_rows(w, config.n_heads)
-        elif name.endswith("k_proj.weight"):
-            w = unpermute_rows(w, config.n_kv_heads)
-        w = to_dtype(w, dtype)
-        tensors[name] = w if w.flags.owndata else w.copy()      # F32 data is a view of the file: copy
+        pieces = moe_hf_tensors(t.name, w) if is_moe_tensor(t.name) else {name: w}   # stacked experts split
+        for name, w in pieces.items():
+            if w.shape != shapes.get(name):
+                raise MiniLLMError(f"{path}: tensor {t.name} has shape {w.shape}, "
+                                   f"the metadata implies {shapes.get(name)}")
+            tensors[name] = _hf_tensor(w, name, config, dtype)
     missing = sorted(set(shapes) - set(tensors))
     if missing:
         raise MiniLLMError(f"{path}: {len(missing)} weights missing, e.g. {missing[0]}")
     return config, tensors
+
+
+def _hf_tensor(w: np.ndarray, name: str, config: ModelConfig, dtype: str) -> np.ndarray:
+    """A dequantized GGUF tensor in HF's row order and the output dtype, owning its memory."""
+    if name.endswith("q_proj.weight"):
+        w = unpermute_rows(w, config.n_heads)
+    elif name.endswith("k_proj.weight"):
+        w = unpermute_rows(w, config.n_kv_heads)
+    w = to_dtype(w, dtype)
+    return w if w.flags.owndata else w.copy()      # F32 data is a view of the file (experts: of their stack): copy
 
 
 def _gguf_version() -> str:
