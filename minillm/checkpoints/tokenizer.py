@@ -26,6 +26,7 @@ import numpy as np
 import regex
 import tiktoken
 
+from minillm.checkpoints.tokenizer_pretokenize import normalizer, pre_tokenizer
 from minillm.checkpoints.chat_template import render_chat_pieces, render_chat_template
 
 # GGUF token types (llama.cpp's enum).
@@ -97,6 +98,8 @@ def _regex_for(pre: dict | None) -> tuple[str, bool]:
                              f"invert={s.get('invert')} (only Isolated, not inverted)")
         if s["type"] == "Digits" and not s.get("individual_digits"):
             raise ValueError("unsupported pre_tokenizer Digits with individual_digits=false")
+    if prefix and (splits or digits):      # HF puts the space in front of every piece the split made
+        raise ValueError("a split before ByteLevel(add_prefix_space=True) is not one regex")
     if unknown or len(splits) > 1 or (splits and (byte_level_regex or digits)) or (digits and not byte_level_regex):
         raise ValueError(f"unsupported pre_tokenizer for byte-level BPE: {json.dumps(pre)[:300]}")
     if splits:
@@ -119,7 +122,8 @@ class Tokenizer:
                  merges: list[tuple[str, str]] | None = None, scores: list[float] | None = None,
                  pre_tokenizer: dict | None = None, add_space_prefix: bool = False,
                  bos_id: int | None = None, eos_id: int | None = None, unk_id: int | None = None,
-                 add_bos: bool = False, chat_template: str | None = None):
+                 add_bos: bool = False, chat_template: str | None = None, normalizer: dict | None = None,
+                 metaspace: dict | None = None):
         if kind not in ("bpe", "spm"):
             raise ValueError(f"unknown tokenizer kind {kind!r} (expected 'bpe' or 'spm')")
         self.kind = kind                    # "bpe": byte-level BPE; "spm": SentencePiece-style BPE
@@ -128,6 +132,8 @@ class Tokenizer:
         self.merges = merges                # byte-level merge list, kept to save it back unchanged
         self.scores = scores                # SentencePiece scores (merge priority), when known
         self.pre_tokenizer = pre_tokenizer  # HF pre_tokenizer JSON (byte-level only)
+        self.normalizer = normalizer        # HF normalizer JSON (byte-level, or with `metaspace`)
+        self.metaspace = metaspace          # SentencePiece-style from an HF tokenizer.json: its Metaspace step
         self.add_space_prefix = add_space_prefix
         self.bos_id, self.eos_id, self.unk_id = bos_id, eos_id, unk_id
         self.add_bos = add_bos
@@ -191,8 +197,15 @@ class Tokenizer:
             else:
                 self._expand[rank] = ids
         self._rank_to_id = table
+        self._pieces, self._normalize = None, normalizer(self.normalizer)
+        if self.kind == "spm" and self.metaspace is not None:   # HF Metaspace: its prepend and split rules
+            self._pieces = pre_tokenizer(self.metaspace)
         if self.kind == "bpe":
-            pattern, self._prefix_space = _regex_for(self.pre_tokenizer)
+            try:
+                pattern, self._prefix_space = _regex_for(self.pre_tokenizer)
+            except ValueError:      # no one regex says it: HF's steps one by one (tokenizer_pretokenize)
+                self._pieces = pre_tokenizer(self.pre_tokenizer)
+                pattern, self._prefix_space = r"[\s\S]+", False
         else:
             pattern, self._prefix_space = r"[\s\S]+", False   # SentencePiece sees the text whole
         self._enc = tiktoken.Encoding(f"minillm-{self.kind}", pat_str=pattern,
@@ -282,14 +295,25 @@ class Tokenizer:
         """BPE on text that holds no special tokens; `offset` is where it starts in the full input."""
         if not text:
             return []
+        if self.kind == "spm" and self._pieces is not None:   # HF Metaspace (tokenizer.json), per segment
+            text = self._normalize(text) if self._normalize is not None else text
+            return self._ids_of([r for piece in self._pieces(text, offset == 0) for r in self._enc.encode_ordinary(piece)])
         if self.kind == "spm":
             text = text.replace(" ", SPACE_MARK)
             # Dummy prefix only at the start of the input (HF Metaspace prepend_scheme="first").
             if self.add_space_prefix and offset == 0:
                 text = SPACE_MARK + text
-        elif self._prefix_space and not text.startswith(" "):
-            text = " " + text                      # HF ByteLevel(add_prefix_space=True), per segment
-        ranks = self._byte_level_ranks(text) if self.kind != "spm" else self._enc.encode_ordinary(text)
+        else:
+            if self._normalize is not None:        # NFKC, Lowercase, ...: each segment between added tokens
+                text = self._normalize(text)
+            if self._pieces is not None:           # cut step by step, then BPE within each piece
+                return self._ids_of([r for piece in self._pieces(text, offset == 0) for r in self._piece_ranks(piece)])
+            if self._prefix_space and not text.startswith(" "):
+                text = " " + text                  # HF ByteLevel(add_prefix_space=True), per segment
+        return self._ids_of(self._byte_level_ranks(text) if self.kind != "spm" else self._enc.encode_ordinary(text))
+
+    def _ids_of(self, ranks: list[int]) -> list[int]:
+        """Vocab ids of tiktoken's ranks (a SentencePiece partial character expands to its byte tokens)."""
         ids = self._rank_to_id[ranks]
         if not self._expand or ids.min(initial=0) >= 0:
             return ids.tolist()
@@ -297,6 +321,11 @@ class Tokenizer:
         for rank, i in zip(ranks, ids.tolist()):
             out += self._expand[rank] if i < 0 else [i]
         return out
+
+    def _piece_ranks(self, piece: str) -> list[int]:
+        """BPE within one piece (bytes the vocabulary lacks dropped first, as in _byte_level_ranks)."""
+        kept = piece.encode("utf-8").translate(None, self._missing_bytes)
+        return self._enc._encode_single_piece(kept) if kept else []
 
     def _byte_level_ranks(self, text: str) -> list[int]:
         """tiktoken's split + BPE, except around bytes the vocabulary lacks (SmolLM2 has no token for
@@ -372,13 +401,18 @@ class Tokenizer:
     def min_tokens(self, text: str) -> int:
         """A lower bound on len(encode(text)), in one pass over the bytes: no token is longer than the
         longest in the vocabulary. It refuses a prompt far over the context before any BPE runs."""
+        if self._pieces is not None or self._normalize is not None:
+            return 0                         # a normalizer or a Removed split may shrink the text: no bound
         if getattr(self, "_longest", None) is None:
             self._longest = max(len(b) for b in self._bytes) or 1
         longest = self._longest
-        data = text.encode("utf-8", errors="surrogatepass")
-        if self.kind == "bpe" and self._missing_bytes:
-            data = data.translate(None, self._missing_bytes)     # bytes without a token add none
-        return -(-len(data) // longest)
+        n_bytes, step = 0, 1 << 19           # in slices: no single call holds the GIL for long
+        for start in range(0, len(text), step):
+            data = text[start:start + step].encode("utf-8", errors="surrogatepass")
+            if self.kind == "bpe" and self._missing_bytes:
+                data = data.translate(None, self._missing_bytes)     # bytes without a token add none
+            n_bytes += len(data)
+        return -(-n_bytes // longest)
 
     def __repr__(self) -> str:
         return (f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, "

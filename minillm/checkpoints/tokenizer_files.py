@@ -162,8 +162,11 @@ def _token_string(value) -> str | None:
 
 
 def _is_spm_json(data: dict) -> bool:
+    """SentencePiece-style (characters, "▁" for spaces, <0xNN> byte fallback) rather than byte-level BPE."""
     model, text = data["model"], json.dumps([data.get("normalizer"), data.get("pre_tokenizer"),
                                              data.get("decoder")])
+    if '"ByteLevel"' in json.dumps(data.get("pre_tokenizer")) and not model.get("byte_fallback"):
+        return False                            # byte-level, whatever else (a Metaspace) cuts its text first
     return bool(model.get("byte_fallback")) or "Metaspace" in text or SPACE_MARK in text
 
 
@@ -214,7 +217,8 @@ def args_from_hf(path) -> dict:
         types[i] = BYTE if is_byte else NORMAL
     for a in added:
         tokens[a["id"]] = a["content"]
-        types[a["id"]] = CONTROL if a.get("special") else USER_DEFINED
+        if types[a["id"]] != BYTE:             # a trainer's <0xNN> specials are byte fallback all the same
+            types[a["id"]] = CONTROL if a.get("special") else USER_DEFINED
     ids = {t: i for i, t in enumerate(tokens)}
     unk_id = ids.get(model.get("unk_token")) if model.get("unk_token") else None
     if unk_id is not None:
@@ -229,10 +233,11 @@ def args_from_hf(path) -> dict:
     _check_components(json_path, data, spm)
     if spm:
         args["add_space_prefix"] = _spm_prefix_from_json(data)
-    else:
-        args["pre_tokenizer"] = data.get("pre_tokenizer")
-        if data.get("normalizer"):
-            raise ValueError(f"{json_path}: byte-level tokenizers with a normalizer are not supported")
+        metaspace = _metaspace_of(data)
+        if metaspace is not None:   # HF's Metaspace rules (not SentencePiece's), after any normalizer
+            args["metaspace"], args["normalizer"] = metaspace, data.get("normalizer")
+    else:                    # byte-level: the Tokenizer runs (or refuses, naming them) both parts
+        args["pre_tokenizer"], args["normalizer"] = data.get("pre_tokenizer"), data.get("normalizer")
     add_bos = config.get("add_bos_token")
     if add_bos is None:      # no flag: does the post-processor put BOS in front of a sequence?
         single = _template_single(data.get("post_processor")) or [{}]
@@ -281,6 +286,8 @@ def _check_components(json_path: Path, data: dict, spm: bool) -> None:
             refuse("post_processor", {"type": kind})
     if not spm:
         return                                  # byte-level pre-tokenizers: tokenizer._regex_for refuses
+    if _metaspace_of(data) is not None:
+        return                                  # its normalizer: the Tokenizer runs or refuses it
     for step in _steps(data.get("normalizer"), "normalizers"):
         replace = step.get("type") == "Replace" and step.get("pattern") == {"String": " "} and \
             step.get("content") == SPACE_MARK
@@ -289,6 +296,12 @@ def _check_components(json_path: Path, data: dict, spm: bool) -> None:
     for step in _steps(data.get("pre_tokenizer"), "pretokenizers"):
         if step.get("type") != "Metaspace" or step.get("replacement", SPACE_MARK) != SPACE_MARK:
             refuse("pre_tokenizer", step)
+
+
+def _metaspace_of(data: dict) -> dict | None:
+    """The Metaspace pre-tokenizer of a SentencePiece-style tokenizer.json, when it is its only one."""
+    steps = _steps(data.get("pre_tokenizer"), "pretokenizers")
+    return steps[0] if len(steps) == 1 and steps[0].get("type") == "Metaspace" else None
 
 
 MAX_VOCAB = 1 << 24      # ids past this are corruption, not a vocabulary (the largest real ones are ~260K)
@@ -362,7 +375,7 @@ def _hf_json(tok: Tokenizer) -> dict:
              "vocab": {t: i for i, t in enumerate(tok.tokens)}}
     if tok.kind == "bpe":
         model["merges"] = [list(m) for m in tok.merges or []]
-        pre, normalizer = tok.pre_tokenizer, None
+        pre, normalizer = tok.pre_tokenizer, tok.normalizer
         decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
     else:
         model.update(merges=[list(m) for m in _spm_merges(tok)], fuse_unk=True, byte_fallback=True,
@@ -372,6 +385,8 @@ def _hf_json(tok: Tokenizer) -> dict:
         replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE_MARK}
         prepend = [{"type": "Prepend", "prepend": SPACE_MARK}] if tok.add_space_prefix else []
         pre, normalizer = None, {"type": "Sequence", "normalizers": [*prepend, replace]}
+        if tok.metaspace is not None:           # read from a tokenizer.json with HF's Metaspace: keep its rules
+            pre, normalizer = tok.metaspace, tok.normalizer
         steps = [{"type": "Replace", "pattern": {"String": SPACE_MARK}, "content": " "},
                  {"type": "ByteFallback"}, {"type": "Fuse"}]
         if tok.add_space_prefix:
