@@ -101,6 +101,9 @@ def write_random_checkpoint(config: ModelConfig, dst: str | Path, quant: str | N
     """
     if quant:
         check_method(config, quant, group_size)
+    if quant not in (None, "int8", "int4"):
+        raise MiniLLMError(f"random {quant} checkpoints are not written (int8/int4 only): quantize random float "
+                           f"weights at load instead (load(..., quant={quant!r}))")
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

@@ -34,17 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minillm.backend import as_f32
+from minillm.backend import array_module, as_f32
 from minillm.model.config import ModelConfig
 from minillm.model.layers import linear, silu
-
-
-def array_module(x):
-    """numpy, or cupy for a CuPy array (so this file runs unchanged on either)."""
-    if type(x).__module__.startswith("cupy"):
-        import cupy
-        return cupy
-    return np
 
 
 @dataclass
