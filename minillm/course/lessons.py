@@ -18,8 +18,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from minillm.errors import MiniLLMError
+from minillm.resources import data_dir, import_root
 
-LESSONS_DIR = Path(__file__).resolve().parents[2] / "lessons"
+LESSONS_DIR = data_dir("lessons")          # the checkout's lessons/, or an installed wheel's copy
 EXERCISES_DIR = LESSONS_DIR / "exercises"
 OUT_DIR = LESSONS_DIR / "out"
 MODEL_ENV, QUICK_ENV = "MINILLM_LESSON_MODEL", "MINILLM_LESSON_QUICK"
@@ -38,6 +39,9 @@ class Lesson:
 
 def list_lessons() -> list[Lesson]:
     """Every `lessons/NN_name.py`, in order."""
+    if not LESSONS_DIR.is_dir():
+        raise MiniLLMError(f"the lessons are not installed here: no folder {LESSONS_DIR} (they come with a source "
+                           f"checkout, and with a wheel built from one)")
     lessons = []
     for path in sorted(LESSONS_DIR.glob("[0-9][0-9]_*.py")):
         number, name = path.stem.split("_", 1)
@@ -62,7 +66,7 @@ def run_lesson(number: int, quick: bool = False, model: str | None = None) -> in
     if model is not None:
         env[MODEL_ENV] = model
     # The checkout's minillm first, so an uninstalled checkout runs its own engine.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LESSONS_DIR.parent), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_root()), env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, str(lesson.path)], env=env).returncode
 
 

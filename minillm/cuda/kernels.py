@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from minillm.cuda.qweights import is_quantized
+from minillm.resources import data_dir
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNEL_DIR = data_dir("kernels")          # the checkout's kernels/, or an installed wheel's copy
 SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "kv_int8", "decode_attention", "prefill_attention", "gemv", "embed",
            "gemv_quant", "paged_attention"]   # paged_attention: loaded by gpu_batched.py (the batching engine)
 ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
