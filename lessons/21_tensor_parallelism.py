@@ -51,7 +51,7 @@ def part_split(llm: LLM, tp: int) -> None:
         rows.append((r, f"{s.heads.start}-{s.heads.stop - 1}", f"{s.kv_heads.start}-{s.kv_heads.stop - 1}",
                      f"[{len(s.heads) * hd}, {cfg.dim}]", f"[{cfg.dim}, {len(s.heads) * hd}]",
                      f"[{len(s.ffn)}, {cfg.dim}]", f"[{cfg.dim}, {len(s.ffn)}]", f"{s.vocab_rows}"))
-    print_table(f"{llm.name}: one block split {tp} ways (tp can be {sharding.valid_sizes(cfg, 12)})",
+    print_table(f"Lesson 21 — {llm.name}: one block split {tp} ways (tp can be {sharding.valid_sizes(cfg, 12)})",
                 ["rank", "q heads", "KV heads", "wq", "wo", "gate/up", "down", "vocab rows"], rows)
 
 
