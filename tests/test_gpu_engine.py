@@ -42,7 +42,7 @@ GREEDY_TOL = 0.05          # logits are O(1) here (max ≈ 3); fp16 noise in the
 LOGITS_TOL = MODEL_TOL["float16"]      # relative to the largest |logit|
 # int8 pools: both sides quantize K/V, but from slightly different values (the device path narrows GEMM inputs
 # to fp16, the CPU does not), so a value near a rounding boundary takes the next code. Measured with the
-# NumPy twin: 1.6-2.8e-3 (16-bit pools: 4-5e-4); the bound is about 3.5x that.
+# NumPy emulation of the device path (removed since): 1.6-2.8e-3 (16-bit pools: 4-5e-4); the bound is about 3.5x that.
 INT8_LOGITS_TOL = 1e-2
 LENGTHS = [3, 40, 17, 9, 26, 1]
 
@@ -334,10 +334,10 @@ def test_gpu_forward_of_a_mixed_batch_matches_the_cpu_and_the_same_runner_on_num
     cpu, gpu = models[kind]
     config = cpu.config
     cpu_runner = BatchedRunner(cpu, PagedKVCache(config, 24, 4))
-    twin = _on_numpy(cpu, PagedKVCache(config, 24, 4))                  # the same runner code on NumPy
+    on_numpy = _on_numpy(cpu, PagedKVCache(config, 24, 4))              # the same runner code on NumPy
     device = GPUBatchedRunner(gpu, DevicePagedKV(config, 24, 4))
     for step in schedule_by_hand(4, 24):
-        want, same_math = cpu_runner.forward(step), twin.forward(step)
+        want, same_math = cpu_runner.forward(step), on_numpy.forward(step)
         got = device.forward(step)
         assert got.shape == want.shape and np.isfinite(got).all()
         assert rel(got, want) < LOGITS_TOL

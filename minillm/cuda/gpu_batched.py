@@ -49,7 +49,8 @@ def _cp():
 
 
 class DevicePagedKV(PagedKVCache):
-    """The paged pool on the device (xp = cupy) or, for the NumPy twin, on the host (xp = numpy). dtype:
+    """The paged pool on the device (xp = cupy), or on the host (xp = numpy: the kernels' format checked without
+    a GPU, dev/paged_attention.py's references writing it). dtype:
     the model's 16 bits ("float16", or "bfloat16" as uint16 bits), or "int8": codes and a fp32 scale per
     position and KV head (half the bytes at hd 128). Same layout and `slots` as PagedKVCache."""
 

@@ -90,7 +90,8 @@ class GPUTransformer:
             raise ValueError(f"the GPU int8 KV cache needs head_dim % 8 == 0, not {config.head_dim}")
         self.kv_cache = kv_cache
         if config.attention != "gqa":
-            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs as the Transformer on CuPy arrays (cuda/device_model.py)")
+            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs as the Transformer on CuPy arrays "
+                             "(cuda/device_model.py)")
         self.config, self.layers, self.dtype = config, layers, dtype
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         self.use_graph, self.gemv_version = use_graph, gemv_version
@@ -138,7 +139,8 @@ class GPUTransformer:
         cp = _cp()
         cfg = model.config
         if cfg.attention != "gqa":
-            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs as the Transformer on CuPy arrays (cuda/device_model.py)")
+            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs as the Transformer on CuPy arrays "
+                             "(cuda/device_model.py)")
         dev = lambda a: cp.asarray(to_dtype(np.asarray(a), dtype))
         f32 = lambda a: cp.asarray(to_dtype(np.asarray(a), "float32"))
 

@@ -170,7 +170,8 @@ def check_prefill_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int
 
 
 def cases(k: Kernels) -> list[tuple[str, Callable]]:
-    """decode, fused, GQA-group and tiled prefill attention, and the KV append: (label, check) pairs for the selfcheck; each check -> (error, tolerance)."""
+    """decode, fused, GQA-group and tiled prefill attention, and the KV append:
+    (label, check) pairs for the selfcheck; each check -> (error, tolerance)."""
     return [
             ("kv_append T=5", lambda: check_kv_append(k, 5, 4, 1, 128, 40, 7)),
             ("attention decode L=37 splits=4", lambda: check_attention(k, 1, 8, 2, 64, 37, 4)),
@@ -238,7 +239,8 @@ def sweep() -> dict:
 
 
 def main(argv=None) -> int:
-    """`python -m minillm.cuda.dev.attention`: every check of this family in fp16 and bf16, then decode attention alone, v2 vs v3, on a Mistral-7B shape."""
+    """`python -m minillm.cuda.dev.attention`: every check of this family in fp16 and bf16, then
+    decode attention alone, v2 vs v3, on a Mistral-7B shape."""
     import argparse
     ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.attention", description=__doc__.split("\n")[0])
     ap.add_argument("--no-sweep", action="store_true", help="checks only")

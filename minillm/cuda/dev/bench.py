@@ -105,7 +105,8 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
     c = cfg
     scratch = gpu.new_cache(64)
     with gpu.stream:
-        for name, w in [("qkv", L.wqkv), ("o", L.wo), ("gate_up", L.w_gate_up), ("down", L.w_down), ("lm_head", gpu.lm_head)]:
+        for name, w in [("qkv", L.wqkv), ("o", L.wo), ("gate_up", L.w_gate_up), ("down", L.w_down),
+                        ("lm_head", gpu.lm_head)]:
             x = cp.ones(w.shape[1], cp.float32)
             y = cp.empty(w.shape[0], cp.float32)
             g = cp.ones(w.shape[1], cp.float32)

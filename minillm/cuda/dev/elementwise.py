@@ -69,7 +69,8 @@ def check_embed_cast(k: Kernels, vocab: int, dim: int, seed: int = 0):
 
 
 def cases(k: Kernels) -> list[tuple[str, Callable]]:
-    """rmsnorm, RoPE, SwiGLU, embedding and cast: (label, check) pairs for the selfcheck; each check -> (error, tolerance)."""
+    """rmsnorm, RoPE, SwiGLU, embedding and cast:
+    (label, check) pairs for the selfcheck; each check -> (error, tolerance)."""
     return [
             ("rmsnorm -> fp32", lambda: check_rmsnorm(k, 3, 4096, False)),
             ("rmsnorm -> 16-bit", lambda: check_rmsnorm(k, 3, 576, True)),

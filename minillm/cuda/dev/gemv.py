@@ -112,7 +112,8 @@ def check_dequantize(k: Kernels, method: str, rows: int, n_in: int, group_size: 
 
 
 def cases(k: Kernels) -> list[tuple[str, Callable]]:
-    """16-bit and quantized GEMVs, with their fused variants: (label, check) pairs for the selfcheck; each check -> (error, tolerance)."""
+    """16-bit and quantized GEMVs, with their fused variants:
+    (label, check) pairs for the selfcheck; each check -> (error, tolerance)."""
     return [
             ("gemv v1 4096x1024", lambda: check_gemv(k, 4096, 1024, 1)),
             ("gemv v2 257x4096 accumulate", lambda: check_gemv(k, 257, 4096, 2, True)),
@@ -205,7 +206,8 @@ def print_points(points) -> None:
 
 
 def main(argv=None) -> int:
-    """`python -m minillm.cuda.dev.gemv`: every check of this family in fp16 and bf16, then each Mistral-7B matrix alone in fp16, int8 and int4."""
+    """`python -m minillm.cuda.dev.gemv`: every check of this family in fp16 and bf16, then
+    each Mistral-7B matrix alone in fp16, int8 and int4."""
     import argparse
     ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.gemv", description=__doc__.split("\n")[0])
     ap.add_argument("--no-sweep", action="store_true", help="checks only")
