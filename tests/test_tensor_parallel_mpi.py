@@ -159,3 +159,24 @@ def test_serve_with_tp2_answers_like_generate(tiny_chat_model):
             server.kill()
             raise
     assert code in (0, 130)
+
+
+def test_ctrl_c_ends_every_rank_with_one_line(tmp_path, smollm2_dir):
+    """Ctrl-C in a terminal signals the whole process group: the launcher, mpiexec and the ranks."""
+    import signal
+    from minillm.checkpoints.tokenizer_files import save_hf, tokenizer_from_hf
+    save_random_model(llama_config(vocab_size=49152, num_hidden_layers=2, max_position_embeddings=4096), tmp_path)
+    save_hf(tokenizer_from_hf(smollm2_dir), tmp_path)
+    cmd = [sys.executable, "-m", "minillm", "generate", "-m", str(tmp_path), "--tp", "2", "--no-chat", "-n", "4000", "Hi"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    lines = [proc.stderr.readline()]
+    while lines[-1] and "[tp 2" not in lines[-1]:            # loaded on both ranks: generating now
+        lines.append(proc.stderr.readline())
+    time.sleep(0.5)
+    start = time.perf_counter()
+    os.killpg(proc.pid, signal.SIGINT)
+    rest = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 130 and time.perf_counter() - start < 10
+    errors = [line for line in rest.splitlines() if line.strip()]
+    assert errors and all(line.startswith("minillm: error:") for line in errors) and "Traceback" not in rest, rest
