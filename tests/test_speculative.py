@@ -354,3 +354,21 @@ def test_bench_speculative_prints_plain_vs_speculative(tiny_dir):
     table = format_table(rows, "ngram")
     assert "speedup" in table and "drafting" in table and all(r.same for r in rows)
     assert totals(rows)["plain_tok_s"] > 0 and len(rows) == 1
+
+
+def test_served_speculation_answers_as_plain_and_reports_acceptance_in_metrics(tiny_dir):
+    httpx = pytest.importorskip("httpx")
+    from minillm.engine.engine import Engine
+    from minillm.serve.server import create_app, serve_in_thread
+    llm = minillm.load(str(tiny_dir))
+    prompt = list(range(300, 330))
+    want = minillm.Engine(llm).generate([prompt], max_tokens=8)[0].text
+    app = create_app(llm, Engine(llm, speculative="layers:1", draft_tokens=3), "tiny")
+    with serve_in_thread(app) as url:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0}
+        answer = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+        text = httpx.get(f"{url}/metrics").text
+    assert answer["choices"][0]["text"] == want
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("minillm_spec")}
+    assert values["minillm_spec_draft_tokens_total"] > 0 and 0 <= values["minillm_spec_acceptance_rate"] <= 1
+    assert values["minillm_spec_mean_accepted_length"] >= 1
