@@ -130,8 +130,10 @@ class LLM:
 
     def drafter(self, speculative):
         """The drafter `speculative` names (built once per name: an int4 copy takes seconds)."""
-        if not isinstance(self.model, Transformer):
+        if not isinstance(self.model, Transformer) or not isinstance(self.model.embed, np.ndarray):
             raise MiniLLMError("speculative decoding runs on the CPU model only for now; load with device='cpu'")
+        if getattr(self.model, "comm", None) is not None:
+            raise MiniLLMError("speculative decoding does not run with tensor parallelism (--tp) yet")
         if not isinstance(speculative, (str, Path, LLM)):
             return speculative                                 # a Drafter already
         key = speculative if isinstance(speculative, LLM) else str(speculative)
