@@ -351,7 +351,8 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
 
 @cli.command()
 @click.option("--model", "-m", default="mistral-7b", show_default=True, help="A preset, or a folder with config.json.")
-@click.option("--gpu", default="h100", show_default=True, help="h100, h200, a100, l4, rtx-6000-ada (any case).")
+@click.option("--gpu", default="h100", show_default=True,
+              help="h100, h200, b200, a100, l40s, a40, rtx-pro-6000, l4, rtx-6000-ada (any case).")
 @click.option("--context", type=click.IntRange(min=1), default=4096, show_default=True)
 @click.option("--users", type=click.IntRange(min=1), default=None, help="Given: solve for the max context instead.")
 @click.option("--dtype", default="bf16", show_default=True, help="Weights: fp32|fp16|bf16|int8|int4.")
@@ -359,14 +360,28 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
 @click.option("--price", type=Finite(min=0.0), default=None, help="$ per GPU-hour (overrides the table).")
 @click.option("--reserve", default=None, help="Memory kept back: 0.1, 10% or 8GB [default: 10%].")
 @click.option("--plot", type=click.Path(file_okay=False), default=None, help="Write PNG charts into DIR.")
+@click.option("--latency-ms", type=Finite(min=0.0, min_open=True), default=None,
+              help="Rank every GPU by $ per 1M output tokens at this decode time per token (the workshop's workflow).")
+@click.option("--min-batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --latency-ms: the fewest users a GPU must serve at once.")
+@click.option("--prices", default=None, metavar="GPU=$,...",
+              help="With --latency-ms: $ per GPU-hour to use instead of the table's, e.g. h100=2.1,l4=0.5.")
+@click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None,
+              help="With --latency-ms: write the ranking as a bar chart here.")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor parallelism: per-rank memory, bytes moved, all-reduce time, where it stops paying.")
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline stages: the bubble.")
 @click.option("--link", type=click.Choice(["nvlink", "pcie", "mpi"]), default="nvlink", show_default=True,
               help="The interconnect for --tp (mpi: this machine's, measured with 2 local ranks).")
-def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot, tp, pp, link):
-    """KV bytes/token, max users or max context, decode roofline, cost per 1M tokens."""
-    from minillm.tools.planner import run_cli, tp_plan
+def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot, latency_ms, min_batch, prices, png_path,
+         tp, pp, link):
+    """KV bytes/token, max users or max context, decode roofline, cost per 1M tokens.
+    With --latency-ms: every GPU that meets it for --min-batch users, cheapest per 1M output tokens first."""
+    from minillm.tools.planner import rank_cli, run_cli, tp_plan
+    if latency_ms is not None:
+        click.echo(rank_cli(model, latency_ms, min_batch, dtype, kv_dtype, context, reserve, prices, price,
+                            gpu if price is not None else None, png_path))
+        return
     click.echo(run_cli(model, gpu, context, users, dtype, kv_dtype, price, plot, reserve))
     if tp > 1 or pp > 1:
         click.echo("\n" + tp_plan(model, gpu, tp, pp, context, users or 1, dtype, kv_dtype, link))

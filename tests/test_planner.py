@@ -39,7 +39,7 @@ def test_max_users_mistral_7b_on_h100_bf16():
     assert p.step_time_s == pytest.approx(step) and p.bound == "memory"
     assert p.tok_s_per_user == pytest.approx(1 / step)
     assert p.tok_s_total == pytest.approx(users / step)            # ~4,983 tok/s
-    assert p.cost_per_million == pytest.approx(2.50 / (users / step * 3600) * 1e6)  # ~$0.139
+    assert p.cost_per_million == pytest.approx(3.35 / (users / step * 3600) * 1e6)  # ~$0.187 at RunPod's $3.35/h
 
 
 def test_max_context_at_given_users_mistral_7b_on_h100():
@@ -57,7 +57,7 @@ def test_llama_3_8b_on_l4_both_modes():
     p = plan("llama-3-8b", "L4", "bf16", context=4096)
     assert p.users == math.floor(budget / (131_072 * 4096)) == 10
     assert p.tok_s_total == pytest.approx(10 * 300e9 / (weights + 10 * 131_072 * 4096))
-    assert p.cost_per_million == pytest.approx(0.80 / (p.tok_s_total * 3600) * 1e6)
+    assert p.cost_per_million == pytest.approx(0.47 / (p.tok_s_total * 3600) * 1e6)
 
     two = plan("llama-3-8b", "l4", "bf16", context=4096, users=2)   # memory allows ~21k: the model caps 8192
     assert math.floor(budget / (2 * 131_072)) > 8192 and two.max_context == 8192
@@ -167,3 +167,78 @@ def test_mla_weights_and_latent_kv_cache():
     linear = 2 * (256 * 64 + 64 * 4 * 48 + 256 * (128 + 16) + 128 * 4 * (32 + 32) + 4 * 32 * 256 + 3 * 256 * 512)
     rows = 2 * (64 + 4 * 48 + 128 + 16 + 4 * 64 + 256 + 512 + 512 + 256)
     assert weight_bytes(c, "int8") == linear + rows * 2 + (c.n_params - linear) * 2
+
+
+# ---- the workshop's workflow: rank GPUs by cost per 1M output tokens (issue 21) -----------------------
+from minillm.tools.planner import (PRICE_SOURCES, PlannerAPI, parse_prices, rank_cli,  # noqa: E402
+                                   rank_gpus)
+
+WORKSHOP_CARDS = ["H100-80GB-SXM", "H200-SXM", "A100-80GB-SXM", "L40S", "A40", "RTX-PRO-6000-Blackwell", "L4", "B200"]
+
+
+def test_gpu_table_has_the_workshop_cards_with_a_stated_price_source():
+    assert set(WORKSHOP_CARDS) <= set(GPUS)
+    for g in GPUS.values():
+        assert g.memory_bytes > 0 and g.bandwidth > 0 and g.bf16_flops > 0 and g.price_per_hour > 0
+        assert g.price_source in PRICE_SOURCES and any(ch.isdigit() for ch in PRICE_SOURCES[g.price_source])
+    assert find_gpu("l40s") is GPUS["L40S"] and find_gpu("RTX PRO 6000") is GPUS["RTX-PRO-6000-Blackwell"]
+
+
+def test_ranking_takes_the_largest_batch_that_meets_the_latency_and_sorts_by_cost():
+    rows = rank_gpus("llama-3-8b", latency_ms=30, min_batch=8)
+    met = [r for r in rows if r.plan is not None]
+    assert len(met) >= 5 and {r.gpu.name for r in rows} == set(GPUS)
+    costs = [r.cost_per_million for r in met]
+    assert costs == sorted(costs)
+    for r in met:
+        p = r.plan
+        assert p.users >= 8 and p.step_time_s * 1e3 <= 30
+        assert p.cost_per_million == pytest.approx(r.price_per_hour / (p.tok_s_total * 3600) * 1e6)
+        bigger = plan("llama-3-8b", r.gpu, context=4096, users=p.users + 1)
+        # one more user breaks the latency target, or memory (then the plan is evaluated at a shorter context)
+        assert bigger.step_time_s * 1e3 > 30 or p.users == p.max_users
+    l4 = next(r for r in rows if r.gpu.name == "L4")          # 300 GB/s: 16 GB of weights alone take 54 ms
+    assert l4.plan is None and "ms a token" in l4.reason
+
+
+def test_ranking_follows_overridden_prices():
+    cheap = rank_gpus("llama-3-8b", 30, 8, prices=parse_prices("a40=0.01"))
+    assert cheap[0].gpu.name == "A40" and cheap[0].price_per_hour == 0.01
+    assert parse_prices("H100=2, l4=0.5") == {"H100-80GB-SXM": 2.0, "L4": 0.5}
+    for bad in ("h100", "h100=cheap", "h100=-1", "v100=1"):
+        with pytest.raises(PlanError):
+            parse_prices(bad)
+
+
+def test_rank_cli_table_names_its_price_sources_and_writes_a_png(tmp_path):
+    text = rank_cli("llama-3-8b", 25, 16, prices="l40s=0.9", png=tmp_path / "rank.png")
+    lines = text.splitlines()
+    assert lines[1].split() == ["GPU", "GB", "TB/s", "TFLOP/s", "$/h", "batch", "ms/token", "tok/s", "$/1M", "out"]
+    assert lines[2].startswith("B200") and "docs.runpod.io" in text and "given on the command line" in text
+    assert (tmp_path / "rank.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_pages_json_is_the_planners_own_numbers():
+    api = PlannerAPI()
+    assert set(WORKSHOP_CARDS) <= {g["name"] for g in api.options()["gpus"]}
+    got = api.plan({"model": "mistral-7b", "gpu": "a100", "context": "8192", "users": "4", "weight_dtype": "int8",
+                    "kv_dtype": "int8", "latency_ms": "40"})
+    want = plan("mistral-7b", "a100", "int8", "int8", 8192, 4)
+    assert got["decode"]["tok_s_total"] == want.tok_s_total and got["cost_per_million"] == want.cost_per_million
+    assert got["memory_gb"]["weights"] == want.weights_bytes / GB
+    assert got["memory_gb"]["kv"] == pytest.approx(4 * want.kv_bytes_per_user / GB)
+    assert got["ranking"][0]["cost_per_million"] == rank_gpus("mistral-7b", 40, 4, "int8", "int8", 8192)[0].cost_per_million
+    with pytest.raises(PlanError, match="context must be a number"):
+        api.plan({"context": "lots"})
+
+
+def test_plan_cli_ranks_with_latency_ms(tmp_path):
+    from click.testing import CliRunner
+
+    from minillm.cli import cli
+    result = CliRunner().invoke(cli, ["plan", "-m", "llama-3-8b", "--latency-ms", "25", "--min-batch", "16",
+                                      "--png", str(tmp_path / "rank.png")])
+    assert result.exit_code == 0, result.output
+    assert "cheapest first" in result.output and (tmp_path / "rank.png").exists()
+    bad = CliRunner().invoke(cli, ["plan", "--latency-ms", "25", "--prices", "h100=free"])
+    assert bad.exit_code != 0 and bad.output.count("\n") == 1 and "h100=free" in bad.output

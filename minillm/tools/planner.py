@@ -50,18 +50,33 @@ class GPU:
     bf16_flops: float         # dense bf16 tensor-core FLOP/s (spec sheets quote 2× "with sparsity")
     price_per_hour: float     # $/GPU-hour, a default to override: cloud prices vary 2–3× by provider
     aliases: tuple[str, ...] = ()
+    price_source: str = ""    # where price_per_hour comes from (PRICE_SOURCES)
 
 
-# Spec numbers from NVIDIA's datasheets (H100 SXM5, H200 SXM, A100 80GB SXM, L4; RTX 6000 Ada from
-# its datasheet and the Ada architecture whitepaper), halving the "with sparsity" tensor FLOP/s to
-# get dense. Memory is read as decimal GB ("80 GB" = 80e9 bytes): a little under what the device
-# has, the safe side to err on. Prices: rough on-demand cloud rates per GPU-hour, 2024–25.
+# Spec numbers from NVIDIA's datasheets (H100 SXM5, H200 SXM, A100 80GB SXM, L40S, A40, L4, RTX PRO 6000
+# Blackwell Server Edition, HGX/DGX B200 per GPU; RTX 6000 Ada from its datasheet and the Ada whitepaper),
+# halving the "with sparsity" tensor FLOP/s to get dense (RTX PRO 6000: its sparse FP4 figure / 8). Memory is
+# read as decimal GB ("80 GB" = 80e9 bytes): a little under what the device has, the safe side to err on.
+# Prices are one provider's published rates per GPU-hour; any other provider's differ by 2–3×: override them
+# (`minillm plan --prices h100=2.1,l4=0.5`, or `--price` for one GPU).
+PRICE_SOURCES = {
+    "runpod": "RunPod Serverless 'active worker' price per second × 3600 (docs.runpod.io/serverless/pricing, "
+              "read 2026-12-01)",
+    "runpod-pod": "RunPod on-demand pod rate as tabulated by deploybase.ai, 'RunPod GPU Pricing', 2026-03-10 "
+                  "(the serverless table does not list this card)",
+    "2024": "a rough 2024–25 on-demand cloud rate (no current listing found)",
+}
 GPUS: dict[str, GPU] = {g.name: g for g in [
-    GPU("H100-80GB-SXM", 80 * GB, 3.35e12, 989.4e12, 2.50, ("h100", "h100-80gb", "h100-sxm", "h100-sxm5")),
-    GPU("H200-SXM", 141 * GB, 4.8e12, 989.4e12, 3.50, ("h200", "h200-141gb", "h200-sxm")),
-    GPU("A100-80GB-SXM", 80 * GB, 2.039e12, 312e12, 1.50, ("a100", "a100-80gb", "a100-sxm", "a100-sxm4")),
-    GPU("L4", 24 * GB, 300e9, 121e12, 0.80, ("l4", "l4-24gb")),
-    GPU("RTX-6000-Ada", 48 * GB, 960e9, 364.2e12, 1.00, ("rtx-6000-ada", "rtx6000-ada", "6000-ada")),
+    GPU("H100-80GB-SXM", 80 * GB, 3.35e12, 989.4e12, 3.35, ("h100", "h100-80gb", "h100-sxm", "h100-sxm5"), "runpod"),
+    GPU("H200-SXM", 141 * GB, 4.8e12, 989.4e12, 4.46, ("h200", "h200-141gb", "h200-sxm"), "runpod"),
+    GPU("B200", 180 * GB, 8.0e12, 2250e12, 6.84, ("b200", "b200-180gb", "hgx-b200"), "runpod"),
+    GPU("A100-80GB-SXM", 80 * GB, 2.039e12, 312e12, 2.16, ("a100", "a100-80gb", "a100-sxm", "a100-sxm4"), "runpod"),
+    GPU("L40S", 48 * GB, 864e9, 362e12, 1.33, ("l40s", "l40s-48gb"), "runpod"),
+    GPU("A40", 48 * GB, 696e9, 149.7e12, 0.86, ("a40", "a40-48gb"), "runpod"),
+    GPU("RTX-PRO-6000-Blackwell", 96 * GB, 1.792e12, 500e12, 1.57,
+        ("rtx-pro-6000", "rtx-pro-6000-blackwell", "rtx6000-pro", "pro-6000"), "runpod-pod"),
+    GPU("L4", 24 * GB, 300e9, 121e12, 0.47, ("l4", "l4-24gb"), "runpod"),
+    GPU("RTX-6000-Ada", 48 * GB, 960e9, 364.2e12, 1.00, ("rtx-6000-ada", "rtx6000-ada", "6000-ada"), "2024"),
 ]}
 
 
@@ -433,6 +448,193 @@ def _save(fig, canvas_cls, path: Path) -> Path:
     canvas_cls(fig)            # Agg: no display needed, no global pyplot state
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
+
+
+# ---- which GPU, at what cost: the workshop's workflow --------------------------------------------
+@dataclass
+class Ranked:
+    """One GPU's answer to "serve this model at this latency per token, to at least this batch"."""
+    gpu: GPU
+    price_per_hour: float
+    plan: Plan | None           # at the largest batch that meets the target; None when none does
+    reason: str = ""            # why not, when plan is None
+
+    @property
+    def cost_per_million(self) -> float | None:
+        return self.plan.cost_per_million if self.plan is not None else None
+
+
+def parse_prices(text: str | None) -> dict[str, float]:
+    """'h100=2.1,l4=0.5' -> {GPU name: $/h}; names as find_gpu takes them."""
+    prices = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = -1.0
+        _check(bool(sep) and math.isfinite(price) and price >= 0,
+               f"price {item.strip()!r}: write GPU=DOLLARS_PER_HOUR, e.g. h100=2.1")
+        prices[find_gpu(name.strip()).name] = price
+    return prices
+
+
+def rank_gpus(model: str | Path | ModelConfig, latency_ms: float, min_batch: int = 1, weight_dtype: str = "bf16",
+              kv_dtype: str | None = None, context: int = DEFAULT_CONTEXT, reserve: float = DEFAULT_RESERVE,
+              prices: dict[str, float] | None = None, gpus: list[GPU] | None = None) -> list[Ranked]:
+    """Every GPU (or `gpus`) that decodes `model` at <= latency_ms per token for at least `min_batch` users at
+    `context`, at the largest such batch (the cheapest tokens), cheapest per 1M output tokens first; then
+    the GPUs that cannot, each with its reason. A decode step's time grows with the batch, so the batch
+    that just meets the target is found by bisection."""
+    _check(latency_ms > 0, f"the latency target must be positive, got {latency_ms} ms")
+    _check(min_batch >= 1, f"the minimum batch must be >= 1, got {min_batch}")
+    prices = prices or {}
+    rows = []
+    for gpu in gpus or list(GPUS.values()):
+        price = prices.get(gpu.name, gpu.price_per_hour)
+        one = plan(model, gpu, weight_dtype, kv_dtype, context, reserve=reserve, price_per_hour=price)
+        if one.max_users < min_batch or one.weights_bytes + one.reserve_bytes > gpu.memory_bytes:
+            rows.append(Ranked(gpu, price, None, f"memory holds {max(one.max_users, 0):,} users at {context:,} "
+                                                 f"tokens (< {min_batch})"))
+            continue
+        at = lambda users: plan(model, gpu, weight_dtype, kv_dtype, context, users, reserve, price)
+        low, high = min_batch, one.max_users
+        if at(low).step_time_s * 1e3 > latency_ms:
+            rows.append(Ranked(gpu, price, None, f"{at(low).step_time_s * 1e3:.1f} ms a token at batch {min_batch} "
+                                                 f"(> {latency_ms:g} ms)"))
+            continue
+        while low < high:                      # the largest batch whose step still meets the target
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if at(mid).step_time_s * 1e3 <= latency_ms else (low, mid - 1)
+        rows.append(Ranked(gpu, price, at(low)))
+    met = sorted((r for r in rows if r.plan is not None), key=lambda r: r.cost_per_million)
+    return met + [r for r in rows if r.plan is None]
+
+
+def format_ranking(rows: list[Ranked], latency_ms: float, min_batch: int) -> str:
+    """The ranking as a table, with the price sources under it."""
+    if not rows:
+        return "no GPU to rank"
+    p0 = next((r.plan for r in rows if r.plan is not None), None)
+    head = ["GPU", "GB", "TB/s", "TFLOP/s", "$/h", "batch", "ms/token", "tok/s", "$/1M out"]
+    table = []
+    for r in rows:
+        g = r.gpu
+        cells = [g.name, f"{g.memory_bytes / GB:.0f}", f"{g.bandwidth / 1e12:.2f}", f"{g.bf16_flops / 1e12:.0f}",
+                 f"{r.price_per_hour:.2f}"]
+        if r.plan is None:
+            cells += ["-", "-", "-", f"no: {r.reason}"]
+        else:
+            q = r.plan
+            cells += [f"{q.users:,}", f"{q.step_time_s * 1e3:.1f}", f"{q.tok_s_total:,.0f}", f"{q.cost_per_million:.3f}"]
+        table.append(cells)
+    widths = [max(len(h), *(len(row[i]) for row in table if i < len(row) - 1 or row[-1][:3] != "no:"))
+              for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    where = f"{p0.model}, weights {p0.weight_dtype}, KV {p0.kv_dtype}, {p0.context:,} tokens a user" if p0 else ""
+    out = [f"GPUs that decode at <= {latency_ms:g} ms a token for >= {min_batch} users ({where}), cheapest first:",
+           line(head)] + [line(cells) for cells in table]
+    sources: dict[str, list[str]] = {}
+    for r in rows:
+        key = r.gpu.price_source if r.price_per_hour == r.gpu.price_per_hour else "given"
+        sources.setdefault(key, []).append(r.gpu.name)
+    for key, names in sources.items():
+        where = "given on the command line (--prices / --price)" if key == "given" else PRICE_SOURCES.get(key, key)
+        out.append(f"$/h of {', '.join(names)}: {where}")
+    out.append("override with --prices h100=2.1,l4=0.5 (dollars per GPU-hour)")
+    return "\n".join(out)
+
+
+def plot_ranking(rows: list[Ranked], path: str | Path, latency_ms: float, min_batch: int) -> Path:
+    """A bar chart of $ per 1M output tokens for the GPUs that meet the target, labelled with their batch."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlanError("plotting needs matplotlib: pip install 'minillm[lessons]'") from None
+    met = [r for r in rows if r.plan is not None]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(7, 0.45 * max(len(rows), 3) + 1.2))
+    ax = fig.add_subplot()
+    names = [r.gpu.name for r in rows][::-1]
+    costs = [r.cost_per_million if r.plan is not None else 0.0 for r in rows][::-1]
+    bars = ax.barh(names, costs, color=["tab:blue" if c else "lightgray" for c in costs])
+    for bar, r in zip(bars, rows[::-1]):
+        label = f"  ${r.cost_per_million:.3f}, batch {r.plan.users:,}" if r.plan is not None else "  does not meet it"
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=8)
+    ax.set_xlabel("$ per 1M output tokens")
+    model = met[0].plan.model if met else ""
+    ax.set_title(f"{model}: <= {latency_ms:g} ms a token, >= {min_batch} users", fontsize=10)
+    ax.set_xlim(0, max(costs + [1e-3]) * 1.6)
+    return _save(fig, FigureCanvasAgg, path)
+
+
+def rank_cli(model: str, latency_ms: float, min_batch: int = 1, dtype: str = "bf16", kv_dtype: str | None = None,
+             context: int = DEFAULT_CONTEXT, reserve: str | float | None = None, prices: str | None = None,
+             price: float | None = None, gpu: str | None = None, png: str | Path | None = None) -> str:
+    """`minillm plan --latency-ms T [--min-batch B]`: the ranking table (and with png, the chart)."""
+    overrides = parse_prices(prices)
+    if price is not None and gpu:               # --price with one --gpu: that GPU's price
+        overrides[find_gpu(gpu).name] = price
+    rows = rank_gpus(model, latency_ms, min_batch, dtype, kv_dtype, context, parse_reserve(reserve), overrides)
+    text = format_ranking(rows, latency_ms, min_batch)
+    if png:
+        text += f"\nwrote {plot_ranking(rows, png, latency_ms, min_batch)}"
+    return text
+
+
+# ---- the page's calculator (minillm serve's /plan) ------------------------------------------------
+class PlannerAPI:
+    """What /plan's sliders read through minillm serve's /api/plan: the same `plan` and `rank_gpus` as the
+    CLI, their numbers as JSON. The server is handed one (serve may not import tools)."""
+
+    def options(self) -> dict:
+        models = list(PRESETS) + list(PLANNER_ONLY)
+        gpus = [{"name": g.name, "memory_gb": g.memory_bytes / GB, "bandwidth_tb_s": g.bandwidth / 1e12,
+                 "bf16_tflop_s": g.bf16_flops / 1e12, "price_per_hour": g.price_per_hour,
+                 "price_source": PRICE_SOURCES.get(g.price_source, "")} for g in GPUS.values()]
+        return {"models": models, "gpus": gpus, "weight_dtypes": list(WEIGHT_DTYPES), "kv_dtypes": list(KV_DTYPES),
+                "defaults": {"model": "llama-3-8b" if "llama-3-8b" in PRESETS else models[0], "gpu": GPUS[find_gpu(DEFAULT_GPU).name].name,
+                             "context": DEFAULT_CONTEXT, "users": 16, "weight_dtype": "bf16", "kv_dtype": "bf16",
+                             "latency_ms": 50.0}}
+
+    def plan(self, query: dict) -> dict:
+        """query: model, gpu, context, users, weight_dtype, kv_dtype, latency_ms (strings, as in a URL)."""
+        q = {"model": "llama-3-8b", "gpu": DEFAULT_GPU, "context": str(DEFAULT_CONTEXT), "users": "16",
+             "weight_dtype": "bf16", "kv_dtype": "", "latency_ms": "50"} | query
+        context, users, latency = _number(q, "context", int), _number(q, "users", int), _number(q, "latency_ms", float)
+        p = plan(q["model"], q["gpu"], q["weight_dtype"], q["kv_dtype"] or None, context, users)
+        kv_used = p.users * p.kv_bytes_per_user
+        ranking = rank_gpus(q["model"], latency, users, p.weight_dtype, p.kv_dtype, context)
+        return {
+            "model": p.model, "gpu": p.gpu.name, "weight_dtype": p.weight_dtype, "kv_dtype": p.kv_dtype,
+            "context": p.context, "users": p.users, "max_users": p.max_users, "max_context": p.max_context,
+            "fits": p.fits, "notes": p.notes,
+            "memory_gb": {"total": p.gpu.memory_bytes / GB, "weights": p.weights_bytes / GB, "kv": kv_used / GB,
+                          "reserve": p.reserve_bytes / GB,
+                          "free": (p.gpu.memory_bytes - p.weights_bytes - p.reserve_bytes - kv_used) / GB},
+            "kv_bytes_per_token": p.kv_bytes_per_token,
+            "decode": {"step_ms": p.step_time_s * 1e3, "bound": p.bound, "tok_s_per_user": p.tok_s_per_user,
+                       "tok_s_total": p.tok_s_total, "meets_latency": p.fits and p.step_time_s * 1e3 <= latency},
+            "price_per_hour": p.price_per_hour, "cost_per_million": p.cost_per_million,
+            "ranking": [{"gpu": r.gpu.name, "price_per_hour": r.price_per_hour,
+                         "batch": r.plan.users if r.plan else None,
+                         "step_ms": r.plan.step_time_s * 1e3 if r.plan else None,
+                         "cost_per_million": r.cost_per_million, "reason": r.reason} for r in ranking],
+            "text": format_plan(p),
+        }
+
+
+def _number(query: dict, key: str, kind):
+    try:
+        value = kind(query[key])
+    except (TypeError, ValueError):
+        raise PlanError(f"{key} must be a number, got {query[key]!r}") from None
+    _check(math.isfinite(value) and value > 0, f"{key} must be positive, got {query[key]!r}")
+    return value
 
 
 # ---- the command line's one call ----------------------------------------------------------------
