@@ -372,3 +372,15 @@ def test_served_speculation_answers_as_plain_and_reports_acceptance_in_metrics(t
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("minillm_spec")}
     assert values["minillm_spec_draft_tokens_total"] > 0 and 0 <= values["minillm_spec_acceptance_rate"] <= 1
     assert values["minillm_spec_mean_accepted_length"] >= 1
+
+
+def test_a_stop_string_inside_an_accepted_run_cuts_where_plain_decoding_does(tiny_dir):
+    llm = minillm.load(str(tiny_dir))
+    prompt = "one two three one two three one two"
+    plain = llm.generate(prompt, max_tokens=16, chat=False)
+    stop = plain.text[len(plain.text) // 2:][:3]                      # text from the middle of the answer
+    assert stop.strip()
+    want = llm.generate(prompt, max_tokens=16, chat=False, stop=[stop])
+    for spec in ("ngram", llm):
+        got = llm.generate(prompt, max_tokens=16, chat=False, stop=[stop], speculative=spec, draft_tokens=4)
+        assert (got.text, got.finish_reason) == (want.text, want.finish_reason) and stop not in got.text
