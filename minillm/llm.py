@@ -237,12 +237,35 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
 
 def thread_policy(model, threads: int | None = None) -> blas.ThreadPolicy:
     """How many BLAS threads `model` should decode and prefill on, on this machine now: `threads` if
-    given, else measured on its first layer's MLP (threads.choose; ~0.3 s). GPU models: not measured."""
+    given, else measured (threads.choose; ~0.3 s) on decode and prefill steps through its first
+    PROBE_LAYERS layers and its head. Whole steps, not a lone matmul: what costs on a busy machine is
+    BLAS's workers spinning through the NumPy work between the matmuls (norms, attention, sampling);
+    a matmul timed back to back looked faster on 2 threads while decode ran 10x slower (BENCHMARKS.md).
+    GPU models: not measured. Tensor-parallel ranks time their MLP alone (a step would all-reduce, and
+    ranks measuring different rounds would wait on each other)."""
     if not isinstance(model, Transformer):
         return blas.choose(None, threads)
-    x = np.random.default_rng(0).standard_normal((blas.PREFILL_ROWS, model.config.dim)).astype(np.float32)
     with np.errstate(all="ignore"):     # timing only: what bad weights do is reported by the forward pass
-        return blas.choose(lambda rows: model.ffn(x[:rows], model.layers[0]), threads)
+        return blas.choose(_probe(model), threads)
+
+
+PROBE_LAYERS = 4
+
+
+def _probe(model) -> Callable[[int], object]:
+    """A forward pass over `rows` rows (1: a decode step) through the first PROBE_LAYERS layers."""
+    if model.comm is not None:
+        x = np.random.default_rng(0).standard_normal((blas.PREFILL_ROWS, model.config.dim)).astype(np.float32)
+        return lambda rows: model.ffn(x[:rows], model.layers[0])
+    depth = min(model.config.n_layers, PROBE_LAYERS)
+    ids = [i % model.config.vocab_size for i in range(1, blas.PREFILL_ROWS + 1)]
+
+    def step(rows: int):
+        cache = model.new_cache(rows + 1)
+        if rows == 1:
+            return model.decode(ids[0], cache, n_layers=depth)
+        return model.prefill(ids[:rows], cache, n_layers=depth)
+    return step
 
 
 def non_finite_weight(model) -> str:

@@ -6,9 +6,9 @@ spin for a while waiting for the next one. On an idle machine that is free. Next
 it is not: on a 2-core machine with a neighbour on one core, decode on two threads ran 13x slower
 than on one (issue 16; lessons/BENCHMARKS.md "BLAS threads on a busy machine"), because each small
 decode matmul waits for a worker the OS has not scheduled. Which count is faster depends on the
-machine and on what else runs, so `choose` measures it: one layer's MLP at decode shape (1 row) and
-at prefill shape (PREFILL_ROWS rows), a few interleaved rounds at each count, a fraction of a second
-at `minillm.load`. The result is a ThreadPolicy(decode, prefill); `install` makes it the process's,
+machine and on what else runs, so `choose` measures it: a decode step (1 row) and a prefill
+(PREFILL_ROWS rows) through the model's first layers, a few interleaved rounds at each count, a
+fraction of a second at `minillm.load` (llm.thread_policy). The result is a ThreadPolicy(decode, prefill); `install` makes it the process's,
 and the generation loop, the batching engine and the benchmark call `for_rows(rows)` before each
 forward pass. The count is set through threadpoolctl in the BLAS library NumPy already loaded
 ($OPENBLAS_NUM_THREADS is read only once, when NumPy is imported).
@@ -134,9 +134,9 @@ def for_rows(rows: int) -> None:
         set_blas_threads(current.count(rows))
 
 
-def choose(mlp: Callable[[int], object] | None, threads: int | None = None, budget_s: float = 0.3) -> ThreadPolicy:
+def choose(step: Callable[[int], object] | None, threads: int | None = None, budget_s: float = 0.3) -> ThreadPolicy:
     """The thread policy: `threads` if given (--threads; also the pool's count), else the user's
-    environment limit, else 1 on one core, else measured by timing `mlp(rows)` (one layer's MLP on
+    environment limit, else 1 on one core, else measured by timing `step(rows)` (a forward pass over
     `rows` rows) at 1 row and PREFILL_ROWS rows, at each count of `candidates()`, for ~budget_s."""
     if threads is not None:
         fix(threads)
@@ -144,10 +144,10 @@ def choose(mlp: Callable[[int], object] | None, threads: int | None = None, budg
     if fixed is not None:
         return ThreadPolicy(fixed[0], fixed[0], fixed[1])
     counts = candidates()
-    if len(counts) == 1 or mlp is None:
+    if len(counts) == 1 or step is None:
         return ThreadPolicy(counts[-1], counts[-1], "one core" if counts == [1] else "not measured")
-    decode = _timed(lambda: mlp(1), counts, budget_s / 2)
-    prefill = _timed(lambda: mlp(PREFILL_ROWS), counts, budget_s / 2)
+    decode = _timed(lambda: step(1), counts, budget_s / 2)
+    prefill = _timed(lambda: step(PREFILL_ROWS), counts, budget_s / 2)
     return ThreadPolicy(_fastest(decode), _fastest(prefill), "measured: decode " + _times(decode) +
                         ", prefill " + _times(prefill))
 
@@ -158,22 +158,28 @@ def candidates() -> list[int]:
     return sorted({1, max(1, n // 2), n})
 
 
-def _timed(fn: Callable[[], object], counts: list[int], budget_s: float, min_rounds: int = 2) -> dict[int, float]:
-    """The median seconds of fn() at each count, over rounds that visit every count in turn (so a
-    change of load hits all counts alike); one untimed call each first (thread start-up)."""
+def _timed(fn: Callable[[], object], counts: list[int], budget_s: float, min_rounds: int = 2,
+           max_rounds: int = 7) -> dict[int, float]:
+    """The median seconds of fn() at each count, over rounds (max_rounds, or fewer once budget_s is
+    spent) that visit every count in turn, so a change of load hits all counts alike; one untimed
+    call each first (thread start-up). A count
+    more than 3x slower than the best after a round is not timed again: it has lost, and on a busy
+    machine each of its calls can cost many times the budget."""
     before = blas_threads() if _state["count"] is None else _state["count"]
     times: dict[int, list[float]] = {n: [] for n in counts}
     try:
         for n in counts:
             set_blas_threads(n)
             fn()
-        start = time.perf_counter()
-        for round_ in range(200):
-            for n in (counts if round_ % 2 == 0 else counts[::-1]):
+        start, racing = time.perf_counter(), list(counts)
+        for round_ in range(max_rounds):
+            for n in (racing if round_ % 2 == 0 else racing[::-1]):
                 set_blas_threads(n)
                 t = time.perf_counter()
                 fn()
                 times[n].append(time.perf_counter() - t)
+            best = min(statistics.median(times[n]) for n in racing)
+            racing = [n for n in racing if statistics.median(times[n]) <= 3 * best]
             if round_ + 1 >= min_rounds and time.perf_counter() - start > budget_s:
                 break
     finally:

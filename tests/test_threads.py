@@ -33,34 +33,38 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def _fake_mlp(seconds_at):
-    """An `mlp(rows)` whose time depends on the BLAS count only: what choose sees on a given machine."""
-    import time
+@pytest.fixture
+def fake_step(monkeypatch):
+    """-> make(seconds_at): a `step(rows)` that "takes" seconds_at(blas count, rows) on a fake clock, so
+    what choose sees is exactly what a machine would show, without timing noise from this one."""
+    clock = [0.0]
+    monkeypatch.setattr(threads.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(threads, "cores", lambda: 2)
 
-    def mlp(rows):
-        time.sleep(seconds_at(threads.blas_threads(), rows))
-    return mlp
+    def make(seconds_at):
+        def step(rows):
+            clock[0] += seconds_at(threads.blas_threads(), rows)
+        return step
+    return make
 
 
-def test_two_threads_slower_than_one_choose_one(monkeypatch):
+def test_two_threads_slower_than_one_choose_one(fake_step):
     """The busy 2-core machine: a neighbour makes the second BLAS thread cost more than it gives."""
-    monkeypatch.setattr(threads, "cores", lambda: 2)
-    policy = threads.choose(_fake_mlp(lambda n, rows: 0.001 if n == 1 else 0.008), budget_s=0.05)
+    policy = threads.choose(fake_step(lambda n, rows: 0.001 if n == 1 else 0.015))
     assert (policy.decode, policy.prefill) == (1, 1)
-    assert "measured" in policy.reason and "1t" in policy.reason and "2t" in policy.reason
+    assert "measured" in policy.reason and "1t 1.00 ms vs 2t 15.00 ms" in policy.reason
 
 
-def test_threads_that_pay_are_taken_per_phase(monkeypatch):
-    """Idle cores: prefill (compute-bound) gains from 2 threads; decode that does not gain stays on 1."""
-    monkeypatch.setattr(threads, "cores", lambda: 2)
-    cost = lambda n, rows: 0.001 if rows == 1 else (0.006 if n == 1 else 0.003)
-    policy = threads.choose(_fake_mlp(cost), budget_s=0.05)
+def test_threads_that_pay_are_taken_per_phase(fake_step):
+    """Idle cores: prefill (compute-bound) gains from 2 threads; a decode that gains under 10% stays on 1."""
+    cost = lambda n, rows: (0.001 if n == 1 else 0.00095) if rows == 1 else (0.006 if n == 1 else 0.003)
+    policy = threads.choose(fake_step(cost))
     assert (policy.decode, policy.prefill) == (1, 2)
     assert policy.count(1) == 1 and policy.count(threads.DECODE_ROWS) == 1 and policy.count(100) == 2
 
 
 def test_the_flag_and_the_environment_win_over_measuring(monkeypatch):
-    never = _fake_mlp(lambda n, rows: pytest.fail("measured although the count was given"))
+    never = lambda rows: pytest.fail("measured although the count was given")
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
     assert threads.choose(never) == threads.ThreadPolicy(1, 1, "$OPENBLAS_NUM_THREADS=1")
     assert threads.choose(never, threads=2) == threads.ThreadPolicy(2, 2, "--threads 2")
