@@ -14,6 +14,14 @@ from minillm.errors import MiniLLMError
 
 TOL = 1e-4
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_blas_thread():
+    """Every load would time BLAS thread counts first (~0.3 s); these tests load tiny models many times."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINILLM_THREADS", "1")
+        yield
+
 CASES = {
     "qwen2-gqa": lambda: qwen2_config(n_heads=8, n_kv_heads=2),
     "qwen2-tied-mha": lambda: qwen2_config(n_heads=4, n_kv_heads=4, tied=True),

@@ -21,6 +21,14 @@ from test_weights import tiny_llama, write_llama_gguf
 PROMPT = "hello world"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_blas_thread():
+    """Every load would time BLAS thread counts first (~0.3 s); these tests load tiny models many times."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINILLM_THREADS", "1")
+        yield
+
+
 # ---- the good files every case starts from --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> dict[str, Path]:
