@@ -42,10 +42,6 @@ class SpeculativeStats:
         """Tokens one target pass produced on average: accepted drafts + the corrected or bonus token."""
         return (self.accepted_tokens + self.target_forwards) / self.target_forwards if self.target_forwards else 0.0
 
-    def add(self, other: "SpeculativeStats") -> None:
-        for name in ("draft_tokens", "accepted_tokens", "target_forwards", "draft_s", "verify_s"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
 
 def generate_speculative(model, drafter, prompt_ids: Sequence[int], max_tokens: int, params: SamplingParams,
                          k: int = 4, stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
