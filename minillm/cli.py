@@ -301,7 +301,7 @@ def info(model):
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None)
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=512, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--repeats", type=click.IntRange(1, 1000), default=3, show_default=True)
 @click.option("--peer/--no-peer", default=True, show_default=True, help="Run HF transformers on the same weights too.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--quant", type=click.Choice(QUANT_METHODS), default=None, help="Quantized layer weights.")
@@ -329,8 +329,8 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
 @_model_option
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--random-weights", is_flag=True, help="Random weights of the preset's shape.")
-@click.option("--requests", "n_requests", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Clients in flight.")
+@click.option("--requests", "n_requests", type=click.IntRange(1, 100_000), default=16, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 4096), default=8, show_default=True, help="Clients in flight.")
 @click.option("--prefix-share", type=Finite(0.0, 0.99), default=0.75, show_default=True,
               help="Agentic workload: the fraction of each prompt that is the shared system prompt.")
 @click.option("--workload", type=click.Choice(["random", "agentic", "both"]), default="both", show_default=True)

@@ -97,6 +97,7 @@ def test_every_integer_option_has_a_lower_bound():
 @pytest.mark.parametrize("args,fragment", [
     (["bench", "serve", "--prefix-share", "nan"], "--prefix-share"),
     (["bench", "serve", "--seed", "-1"], "--seed"),
+    (["bench", "serve", "--requests", "99999999999999999999"], "--requests"),     # would build prompts forever
     (["plan", "--price", "inf"], "--price"),
     (["plan", "--price", "nan"], "--price"),
 ])

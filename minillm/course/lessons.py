@@ -100,7 +100,8 @@ def lesson_model():
     import minillm
     from minillm.tools.bench import random_model
     from minillm.model.config import PRESETS
-    from minillm.llm import LLM
+    from minillm.llm import LLM, thread_policy
+    from minillm.threads import install
 
     spec = os.environ.get(MODEL_ENV) or DEFAULT_LESSON_MODEL
     if spec.startswith("random:"):
@@ -109,7 +110,9 @@ def lesson_model():
             raise SystemExit(f"{MODEL_ENV}={spec}: unknown preset {preset!r} ({', '.join(PRESETS)})")
         cfg = PRESETS[preset].config
         print(f"model: random weights in the shape of {preset} (speeds are honest; texts are gibberish)")
-        return LLM(cfg, random_model(cfg), StandInTokenizer(cfg.vocab_size), name=spec, chat_default=False)
+        llm = LLM(cfg, random_model(cfg), StandInTokenizer(cfg.vocab_size), name=spec, chat_default=False)
+        install(thread_policy(llm.model))           # BLAS threads measured, as minillm.load does (threads.py)
+        return llm
     try:
         llm = minillm.load(spec)
     except MiniLLMError as e:
