@@ -391,6 +391,10 @@ def _rope(d: dict[str, Any], family: str) -> tuple[float, dict | None]:
         if params.get("rope_type", "default") != "default":
             scaling = dict(params)
     theta = 10000.0 if theta is None else require_number(theta, "rope_theta", low=1.0)
+    for where in (d, params if isinstance(params, dict) else {}, scaling if isinstance(scaling, dict) else {}):
+        if where.get("partial_rotary_factor", 1.0) not in (1, 1.0, None):   # RoPE on part of each head only
+            raise ConfigError(f"partial_rotary_factor={where['partial_rotary_factor']!r} is not implemented "
+                              "(RoPE rotates every dimension of a head)")
     if scaling is None:
         return theta, None
     if not isinstance(scaling, dict):
