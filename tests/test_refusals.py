@@ -264,6 +264,7 @@ TOKENIZER_CASES = {
     "unsupported-pre-tokenizer": _tokenizer(lambda t: t.update(pre_tokenizer={"type": "BertPreTokenizer"})),
     "unsupported-normalizer": _tokenizer(lambda t: t.update(normalizer={"type": "BertNormalizer"})),
     "tokenizer-config-not-json": lambda d: (d / "tokenizer_config.json").write_text("{oops"),
+    "tokenizer-config-adds-eos": lambda d: (d / "tokenizer_config.json").write_text('{"add_eos_token": true}'),
     "template-does-not-parse": _template("{% for m in messages %}{{ m.content }"),
     "template-raises": _template("{{ raise_exception('this template refuses every conversation') }}"),
     "template-type-error": _template("{{ messages + 1 }}"),

@@ -135,6 +135,8 @@ def args_from_gguf(path_or_reader) -> dict:
                 bos_id=get("ggml.bos_token_id"), eos_id=get("ggml.eos_token_id"),
                 unk_id=get("ggml.unknown_token_id"), chat_template=get("chat_template"))
     add_bos = get("ggml.add_bos_token")
+    if get("ggml.add_eos_token"):             # an EOS after every prompt: not what minillm's prompts do
+        raise ValueError(f"{where}: tokenizer.ggml.add_eos_token=true is not supported")
     if model == "gpt2":
         pre = get("ggml.pre", "default")
         if pre not in GGUF_PRE_TOKENIZERS:
@@ -238,6 +240,8 @@ def args_from_hf(path) -> dict:
             args["metaspace"], args["normalizer"] = metaspace, data.get("normalizer")
     else:                    # byte-level: the Tokenizer runs (or refuses, naming them) both parts
         args["pre_tokenizer"], args["normalizer"] = data.get("pre_tokenizer"), data.get("normalizer")
+    if config.get("add_eos_token"):           # an EOS after every prompt: not what minillm's prompts do
+        raise ValueError(f"{config_path}: add_eos_token=true is not supported")
     add_bos = config.get("add_bos_token")
     if add_bos is None:      # no flag: does the post-processor put BOS in front of a sequence?
         single = _template_single(data.get("post_processor")) or [{}]
