@@ -384,3 +384,10 @@ def test_a_stop_string_inside_an_accepted_run_cuts_where_plain_decoding_does(tin
     for spec in ("ngram", llm):
         got = llm.generate(prompt, max_tokens=16, chat=False, stop=[stop], speculative=spec, draft_tokens=4)
         assert (got.text, got.finish_reason) == (want.text, want.finish_reason) and stop not in got.text
+
+
+def test_engine_speculative_sampling_is_reproducible_with_a_seed(llama):
+    prompts = [_prompt(8, seed=s) for s in range(3)]
+    runs = [[g.token_ids for g in minillm.Engine(llama, speculative=spec, draft_tokens=3).generate(
+        prompts, max_tokens=12, temperature=0.8, top_p=0.9, seed=5)] for spec in ("ngram", "ngram", llama, llama)]
+    assert runs[0] == runs[1] and runs[2] == runs[3] and all(len(t) == 12 for r in runs for t in r)
