@@ -54,20 +54,18 @@ def tiny_chat_model(tmp_path_factory, smollm2_dir):
     """A random 2-layer model with SmolLM2's vocabulary and tokenizer: text in, text out, fast."""
     from minillm.checkpoints.tokenizer_files import save_hf, tokenizer_from_hf
     path = tmp_path_factory.mktemp("tiny-tp")
-    save_random_model(llama_config(vocab_size=49152, num_hidden_layers=2, max_position_embeddings=64), path)
+    save_random_model(llama_config(vocab_size=49152, num_hidden_layers=2, max_position_embeddings=4096), path)
     save_hf(tokenizer_from_hf(smollm2_dir), path)
     return path
 
 
 def test_generate_with_tp2_prints_what_tp1_prints(tiny_chat_model):
-    def generate(*extra):
-        cmd = [sys.executable, "-m", "minillm", "generate", "-m", str(tiny_chat_model), "--no-chat", "-n", "8",
-               "Once upon a time", *extra]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=ENV)
-
-    one, two = generate(), generate("--tp", "2")
+    cmd = [sys.executable, "-m", "minillm", "generate", "-m", str(tiny_chat_model), "--no-chat", "-n", "8",
+           "Once upon a time", "--tp", "2"]
+    two = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=ENV)
     assert two.returncode == 0, two.stderr
-    assert two.stdout == one.stdout and len(two.stdout.strip()) > 0
+    want = minillm.load(tiny_chat_model).generate("Once upon a time", max_tokens=8, chat=False).text
+    assert two.stdout == want + "\n" and len(want.strip()) > 0
     assert "[tp 2 · weights per rank" in two.stderr           # rank 0 reports what each rank holds
     assert two.stderr.count("decode") == 1                    # the other rank prints nothing
 
@@ -113,13 +111,11 @@ def test_a_rank_that_dies_mid_generation_ends_the_others(model_dir, how):
 
 
 def test_chat_with_tp2_answers_what_tp1_answers(tiny_chat_model):
-    def chat(*extra):
-        cmd = [sys.executable, "-m", "minillm", "chat", "-m", str(tiny_chat_model), "-n", "6", *extra]
-        return subprocess.run(cmd, input="Hello there\n\n", capture_output=True, text=True, timeout=90, env=ENV)
-
-    one, two = chat(), chat("--tp", "2")
+    cmd = [sys.executable, "-m", "minillm", "chat", "-m", str(tiny_chat_model), "-n", "6", "--tp", "2"]
+    two = subprocess.run(cmd, input="Hello there\n\n", capture_output=True, text=True, timeout=90, env=ENV)
     assert two.returncode == 0, two.stderr
-    assert two.stdout == one.stdout and two.stdout.count("> ") == 2    # rank 0 read both lines for everyone
+    want = minillm.load(tiny_chat_model).generate([{"role": "user", "content": "Hello there"}], max_tokens=6).text
+    assert two.stdout == f"> {want}\n> "                   # rank 0 read both lines for every rank
 
 
 def test_bench_tp2_measures_both_runs(model_dir):
@@ -161,13 +157,11 @@ def test_serve_with_tp2_answers_like_generate(tiny_chat_model):
     assert code in (0, 130)
 
 
-def test_ctrl_c_ends_every_rank_with_one_line(tmp_path, smollm2_dir):
+def test_ctrl_c_ends_every_rank_with_one_line(tiny_chat_model):
     """Ctrl-C in a terminal signals the whole process group: the launcher, mpiexec and the ranks."""
     import signal
-    from minillm.checkpoints.tokenizer_files import save_hf, tokenizer_from_hf
-    save_random_model(llama_config(vocab_size=49152, num_hidden_layers=2, max_position_embeddings=4096), tmp_path)
-    save_hf(tokenizer_from_hf(smollm2_dir), tmp_path)
-    cmd = [sys.executable, "-m", "minillm", "generate", "-m", str(tmp_path), "--tp", "2", "--no-chat", "-n", "4000", "Hi"]
+    cmd = [sys.executable, "-m", "minillm", "generate", "-m", str(tiny_chat_model), "--tp", "2", "--no-chat", "-n",
+           "4000", "Hi"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
                             start_new_session=True)
     lines = [proc.stderr.readline()]
