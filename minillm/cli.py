@@ -310,13 +310,17 @@ def info(model):
 @_kv_cache_option
 @_threads_option
 @_speculative_options
+@_tp_option
 @click.pass_context
 def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device, quant, group_size,
-          kv_cache, speculative, draft_tokens):
+          kv_cache, speculative, draft_tokens, tp):
     """Prefill and decode speed: tok/s, GB/s, % of this machine's limits, side by side with HF.
     `minillm bench serve`: many concurrent requests through the batching engine."""
     if ctx.invoked_subcommand is not None:
         return
+    if tp > 1:                     # tp = 1 with tp threads vs tp MPI ranks with one thread each
+        from minillm.tools.tp_bench import run_cli as run_tp
+        sys.exit(run_tp(model, tp, random_weights, prompt_tokens, new_tokens, echo=click.echo))
     if speculative is not None:    # plain vs speculative decode on the shipped copy-heavy prompts
         from minillm.tools.spec_bench import run_cli as run_speculative
         sys.exit(run_speculative(model, speculative, draft_tokens, new_tokens, device, echo=click.echo))
