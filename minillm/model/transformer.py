@@ -64,16 +64,16 @@ class LayerWeights:
         if self.w_gate is not None and _plain_arrays(self.w_gate, self.w_up):
             self.w_gate_up = np.concatenate([self.w_gate, self.w_up])
             self.w_gate, self.w_up = np.split(self.w_gate_up, 2)
-        for stack, parts, fused in (("qkv", "qkv", self.wqkv), ("gate_up", ("gate", "up"), self.w_gate_up)):
+        for stack, fused in (("qkv", self.wqkv), ("gate_up", self.w_gate_up)):
+            parts = BIAS_STACKS[stack]
             if fused is not None and parts[0] in self.bias:                 # biases follow their matrices
-                self.bias[stack] = np.concatenate([self.bias[n] for n in parts])
+                self.bias[stack] = np.concatenate([self.bias[n] for n in parts])            # [sum of outs]
                 sizes = np.cumsum([len(self.bias[n]) for n in parts[:-1]])
                 self.bias.update(zip(parts, np.split(self.bias[stack], sizes)))
 
     def biases(self) -> list:
         """Each bias array once (the stacks, not their views)."""
-        views = {n for stack, parts in (("qkv", "qkv"), ("gate_up", ("gate", "up"))) if stack in self.bias
-                 for n in parts}
+        views = {n for stack, parts in BIAS_STACKS.items() if stack in self.bias for n in parts}
         return [b for n, b in self.bias.items() if n not in views]
 
     def matrices(self, active_experts: int | None = None) -> list:
@@ -114,6 +114,10 @@ class LayerWeights:
 BIASES = {"q": ("self_attn.q_proj", "qkv_bias"), "k": ("self_attn.k_proj", "qkv_bias"),
           "v": ("self_attn.v_proj", "qkv_bias"), "o": ("self_attn.o_proj", "o_bias"),
           "gate": ("mlp.gate_proj", "mlp_bias"), "up": ("mlp.up_proj", "mlp_bias"), "down": ("mlp.down_proj", "mlp_bias")}
+
+
+# The stacked biases fuse() makes, and the parts each one stacks (in that order).
+BIAS_STACKS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
 def bias_names(config: ModelConfig, i: int) -> dict[str, str]:
