@@ -17,11 +17,13 @@ from minillm.engine.parallel.communicator import (CommTimeout, LocalGroup, NCCLC
 from minillm.engine.sampling import SamplingParams
 from minillm.errors import MiniLLMError
 from minillm.model.config import ModelConfig
-from hf_models import hf_logits, llama_config, mistral_config, save_random_model
+from hf_models import hf_logits, llama_config, mistral_config, qwen2_config, save_random_model
 
 IDS = [3, 17, 99, 250, 5, 7, 300, 42]
 
 CASES = {   # name: (HF config, tp)
+    "qwen2-qkv-bias-tp2": (qwen2_config(), 2),
+    "llama-o-and-mlp-bias-tp2": (llama_config(attention_bias=True, mlp_bias=True), 2),
     "gqa-tp2": (llama_config(n_heads=8, n_kv_heads=2), 2),
     "gqa-tp4-kv-replicated": (llama_config(n_heads=8, n_kv_heads=2), 4),
     "mqa-tp2": (llama_config(n_heads=8, n_kv_heads=1), 2),
@@ -107,6 +109,13 @@ def test_16_bit_shards_equal_the_unsharded_16_bit_model(tmp_path):
     save_random_model(llama_config(), tmp_path)
     one = minillm.load(tmp_path, dtype="bfloat16").logits(IDS)
     for logits in sharded(tmp_path, 2, lambda llm: llm.logits(IDS), dtype="bfloat16"):
+        assert np.abs(logits - one).max() < 1e-4
+
+
+def test_flashnorm_shards_equal_the_unsharded_flashnorm_model(tmp_path):
+    save_random_model(llama_config(), tmp_path)
+    one = minillm.load(tmp_path, flashnorm=True).logits(IDS)
+    for logits in sharded(tmp_path, 2, lambda llm: llm.logits(IDS), flashnorm=True):
         assert np.abs(logits - one).max() < 1e-4
 
 
