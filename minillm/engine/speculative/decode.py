@@ -21,6 +21,7 @@ import numpy as np
 from minillm.engine.generate import ContextOverflow, Generation, _TextCollector
 from minillm.engine.sampling import Sampler, SamplingParams
 from minillm.engine.speculative.acceptance import accept_draft
+from minillm.threads import for_rows
 
 
 @dataclass
@@ -63,6 +64,7 @@ def generate_speculative(model, drafter, prompt_ids: Sequence[int], max_tokens: 
     stats = SpeculativeStats()
 
     start = time.perf_counter()
+    for_rows(len(prompt_ids))                     # the BLAS threads each phase runs on (threads.py)
     emitted = [sampler(model.prefill(prompt_ids, cache))]
     context, new_ids, times, finish = list(prompt_ids), [], [], "length"
     while True:
@@ -75,6 +77,7 @@ def generate_speculative(model, drafter, prompt_ids: Sequence[int], max_tokens: 
         draft, q = drafter.propose(context, n_draft, params, sampler.rng) if n_draft > 0 else ([], None)
         draft = draft[:n_draft]
         t1 = time.perf_counter()
+        for_rows(1 + len(draft))
         logits = model.forward(np.array([context[-1]] + draft, dtype=np.int64), cache)   # [1 + n, vocab]
         emitted = accept_draft(draft, q, np.asarray(logits), params, sampler.rng)
         cache.truncate(len(context) + len(emitted) - 1)   # the pending token and the accepted drafts stay

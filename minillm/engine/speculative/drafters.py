@@ -26,6 +26,7 @@ from minillm.backend import as_f32
 from minillm.engine.sampling import SamplingParams, next_token_distribution
 from minillm.errors import MiniLLMError
 from minillm.model.quant import QuantizedWeight, quantize_int4
+from minillm.threads import for_rows
 
 
 class Drafter(Protocol):
@@ -89,7 +90,9 @@ class ModelDrafter:
         context = list(context)
         common = _common_prefix(self.ids, context, len(context) - 1)        # the last token is always run
         self.cache.truncate(common)
+        for_rows(len(context) - common)                                     # the whole prompt, the first time
         logits = self.model.prefill(context[common:], self.cache, n_layers=self.n_layers)   # [vocab]
+        for_rows(1)
         tokens, probs = [], []
         for i in range(k):
             logits = logits[:self.vocab_size]
