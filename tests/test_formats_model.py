@@ -88,3 +88,10 @@ def test_formats_on_cuda_are_refused_in_one_line(mixtral):
         _check_sparse(dense, "cuda", False, "mxfp4")
     with pytest.raises(MiniLLMError, match="CPU only"):
         _check_sparse(dense.replace(n_experts=4, n_experts_per_token=2, moe_ffn_dim=8), "cuda", False, None)
+
+
+def test_engine_refuses_the_fp8_kv_cache_in_one_line(mixtral):
+    from minillm.engine.engine import Engine
+    from minillm.errors import MiniLLMError
+    with pytest.raises(MiniLLMError, match="paged"):
+        Engine(minillm.load(str(mixtral), kv_cache="fp8"))

@@ -93,11 +93,14 @@ class Engine:
         self.llm, self.config = llm, llm.config
         backend = llm.batching                           # checks the model: GQA, a model it can batch
         if kv_cache is None:                             # as the model was loaded
-            kv_cache = "int8" if llm.model.kv_cache == "int8" else "auto"
+            kv_cache = llm.model.kv_cache if llm.model.kv_cache in ("int8", "fp8") else "auto"
         try:
             kv_cache = kv_cache_format(kv_cache, backend.device)
         except ValueError as e:
             raise MiniLLMError(str(e)) from None
+        if kv_cache == "fp8":                           # the paged pool has float and int8 blocks only
+            raise MiniLLMError("kv_cache='fp8' is a contiguous cache (llm.generate, llm.logits): the engine's paged "
+                               "KV pool holds auto or int8 blocks")
         drafter = self._drafter(speculative, backend) if speculative is not None else None
         draft_tokens = draft_tokens if draft_tokens is not None or drafter is None else drafter.default_k
         if draft_tokens is not None and draft_tokens < 1:
