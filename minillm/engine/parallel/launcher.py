@@ -88,9 +88,11 @@ def _forward_stderr(proc: subprocess.Popen) -> bool:
 
 
 def _mpi_noise(line: str) -> bool:
-    """What MPICH prints when a rank aborts or dies: the error line before it already said why."""
+    """What MPICH prints when a rank aborts or dies, or when Ctrl-C reaches mpiexec ("[mpiexec@host] Sending
+    Ctrl-C to processes as requested"): the error line before it already said why."""
     text = line.strip()
     return (text.startswith(("Abort(", "=", "BAD TERMINATION", "PID ", "EXIT CODE", "CLEANING UP", "YOU CAN IGNORE",
+                             "[mpiexec@", "[proxy:",
                              "YOUR APPLICATION TERMINATED", "This typically refers", "Please see the FAQ",
                              "MPICH: ", "[unset]:", "application called MPI_Abort"))
             or "application called MPI_Abort" in text)
