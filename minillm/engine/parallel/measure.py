@@ -90,7 +90,7 @@ def _rank_model(path: str, tp: int):
     return Transformer(config, tensors, comm=comm if comm.size > 1 else None)
 
 
-def measure_link(timeout_s: float = 120) -> "Link":
+def measure_link(timeout_s: float = 120):
     """This machine's MPI as a cost.Link: two fp32 all-reduces between 2 local ranks, fitted (lesson 21,
     `minillm plan --tp N --link mpi`)."""
     from minillm.engine.parallel.cost import measured_link
