@@ -281,6 +281,11 @@ def test_smollm2_ngram_on_a_copy_heavy_prompt_gives_the_plain_tokens(smollm2_dir
     assert_greedy_equal(llm.model, llm.prompt_ids(prompt), plain.token_ids, spec.token_ids)
     assert spec.text == plain.text if spec.token_ids == plain.token_ids else True
     assert spec.acceptance_rate > 0.5 and spec.speculative.target_forwards < 10      # it copies the email
+    ids = llm.prompt_ids(prompt)                                     # and through the engine, in a small pool
+    engine = minillm.Engine(llm, speculative="ngram", draft_tokens=4, num_blocks=24, block_size=8)
+    served = engine.generate([ids], max_tokens=20)[0]
+    assert_greedy_equal(llm.model, ids, plain.token_ids, served.token_ids)
+    assert served.acceptance_rate > 0.5 and engine.stats()["blocks_used"] == 0
 
 
 # ---- the continuous-batching engine ---------------------------------------------------------------
