@@ -359,7 +359,7 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
               help="h100, h200, b200, a100, l40s, a40, rtx-pro-6000, l4, rtx-6000-ada (any case).")
 @click.option("--context", type=click.IntRange(min=1), default=4096, show_default=True)
 @click.option("--users", type=click.IntRange(min=1), default=None, help="Given: solve for the max context instead.")
-@click.option("--dtype", default="bf16", show_default=True, help="Weights: fp32|fp16|bf16|int8|int4.")
+@click.option("--dtype", default="bf16", show_default=True, help="Weights: fp32|fp16|bf16|int8|int4|fp8|nf4|mxfp4.")
 @click.option("--kv-dtype", default=None, help="fp32|fp16|bf16|int8 [default: the weights' float dtype, else fp16]")
 @click.option("--price", type=Finite(min=0.0), default=None, help="$ per GPU-hour (overrides the table).")
 @click.option("--reserve", default=None, help="Memory kept back: 0.1, 10% or 8GB [default: 10%].")
@@ -375,10 +375,12 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor parallelism: per-rank memory, bytes moved, all-reduce time, where it stops paying.")
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline stages: the bubble.")
+@click.option("--ep", type=click.IntRange(min=1), default=8, show_default=True,
+              help="MoE models: experts split over this many GPUs (experts a GPU, all-to-all bytes a token).")
 @click.option("--link", type=click.Choice(["nvlink", "pcie", "mpi"]), default="nvlink", show_default=True,
               help="The interconnect for --tp (mpi: this machine's, measured with 2 local ranks).")
 def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot, latency_ms, min_batch, prices, png_path,
-         tp, pp, link):
+         tp, pp, link, ep):
     """KV bytes/token, max users or max context, decode roofline, cost per 1M tokens.
     With --latency-ms: every GPU that meets it for --min-batch users, cheapest per 1M output tokens first."""
     from minillm.tools.planner import rank_cli, run_cli, tp_plan
@@ -386,7 +388,7 @@ def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot, late
         click.echo(rank_cli(model, latency_ms, min_batch, dtype, kv_dtype, context, reserve, prices, price,
                             gpu if price is not None else None, png_path))
         return
-    click.echo(run_cli(model, gpu, context, users, dtype, kv_dtype, price, plot, reserve))
+    click.echo(run_cli(model, gpu, context, users, dtype, kv_dtype, price, plot, reserve, ep=ep))
     if tp > 1 or pp > 1:
         click.echo("\n" + tp_plan(model, gpu, tp, pp, context, users or 1, dtype, kv_dtype, link))
 

@@ -52,3 +52,11 @@ def test_gpt_oss_checkpoint_is_refused_in_one_line(tmp_path):
     with pytest.raises(MiniLLMError, match="GptOssForCausalLM") as e:
         read_config(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_plan_cli_takes_the_expert_parallel_size():
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    out = CliRunner().invoke(cli, ["plan", "-m", "gpt-oss-120b", "--gpu", "h200", "--dtype", "mxfp4", "--ep", "4"])
+    assert out.exit_code == 0, out.output
+    assert "expert parallel 4" in out.output and "32 experts a GPU" in out.output

@@ -341,8 +341,8 @@ def _check(ok: bool, message: str) -> None:
 
 
 # ---- the table ----------------------------------------------------------------------------------
-def format_plan(p: Plan) -> str:
-    """A two-column table of the plan, in GB, tok/s and $."""
+def format_plan(p: Plan, ep: int = 8) -> str:
+    """A two-column table of the plan, in GB, tok/s and $ (MoE: with experts split over `ep` GPUs)."""
     g, c = p.gpu, p.config
     users_row = (("max users", f"{p.users:,} at {p.context:,} tokens each") if p.mode == "max-users" else
                  ("max context", f"{p.max_context:,} tokens at {p.users_asked:,} users"
@@ -373,7 +373,7 @@ def format_plan(p: Plan) -> str:
                      else "n/a"),
         ]
     if getattr(c, "n_experts", 0):
-        rows += expert_parallel_rows(c, p.weight_dtype)
+        rows += expert_parallel_rows(c, p.weight_dtype, (ep,))
     rows += [("note", n) for n in p.notes]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -654,10 +654,11 @@ def parse_reserve(text: str | float | None) -> float:
 
 def run_cli(model: str, gpu: str = DEFAULT_GPU, context: int = DEFAULT_CONTEXT, users: int | None = None,
             dtype: str = "bf16", kv_dtype: str | None = None, price: float | None = None,
-            plot: str | Path | None = None, reserve: str | float | None = None) -> str:
-    """`minillm plan`: the text to print (PlanError, a ValueError, on bad input)."""
+            plot: str | Path | None = None, reserve: str | float | None = None, ep: int = 8) -> str:
+    """`minillm plan`: the text to print (PlanError, a ValueError, on bad input). ep: the expert-parallel
+    split shown for MoE models."""
     p = plan(model, gpu, dtype, kv_dtype, context, users, parse_reserve(reserve), price)
-    text = format_plan(p)
+    text = format_plan(p, ep)
     if plot:
         text += "".join(f"\nwrote {path}" for path in plot_plan(p, plot))
     return text
