@@ -221,13 +221,17 @@ def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperat
               help="Reuse the KV blocks of prompt prefixes seen before.")
 @click.option("--served-model-name", default=None, help="The model id clients send [default: --model as given].")
 @_speculative_options
+@_tp_option
 def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, prefix_caching, speculative,
           draft_tokens,
-          served_model_name):
+          served_model_name, tp):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)."""
     from minillm.serve import server     # fails in one line without FastAPI: pip install "minillm[serve]"
     server.check_address(host, port)
-    llm = _load(model, device, dtype, quant, group_size)
+    llm = _load(model, device, dtype, quant, group_size, tp=tp)
+    from minillm.engine.parallel.serving import follows
+    if follows(llm):                   # --tp: ranks other than 0 run the batches rank 0's engine sends
+        return
     options = {"kv_cache": kv_cache, "prefix_caching": prefix_caching, "speculative": speculative,
                "draft_tokens": draft_tokens}
     if max_concurrency is not None:
