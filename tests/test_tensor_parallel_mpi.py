@@ -3,7 +3,6 @@
 Small on purpose (CI has 2 cores and ranks poll while they wait): tiny random models, a few tokens, and
 every run bounded by a timeout so a hang fails the test instead of stalling CI."""
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,18 @@ import minillm
 from hf_models import llama_config, save_random_model
 
 pytest.importorskip("mpi4py")
-MPIEXEC = shutil.which("mpiexec")
+
+
+def _mpiexec():
+    from minillm.engine.parallel.launcher import find_mpiexec
+    from minillm.errors import MiniLLMError
+    try:
+        return find_mpiexec()              # beside this Python (the mpich wheel's), else on PATH
+    except MiniLLMError:
+        return None
+
+
+MPIEXEC = _mpiexec()
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec (pip install mpich)")
 IDS = [3, 17, 99, 250, 5, 7]
 ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")

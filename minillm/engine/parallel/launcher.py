@@ -31,11 +31,10 @@ _active = None                        # this process's MPI communicator, once it
 
 # ---- the parent: one command line, N ranks ---------------------------------------------------------
 def find_mpiexec() -> str:
-    """The MPI launcher: on PATH, or next to this Python (the `mpich` wheel installs it there)."""
-    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    """The MPI launcher: the one next to this Python first (the `mpich` wheel installs it there, beside the
+    MPI library mpi4py loads), else the first on PATH."""
     beside = Path(sys.executable).parent / "mpiexec"
-    if found is None and beside.exists():
-        found = str(beside)
+    found = str(beside) if beside.exists() else shutil.which("mpiexec") or shutil.which("mpirun")
     if found is None:
         raise MiniLLMError("tp > 1 needs mpiexec and mpi4py: pip install 'minillm[tp]' (mpi4py and the mpich wheel)")
     return found
