@@ -397,3 +397,9 @@ def test_plan_tp_prints_per_rank_memory_and_the_bubble():
     assert "leave 75% of the schedule idle" in result.output       # (4 - 1) / (1 + 4 - 1)
     odd = CliRunner().invoke(cli, ["plan", "-m", "smollm2-135m", "--tp", "2"])
     assert "tp=2 does not split this model; tp can be 1" in odd.output
+
+
+def test_speculative_decoding_with_tp_is_refused(tmp_path):
+    save_random_model(llama_config(), tmp_path)
+    with pytest.raises(MiniLLMError, match="speculative decoding does not run with tensor parallelism"):
+        run_ranks(2, lambda comm: minillm.load(tmp_path, comm=comm).generate("hi", speculative="ngram"))
