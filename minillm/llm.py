@@ -100,8 +100,6 @@ class LLM:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
             raise InvalidValue(f"max_tokens must be an integer >= 1, got {max_tokens}")
         if getattr(self.model, "comm", None) is not None:    # tensor parallel: every rank samples alike
-            if speculative is not None:
-                raise MiniLLMError("speculative decoding does not run with tensor parallelism yet; use tp=1")
             seed = shared_seed(self.model.comm, seed)
         try:
             params = SamplingParams(temperature, top_k, top_p, seed)
