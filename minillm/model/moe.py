@@ -150,8 +150,7 @@ def limit_to_groups(choice, n_groups: int, keep: int):
     grouped = choice.reshape(T, n_groups, E // n_groups)                   # [T, G, E/G]
     top2 = -xp.partition(-grouped, 1, axis=-1)[..., :2]                    # [T, G, 2] the two largest
     best = top_k(top2.sum(axis=-1), keep)                                  # [T, keep] group ids
-    allowed = xp.zeros((T, n_groups), dtype=bool)
-    xp.put_along_axis(allowed, best, True, axis=-1)                        # [T, G]
+    allowed = (best[:, :, None] == xp.arange(n_groups)).any(axis=1)        # [T, G] the kept groups
     return xp.where(allowed[:, :, None], grouped, -xp.inf).reshape(T, E)   # [T, E]
 
 
