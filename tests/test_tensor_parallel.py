@@ -400,6 +400,7 @@ def test_plan_tp_prints_per_rank_memory_and_the_bubble():
 
 
 def test_speculative_decoding_with_tp_is_refused(tmp_path):
+    from minillm.engine.engine import Engine
     save_random_model(llama_config(), tmp_path)
     with pytest.raises(MiniLLMError, match="speculative decoding does not run with tensor parallelism"):
-        run_ranks(2, lambda comm: minillm.load(tmp_path, comm=comm).generate("hi", speculative="ngram"))
+        run_ranks(2, lambda comm: Engine(minillm.load(tmp_path, comm=comm), speculative="ngram"))
