@@ -8,10 +8,7 @@ from minillm.checkpoints.weights import load_hf_dir, save_hf_dir
 from minillm.model.quant import QuantizedWeight
 from test_moe import _ids, mixtral_config, save_moe_model
 
-try:                                   # (moving from model/quant.py to checkpoints/quantize.py)
-    from minillm.checkpoints.quantize import quantize_checkpoint
-except ImportError:
-    from minillm.model.quant import quantize_checkpoint
+from minillm.checkpoints.quantize import quantize_checkpoint
 
 # Mean |logit error| over the fp32 logits' std on this random model (initializer_range 0.1: large
 # weights), about 1.5x what was measured: int8 1.3%, fp8 6.6%, int4 g32 21%, nf4 27%, mxfp4 31%.
@@ -95,3 +92,13 @@ def test_engine_refuses_the_fp8_kv_cache_in_one_line(mixtral):
     from minillm.errors import MiniLLMError
     with pytest.raises(MiniLLMError, match="paged"):
         Engine(minillm.load(str(mixtral), kv_cache="fp8"))
+
+
+def test_cli_converts_to_a_format_and_the_dir_reloads(mixtral, tmp_path):
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    out = CliRunner().invoke(cli, ["convert", str(mixtral), str(tmp_path / "nf4"), "--quant", "nf4"])
+    assert out.exit_code == 0, out.output
+    llm = minillm.load(str(tmp_path / "nf4"))
+    assert llm.config.quantization == {"method": "nf4"}
+    assert type(llm.model.layers[2].moe.experts[3].w_gate).__name__ == "Nf4Weight"
