@@ -49,6 +49,7 @@ def assert_one_line_error(result, *fragments):
 # ---- generate: the values of the issue -------------------------------------------------------------
 @pytest.mark.parametrize("args,fragment", [
     (["", "--no-chat"], "prompt is empty"),
+    (["", "--no-chat", "--speculative", "ngram"], "prompt is empty"),
     (["hi", "--seed", "-1"], "--seed"),
     (["hi", "-t", "nan"], "finite"),
     (["hi", "-t", "inf"], "finite"),

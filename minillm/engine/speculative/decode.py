@@ -21,6 +21,7 @@ import numpy as np
 from minillm.engine.generate import ContextOverflow, Generation, _TextCollector
 from minillm.engine.sampling import Sampler, SamplingParams
 from minillm.engine.speculative.acceptance import accept_draft
+from minillm.errors import InvalidValue
 from minillm.threads import for_rows
 
 
@@ -51,7 +52,7 @@ def generate_speculative(model, drafter, prompt_ids: Sequence[int], max_tokens: 
     target passes. -> Generation with `.speculative` (SpeculativeStats) filled in."""
     context_len = model.config.max_seq_len
     if len(prompt_ids) == 0:
-        raise ValueError("the prompt is empty")
+        raise InvalidValue("the prompt is empty: there is no token to continue from")
     if len(prompt_ids) >= context_len:
         raise ContextOverflow(f"the prompt is {len(prompt_ids)} tokens; this model's context is {context_len}")
     if k < 1:
