@@ -276,14 +276,14 @@ def test_bad_speculative_choices_are_one_line_errors(llm, llama):
 def test_smollm2_ngram_on_a_copy_heavy_prompt_gives_the_plain_tokens(smollm2_dir):
     llm = minillm.load(str(smollm2_dir))
     prompt = next(p for p in copy_heavy_prompts() if p["kind"] == "edit text")["messages"]
-    plain = llm.generate(prompt, max_tokens=20)
-    spec = llm.generate(prompt, max_tokens=20, speculative="ngram", draft_tokens=4)
+    plain = llm.generate(prompt, max_tokens=16)
+    spec = llm.generate(prompt, max_tokens=16, speculative="ngram", draft_tokens=4)
     assert_greedy_equal(llm.model, llm.prompt_ids(prompt), plain.token_ids, spec.token_ids)
     assert spec.text == plain.text if spec.token_ids == plain.token_ids else True
-    assert spec.acceptance_rate > 0.5 and spec.speculative.target_forwards < 10      # it copies the email
+    assert spec.acceptance_rate > 0.5 and spec.speculative.target_forwards < 8       # it copies the email
     ids = llm.prompt_ids(prompt)                                     # and through the engine, in a small pool
     engine = minillm.Engine(llm, speculative="ngram", draft_tokens=4, num_blocks=24, block_size=8)
-    served = engine.generate([ids], max_tokens=20)[0]
+    served = engine.generate([ids], max_tokens=16)[0]
     assert_greedy_equal(llm.model, ids, plain.token_ids, served.token_ids)
     assert served.acceptance_rate > 0.5 and engine.stats()["blocks_used"] == 0
 
