@@ -168,19 +168,6 @@ def require_finite(logits, positions=None):
                           "activations overflowed")
 
 
-def _moe_tensors(config: ModelConfig, i: int, moe: MoEWeights) -> dict:
-    """Layer i's MoE block under its HF names (the inverse of MoEWeights.from_hf)."""
-    names = moe_tensor_names(config, i)
-    t = {names["router"]: moe.router}
-    if moe.bias is not None:
-        t[names["bias"]] = moe.bias
-    for e, expert in enumerate(moe.experts):
-        t |= dict(zip(names[f"experts.{e}"], expert.matrices()))
-    if moe.shared is not None:
-        t |= dict(zip(names["shared"], moe.shared.matrices()))
-    return t
-
-
 def _plain_arrays(*weights) -> bool:
     return all(type(w) is np.ndarray or isinstance(w, np.memmap) for w in weights) and \
         len({w.dtype for w in weights}) == 1
