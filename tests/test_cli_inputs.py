@@ -123,6 +123,11 @@ def test_eval_on_a_binary_file_is_one_line(tmp_path):
     assert_one_line_error(run("eval", "perplexity", "--text", binary, "--chars", 400), "UTF-8")
 
 
+def test_eval_windows_longer_than_the_context_are_one_line(tiny_model):
+    result = run("eval", "perplexity", "-m", tiny_model, "--context", 99999, "--chars", 400, "--no-baseline")
+    assert_one_line_error(result, "--context")                # no progress bar before it
+
+
 def test_bench_longer_than_the_context_is_one_line(tiny_model):
     assert_one_line_error(run("bench", "-m", tiny_model, "--prompt-tokens", 100, "--new-tokens", 2, "--no-peer",
                               "--repeats", 1), "context")

@@ -67,6 +67,9 @@ def perplexity(llm, text: str, context: int = DEFAULT_CONTEXT, stride: int | Non
     stride = stride or context
     if context < 2 or not 0 < stride <= context:
         raise MiniLLMError(f"need context >= 2 and 0 < stride <= context (got context={context}, stride={stride})")
+    if context > llm.config.max_seq_len:              # said before the progress bar starts, in one line
+        raise MiniLLMError(f"windows of {context} tokens exceed this model's context of {llm.config.max_seq_len}: "
+                           f"lower --context")
     ids = llm.prompt_ids(text, chat=False)[:max_tokens]
     if len(ids) < 2:
         raise MiniLLMError(f"the text is {len(ids)} token(s); perplexity needs at least 2")
