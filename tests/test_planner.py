@@ -242,3 +242,9 @@ def test_plan_cli_ranks_with_latency_ms(tmp_path):
     assert "cheapest first" in result.output and (tmp_path / "rank.png").exists()
     bad = CliRunner().invoke(cli, ["plan", "--latency-ms", "25", "--prices", "h100=free"])
     assert bad.exit_code != 0 and bad.output.count("\n") == 1 and "h100=free" in bad.output
+
+
+def test_a_target_no_gpu_meets_is_a_table_of_reasons(tmp_path):
+    text = rank_cli("llama-3-8b", 1, 1, png=tmp_path / "none.png")       # 16 GB in 1 ms: 16 TB/s, nobody
+    assert "(none of them does)" in text and text.count("no: ") == len(GPUS)
+    assert (tmp_path / "none.png").exists()

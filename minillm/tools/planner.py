@@ -530,11 +530,13 @@ def format_ranking(rows: list[Ranked], latency_ms: float, min_batch: int) -> str
             q = r.plan
             cells += [f"{q.users:,}", f"{q.step_time_s * 1e3:.1f}", f"{q.tok_s_total:,.0f}", f"{q.cost_per_million:.3f}"]
         table.append(cells)
-    widths = [max(len(h), *(len(row[i]) for row in table if i < len(row) - 1 or row[-1][:3] != "no:"))
+    # A "no: why" in the last column runs past it rather than widening it for every row.
+    widths = [max([len(h)] + [len(row[i]) for row in table if i < len(head) - 1 or not row[i].startswith("no:")])
               for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     where = f"{p0.model}, weights {p0.weight_dtype}, KV {p0.kv_dtype}, {p0.context:,} tokens a user" if p0 else ""
-    out = [f"GPUs that decode at <= {latency_ms:g} ms a token for >= {min_batch} users ({where}), cheapest first:",
+    order = f"({where}), cheapest first:" if p0 is not None else "(none of them does):"
+    out = [f"GPUs that decode at <= {latency_ms:g} ms a token for >= {min_batch} users {order}",
            line(head)] + [line(cells) for cells in table]
     sources: dict[str, list[str]] = {}
     for r in rows:
