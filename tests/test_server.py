@@ -386,10 +386,10 @@ def test_serve_without_fastapi_says_what_to_install(monkeypatch):
     import sys
     from click.testing import CliRunner
     from minillm.cli import cli
-    import minillm
+    import minillm.serve
     monkeypatch.setitem(sys.modules, "fastapi", None)           # as if it were not installed
     monkeypatch.delitem(sys.modules, "minillm.serve.server", raising=False)
-    monkeypatch.delattr(minillm, "server", raising=False)       # else `from . import server` finds it
+    monkeypatch.delattr(minillm.serve, "server", raising=False)  # else `from minillm.serve import server` finds it
     result = CliRunner().invoke(cli, ["serve", "--port", str(_free_port())])
     assert result.exit_code == 1
     assert result.output.strip() == 'minillm: error: minillm serve needs FastAPI and uvicorn: pip install "minillm[serve]"'
