@@ -1,6 +1,7 @@
 """`minillm.load` and the `LLM` object: a model, its tokenizer, and the calls users make."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -238,22 +239,35 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
 def thread_policy(model, threads: int | None = None) -> blas.ThreadPolicy:
     """How many BLAS threads `model` should decode and prefill on, on this machine now: `threads` if
     given, else measured (threads.choose; ~0.3 s) on decode and prefill steps through its first
-    PROBE_LAYERS layers and its head. Whole steps, not a lone matmul: what costs on a busy machine is
+    PROBE_LAYERS layers; a model of the same shape measured in the last POLICY_TTL_S seconds reuses
+    that (a test suite or a perplexity baseline loads many). Whole steps, not a lone matmul: what costs on a busy machine is
     BLAS's workers spinning through the NumPy work between the matmuls (norms, attention, sampling);
     a matmul timed back to back looked faster on 2 threads while decode ran 10x slower (BENCHMARKS.md).
     GPU models: not measured. Tensor-parallel ranks time their MLP alone (a step would all-reduce, and
     ranks measuring different rounds would wait on each other)."""
     if not isinstance(model, Transformer):
         return blas.choose(None, threads)
+    if threads is not None or blas.user_limit() is not None:
+        return blas.choose(None, threads)                    # the user's count: nothing to measure
+    c = model.config
+    shape = (c.dim, c.ffn_dim, c.n_layers, c.vocab_size, c.attention, str(c.quantization), model.embed.dtype.str)
+    seen = _measured.get(shape)
+    if seen is not None and time.monotonic() - seen[0] < POLICY_TTL_S:
+        return seen[1]
     with np.errstate(all="ignore"):     # timing only: what bad weights do is reported by the forward pass
-        return blas.choose(_probe(model), threads)
+        policy = blas.choose(_probe(model), threads)
+    _measured[shape] = (time.monotonic(), policy)
+    return policy
 
 
-PROBE_LAYERS = 4
+PROBE_LAYERS = 2
+POLICY_TTL_S = 60.0
+_measured: dict[tuple, tuple[float, blas.ThreadPolicy]] = {}     # model shape -> (when, policy)
 
 
 def _probe(model) -> Callable[[int], object]:
-    """A forward pass over `rows` rows (1: a decode step) through the first PROBE_LAYERS layers."""
+    """A forward pass over `rows` rows (1: a decode step) through the first PROBE_LAYERS layers, without
+    the LM head (on SmolLM2 the head alone weighs as much as 8 layers: it made the probe cost seconds)."""
     if model.comm is not None:
         x = np.random.default_rng(0).standard_normal((blas.PREFILL_ROWS, model.config.dim)).astype(np.float32)
         return lambda rows: model.ffn(x[:rows], model.layers[0])
@@ -261,10 +275,7 @@ def _probe(model) -> Callable[[int], object]:
     ids = [i % model.config.vocab_size for i in range(1, blas.PREFILL_ROWS + 1)]
 
     def step(rows: int):
-        cache = model.new_cache(rows + 1)
-        if rows == 1:
-            return model.decode(ids[0], cache, n_layers=depth)
-        return model.prefill(ids[:rows], cache, n_layers=depth)
+        return model.forward(np.asarray(ids[:rows]), model.new_cache(rows), skip_head=True, n_layers=depth)
     return step
 
 

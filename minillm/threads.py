@@ -45,7 +45,7 @@ _pools_lock = threading.Lock()
 _in_worker = threading.local()
 
 # ---- BLAS threads ------------------------------------------------------------------------------------
-PREFILL_ROWS = 64       # the prefill shape measured; a forward pass of more rows than DECODE_ROWS is "prefill"
+PREFILL_ROWS = 32       # the prefill shape measured; a forward pass of more rows than DECODE_ROWS is "prefill"
 DECODE_ROWS = 8         # up to this many rows (a batch of decodes) a matmul still streams the weights once
 USER_LIMIT_VARS = ("MINILLM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
 _state = {"policy": None, "user_threads": None, "blas": None, "count": None}
@@ -161,16 +161,12 @@ def candidates() -> list[int]:
 def _timed(fn: Callable[[], object], counts: list[int], budget_s: float, min_rounds: int = 2,
            max_rounds: int = 7) -> dict[int, float]:
     """The median seconds of fn() at each count, over rounds (max_rounds, or fewer once budget_s is
-    spent) that visit every count in turn, so a change of load hits all counts alike; one untimed
-    call each first (thread start-up). A count
+    spent) that visit every count in turn, so a change of load hits all counts alike. A count
     more than 3x slower than the best after a round is not timed again: it has lost, and on a busy
     machine each of its calls can cost many times the budget."""
     before = blas_threads() if _state["count"] is None else _state["count"]
     times: dict[int, list[float]] = {n: [] for n in counts}
     try:
-        for n in counts:
-            set_blas_threads(n)
-            fn()
         start, racing = time.perf_counter(), list(counts)
         for round_ in range(max_rounds):
             for n in (racing if round_ % 2 == 0 else racing[::-1]):
