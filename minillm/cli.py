@@ -151,7 +151,9 @@ def _load(model, device, dtype, quant=None, group_size=128, kv_cache="auto", fla
 
 
 @cli.command()
-@click.argument("prompt")
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", "-f", type=click.File("r", encoding="utf-8"), default=None,
+              help="Read the prompt from this file ('-': standard input); for prompts over the command-line limit.")
 @_load_options
 @_sampling_options
 @click.option("--chat/--no-chat", default=None, help="Apply the model's chat template (default: on for instruct models).")
@@ -159,9 +161,11 @@ def _load(model, device, dtype, quant=None, group_size=128, kv_cache="auto", fla
 @click.option("--flashnorm", is_flag=True, help="Fold the norm gains into the weights and defer the normalization.")
 @_tp_option
 @_speculative_options
-def generate(prompt, model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p,
-             seed, chat, stop, flashnorm, tp, speculative, draft_tokens):
-    """Complete PROMPT, streaming tokens to stdout and timings to stderr."""
+def generate(prompt, prompt_file, model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k,
+             top_p, seed, chat, stop, flashnorm, tp, speculative, draft_tokens):
+    """Complete PROMPT (or the text of -f FILE; PROMPT '-' reads standard input), streaming tokens to stdout
+    and timings to stderr."""
+    prompt = _prompt_text(prompt, prompt_file)
     llm = _load(model, device, dtype, quant, group_size, kv_cache, flashnorm, tp)
     if tp > 1:
         click.echo(memory_line(llm.model), err=True)     # a collective: rank 0 prints what each rank holds
@@ -171,6 +175,19 @@ def generate(prompt, model, device, dtype, quant, group_size, kv_cache, max_toke
                      draft_tokens=draft_tokens)
     click.echo("")
     click.echo(_metrics_line(g), err=True)
+    if g.note:
+        click.echo(f"minillm: note: {g.note}", err=True)
+
+
+def _prompt_text(prompt, prompt_file) -> str:
+    """The prompt: the argument, the file given with -f, or standard input for '-'."""
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give the prompt as an argument or with -f FILE, not both")
+    if prompt_file is None and prompt in (None, "-"):
+        if prompt is None:
+            raise click.UsageError("missing the prompt: give it as an argument, with -f FILE, or '-' for stdin")
+        prompt_file = click.get_text_stream("stdin", encoding="utf-8")
+    return prompt_file.read() if prompt_file is not None else prompt
 
 
 def _stream_out(piece: str) -> None:
@@ -211,6 +228,22 @@ def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperat
         messages.append({"role": "assistant", "content": g.text})
 
 
+def _serve_guard_options(f):
+    """`minillm serve`'s access control and per-request bounds (ServeOptions)."""
+    f = click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
+                     help="Longest prompt in tokens [default: the model's context minus one].")(f)
+    f = click.option("--max-prompt-chars", type=click.IntRange(min=1), default=8_000_000, show_default=True,
+                     help="Longest prompt in characters (all messages together), checked before tokenizing.")(f)
+    f = click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 2 ** 20, show_default=True,
+                     help="Largest request body; a larger one is refused (413) before it is read.")(f)
+    f = click.option("--cors-origin", default=None, help="Let pages from this origin read replies (CORS) [default: none].")(f)
+    f = click.option("--allowed-hosts", default=None, metavar="NAMES",
+                     help="Comma-separated Host names to answer besides loopback and --host ('*': any).")(f)
+    f = click.option("--api-key", envvar="MINILLM_API_KEY", default=None,
+                     help="Require 'Authorization: Bearer KEY' on /v1 routes [env: MINILLM_API_KEY].")(f)
+    return f
+
+
 @cli.command()
 @_load_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
@@ -220,14 +253,19 @@ def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperat
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
               help="Reuse the KV blocks of prompt prefixes seen before.")
 @click.option("--served-model-name", default=None, help="The model id clients send [default: --model as given].")
+@_serve_guard_options
 @_speculative_options
 @_tp_option
 def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, prefix_caching, speculative,
           draft_tokens,
-          served_model_name, tp):
+          served_model_name, tp, **guard):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)."""
     from minillm.serve import server     # fails in one line without FastAPI: pip install "minillm[serve]"
     server.check_address(host, port)
+    guard["allowed_hosts"] = tuple(h.strip() for h in (guard["allowed_hosts"] or "").split(",") if h.strip())
+    warning = server.exposure_warning(host, guard["api_key"])
+    if warning:
+        click.echo(f"minillm: warning: {warning}", err=True)
     llm = _load(model, device, dtype, quant, group_size, tp=tp)
     from minillm.engine.parallel.serving import follows
     if follows(llm):                   # --tp: ranks other than 0 run the batches rank 0's engine sends
@@ -236,7 +274,7 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
                "draft_tokens": draft_tokens}
     if max_concurrency is not None:
         options["max_batch"] = max_concurrency
-    server.serve(llm, served_model_name or model, host, port, **options)
+    server.serve(llm, served_model_name or model, host, port, server.ServeOptions(**guard), **options)
 
 
 @cli.command()

@@ -110,9 +110,14 @@ class LLM:
         stop_ids = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
         try:
             with np.errstate(over="ignore", invalid="ignore"):   # NaN/Inf is checked once, at the logits
-                return self._generate(ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens)
+                g = self._generate(ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens)
         except NonFiniteLogits as e:
             raise MiniLLMError(f"{e}{non_finite_weight(self.model)}") from None
+        context = self.config.max_seq_len
+        if len(ids) + max_tokens > context:       # never silently: the answer may end early, as "length"
+            g.note = (f"max_tokens {max_tokens} was cut to {context - len(ids)}: the prompt's {len(ids)} "
+                      f"tokens and the answer must fit the model's context of {context}")
+        return g
 
     def _generate(self, ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens) -> Generation:
         try:

@@ -24,6 +24,7 @@ class Generation:
     finish_reason: str                   # "stop" (EOS or a stop string) or "length"
     token_times_s: list[float] = field(default_factory=list, repr=False)  # per-token latencies
     speculative: object | None = None    # speculative decoding's SpeculativeStats (engine/speculative), else None
+    note: str | None = None              # one line the caller should see, e.g. max_tokens cut to fit the context
 
     @property
     def decode_tok_s(self) -> float:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MAX_STOP_CHARS = 1000                # one stop string; four of them at most, as OpenAI allows
+MAX_SEED = 2 ** 64 - 1               # NumPy's generator takes any seed in 0 .. 2^64 - 1
 
 
 class ApiError(Exception):
@@ -29,6 +32,19 @@ class ApiError(Exception):
 
 # ---- requests -----------------------------------------------------------------------------------
 
+def _unicode(text: str) -> str:
+    # JSON may spell a lone surrogate ("\udfff"): no tokenizer can encode it, so it is the client's error.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"the text is not valid Unicode (a lone surrogate at character {e.start})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS), AfterValidator(_unicode)]
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False          # one last chunk with the usage counts and no choices
 
@@ -44,7 +60,7 @@ class _Sampling(BaseModel):
     """The fields both endpoints share. Ranges follow OpenAI's API reference."""
     model_config = ConfigDict(extra="allow")     # unknown fields are ignored, as OpenAI's clients expect
 
-    model: str
+    model: Text
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)   # OpenAI's default is 1, not greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -53,8 +69,8 @@ class _Sampling(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: list[str] = []                      # a string or a list of strings on the wire
-    seed: int | None = None
+    stop: list[StopText] = []                 # a string or a list of strings on the wire
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
 
     @field_validator("n")
     @classmethod
@@ -88,7 +104,7 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions: one prompt, as text or as token ids."""
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: Union[Text, list[int], list[Text], list[list[int]]]
     max_tokens: int | None = Field(16, ge=1)          # the legacy endpoint's default
 
     @field_validator("prompt")
@@ -104,18 +120,25 @@ class CompletionRequest(_Sampling):
         return prompt
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content in OpenAI's list form; only {"type": "text"} is supported."""
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: Text | None = None
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[dict] | None = None
+    role: Text                       # which roles are known is the chat template's to say
+    content: Text | list[ContentPart] | None = None
 
-    def text(self) -> str:
+    def text(self, i: int) -> str:
         """The message's text: a string, or the text parts of a list of content parts."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        if any(part.get("type") != "text" for part in self.content):
-            raise ApiError(400, "only text content parts are supported", param="messages")
-        return "".join(part.get("text", "") for part in self.content)
+        if any(part.type != "text" or part.text is None for part in self.content):
+            raise ApiError(400, f"messages.{i}.content: only text content parts are supported", param="messages")
+        return "".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(_Sampling):
@@ -127,7 +150,7 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens or self.max_tokens
 
     def plain_messages(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]
 
 
 def parse(schema: type[_Sampling], raw: bytes) -> _Sampling:
@@ -136,18 +159,44 @@ def parse(schema: type[_Sampling], raw: bytes) -> _Sampling:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:             # the parser's depth is bounded by Python's recursion limit
+        raise ApiError(400, "the request body nests arrays or objects too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     try:
         request = schema.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])          # "temperature", "messages.0.role"
+        errors = e.errors()
+        # Of a union's alternatives, the one whose own check failed says more than "not a string".
+        first = next((err for err in errors if err["type"] == "value_error"), errors[0])
+        loc = [part for part in first["loc"] if not _union_tag(part)]
+        where = ".".join(str(part) for part in loc)                   # "temperature", "messages.0.role"
         message = first["msg"].removeprefix("Value error, ")
-        param = str(first["loc"][0]) if first["loc"] else None
+        param = str(loc[0]) if loc else None
         raise ApiError(400, f"{where}: {message}" if where else message, param=param) from None
     request.refuse_unsupported()
     return request
+
+
+def json_schema(schema: type[BaseModel]) -> dict:
+    """`schema` as one self-contained JSON schema (its $defs inlined), for the OpenAPI document."""
+    document = schema.model_json_schema()
+    defs = document.pop("$defs", {})
+
+    def inline(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(defs[node["$ref"].rsplit("/", 1)[1]])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(value) for value in node]
+        return node
+    return inline(document)
+
+
+def _union_tag(part) -> bool:
+    """pydantic's name for a union alternative in an error's location ("list[int]", "function-after[...]")."""
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "dict", "list"))
 
 
 # ---- responses ----------------------------------------------------------------------------------

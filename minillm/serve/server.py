@@ -4,9 +4,14 @@ Two threads of control, and the line between them is the point of this file:
 
 * ONE engine thread owns the engine. It takes the requests handlers submit, calls `engine.step()`
   while there is work, and hands every step's events to the waiting requests (`EngineLoop`).
-* The asyncio event loop (uvicorn) runs the HTTP handlers. They parse, tokenize, submit and await
-  their events; they never run the model. So every connected client shares one running batch, and
-  a slow model step never stops the server from accepting the next request.
+* The asyncio event loop (uvicorn) runs the HTTP handlers. They submit and await their events; they
+  never run the model, and never parse, render a chat template or tokenize either: that work runs on
+  worker threads, so one huge prompt costs its own latency only. So every connected client shares one
+  running batch, and neither a slow model step nor a heavy request stops the server from answering.
+
+Before any of it, `guard` checks what costs no model time (Host, body size, API key, Content-Type), and
+`ServeOptions` bounds each request (body bytes, prompt characters and tokens; stop strings and the chat
+template are bounded where they run).
 
 Only the engine thread calls the engine, so a handler never waits for a step to finish. Handlers talk
 to it through a command queue (add, abort); results come back through one asyncio queue per request,
@@ -20,6 +25,7 @@ import queue
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -29,13 +35,15 @@ from minillm.errors import MiniLLMError
 from minillm.serve.metrics import Metrics
 
 try:
-    from fastapi import FastAPI, Request
+    from fastapi import APIRouter, Depends, FastAPI, Request
+    from fastapi.middleware.cors import CORSMiddleware
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.exceptions import HTTPException
 
+    from minillm.serve.guard import Guard, exposure_warning, host_names, require_api_key, require_json
     from minillm.serve.protocol import (SSE_DONE, ApiError, ChatCompletionRequest, CompletionRequest, chat_chunk,
-                                  chat_completion, completion, model_list, new_id, parse, sse, usage,
-                                  usage_chunk)
+                                        chat_completion, completion, json_schema, model_list, new_id, parse, sse,
+                                        usage, usage_chunk)
 except ImportError:
     raise MiniLLMError('minillm serve needs FastAPI and uvicorn: pip install "minillm[serve]"') from None
 
@@ -214,16 +222,44 @@ class EngineLoop:
 
 # ---- the HTTP side ---------------------------------------------------------------------------------
 
-class OpenAIServer:
-    """The route handlers: validate, turn the request into prompt ids, submit, answer or stream."""
+@dataclass(frozen=True)
+class ServeOptions:
+    """How the server guards itself and bounds each request; each is a flag of `minillm serve`."""
+    api_key: str | None = None                 # required as `Authorization: Bearer` on /v1 when set
+    allowed_hosts: tuple[str, ...] = ()        # Host names to answer besides loopback and the bound one; "*": any
+    cors_origin: str | None = None             # the one browser origin allowed to read replies; None: CORS off
+    max_body_bytes: int = 8 * 2 ** 20          # a 5 MB prompt gets through (then is too long); 20 MB is not read
+    max_prompt_chars: int = 8_000_000          # the prompt's text (all messages together), before tokenizing
+    max_prompt_tokens: int | None = None       # None: the model's context minus one position to answer in
 
-    def __init__(self, llm, engine, model_name: str):
+
+# Requests with bodies over this many bytes parse and tokenize on the one "heavy" worker thread: a few
+# such requests take turns there, and ordinary ones keep the other workers to themselves.
+HEAVY_BODY_BYTES = 64 * 1024
+
+
+class OpenAIServer:
+    """The route handlers: validate, turn the request into prompt ids, submit, answer or stream.
+
+    Parsing, chat-template rendering and tokenizing run on worker threads, never on the event loop:
+    a 5 MB prompt costs its own request seconds, while every other stream and /health go on."""
+
+    def __init__(self, llm, engine, model_name: str, options: ServeOptions | None = None):
         self.llm, self.model_name = llm, model_name
+        self.options = options or ServeOptions()
         # The most positions one request can ever hold: the context, or the whole KV pool if smaller.
         self.max_positions = min(llm.config.max_seq_len, engine.pool.num_blocks * engine.pool.block_size)
+        context = llm.config.max_seq_len
+        self.max_prompt_tokens = min(self.options.max_prompt_tokens or context - 1, context - 1)
         self.metrics = Metrics()
         self.loop = EngineLoop(engine, self.metrics)
         self.created = int(time.time())
+        self._light = ThreadPoolExecutor(4, thread_name_prefix="minillm-prompt")
+        self._heavy = ThreadPoolExecutor(1, thread_name_prefix="minillm-prompt-heavy")
+
+    def close(self) -> None:
+        self._light.shutdown(wait=False, cancel_futures=True)
+        self._heavy.shutdown(wait=False, cancel_futures=True)
 
     async def models(self) -> dict:
         return model_list(self.model_name, self.created, self.llm.config.max_seq_len, self.llm.config.vocab_size)
@@ -231,36 +267,88 @@ class OpenAIServer:
     async def metrics_text(self) -> PlainTextResponse:
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def health(self) -> dict:
+        return {"status": "ok"}
+
     async def completions(self, request: Request):
-        body = parse(CompletionRequest, await request.body())
+        raw = await self._body(request)
+        body, ids = await self._off_loop(len(raw), self._completion_ids, raw)
+        return await self._answer(request, body, ids, body.max_tokens, chat=False)
+
+    async def chat_completions(self, request: Request):
+        raw = await self._body(request)
+        body, ids = await self._off_loop(len(raw), self._chat_ids, raw)
+        return await self._answer(request, body, ids, body.token_limit(), chat=True)
+
+    async def _body(self, request: Request) -> bytes:
+        require_json(request)
+        return await request.body()         # bounded by the Guard: past max_body_bytes it raises the 413
+
+    async def _off_loop(self, size: int, work, *args):
+        """Run `work` on a worker thread (the heavy one for big bodies) and wait without blocking the loop."""
+        pool = self._heavy if size > HEAVY_BODY_BYTES else self._light
+        return await asyncio.get_running_loop().run_in_executor(pool, work, *args)
+
+    # -- on a worker thread --
+    def _completion_ids(self, raw: bytes) -> tuple[CompletionRequest, list[int]]:
+        body = parse(CompletionRequest, raw)
         self._check_model(body.model)
-        if isinstance(body.prompt, str):
-            try:
-                ids = self.llm.prompt_ids(body.prompt, chat=False)
-            except MiniLLMError as e:                         # e.g. a model without a tokenizer
-                raise ApiError(400, str(e), param="prompt") from None
-        else:
+        if not isinstance(body.prompt, str):
             ids = body.prompt
             bad = [i for i in ids if not 0 <= i < self.llm.config.vocab_size]
             if bad:
                 raise ApiError(400, f"token id {bad[0]} is outside the vocabulary (0..{self.llm.config.vocab_size - 1})",
                                param="prompt")
-        return await self._answer(request, body, ids, body.max_tokens, chat=False)
+            self._check_prompt_tokens(len(ids), "prompt")
+            return body, ids
+        self._check_prompt_chars(len(body.prompt), "prompt")
+        return body, self._encode(lambda: body.prompt, lambda: self.llm.prompt_ids(body.prompt, chat=False), "prompt")
 
-    async def chat_completions(self, request: Request):
-        body = parse(ChatCompletionRequest, await request.body())
+    def _chat_ids(self, raw: bytes) -> tuple[ChatCompletionRequest, list[int]]:
+        body = parse(ChatCompletionRequest, raw)
         self._check_model(body.model)
+        messages = body.plain_messages()
+        self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
+        # The template's rendering is bounded (chat_template.TemplateLimits); the ids come from the
+        # same template, its text as control tokens and the messages' as text only.
+        return body, self._encode(lambda: self.llm.tokenizer.render_chat(messages),
+                                  lambda: self.llm.prompt_ids(messages), "messages")
+
+    def _encode(self, text, ids, param: str) -> list[int]:
+        """The prompt ids, after a one-pass lower bound on their number has not already refused them."""
         try:
-            ids = self.llm.prompt_ids(body.plain_messages())     # the model's own chat template
-        except MiniLLMError as e:
-            raise ApiError(400, str(e), param="messages") from None
-        return await self._answer(request, body, ids, body.token_limit(), chat=True)
+            lower = self.llm.tokenizer.min_tokens(text())
+            if lower > self.max_prompt_tokens:
+                self._check_prompt_tokens(lower, param, at_least=True)
+            prompt_ids = ids()
+        except (MiniLLMError, ValueError) as e:      # no tokenizer, a template that refused, ...
+            raise ApiError(400, str(e), param=param) from None
+        self._check_prompt_tokens(len(prompt_ids), param)
+        return prompt_ids
+
+    def _check_prompt_chars(self, n_chars: int, param: str) -> None:
+        limit = self.options.max_prompt_chars
+        if n_chars > limit:
+            raise ApiError(400, f"the prompt is {n_chars} characters; this server accepts at most {limit} "
+                                "(minillm serve --max-prompt-chars)", param=param, code="prompt_too_long")
+
+    def _check_prompt_tokens(self, n_tokens: int, param: str, at_least: bool = False) -> None:
+        if n_tokens <= self.max_prompt_tokens:
+            return
+        size = f"at least {n_tokens}" if at_least else f"{n_tokens}"
+        context = self.llm.config.max_seq_len
+        if self.max_prompt_tokens == context - 1:
+            raise ApiError(400, f"the prompt is {size} tokens; this model's context is {context}",
+                           param=param, code="context_length_exceeded")
+        raise ApiError(400, f"the prompt is {size} tokens; this server accepts at most {self.max_prompt_tokens} "
+                            "(minillm serve --max-prompt-tokens)", param=param, code="context_length_exceeded")
 
     def _check_model(self, name: str) -> None:
         if name != self.model_name:
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
+    # -- on the event loop --
     def _token_budget(self, n_prompt: int, max_tokens: int | None, param: str) -> int:
         """max_tokens, checked against the context (like OpenAI: an error, not a silent cut)."""
         context = self.llm.config.max_seq_len
@@ -337,24 +425,52 @@ class OpenAIServer:
             self.loop.abort(sub)
 
 
-def create_app(llm, engine, model_name: str) -> FastAPI:
-    """The ASGI app: OpenAI's routes plus /metrics and /health, one engine thread for its lifetime."""
-    server = OpenAIServer(llm, engine, model_name)
+def create_app(llm, engine, model_name: str, options: ServeOptions | None = None,
+               host: str = "127.0.0.1") -> FastAPI:
+    """The ASGI app: OpenAI's routes plus /metrics and /health, one engine thread for its lifetime.
+    `host` is the address it will listen on: the Host header must name it (or `options.allowed_hosts`)."""
+    options = options or ServeOptions()
+    server = OpenAIServer(llm, engine, model_name, options)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         server.loop.start()
         yield
         server.loop.stop()
+        server.close()
 
     app = FastAPI(title="minillm", lifespan=lifespan)
     app.state.server = server
-    app.get("/v1/models")(server.models)
-    app.post("/v1/completions")(server.completions)
-    app.post("/v1/chat/completions")(server.chat_completions)
-    app.get("/metrics")(server.metrics_text)
-    app.get("/health")(lambda: {"status": "ok"})
+    app.include_router(api_routes(server))
+    app.include_router(ops_routes(server))
+    add_error_handlers(app)
+    # Middleware added last runs first: the Guard (Host, body size) sees every request, then CORS.
+    if options.cors_origin:
+        app.add_middleware(CORSMiddleware, allow_origins=[options.cors_origin], allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"])
+    app.add_middleware(Guard, hosts=host_names(host, options.allowed_hosts), max_body_bytes=options.max_body_bytes)
+    return app
 
+
+def api_routes(server: OpenAIServer) -> APIRouter:
+    """OpenAI's routes under /v1, behind the API key when one is set."""
+    api = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key(server.options.api_key))])
+    api.get("/models")(server.models)
+    api.post("/completions", openapi_extra=request_body(CompletionRequest))(server.completions)
+    api.post("/chat/completions", openapi_extra=request_body(ChatCompletionRequest))(server.chat_completions)
+    return api
+
+
+def ops_routes(server: OpenAIServer) -> APIRouter:
+    """What operators and load balancers poll; open, like vLLM's."""
+    ops = APIRouter()
+    ops.get("/metrics")(server.metrics_text)
+    ops.get("/health")(server.health)
+    return ops
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every refusal and every failure is OpenAI's error JSON."""
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
         return JSONResponse(e.body(), status_code=e.status)
@@ -368,7 +484,10 @@ def create_app(llm, engine, model_name: str) -> FastAPI:
         error = ApiError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")
         return JSONResponse(error.body(), status_code=500)
 
-    return app
+
+def request_body(schema) -> dict:
+    """The OpenAPI requestBody of a route that parses its own body (off the event loop)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema(schema)}}}}
 
 
 # ---- `minillm serve` ----------------------------------------------------------------------------------
@@ -402,10 +521,11 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Ite
         thread.join(timeout=30)
 
 
-def serve(llm, model_name: str, host: str = "127.0.0.1", port: int = 8000, **engine_options) -> None:
+def serve(llm, model_name: str, host: str = "127.0.0.1", port: int = 8000, options: ServeOptions | None = None,
+          **engine_options) -> None:
     """Run the server until Ctrl-C. engine_options go to `Engine` (max_batch, kv_cache, ...)."""
     import uvicorn
 
     from minillm.engine.engine import Engine
     engine = Engine(llm, **engine_options)
-    uvicorn.run(create_app(llm, engine, model_name), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(llm, engine, model_name, options, host), host=host, port=port, log_level="info")
