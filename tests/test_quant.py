@@ -8,7 +8,7 @@ import minillm
 from hf_models import llama_config, save_random_model
 from minillm.checkpoints import quantize
 from minillm.checkpoints.convert import convert
-from minillm.model import quant
+from minillm.model import quant, quantized
 from minillm.backend import f32_to_bf16
 from minillm.errors import MiniLLMError
 from minillm.model.kv_cache import Int8KVCache
@@ -149,7 +149,7 @@ def test_group_size_must_be_a_multiple_of_32():
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("n_tokens", [1, 3, 64, 200])   # int4: by groups below the group size, widened above
 def test_quantized_linear_equals_dequantize_then_matmul(method, n_tokens, monkeypatch):
-    w = quant.quantize(_matrix((300, 257)), method, 64)
+    w = quantized.quantize(_matrix((300, 257)), method, 64)
     x = np.random.default_rng(2).standard_normal((n_tokens, 257)).astype(np.float32)
     expected = x @ w.dequantize().T
     monkeypatch.setattr(quant, "BLOCK_BYTES", 40 * 257 * 4)      # 40 rows a block: 8 blocks, a short last one
@@ -251,7 +251,7 @@ def test_save_then_load_is_bit_exact_without_requantizing(random_model, tmp_path
 
     def no_requantizing(*a, **k):
         raise AssertionError("a saved quantized checkpoint must not be quantized again")
-    monkeypatch.setattr(quant, "quantize", no_requantizing)
+    monkeypatch.setattr(quantize, "quantize", no_requantizing)      # where quantize_checkpoint looks it up
     assert json.loads((tmp_path / "config.json").read_text())["quantization"] == qconfig.quantization
     stored = minillm.checkpoints.weights.load_hf_dir(tmp_path)[1]
     for name, a in qtensors.items():

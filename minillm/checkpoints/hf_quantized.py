@@ -54,7 +54,7 @@ def translate_config(d: dict[str, Any]) -> dict[str, Any]:
 
 def translate_tensors(tensors: dict[str, np.ndarray], layer_matrices) -> dict[str, np.ndarray]:
     """`P.weight` + `P.weight_scale_inv` -> `P.qweight` + `P.scales` (the same arrays). Untouched when
-    nothing carries a scale. `layer_matrices`: the prefixes that must all be fp8 (quant.quantized_matrices)."""
+    nothing carries a scale. `layer_matrices`: the prefixes that must all be fp8 (quantized.quantized_matrices)."""
     scaled = {name.removesuffix(SCALE_SUFFIX) for name in tensors if name.endswith(SCALE_SUFFIX)}
     if not scaled:
         return tensors

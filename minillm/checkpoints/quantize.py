@@ -16,7 +16,8 @@ from minillm.checkpoints.weights import SAFETENSORS, write_safetensors_stream
 from minillm.errors import MiniLLMError
 from minillm.model.config import ModelConfig
 from minillm.model.quant import (CALIBRATION_TOKENS, CALIBRATION_WINDOW, LAYER_MATRICES, QuantizedWeight, check_method,
-                                 is_layer_matrix, quantization_entry, quantize)
+                                 is_layer_matrix, quantization_entry)
+from minillm.model.quantized import quantize
 from minillm.model.transformer import Transformer
 
 

@@ -12,7 +12,7 @@ is free to carry that meaning). `bf16_to_f32` / `f32_to_bf16` convert.
 Tensor names stay HF names: `model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`,
 ..., `model.norm.weight`, `lm_head.weight` (absent when the embeddings are tied). A quantized
 checkpoint (config.json has "quantization") stores each layer matrix `P.weight` as `P.qweight`,
-`P.scales` and, for int4, `P.mins`: they load as plain arrays, and `quant.gather` (called by the
+`P.scales` and, for int4, `P.mins`: they load as plain arrays, and `quantized.gather` (called by the
 Transformer) wraps them back into one weight each. `dtype=` never casts them.
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ from minillm.model.config import ConfigError, ModelConfig
 from minillm.errors import MiniLLMError
 from minillm.model.moe import moe_matrix_shapes
 from minillm.model.formats import FORMATS, stored_shapes
-from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES, is_layer_matrix, quantized_matrices
+from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES, is_layer_matrix
+from minillm.model.quantized import quantized_matrices
 from minillm.checkpoints.hf_quantized import translate_config, translate_tensors
 from minillm.model.transformer import bias_names
 from minillm.checkpoints.tokenizer_files import save_hf

@@ -389,19 +389,6 @@ class _GroupFit:
         return np.einsum("rgj,gj->rg", u, self.a).astype(np.float64) * np.square(scale)
 
 
-def quantize(w: np.ndarray, method: str, group_size: int = 128,
-             importance: np.ndarray | None = None) -> QuantizedWeight:
-    """quantize_int8, or quantize_int4 with the grid search (weighted by `importance`), by name."""
-    if method == "int8":
-        return quantize_int8(w)
-    if method == "int4":
-        return quantize_int4(w, group_size, search=True, importance=importance)
-    if method in METHODS:                                  # fp8, nf4, mxfp4
-        from minillm.model.formats import quantize_format
-        return quantize_format(w, method)
-    raise MiniLLMError(f"unknown quantization {method!r}; choose one of {', '.join(METHODS)}")
-
-
 def pack_int4(q: np.ndarray) -> np.ndarray:
     """[rows, n] values 0..15 (n even) -> [rows, n / 2] bytes: element 2j low nibble, 2j+1 high."""
     return (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
@@ -435,48 +422,3 @@ def is_layer_matrix(name: str) -> bool:
         return False
     part = name.removesuffix(".weight").split(".", 3)[3]
     return part in LAYER_MATRICES or EXPERT_MATRIX.fullmatch(part) is not None
-
-
-def quantized_matrices(config: ModelConfig) -> dict[str, int]:
-    """Every matrix a quantized checkpoint of `config` stores quantized -> its input width.
-    ({"model.layers.0.self_attn.q_proj": dim, ...}; an MoE layer's experts instead of its MLP.)"""
-    from minillm.model.moe import moe_tensor_names
-
-    width = {"dim": config.dim, "attn": config.n_heads * config.head_dim, "ffn": config.ffn_dim}
-    out = {}
-    for i in range(config.n_layers):
-        for part, in_kind in LAYER_MATRICES.items():
-            if not (config.is_moe_layer(i) and part.startswith("mlp.")):
-                out[f"model.layers.{i}.{part}"] = width[in_kind]
-        if config.is_moe_layer(i):
-            for key, names in moe_tensor_names(config, i).items():
-                if key.startswith("experts.") or key == "shared":
-                    ffn = config.moe_ffn_dim * (config.n_shared_experts if key == "shared" else 1)
-                    for name, in_width in zip(names, (config.dim, config.dim, ffn)):
-                        out[name.removesuffix(".weight")] = in_width
-    return out
-
-
-def gather(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict:
-    """The inverse naming: each `P.qweight`/`P.scales`(/`P.mins`) group becomes one QuantizedWeight
-    under `P.weight`, wrapping the stored arrays (no copy, nothing re-quantized)."""
-    if not config.quantization:
-        return tensors
-    method = config.quantization.get("method")
-    if method not in METHODS:
-        raise MiniLLMError(f"config.json: unknown quantization method {method!r}")
-    out = {k: v for k, v in tensors.items() if not k.endswith(SUFFIXES)}
-    for prefix, in_features in quantized_matrices(config).items():
-        try:
-            if method == "int8":
-                w = Int8Weight(tensors[prefix + ".qweight"], tensors[prefix + ".scales"])
-            elif method == "int4":
-                w = Int4Weight(tensors[prefix + ".qweight"], tensors[prefix + ".scales"],
-                               tensors[prefix + ".mins"], in_features)
-            else:                                          # fp8, nf4, mxfp4 (formats.py)
-                from minillm.model.formats import from_tensors
-                w = from_tensors(config.quantization, tensors, prefix, in_features)
-        except KeyError as e:
-            raise MiniLLMError(f"quantized checkpoint is missing tensor {e.args[0]}") from None
-        out[prefix + ".weight"] = w
-    return out

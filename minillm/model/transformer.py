@@ -23,7 +23,7 @@ from minillm.model.kv_cache import Fp8KVCache, Int8KVCache, KVCache, MLACache, R
 from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, silu
 from minillm.model.mla import MLAWeights, mla_attention, mla_rope
 from minillm.model.moe import MoEWeights, moe_block, moe_tensor_names
-from minillm.model.quant import gather
+from minillm.model.quantized import gather
 
 
 @dataclass

@@ -16,7 +16,7 @@ import numpy as np
 from minillm.backend import as_f32, to_dtype
 from minillm.cuda.kernels import Kernels
 from minillm.cuda.qweights import QuantMatrix
-from minillm.model.quant import quantize
+from minillm.model.quantized import quantize
 
 # Relative tolerances: fp16 keeps 11 significant bits, bf16 8; fp32 paths are far tighter.
 TOL = {"float16": 2e-3, "bfloat16": 1.6e-2}
