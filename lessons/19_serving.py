@@ -12,6 +12,11 @@ one request, then for many users at once (serve_bench's closed loop). The gap be
 rows is the price of the API: HTTP, JSON, SSE and two threads handing events to each other.
 
 Run: python lessons/19_serving.py      (MINILLM_LESSON_QUICK=1 for a smoke run; needs minillm[serve])
+
+Then watch it happen: start `minillm serve`, open http://127.0.0.1:8000 and send three messages, two of
+them from a second tab while the first still streams: the engine view beside the chat shows their
+requests join one batch, their KV blocks fill the pool (the chat template's shared prefix ringed) and
+go back when they finish or you press stop. http://127.0.0.1:8000/plan is `minillm plan` with sliders.
 """
 import sys
 from pathlib import Path

@@ -186,7 +186,7 @@ def _prompt_text(prompt, prompt_file) -> str:
     if prompt_file is None and prompt in (None, "-"):
         if prompt is None:
             raise click.UsageError("missing the prompt: give it as an argument, with -f FILE, or '-' for stdin")
-        prompt_file = click.get_text_stream("stdin", encoding="utf-8")
+        prompt_file = click.open_file("-", "r", encoding="utf-8")
     return prompt_file.read() if prompt_file is not None else prompt
 
 
@@ -253,13 +253,14 @@ def _serve_guard_options(f):
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
               help="Reuse the KV blocks of prompt prefixes seen before.")
 @click.option("--served-model-name", default=None, help="The model id clients send [default: --model as given].")
-@_serve_guard_options
 @_speculative_options
+@_serve_guard_options
 @_tp_option
 def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, prefix_caching, speculative,
           draft_tokens,
           served_model_name, tp, **guard):
-    """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)."""
+    """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics), with a page at /
+    (chat, the engine live) and the capacity planner at /plan."""
     from minillm.serve import server     # fails in one line without FastAPI: pip install "minillm[serve]"
     server.check_address(host, port)
     guard["allowed_hosts"] = tuple(h.strip() for h in (guard["allowed_hosts"] or "").split(",") if h.strip())
@@ -274,7 +275,9 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
                "draft_tokens": draft_tokens}
     if max_concurrency is not None:
         options["max_batch"] = max_concurrency
-    server.serve(llm, served_model_name or model, host, port, server.ServeOptions(**guard), **options)
+    from minillm.tools.planner import PlannerAPI     # the /plan page's numbers: the CLI's own planner
+    server.serve(llm, served_model_name or model, host, port, server.ServeOptions(**guard), planner=PlannerAPI(),
+                 **options)
 
 
 @cli.command()

@@ -13,6 +13,9 @@ Before any of it, `guard` checks what costs no model time (Host, body size, API 
 `ServeOptions` bounds each request (body bytes, prompt characters and tokens; stop strings and the chat
 template are bounded where they run).
 
+The same app serves a page (web.py: a chat, and the engine live from live.py's hooks in EngineLoop,
+which do nothing while no page listens) and the capacity planner at /plan.
+
 Only the engine thread calls the engine, so a handler never waits for a step to finish. Handlers talk
 to it through a command queue (add, abort); results come back through one asyncio queue per request,
 fed with `loop.call_soon_threadsafe` (an asyncio queue may only be touched from its loop's thread).
@@ -32,6 +35,7 @@ from types import SimpleNamespace
 from typing import AsyncIterator, Iterator
 
 from minillm.errors import MiniLLMError
+from minillm.serve.live import LiveView
 from minillm.serve.metrics import Metrics
 
 try:
@@ -41,6 +45,7 @@ try:
     from starlette.exceptions import HTTPException
 
     from minillm.serve.guard import Guard, exposure_warning, host_names, require_api_key, require_json
+    from minillm.serve.web import add_web
     from minillm.serve.protocol import (SSE_DONE, ApiError, ChatCompletionRequest, CompletionRequest, chat_chunk,
                                         chat_completion, completion, json_schema, model_list, new_id, parse, sse,
                                         usage, usage_chunk)
@@ -96,6 +101,7 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._live: dict[int, Submission] = {}       # engine request id -> its submission
+        self.live = LiveView(engine)                 # the page's engine view: idle while nobody watches
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
         self._snapshot_stats()
@@ -117,6 +123,12 @@ class EngineLoop:
     def abort(self, sub: Submission) -> None:
         self._send("abort", sub)
 
+    def watch(self) -> asyncio.Queue:
+        """A queue of live-view updates (JSON text); the engine thread wakes to send the first one."""
+        queue = self.live.subscribe()
+        self._send("watch", None)
+        return queue
+
     def _send(self, command: str, sub: Submission) -> None:
         self._commands.put((command, sub))
         self._wake.set()
@@ -129,6 +141,7 @@ class EngineLoop:
                 if self.engine.has_unfinished():
                     self._step()
                 else:
+                    self.live.idle()             # the last picture: finished requests' blocks back in the pool
                     self._wake.wait()
                     self._wake.clear()   # commands sent before this line are applied next iteration
             except Exception as e:       # a bug in the engine must not take the server down: fail who was in it
@@ -143,6 +156,8 @@ class EngineLoop:
                 break
             if command == "add":
                 self._add(sub)
+            elif command == "watch":
+                pass                                 # only woke the thread: live.idle() sends the picture
             elif sub.rid in self._live:
                 self.engine.abort(sub.rid)           # frees its KV blocks now
                 self._end(sub, "abort")
@@ -165,7 +180,9 @@ class EngineLoop:
         self._post(sub, _ACCEPTED)
 
     def _step(self) -> None:
+        self.live.before_step()
         events = self.engine.step()
+        self.live.after_step(events)
         now = time.perf_counter()
         for event in events:
             sub = self._live.get(event.request_id)
@@ -373,7 +390,9 @@ class OpenAIServer:
             watcher.cancel()
             raise
         if body.stream:
-            return StreamingResponse(self._sse(sub, body, chat, watcher), media_type="text/event-stream")
+            # The engine's id lets the page find its own request in the live view (which shows ids only).
+            return StreamingResponse(self._sse(sub, body, chat, watcher), media_type="text/event-stream",
+                                     headers={"x-minillm-request-id": str(sub.rid)})
         try:
             pieces, n_tokens, finish = [], 0, None
             async for event in sub.stream():
@@ -426,9 +445,11 @@ class OpenAIServer:
 
 
 def create_app(llm, engine, model_name: str, options: ServeOptions | None = None,
-               host: str = "127.0.0.1") -> FastAPI:
+               host: str = "127.0.0.1", planner=None) -> FastAPI:
     """The ASGI app: OpenAI's routes plus /metrics and /health, one engine thread for its lifetime.
-    `host` is the address it will listen on: the Host header must name it (or `options.allowed_hosts`)."""
+    `host` is the address it will listen on: the Host header must name it (or `options.allowed_hosts`).
+    The page at / and /plan comes too (web.py); `planner` backs /plan's numbers (tools/planner.py's
+    PlannerAPI, passed in: serve may not import tools)."""
     options = options or ServeOptions()
     server = OpenAIServer(llm, engine, model_name, options)
 
@@ -443,6 +464,7 @@ def create_app(llm, engine, model_name: str, options: ServeOptions | None = None
     app.state.server = server
     app.include_router(api_routes(server))
     app.include_router(ops_routes(server))
+    add_web(app, server, planner)
     add_error_handlers(app)
     # Middleware added last runs first: the Guard (Host, body size) sees every request, then CORS.
     if options.cors_origin:
@@ -506,7 +528,8 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Ite
     """Serve `app` from a background thread (port 0: any free port) and yield its URL; for tests and
     lessons, which need the server and its client in one process."""
     import uvicorn
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
     thread = threading.Thread(target=server.run, name="minillm-http", daemon=True)
     thread.start()
     while not server.started:
@@ -521,11 +544,17 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Ite
         thread.join(timeout=30)
 
 
+# An open page keeps its event stream open for good: shutdown waits this long for it, then closes it.
+GRACEFUL_SHUTDOWN_S = 3
+
+
 def serve(llm, model_name: str, host: str = "127.0.0.1", port: int = 8000, options: ServeOptions | None = None,
-          **engine_options) -> None:
-    """Run the server until Ctrl-C. engine_options go to `Engine` (max_batch, kv_cache, ...)."""
+          planner=None, **engine_options) -> None:
+    """Run the server until Ctrl-C. engine_options go to `Engine` (max_batch, kv_cache, ...); planner
+    backs the /plan page (create_app)."""
     import uvicorn
 
     from minillm.engine.engine import Engine
     engine = Engine(llm, **engine_options)
-    uvicorn.run(create_app(llm, engine, model_name, options, host), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(llm, engine, model_name, options, host, planner), host=host, port=port, log_level="info",
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
