@@ -24,11 +24,12 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol
 
 import numpy as np
 
 from minillm.errors import MiniLLMError
+from minillm.engine.parallel.launcher import launched_size, rank_setup
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("MINILLM_TP_TIMEOUT", "60"))
 
@@ -341,28 +342,6 @@ class NCCLCommunicator(_Timed):
 
 
 # ---- which one this process gets ----------------------------------------------------------------
-# What MPICH's hydra and Open MPI's mpiexec set in each rank's environment (read before MPI starts).
-_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
-_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
-
-
-def _env_int(names: Sequence[str], default: int) -> int:
-    for var in names:
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return default
-
-
-def launched_size() -> int:
-    """How many ranks the MPI launcher started this process among (1 when not started by one)."""
-    return _env_int(_SIZE_VARS, 1)
-
-
-def launched_rank() -> int:
-    """This process's rank as the launcher numbered it (0 when not started by one)."""
-    return _env_int(_RANK_VARS, 0)
-
-
 def _local_rank(rank: int) -> int:
     value = os.environ.get("MPI_LOCALRANKID") or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
     return int(value) if value and value.isdigit() else rank
@@ -382,7 +361,6 @@ def from_environment(tp: int, device: str = "cpu", timeout_s: float = DEFAULT_TI
         host = MPICommunicator(timeout_s=timeout_s)
     except ImportError:
         raise MiniLLMError("tensor parallelism needs mpi4py and an MPI: pip install 'minillm[tp]'") from None
-    from minillm.engine.parallel.launcher import rank_setup    # launcher imports this module: import here
     rank_setup(host)
     return NCCLCommunicator(host, timeout_s=timeout_s) if device == "cuda" else host
 

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from minillm.engine.parallel.communicator import launched_size
 from minillm.errors import MiniLLMError
 
 QUIET_VAR = "MINILLM_TP_QUIET"        # set by relaunch: ranks other than 0 print nothing but errors
@@ -38,6 +37,28 @@ def find_mpiexec() -> str:
     if found is None:
         raise MiniLLMError("tp > 1 needs mpiexec and mpi4py: pip install 'minillm[tp]' (mpi4py and the mpich wheel)")
     return found
+
+
+# What MPICH's hydra and Open MPI's mpiexec set in each rank's environment (read before MPI starts).
+_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def _env_int(names: Sequence[str], default: int) -> int:
+    for var in names:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return default
+
+
+def launched_size() -> int:
+    """How many ranks the MPI launcher started this process among (1 when not started by one)."""
+    return _env_int(_SIZE_VARS, 1)
+
+
+def launched_rank() -> int:
+    """This process's rank as the launcher numbered it (0 when not started by one)."""
+    return _env_int(_RANK_VARS, 0)
 
 
 def relaunch(tp: int, argv: Sequence[str] | None = None, threads_per_rank: int = 1) -> int | None:
