@@ -11,7 +11,9 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 SHIPPED = ("kernels", "lessons")
-LEFT_OUT = shutil.ignore_patterns("out", "__pycache__", "*.pyc", ".pytest_cache")   # plots, caches
+# plots, caches, and the exercises' reference solutions: the repository holds them for teachers, a
+# student's `pip install` does not
+LEFT_OUT = shutil.ignore_patterns("out", "__pycache__", "*.pyc", ".pytest_cache", "solutions")
 
 
 class BuildWithData(build_py):

@@ -82,6 +82,12 @@ def test_the_installed_package_is_the_wheel(venv, installed):
         assert Path(installed[folder]) == Path(installed["package"]).parent / folder
 
 
+def test_the_wheel_carries_the_exercise_stubs_but_not_their_solutions(installed):
+    exercises = Path(installed["lessons"]) / "exercises"
+    assert sorted(p.name for p in exercises.glob("ex*.py")) == sorted(p.name for p in (ROOT / "lessons/exercises").glob("ex*.py"))
+    assert not (exercises / "solutions").exists()
+
+
 def test_every_kernel_source_is_installed_and_assembles(installed):
     """The CPU half of the kernel compile check (tests/test_kernels_compile.py): every source the GPU path
     loads is in the installed package and its #includes resolve; where nvcc is on PATH, one compiles."""
