@@ -26,6 +26,9 @@ class SpecRow:
     draft_s: float
     verify_s: float
     same: bool                      # identical greedy output
+    drafted: int = 0
+    accepted: int = 0
+    passes: int = 0                 # target forward passes after the prefill
 
 
 def bench_speculative(llm, speculative, draft_tokens: int | None = None, max_tokens: int = 64,
@@ -41,20 +44,21 @@ def bench_speculative(llm, speculative, draft_tokens: int | None = None, max_tok
         s = spec.speculative
         rows.append(SpecRow(p["kind"], len(spec.token_ids), plain.decode_tok_s, spec.decode_tok_s,
                             s.acceptance_rate, s.mean_accepted_length, s.draft_s, s.verify_s,
-                            plain.token_ids == spec.token_ids))
+                            plain.token_ids == spec.token_ids, s.draft_tokens, s.accepted_tokens, s.target_forwards))
     return rows
 
 
 def totals(rows: list[SpecRow]) -> dict:
-    """All prompts together: tok/s as total tokens over total time (not a mean of rates)."""
+    """All prompts together: tok/s as total tokens over total time, acceptance and tokens/pass from the
+    summed counts (not means of per-prompt rates)."""
     plain_s = sum((r.tokens - 1) / r.plain_tok_s for r in rows if r.plain_tok_s)
     spec_s = sum((r.tokens - 1) / r.spec_tok_s for r in rows if r.spec_tok_s)
     n = sum(r.tokens - 1 for r in rows)
     plain, spec = n / plain_s if plain_s else 0.0, n / spec_s if spec_s else 0.0
     draft, verify = sum(r.draft_s for r in rows), sum(r.verify_s for r in rows)
     return dict(plain_tok_s=plain, spec_tok_s=spec, speedup=spec / plain if plain else 0.0,
-                acceptance_rate=sum(r.acceptance_rate for r in rows) / len(rows),
-                tokens_per_pass=sum(r.tokens_per_pass for r in rows) / len(rows),
+                acceptance_rate=sum(r.accepted for r in rows) / max(1, sum(r.drafted for r in rows)),
+                tokens_per_pass=sum(r.accepted + r.passes for r in rows) / max(1, sum(r.passes for r in rows)),
                 draft_share=draft / (draft + verify) if draft + verify else 0.0, same=all(r.same for r in rows))
 
 
