@@ -532,3 +532,18 @@ def test_generate_reads_the_prompt_from_a_file_or_stdin(short_llm, monkeypatch, 
     want = short_llm.generate(prompt, max_tokens=500, chat=False)
     assert want.text in result.output
     assert f"minillm: note: {want.note}" in result.output          # the cut, in one line on stderr
+
+
+def test_refusals_are_counted_in_metrics(locked_server):
+    def refused(status):
+        text = httpx.get(f"{locked_server.url}/metrics").text
+        for line in text.splitlines():
+            if line.startswith(f'minillm_requests_refused_total{{status="{status}"}}'):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+    before = {s: refused(s) for s in (400, 401, 413)}
+    httpx.get(f"{locked_server.url}/v1/models")                                      # no key
+    httpx.get(f"{locked_server.url}/health", headers={"host": "evil.example"})        # the Guard's own 400
+    raw_request(locked_server.url, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                "Content-Type: application/json\r\nContent-Length: 999999\r\n\r\n")
+    assert {s: refused(s) - before[s] for s in (400, 401, 413)} == {400: 1, 401: 1, 413: 1}

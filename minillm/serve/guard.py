@@ -47,8 +47,9 @@ def _host_name(header: str) -> str:
 class Guard:
     """ASGI middleware: the Host check and the body-size limit, before any route runs."""
 
-    def __init__(self, app, hosts: frozenset[str] | None, max_body_bytes: int):
+    def __init__(self, app, hosts: frozenset[str] | None, max_body_bytes: int, on_refusal=None):
         self.app, self.hosts, self.max_body_bytes = app, hosts, max_body_bytes
+        self.on_refusal = on_refusal or (lambda status: None)      # e.g. Metrics.count_refusal
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -56,6 +57,7 @@ class Guard:
         headers = Headers(scope=scope)
         refusal = self._refusal(headers)
         if refusal is not None:
+            self.on_refusal(refusal.status)
             response = JSONResponse(refusal.body(), status_code=refusal.status, headers={"connection": "close"})
             return await response(scope, receive, send)
         await self.app(scope, self._bounded(receive), send)

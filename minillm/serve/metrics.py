@@ -45,6 +45,7 @@ class Metrics:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: dict = field(default_factory=dict)     # finish_reason -> requests
+    refused: dict = field(default_factory=dict)      # HTTP status -> requests refused before the engine saw them
     max_batch: int = 0
     engine: dict = field(default_factory=dict)       # the engine's stats() after its last step
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -75,8 +76,17 @@ class Metrics:
                       "# TYPE minillm_requests_finished_total counter"]
             lines += [f'minillm_requests_finished_total{{finish_reason="{reason}"}} {n}'
                       for reason, n in sorted(self.finished.items())]
+            lines += ["# HELP minillm_requests_refused_total Requests refused with a 4xx (limits, key, Host, schema).",
+                      "# TYPE minillm_requests_refused_total counter"]
+            lines += [f'minillm_requests_refused_total{{status="{status}"}} {n}'
+                      for status, n in sorted(self.refused.items())]
             lines += self.ttft.lines() + self.itl.lines()
         return "\n".join(lines) + "\n"
+
+    def count_refusal(self, status: int) -> None:
+        """One more request refused with `status` (a hostile client shows up here first)."""
+        with self.lock:
+            self.refused[status] = self.refused.get(status, 0) + 1
 
 
 def _speculative_rows(e: dict) -> list[tuple]:

@@ -470,7 +470,8 @@ def create_app(llm, engine, model_name: str, options: ServeOptions | None = None
     if options.cors_origin:
         app.add_middleware(CORSMiddleware, allow_origins=[options.cors_origin], allow_methods=["GET", "POST"],
                            allow_headers=["authorization", "content-type"])
-    app.add_middleware(Guard, hosts=host_names(host, options.allowed_hosts), max_body_bytes=options.max_body_bytes)
+    app.add_middleware(Guard, hosts=host_names(host, options.allowed_hosts), max_body_bytes=options.max_body_bytes,
+                       on_refusal=server.metrics.count_refusal)
     return app
 
 
@@ -495,6 +496,8 @@ def add_error_handlers(app: FastAPI) -> None:
     """Every refusal and every failure is OpenAI's error JSON."""
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
+        if e.status < 500:
+            request.app.state.server.metrics.count_refusal(e.status)
         return JSONResponse(e.body(), status_code=e.status)
 
     @app.exception_handler(HTTPException)            # unknown routes, wrong methods: OpenAI's shape too
