@@ -44,3 +44,13 @@ def k(request):
     (they skip themselves first where there is no device: tests/gpu_skip.py)."""
     from minillm.cuda.kernels import Kernels
     return Kernels(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _blas_threads_as_they_were():
+    """`--threads N` (threads.fix) is process-wide, like BLAS itself: an in-process CLI test that
+    passes it must not decide the thread count of the tests after it."""
+    from minillm import threads
+    saved = dict(threads._state)
+    yield
+    threads._state.update(saved)
