@@ -10,9 +10,9 @@ from minillm.course.ex_basics import (_check_kv, _check_rmsnorm, _check_rope, _c
                         _rope_cases, _top_p_cases, kv_cache_update_reference)
 from minillm.course.ex_flash import _check_merge, _merge_cases, merge_partials_reference
 from minillm.course.ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
+from minillm.course.ex_speculative import _check_spec, _spec_cases, speculative_step_reference
 from minillm.course.ex_formats import _block_cases, _check_block, encode_mxfp4_block_reference
 from minillm.course.ex_moe import _check_route, _route_cases, top_k_route_reference
-from minillm.course.ex_speculative import _check_spec, _spec_cases, speculative_step_reference
 from minillm.course.ex_parallel import _check_tp, _tp_cases, tp_partials_reference
 from minillm.course.ex_gpu import (_block_sum_cases, _check_block_sum, _check_launches, _check_transfer, _launch_cases,
                      _transfer_cases, block_sum_reference, decode_launches_reference, transfer_bytes_reference)

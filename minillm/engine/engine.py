@@ -34,7 +34,6 @@ from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, BlockManager
 from minillm.engine.prefix_cache import PrefixCache
 from minillm.engine.sampling import Sampler, SamplingParams
 from minillm.threads import for_rows
-from minillm.threads import for_rows
 from minillm.engine.scheduler import Scheduler, Sequence
 from minillm.engine.speculative.pooled import EngineSpeculation
 from minillm.model.kv_cache import kv_cache_format
@@ -231,7 +230,6 @@ class Engine:
             self._count_step(batch)
             if not batch:
                 return events
-            for_rows(sum(n for _, n in batch))                       # decode or prefill: its BLAS threads (threads.py)
             for_rows(sum(n for _, n in batch))                       # decode or prefill: its BLAS threads (threads.py)
             chunks = [SeqChunk(seq.tokens[seq.num_computed:seq.num_computed + n], seq.num_computed,
                                seq.block_table) for seq, n in batch]

@@ -19,7 +19,7 @@ the pool is 16-bit, and the int8 KV row holds int8 codes with a scale per positi
 
 Two workloads: "random" (random prompt and output lengths, no sharing) and "agentic" (every prompt
 starts with one long system prompt, `prefix_share` of its tokens, as agents' tool-laden prompts do).
-Prompts are random token ids and every request runs to its output length (EOS ignored), so all four
+Prompts are random token ids and every request runs to its output length (EOS ignored), so all
 servers do exactly the same work (speculation: the same tokens, in fewer target passes when drafts land).
 """
 from __future__ import annotations
