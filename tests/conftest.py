@@ -53,4 +53,4 @@ def _blas_threads_as_they_were():
     from minillm import threads
     saved = dict(threads._state)
     yield
-    threads._state.update(saved)
+    threads._state.update(saved, count=None)   # count=None: BLAS's real count is set again on next use
