@@ -18,30 +18,19 @@ speculative decoding (Leviathan et al., Chen et al., 2023). Four steps, each mea
 Run: OPENBLAS_NUM_THREADS=1 python lessons/20_speculative_decoding.py    (MINILLM_LESSON_QUICK=1: smoke run)
 """
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
 
 import numpy as np
 
-from minillm.course import lesson_model, print_table, quick, save_plot
+from minillm.course import best_time, lesson_model, print_table, quick, save_plot
 from minillm.course.ex_speculative import emitted_distribution, speculative_step_reference
 from minillm.engine.generate import generate_ids
 from minillm.engine.sampling import SamplingParams
 from minillm.engine.speculative import NgramDrafter, early_exit_drafter, generate_speculative, int4_drafter
 from minillm.model.layers import small_m_matmul
 from minillm.tools.spec_bench import copy_heavy_prompts
-
-
-def best_time(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def the_rule_is_exact() -> list:
