@@ -136,8 +136,6 @@ class LLM:
 
     def drafter(self, speculative):
         """The drafter `speculative` names (built once per name: an int4 copy takes seconds)."""
-        if not isinstance(self.model, Transformer) or not isinstance(self.model.embed, np.ndarray):
-            raise MiniLLMError("speculative decoding runs on the CPU model only for now; load with device='cpu'")
         if getattr(self.model, "comm", None) is not None:
             raise MiniLLMError("speculative decoding does not run with tensor parallelism (--tp) yet")
         if not isinstance(speculative, (str, Path, LLM)):
@@ -155,15 +153,28 @@ class LLM:
         if kind == "ngram":
             return NgramDrafter()
         if kind == "int4":
-            return int4_drafter(self.model)
+            return self._int4_drafter()
         if kind == "layers":
             return early_exit_drafter(self.model, n)
-        return self._draft_model(load(speculative))
+        return self._draft_model(load(speculative, device="cuda" if on_gpu(self.model) else "cpu"))
+
+    def _int4_drafter(self):
+        """The target quantized to int4 as its own draft: on the GPU, the GPU model's int4 copy (sharing
+        its embedding and 16-bit LM head); on the CPU, engine.speculative's (its LM head int4 too)."""
+        from minillm.cuda.gpu_model import GPUTransformer
+        if not isinstance(self.model, GPUTransformer):
+            return int4_drafter(self.model)
+        try:
+            return ModelDrafter(self.model.quantized("int4"), name="int4")
+        except ValueError as e:
+            raise MiniLLMError(f"{e}; use ngram") from None
 
     def _draft_model(self, draft: "LLM"):
-        """A second model as the draft: refused unless its token ids mean what the target's do."""
-        if not isinstance(draft.model, Transformer):
-            raise MiniLLMError("the draft model must run on the CPU, as the target does")
+        """A second model as the draft: refused unless it runs where the target does and its token ids
+        mean what the target's do."""
+        if on_gpu(draft.model) != on_gpu(self.model):
+            where = "on the GPU (--device cuda)" if on_gpu(self.model) else "on the CPU"
+            raise MiniLLMError(f"the draft model must run {where}, as the target does")
         mine, theirs = self._tokenizer, draft._tokenizer
         same = (mine.tokens == theirs.tokens) if mine is not None and theirs is not None else \
             draft.config.vocab_size == self.config.vocab_size
@@ -171,6 +182,11 @@ class LLM:
             raise MiniLLMError(f"the draft model {draft.name or ''} has another tokenizer than {self.name or 'the target'}: "
                                "speculative decoding needs the same token ids")
         return ModelDrafter(draft.model, name=draft.name or "draft model", vocab_size=self.config.vocab_size)
+
+
+def on_gpu(model) -> bool:
+    """Does `model` run on the GPU? (a GPUTransformer, or the Transformer on CuPy arrays)"""
+    return not isinstance(model, Transformer) or not isinstance(model.embed, np.ndarray)
 
 
 def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | None = None,

@@ -40,3 +40,12 @@ def test_the_int8_cache_with_the_first_gemv_version():
                        SMOLLM2.n_layers)
     assert "kv_append" not in layers[0] and layers[0].count("kv_append_int8") == 1
     assert layers[0].index("rope") < layers[0].index("kv_append_int8") < layers[0].index("attention_gqa4_int8x16")
+
+
+@pytest.mark.parametrize("n_layers", [1, 8])
+def test_an_early_exit_step_runs_the_first_layers_then_the_head(n_layers):
+    """Speculative decoding's `layers:N` draft on the GPU: its own graph of the first N layers' launches,
+    then the final norm and LM head, the same five launches a layer as the full step."""
+    full = per_layer(record_decode_launches(SMOLLM2), SMOLLM2.n_layers)
+    layers = per_layer(record_decode_launches(SMOLLM2, n_layers=n_layers), n_layers)
+    assert layers == full[:n_layers]

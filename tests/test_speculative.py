@@ -396,3 +396,25 @@ def test_engine_speculative_sampling_is_reproducible_with_a_seed(llama):
     runs = [[g.token_ids for g in minillm.Engine(llama, speculative=spec, draft_tokens=3).generate(
         prompts, max_tokens=12, temperature=0.8, top_p=0.9, seed=5)] for spec in ("ngram", "ngram", llama, llama)]
     assert runs[0] == runs[1] and runs[2] == runs[3] and all(len(t) == 12 for r in runs for t in r)
+
+
+# ---- the GPU step-cost projection's arithmetic (minillm.cuda.dev.speculative; its timings need a GPU) ----
+
+def test_tokens_per_pass_and_break_even_alpha():
+    from minillm.cuda.dev.speculative import break_even_alpha, tokens_per_pass
+    assert tokens_per_pass(0.0, 4) == 1.0 and tokens_per_pass(1.0, 4) == 5.0
+    assert tokens_per_pass(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    for k, ratio in ((4, 1.3), (8, 2.0), (2, 1.01)):
+        alpha = break_even_alpha(k, ratio)
+        assert tokens_per_pass(alpha, k) == pytest.approx(ratio, rel=1e-6)
+    assert break_even_alpha(2, 3.5) is None                  # 3 tokens a pass at best cannot pay 3.5 steps
+
+
+def test_projection_pays_only_when_drafts_cost_less_than_they_save():
+    from minillm.cuda.dev.speculative import projection
+    costs = {"plain": 4.0, "verify 4": 5.0, "ngram": 0.01, "int4": 2.0, "layers:8": 1.0}
+    rows = {r["drafter"]: r for r in projection(costs, {"ngram": 0.5, "int4": 0.63, "layers": 0.04}, ks=(4,),
+                                                layer_drafts=(8,))}
+    assert rows["ngram"]["speedup"] > 1.4                     # 1.94 tokens for ~5 ms vs 4 ms a token
+    assert rows["int4"]["speedup"] < 1 and rows["int4"]["break_even"] > 0.63   # 13 ms for 2.3 tokens
+    assert rows["layers:8"]["tokens_per_pass"] == pytest.approx(1.04166, rel=1e-4)

@@ -58,16 +58,16 @@ def run_gpu_parts(parts: Sequence[tuple[str, Callable[[], None]]]) -> list[str]:
 # ---- a decode step's kernel launches, recorded on the CPU (lesson 13, exercise 13) ---------------------
 
 def record_decode_launches(config, gemv_version: int = 4, fuse_norm: bool = True,
-                           capacity: int = 256, kv_cache: str = "auto") -> list[str]:
+                           capacity: int = 256, kv_cache: str = "auto", n_layers: int | None = None) -> list[str]:
     """The kernel launches of one GPUTransformer decode step, in order ("embed", "gemv_v4 o", ...),
-    recorded on the CPU by `recording_decode_step`."""
-    step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity, kv_cache)
+    recorded on the CPU by `recording_decode_step` (n_layers: an early-exit step, as a draft runs it)."""
+    step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity, kv_cache, n_layers)
     step()
     return launches
 
 
-def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
-                          capacity: int = 256, kv_cache: str = "auto") -> tuple[Callable[[], None], list[str]]:
+def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True, capacity: int = 256,
+                          kv_cache: str = "auto", n_layers: int | None = None) -> tuple[Callable[[], None], list[str]]:
     """(step, launches): step() runs the engine's own `GPUTransformer.decode_step` on the CPU and
     appends the name of each kernel it would launch to `launches`.
 
@@ -115,4 +115,4 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
         cache = GPUKVCache.__new__(GPUKVCache)
         cache.k = cache.v = shaped(c.n_layers, c.n_kv_heads, capacity, hd, dtype=w16)
     cache.max_seq_len, cache.length = capacity, 0
-    return (lambda: m.decode_step(cache)), launches
+    return (lambda: m.decode_step(cache, n_layers)), launches

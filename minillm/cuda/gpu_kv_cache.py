@@ -44,6 +44,10 @@ class GPUKVCache(CacheBase):
         self.graph = None
         self.graph_key = None       # the model and the settings the graph was captured with
 
+    def clear(self, start: int, stop: int) -> None:
+        """Zero positions start .. stop-1 of every layer (speculative decoding's rolled-back drafts)."""
+        _zero_positions(start, stop, self.k, self.v)
+
 
 class GPUInt8KVCache(CacheBase):
     """Contiguous int8 KV cache on the device (kv_int8.cu): k, v int8 [n_layers, n_kv_heads, capacity, hd]
@@ -61,6 +65,19 @@ class GPUInt8KVCache(CacheBase):
         self.length = 0
         self.graph = None
         self.graph_key = None
+
+    def clear(self, start: int, stop: int) -> None:
+        """Zero positions start .. stop-1 of every layer: codes and scales."""
+        _zero_positions(start, stop, self.k, self.v, self.k_scale, self.v_scale)
+
+
+def _zero_positions(start: int, stop: int, *arrays) -> None:
+    """arrays [n_layers, n_kv_heads, capacity, ...]: zero the positions start .. stop-1, then wait for it.
+    The zeroing runs on CuPy's current stream and the model's kernels on the model's own (non-blocking)
+    stream, which does not wait on it: the synchronize keeps a later step from overtaking the zeros."""
+    for a in arrays:
+        a[:, :, start:stop] = 0
+    _cp().cuda.get_current_stream().synchronize()
 
 
 KV_CACHES = ("auto", "int8")     # "auto": the weight dtype (fp16 or bf16), the vocabulary of kv_cache.KV_CACHE_FORMATS

@@ -195,6 +195,28 @@ class GPUTransformer:
         cp.cuda.Device().synchronize()
         return cls(config, layers, embed, ones(), lm_head, dtype=dtype, **kw)
 
+    def quantized(self, method: str = "int4", group_size: int = 128) -> "GPUTransformer":
+        """The same model with its layer matrices quantized on the host by minillm.model.quant (int4:
+        min-max groups, quick to build; int8: a scale per row), sharing this model's embedding, norms and
+        LM head on the device: speculative decoding's int4 self-draft. Stacked q|k|v and gate|up quantize
+        as their parts would, since a group never crosses a row."""
+        from minillm.model.quant import quantize_int4, quantize_int8
+        if self.quant:
+            raise ValueError(f"the model is already {self.quant}: it is its own cheap draft only in 16 bits")
+        if method not in ("int4", "int8"):
+            raise ValueError(f"quantized copies are int4 or int8, not {method!r}")
+        cp = _cp()
+
+        def narrow(w):                     # 16-bit device matrix -> QuantMatrix (via the host)
+            host = cp.asnumpy(w)           # fp16, or bf16 bits as uint16: quant widens both
+            return QuantMatrix.upload([quantize_int4(host, group_size) if method == "int4" else quantize_int8(host)])
+
+        layers = [GPULayer(L.attn_norm, narrow(L.wqkv), narrow(L.wo), L.mlp_norm, narrow(L.w_gate_up), narrow(L.w_down))
+                  for L in self.layers]
+        return GPUTransformer(self.config, layers, self.embed, self.final_norm, self.lm_head, dtype=self.dtype,
+                              use_graph=self.use_graph, fuse_norm=self.fuse_norm,
+                              prefill_attention=self.prefill_attention, kv_cache=self.kv_cache)
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights a decode step reads (every matrix once, quantized ones as stored: codes, scales,
@@ -202,8 +224,10 @@ class GPUTransformer:
         per_layer = sum(w.nbytes for L in self.layers for w in L.matrices() + [L.attn_norm, L.mlp_norm])
         return per_layer + self.lm_head.nbytes + self.final_norm.nbytes
 
-    def new_cache(self, max_seq_len: int | None = None) -> GPUKVCache | GPUInt8KVCache:
-        """A KV cache for up to `max_seq_len` positions (default: the model's context), 16-bit or int8."""
+    def new_cache(self, max_seq_len: int | None = None, spare: int = 0) -> GPUKVCache | GPUInt8KVCache:
+        """A KV cache for up to `max_seq_len` positions (default: the model's context), 16-bit or int8.
+        spare (speculative decoding's roll-back room) needs no slots here: the cache is contiguous, and a
+        sliding window is a key range, so a rolled-back position is simply written again."""
         capacity = max_seq_len or self.config.max_seq_len
         with self.stream:        # zero-filled on our stream, so no later kernel can overtake the fill
             if self.kv_cache == "int8":
@@ -211,15 +235,18 @@ class GPUTransformer:
             return GPUKVCache(self.config, capacity, self.dtype)
 
     # ---- the two phases --------------------------------------------------------------------------
-    def prefill(self, tokens, cache: GPUKVCache, all_logits: bool = False) -> np.ndarray:
-        """Run the prompt, filling the cache.  -> logits [T, vocab] if all_logits else [vocab] (host fp32)"""
+    def prefill(self, tokens, cache: GPUKVCache, all_logits: bool = False, n_layers: int | None = None) -> np.ndarray:
+        """Run the prompt, filling the cache.  -> logits [T, vocab] if all_logits else [vocab] (host fp32)
+        n_layers: early exit (the first n_layers layers, then the final norm and head), as on the CPU.
+        Speculative decoding verifies its drafts here: all_logits over the pending token and the drafts."""
         tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
         cache.end_of_write(len(tokens))                 # refuses to run past the capacity
+        layers = self.layers[:n_layers]
         outputs = []
         with self.stream:
             for start in range(0, len(tokens), self.prefill_chunk):
                 chunk = tokens[start:start + self.prefill_chunk]
-                x = self._prefill_chunk(chunk, cache)                     # [T, dim] fp32, after the last layer
+                x = self._prefill_chunk(chunk, cache, layers)             # [T, dim] fp32, after the last layer
                 if all_logits:
                     outputs.append(self._head_all(x).get())
                 elif start + self.prefill_chunk >= len(tokens):
@@ -229,25 +256,28 @@ class GPUTransformer:
             self.stream.synchronize()
         return np.concatenate(outputs) if all_logits else outputs[-1]
 
-    def decode(self, token: int, cache: GPUKVCache) -> np.ndarray:
-        """Run one new position against the cache.  -> logits [vocab] (host fp32)"""
+    def decode(self, token: int, cache: GPUKVCache, n_layers: int | None = None) -> np.ndarray:
+        """Run one new position against the cache.  -> logits [vocab] (host fp32)
+        n_layers: early exit, as in prefill (its own graph: a cache is decoded at one depth)."""
         cache.end_of_write(1)                           # refuses to run past the capacity
         with self.stream:
             self.step.set(np.array([token, cache.length], dtype=np.int32))
             if self.use_graph:
-                self._graph_for(cache).launch(self.stream)
+                self._graph_for(cache, n_layers).launch(self.stream)
             else:
-                self.decode_step(cache)
+                self.decode_step(cache, n_layers)
             logits = self.logits.get()
             self.stream.synchronize()
         cache.advance(1)
         return logits
 
     # ---- decode: one token, our kernels only ---------------------------------------------------
-    def decode_step(self, cache: GPUKVCache) -> None:
+    def decode_step(self, cache: GPUKVCache, n_layers: int | None = None) -> None:
         """Enqueue one decode step on the current stream: token and position from `self.step`,
-        logits into `self.logits`. No allocation, no host sync, no cuBLAS: capturable."""
+        logits into `self.logits`. No allocation, no host sync, no cuBLAS: capturable.
+        n_layers: only the first n_layers layers run (early exit), then the final norm and head."""
         c, k, v = self.config, self.k, self.gemv_version
+        layers = self.layers[:n_layers]
         hd = c.head_dim
         if self.quant and v < 4:
             raise ValueError("int8/int4 weights decode with the v4-shaped kernels only (gemv_version=4)")
@@ -260,8 +290,8 @@ class GPUTransformer:
             # prefetch their start into L2 during the launch gap and the next kernel's ramp.
             x = self.x[0]
             nxt = (lambda w, halves=False: (w, halves)) if self.prefetch_next else (lambda w, halves=False: None)
-            for i, L in enumerate(self.layers):
-                after = self.layers[i + 1].wqkv if i + 1 < len(self.layers) else self.lm_head
+            for i, L in enumerate(layers):
+                after = layers[i + 1].wqkv if i + 1 < len(layers) else self.lm_head
                 src, gain = self._norm_input(L.attn_norm)
                 into = (None, None) if self.kv_cache == "int8" else (cache.k[i], cache.v[i])   # int8: next line
                 k.gemv_qkv(L.wqkv, src, gain, c.norm_eps, self.qkv[0], self.step_pos, self.inv_freq,
@@ -275,7 +305,7 @@ class GPUTransformer:
                 k.gemv(L.w_down, self.act[0], x, True, v, "down", next_w=nxt(after))     # x += down(act)
             self._norm_gemv(self.x, self.final_norm, self.lm_head, self.logits[None], "lm_head")
             return
-        for i, L in enumerate(self.layers):
+        for i, L in enumerate(layers):
             self._norm_gemv(self.x, L.attn_norm, L.wqkv, self.qkv, "qkv")               # [1, qkv_width]
             k.rope(self.qkv, 1, c.n_heads + c.n_kv_heads, hd, self.step_pos, self.inv_freq)
             self._append_kv(i, cache, self.qkv, 1)
@@ -332,10 +362,10 @@ class GPUTransformer:
                               cp.zeros((1, H, s, hd), cp.float32), cp.zeros((1, H), cp.uint32))
         return self._parts[s]
 
-    def _graph_for(self, cache: GPUKVCache):
+    def _graph_for(self, cache: GPUKVCache, n_layers: int | None = None):
         """The decode step captured as a CUDA graph for this cache (captured on first use)."""
         k = self.k
-        key = (self, self._fused(), self.gemv_version, self.prefetch_next, k.quant_flags, k.quant_blocks_per_sm,
+        key = (self, n_layers, self._fused(), self.gemv_version, self.prefetch_next, k.quant_flags, k.quant_blocks_per_sm,
                k.prefetch_next_bytes, k.attention_version, k.attention_split_keys, k.attention_one_wave,
                k.attention_flags, k.attention_int8_codes_per_lane)
         if cache.graph is None or cache.graph_key != key:
@@ -344,15 +374,17 @@ class GPUTransformer:
                 k.load_older()                           # and load the earlier kernels it may launch
             self.stream.begin_capture()
             try:
-                self.decode_step(cache)
+                self.decode_step(cache, n_layers)
             finally:
                 graph = self.stream.end_capture()
             cache.graph, cache.graph_key = graph, key
         return cache.graph
 
     # ---- prefill: cuBLAS GEMMs ------------------------------------------------------------------
-    def _prefill_chunk(self, chunk: np.ndarray, cache: GPUKVCache):
+    def _prefill_chunk(self, chunk: np.ndarray, cache: GPUKVCache, layers: list[GPULayer] | None = None):
+        """The chunk's T tokens through `layers` (default: all), appended to the cache.  -> x [T, dim] fp32"""
         cp = _cp()
+        layers = self.layers if layers is None else layers
         c, k = self.config, self.k
         T, hd, nd = len(chunk), c.head_dim, device_dtype(self.dtype)
         self.step.set(np.array([0, cache.length], dtype=np.int32))
@@ -373,7 +405,7 @@ class GPUTransformer:
             if self.kv_cache != "int8":
                 parts = parts[:3]       # the 16-bit cache: split + combine kernels (the first prefill path)
         k.embed(tokens, self.embed, x)                                                    # [T, dim]
-        for i, L in enumerate(self.layers):
+        for i, L in enumerate(layers):
             k.rmsnorm(x, L.attn_norm, hn, c.norm_eps)                                     # [T, dim] 16-bit
             self.gemm(hn, L.wqkv, qkv)                                                    # [T, qkv_width]
             k.rope(qkv, T, c.n_heads + c.n_kv_heads, hd, pos, self.inv_freq)

@@ -6,7 +6,9 @@
 #   here:   (cd tests && python -c "from pathlib import Path; import smollm2_pieces as s;
 #            s.pack(Path('<smollm2 dir>'), Path('../.smollm2/pieces.npz'), 8, tokenizer=True)")
 #   there:  bash minillm/cuda/dev/verify.sh [steps...]     (steps: suite selfcheck lessons bench serve; also
-#           dev: each dev module's checks and sweep; full: the selfcheck without --quick)
+#           smollm2: the suite's SmolLM2 tests alone;
+#           dev: each dev module's checks and sweep; full: the selfcheck without --quick;
+#           spec: speculative decoding's GPU tests, step costs and bench)
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
@@ -23,15 +25,31 @@ step() {   # step NAME SECONDS COMMAND...: run it under a limit, log to $OUT/NAM
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 python3 -c "import cupy, numpy, torch; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
-if [ -f .smollm2/pieces.npz ]; then
+if [ -f .smollm2/a.npz ] && [ -f .smollm2/b.npz ]; then     # the whole model, uploaded by two calls in a row
+    python3 tests/smollm2_pieces.py unpack .smollm2/a.npz,.smollm2/b.npz /tmp/smollm2 >/dev/null && export MINILLM_TEST_SMOLLM2=/tmp/smollm2
+elif [ -f .smollm2/pieces.npz ]; then                        # the first layers, one upload
     python3 tests/smollm2_pieces.py unpack .smollm2/pieces.npz /tmp/smollm2 >/dev/null && export MINILLM_TEST_SMOLLM2=/tmp/smollm2
 fi
+echo "SmolLM2: ${MINILLM_TEST_SMOLLM2:-none (its tests are deselected: no network to pull it there)}"
+SELECT=(); [ -z "${MINILLM_TEST_SMOLLM2:-}" ] && SELECT=(-k "not smollm2")
+SUITE="tests/test_cuda.py tests/test_cuda_kv_int8.py tests/test_cuda_quant.py tests/test_cuda_load.py
+    tests/test_flashnorm_gpu.py tests/test_gpu_engine.py tests/test_cuda_mla.py tests/test_decode_launches.py
+    tests/test_kernels_compile.py tests/test_gpu_imports.py tests/test_speculative_gpu.py"
 for s in $STEPS; do case $s in
 suite)
-    step suite 330 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" tests/test_cuda.py \
-        tests/test_cuda_kv_int8.py tests/test_cuda_quant.py tests/test_cuda_load.py tests/test_flashnorm_gpu.py \
-        tests/test_gpu_engine.py tests/test_cuda_mla.py tests/test_decode_launches.py tests/test_kernels_compile.py \
-        tests/test_gpu_imports.py ;;
+    step suite 330 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" "${SELECT[@]}" $SUITE ;;
+smollm2)   # only the suite's real-SmolLM2 tests (after a suite run without them)
+    step smollm2 240 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" -rP -k smollm2 $SUITE ;;
+spec)      # speculative decoding: the GPU tests (-rP: SmolLM2's tables), step costs at Mistral-7B's shape, bench
+    TAIL=40 step spec 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rP "${SELECT[@]}" \
+        tests/test_speculative_gpu.py
+    TAIL=30 step spec 150 python3 -m minillm.cuda.dev.speculative
+    if [ -n "${MINILLM_TEST_SMOLLM2:-}" ]; then
+        for s in ngram int4 layers:20; do
+            TAIL=10 step spec 120 python3 -m minillm bench --speculative $s --device cuda -m "$MINILLM_TEST_SMOLLM2" \
+                --new-tokens 64
+        done
+    fi ;;
 selfcheck)
     step selfcheck 150 python3 -m minillm.cuda.selfcheck --quick ;;
 lessons)

@@ -16,8 +16,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
-
 from minillm.engine.generate import ContextOverflow, Generation, _TextCollector
 from minillm.engine.sampling import Sampler, SamplingParams
 from minillm.engine.speculative.acceptance import accept_draft
@@ -79,8 +77,9 @@ def generate_speculative(model, drafter, prompt_ids: Sequence[int], max_tokens: 
         draft = draft[:n_draft]
         t1 = time.perf_counter()
         for_rows(1 + len(draft))
-        logits = model.forward(np.array([context[-1]] + draft, dtype=np.int64), cache)   # [1 + n, vocab]
-        emitted = accept_draft(draft, q, np.asarray(logits), params, sampler.rng)
+        # the verify pass: a prefill of the pending token and the drafts, every row's logits on the host
+        logits = model.prefill([context[-1]] + draft, cache, all_logits=True)             # [1 + n, vocab]
+        emitted = accept_draft(draft, q, logits, params, sampler.rng)
         cache.truncate(len(context) + len(emitted) - 1)   # the pending token and the accepted drafts stay
         stats.draft_s += t1 - t0
         stats.verify_s += time.perf_counter() - t1
