@@ -8,7 +8,7 @@
 #   there:  bash minillm/cuda/dev/verify.sh [steps...]     (steps: suite selfcheck lessons bench serve; also
 #           smollm2: the suite's SmolLM2 tests alone;
 #           dev: each dev module's checks and sweep; full: the selfcheck without --quick;
-#           spec: speculative decoding's GPU tests, step costs and bench)
+#           spec: speculative decoding's GPU tests and step costs; specbench: bench --speculative on SmolLM2)
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
@@ -43,13 +43,12 @@ smollm2)   # only the suite's real-SmolLM2 tests (after a suite run without them
 spec)      # speculative decoding: the GPU tests (-rP: SmolLM2's tables), step costs at Mistral-7B's shape, bench
     TAIL=40 step spec 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rP "${SELECT[@]}" \
         tests/test_speculative_gpu.py
-    TAIL=30 step spec 150 python3 -m minillm.cuda.dev.speculative
-    if [ -n "${MINILLM_TEST_SMOLLM2:-}" ]; then
-        for s in ngram int4 layers:20; do
-            TAIL=10 step spec 120 python3 -m minillm bench --speculative $s --device cuda -m "$MINILLM_TEST_SMOLLM2" \
-                --new-tokens 64
-        done
-    fi ;;
+    TAIL=30 step spec 150 python3 -m minillm.cuda.dev.speculative ;;
+specbench) # minillm bench --speculative on the real SmolLM2 (needs it): each drafter vs plain decoding
+    for s in ngram int4 layers:20; do
+        TAIL=10 step specbench 120 python3 -m minillm bench --speculative $s --device cuda \
+            -m "${MINILLM_TEST_SMOLLM2:?specbench needs the SmolLM2 pieces}" --new-tokens 64
+    done ;;
 selfcheck)
     step selfcheck 150 python3 -m minillm.cuda.selfcheck --quick ;;
 lessons)
