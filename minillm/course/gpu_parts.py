@@ -78,14 +78,14 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
 
     from minillm.cuda.gpu_kv_cache import GPUInt8KVCache, GPUKVCache
     from minillm.cuda.gpu_model import GPULayer, GPUTransformer
-    from minillm.cuda.kernels import Kernels, n_splits_for
+    from minillm.cuda.kernels import Kernels, KernelSettings, n_splits_for
 
     def shaped(*shape, dtype=np.float32):
         return np.broadcast_to(np.zeros((), dtype), shape)
 
     launches: list[str] = []
     k = Kernels.__new__(Kernels)                       # no __init__: nothing to compile, no CuPy
-    k.dtype, k.fn = "float16", defaultdict(lambda: None)
+    k.dtype, k.fn, k.settings = "float16", defaultdict(lambda: None), KernelSettings()   # the engine's defaults
     k._nil_f32 = k._nil_u16 = k._nil_i32 = None
     k.timer = lambda name, launch: launches.append(name)           # record; never call launch()
     c, hd, w16 = config, config.head_dim, np.float16
