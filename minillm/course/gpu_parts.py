@@ -58,18 +58,19 @@ def run_gpu_parts(parts: Sequence[tuple[str, Callable[[], None]]]) -> list[str]:
 # ---- a decode step's kernel launches, recorded on the CPU (lesson 13, exercise 13) ---------------------
 
 def record_decode_launches(config, gemv_version: int = 4, fuse_norm: bool = True,
-                           capacity: int = 256, kv_cache: str = "auto") -> list[str]:
+                           capacity: int = 256, kv_cache: str = "auto", settings=None) -> list[str]:
     """The kernel launches of one GPUTransformer decode step, in order ("embed", "gemv_v4 o", ...),
     recorded on the CPU by `recording_decode_step`."""
-    step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity, kv_cache)
+    step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity, kv_cache, settings)
     step()
     return launches
 
 
-def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
-                          capacity: int = 256, kv_cache: str = "auto") -> tuple[Callable[[], None], list[str]]:
+def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True, capacity: int = 256,
+                          kv_cache: str = "auto", settings=None) -> tuple[Callable[[], None], list[str]]:
     """(step, launches): step() runs the engine's own `GPUTransformer.decode_step` on the CPU and
-    appends the name of each kernel it would launch to `launches`.
+    appends the name of each kernel it would launch to `launches`. settings: a kernels.KernelSettings
+    (default: the engine's).
 
     Its `Kernels` records each launch through the `timer` hook (the one the selfcheck times kernels
     with) instead of running it, and every array is a shape-only NumPy view (np.broadcast_to: no
@@ -85,7 +86,7 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
 
     launches: list[str] = []
     k = Kernels.__new__(Kernels)                       # no __init__: nothing to compile, no CuPy
-    k.dtype, k.fn, k.settings = "float16", defaultdict(lambda: None), KernelSettings()   # the engine's defaults
+    k.dtype, k.fn, k.settings = "float16", defaultdict(lambda: None), settings or KernelSettings()
     k._nil_f32 = k._nil_u16 = k._nil_i32 = None
     k.timer = lambda name, launch: launches.append(name)           # record; never call launch()
     c, hd, w16 = config, config.head_dim, np.float16
