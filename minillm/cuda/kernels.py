@@ -117,7 +117,8 @@ class KernelSettings:
     # run time (7.6 vs 15.4 µs a layer at 144 keys, 11.9 vs 71.8 at 4096; fp16 decode 244.4 -> 256.6 tok/s);
     # 2 = a block per query head and split (also what v3 falls back to when head_dim % 8).
     attention_version: int = 3
-    # v3: the fewest keys a split holds (0: one tile, 64 keys at hd 128; 128 or 256 keys: no better).
+    # v3: the fewest keys a split holds (0: one tile, 64 keys at hd 128). 128 keys: slower up to 640 keys;
+    # 256: 7.0 vs 7.6 µs at 144 keys, but 10.9 vs 8.4 at 640.
     attention_split_keys: int = 0
     # v3: at most as many blocks as SMs; all splits (a second wave of blocks) is 14.8 vs 9.6 µs at 2048 keys.
     attention_one_wave: bool = True
