@@ -93,26 +93,15 @@ def test_kv_append_writes_only_the_new_positions(k, T, n_heads, n_kv, hd, capaci
 ])
 @pytest.mark.parametrize("version", [1, 2, 3], ids=["v1 split+combine", "v2 fused", "v3 gqa"])
 def test_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, version):
-    with attention_version(k, version):
-        ok(check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=version >= 2))
+    k = attention_version(k, version)
+    ok(check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=version >= 2))
 
 
-class attention_version:
-    """Run the fused-combine attention launches of a block with Kernels.attention_version = v (and v3's
-    attention_split_keys, attention_one_wave, attention_flags), restoring them after."""
-    NAMES = ("attention_version", "attention_split_keys", "attention_one_wave", "attention_flags")
-
-    def __init__(self, k: Kernels, version: int, split_keys: int = 0, one_wave: bool = True, flags: int = 0):
-        self.k, self.new = k, (version, split_keys, one_wave, flags)
-
-    def __enter__(self):
-        self.old = tuple(getattr(self.k, n) for n in self.NAMES)
-        for n, v in zip(self.NAMES, self.new):
-            setattr(self.k, n, v)
-
-    def __exit__(self, *exc):
-        for n, v in zip(self.NAMES, self.old):
-            setattr(self.k, n, v)
+def attention_version(k: Kernels, version: int, split_keys: int = 0, one_wave: bool = True, flags: int = 0) -> Kernels:
+    """k launching the fused-combine attention as KernelSettings.attention_version = version, with v3's
+    attention_split_keys, attention_one_wave and attention_flags."""
+    return k.with_settings(attention_version=version, attention_split_keys=split_keys, attention_one_wave=one_wave,
+                           attention_flags=flags)
 
 
 # v3 (attention_gqa*): a block per KV head serving up to 4 query heads, splits chosen at run time
@@ -134,8 +123,7 @@ class attention_version:
     (5, 8, 2, 64, 300, 3, 100, 0),       # several queries (prefill through the decode kernel), window
 ])
 def test_attention_v3_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, split_keys):
-    with attention_version(k, 3, split_keys):
-        ok(check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=True))
+    ok(check_attention(attention_version(k, 3, split_keys), T, n_heads, n_kv, hd, length, n_splits, window, fused=True))
 
 
 @pytest.mark.parametrize("one_wave,flags", [(False, 0), (True, 1), (False, 1)],
@@ -144,8 +132,7 @@ def test_attention_v3_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, w
 def test_attention_v3_settings_give_the_same_result(k, one_wave, flags, length):
     """The grid capped at one wave of blocks or not (17 splits on 8 KV heads: 136 blocks), and the ticket
     with one thread's release/acquire or v2's fences in every thread: the same attention."""
-    with attention_version(k, 3, 0, one_wave, flags):
-        ok(check_attention(k, 1, 32, 8, 128, length, 17, fused=True))
+    ok(check_attention(attention_version(k, 3, 0, one_wave, flags), 1, 32, 8, 128, length, 17, fused=True))
 
 
 def test_attention_v3_falls_back_to_v2_when_head_dim_is_not_a_multiple_of_8(k):
@@ -274,8 +261,7 @@ def test_chunked_prefill_equals_one_pass():
     gpu = GPUTransformer.from_cpu(cpu, "float16")
     ids = np.arange(3, 40)
     whole = gpu.prefill(ids, gpu.new_cache(64), all_logits=True)
-    gpu.prefill_chunk = 7
-    chunked = gpu.prefill(ids, gpu.new_cache(64), all_logits=True)
+    chunked = gpu.with_options(prefill_chunk=7).prefill(ids, gpu.new_cache(64), all_logits=True)
     assert rel_err(chunked, whole) < 5e-3     # cuBLAS may pick other algorithms per T
 
 

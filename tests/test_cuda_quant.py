@@ -62,14 +62,11 @@ def test_quantized_gemv_matches_numpy(k, method, group, rows, n_in, accumulate):
 @pytest.mark.parametrize("rows,n_in", [(13, 40), (257, 4096), (64, 14336)])
 def test_quantized_gemv_v1_matches_numpy_to_fp32_rounding(k, method, group, rows, n_in):
     """v1 (x in fp32, fp32 products), kept to compare: within checks' fp32 tolerance, as before."""
-    k.quant_version = 1
-    try:
-        ok(check_gemv(k, rows, n_in, 4, quant=method, group_size=group))
-        with pytest.raises(ValueError, match="plain"):                 # no fused variants in v1
-            k.gemv_swiglu(weights(k, 4, 32, np.random.default_rng(0), method, group)[1],
-                          cp.ones(32, cp.float32), None, 1e-5, cp.empty(2, cp.float32))
-    finally:
-        k.quant_version = 2
+    k = k.with_settings(quant_version=1)
+    ok(check_gemv(k, rows, n_in, 4, quant=method, group_size=group))
+    with pytest.raises(ValueError, match="plain"):                 # no fused variants in v1
+        k.gemv_swiglu(weights(k, 4, 32, np.random.default_rng(0), method, group)[1],
+                      cp.ones(32, cp.float32), None, 1e-5, cp.empty(2, cp.float32))
 
 
 @pytest.mark.parametrize("method,group", FORMATS, ids=FORMAT_IDS)
@@ -150,9 +147,8 @@ def test_quantized_gemv_is_the_same_for_any_grid(blocks_per_sm):
     x = cp.asarray(rng.standard_normal(576).astype(np.float32))
     outs = []
     for b in (blocks_per_sm, 0):
-        k.quant_blocks_per_sm = b
         y = poisoned(3001, np.float32)
-        k.gemv(w, x, y)
+        k.with_settings(quant_blocks_per_sm=b).gemv(w, x, y)
         outs.append(cp.asnumpy(y))
     assert np.array_equal(outs[0], outs[1]) and not np.isnan(outs[0]).any()
 

@@ -49,3 +49,40 @@ def test_an_early_exit_step_runs_the_first_layers_then_the_head(n_layers):
     full = per_layer(record_decode_launches(SMOLLM2), SMOLLM2.n_layers)
     layers = per_layer(record_decode_launches(SMOLLM2, n_layers=n_layers), n_layers)
     assert layers == full[:n_layers]
+
+
+def test_kernel_settings_reach_the_launches():
+    """KernelSettings choose the kernel: attention v2 (a block per query head) instead of v3, and the int8
+    cache's first kernel (8 codes a lane) instead of 16."""
+    from minillm.cuda.kernels import KernelSettings
+    v2 = per_layer(record_decode_launches(MISTRAL, settings=KernelSettings(attention_version=2)), MISTRAL.n_layers)
+    assert v2[0][1] == "attention_fused"
+    first_int8 = KernelSettings(attention_int8_codes_per_lane=8)
+    eight = per_layer(record_decode_launches(MISTRAL, kv_cache="int8", settings=first_int8), MISTRAL.n_layers)
+    assert eight[0][2] == "attention_gqa4_int8"
+
+
+def test_a_settings_variant_leaves_the_original_as_it_was():
+    """with_settings / with_options give a copy (the dev sweeps' variants); nothing shared is changed."""
+    import dataclasses
+
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.cuda.kernels import Kernels, KernelSettings
+    k = Kernels.__new__(Kernels)                       # no __init__: no CuPy needed for the plumbing
+    k.settings, k.fn = KernelSettings(), {"gemv_v4": "loaded"}
+    gpu = GPUTransformer.__new__(GPUTransformer)
+    gpu.config, gpu.k, gpu.kv_cache, gpu.prefill_chunk = MISTRAL, k, "auto", 1024
+    variant = gpu.with_settings(quant_flags=1, prefetch_next=True)
+    assert (variant.settings.quant_flags, variant.settings.prefetch_next) == (1, True)
+    assert gpu.settings == KernelSettings() and variant.k.fn is k.fn            # the loaded kernels are shared
+    assert variant.settings != gpu.settings and hash(variant.settings)          # hashable: a graph key of its own
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gpu.settings.quant_flags = 1
+    with pytest.raises(TypeError, match="no_such_knob"):
+        gpu.with_settings(no_such_knob=1)
+    other = gpu.with_options(kv_cache="int8", prefill_chunk=7)
+    assert (other.kv_cache, other.prefill_chunk, gpu.kv_cache, gpu.prefill_chunk) == ("int8", 7, "auto", 1024)
+    with pytest.raises(ValueError, match="kv_cache is one of"):
+        gpu.with_options(kv_cache="fp8")
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
+        gpu.with_options(prefill_chunk=0)

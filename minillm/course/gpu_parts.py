@@ -58,18 +58,21 @@ def run_gpu_parts(parts: Sequence[tuple[str, Callable[[], None]]]) -> list[str]:
 # ---- a decode step's kernel launches, recorded on the CPU (lesson 13, exercise 13) ---------------------
 
 def record_decode_launches(config, gemv_version: int = 4, fuse_norm: bool = True,
-                           capacity: int = 256, kv_cache: str = "auto", n_layers: int | None = None) -> list[str]:
+                           capacity: int = 256, kv_cache: str = "auto", settings=None,
+                           n_layers: int | None = None) -> list[str]:
     """The kernel launches of one GPUTransformer decode step, in order ("embed", "gemv_v4 o", ...),
     recorded on the CPU by `recording_decode_step` (n_layers: an early-exit step, as a draft runs it)."""
-    step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity, kv_cache, n_layers)
+    step, launches = recording_decode_step(config, gemv_version, fuse_norm, capacity, kv_cache, settings, n_layers)
     step()
     return launches
 
 
 def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True, capacity: int = 256,
-                          kv_cache: str = "auto", n_layers: int | None = None) -> tuple[Callable[[], None], list[str]]:
+                          kv_cache: str = "auto", settings=None,
+                          n_layers: int | None = None) -> tuple[Callable[[], None], list[str]]:
     """(step, launches): step() runs the engine's own `GPUTransformer.decode_step` on the CPU and
-    appends the name of each kernel it would launch to `launches`.
+    appends the name of each kernel it would launch to `launches`. settings: a kernels.KernelSettings
+    (default: the engine's).
 
     Its `Kernels` records each launch through the `timer` hook (the one the selfcheck times kernels
     with) instead of running it, and every array is a shape-only NumPy view (np.broadcast_to: no
@@ -78,14 +81,14 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
 
     from minillm.cuda.gpu_kv_cache import GPUInt8KVCache, GPUKVCache
     from minillm.cuda.gpu_model import GPULayer, GPUTransformer
-    from minillm.cuda.kernels import Kernels, n_splits_for
+    from minillm.cuda.kernels import Kernels, KernelSettings, n_splits_for
 
     def shaped(*shape, dtype=np.float32):
         return np.broadcast_to(np.zeros((), dtype), shape)
 
     launches: list[str] = []
     k = Kernels.__new__(Kernels)                       # no __init__: nothing to compile, no CuPy
-    k.dtype, k.fn = "float16", defaultdict(lambda: None)
+    k.dtype, k.fn, k.settings = "float16", defaultdict(lambda: None), settings or KernelSettings()
     k._nil_f32 = k._nil_u16 = k._nil_i32 = None
     k.timer = lambda name, launch: launches.append(name)           # record; never call launch()
     c, hd, w16 = config, config.head_dim, np.float16

@@ -44,6 +44,7 @@ sequences at once through the engine's GPU path (`gpu_batched.py`). Not here yet
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,7 @@ from minillm.backend import to_dtype
 from minillm.model.config import ModelConfig
 from minillm.model.layers import rope_inv_freq
 from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
-from minillm.cuda.kernels import MAX_FUSED_NORM, Kernels, n_splits_for
+from minillm.cuda.kernels import MAX_FUSED_NORM, Kernels, KernelSettings, n_splits_for
 from minillm.cuda.qweights import QuantMatrix, is_quantized
 
 
@@ -74,21 +75,25 @@ class GPULayer:
         return [self.wqkv, self.wo, self.w_gate_up, self.w_down]
 
 
-class GPUTransformer:
-    prefill_chunk = 1024      # tokens per prefill pass (bounds the [T, 2 * ffn] fp32 scratch)
-    kv_cache = "auto"         # or "int8" (KV_CACHES; the constructor's argument)
-    prefetch_next = False     # v4 decode: each GEMV prefetches the next one's first weights into L2 (its tail);
-                              # measured slower on the H200 (fp16 232 vs 243 tok/s), so off: an experiment to rerun
+def _checked_options(config: ModelConfig, kv_cache: str, prefill_chunk: int) -> tuple[str, int]:
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache is one of {KV_CACHES}, not {kv_cache!r}")
+    if kv_cache == "int8" and config.head_dim % 8:
+        raise ValueError(f"the GPU int8 KV cache needs head_dim % 8 == 0, not {config.head_dim}")
+    if int(prefill_chunk) < 1:
+        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    return kv_cache, int(prefill_chunk)
 
+
+class GPUTransformer:
     def __init__(self, config: ModelConfig, layers: list[GPULayer], embed, final_norm, lm_head,
                  dtype: str = "float16", use_graph: bool = True, gemv_version: int = 4, fuse_norm: bool = True,
-                 prefill_attention: str = "tiled", kv_cache: str = "auto"):
+                 prefill_attention: str = "tiled", kv_cache: str = "auto", prefill_chunk: int = 1024,
+                 settings: KernelSettings = KernelSettings()):
+        """kv_cache: "auto" (the weights' 16 bits) or "int8". prefill_chunk: tokens per prefill pass (bounds
+        the [T, 2 * ffn] fp32 scratch). settings: how the decode kernels launch (kernels.KernelSettings)."""
         cp = _cp()
-        if kv_cache not in KV_CACHES:
-            raise ValueError(f"kv_cache is one of {KV_CACHES}, not {kv_cache!r}")
-        if kv_cache == "int8" and config.head_dim % 8:
-            raise ValueError(f"the GPU int8 KV cache needs head_dim % 8 == 0, not {config.head_dim}")
-        self.kv_cache = kv_cache
+        self.kv_cache, self.prefill_chunk = _checked_options(config, kv_cache, prefill_chunk)
         if config.attention != "gqa":
             raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs as the Transformer on CuPy arrays "
                              "(cuda/device_model.py)")
@@ -103,7 +108,7 @@ class GPUTransformer:
         if prefill_attention not in ("tiled", "decode"):
             raise ValueError(f"prefill_attention is 'tiled' or 'decode', not {prefill_attention!r}")
         self.prefill_attention = prefill_attention   # "tiled": prefill_attention.cu; "decode": the decode kernel
-        self.k = Kernels(dtype)
+        self.k = Kernels(dtype, settings)
         self.stream = cp.cuda.Stream(non_blocking=True)
         c, hd = config, config.head_dim
         self.q_width = c.n_heads * hd
@@ -215,7 +220,30 @@ class GPUTransformer:
                   for L in self.layers]
         return GPUTransformer(self.config, layers, self.embed, self.final_norm, self.lm_head, dtype=self.dtype,
                               use_graph=self.use_graph, fuse_norm=self.fuse_norm,
-                              prefill_attention=self.prefill_attention, kv_cache=self.kv_cache)
+                              prefill_attention=self.prefill_attention, kv_cache=self.kv_cache,
+                              prefill_chunk=self.prefill_chunk, settings=self.settings)
+
+    def with_options(self, **options) -> "GPUTransformer":
+        """The same weights run another way: a copy with kv_cache and/or prefill_chunk changed (as
+        Transformer.with_options). It shares the device buffers: run one of the two at a time."""
+        unknown = set(options) - {"kv_cache", "prefill_chunk"}
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
+        current = {"kv_cache": self.kv_cache, "prefill_chunk": self.prefill_chunk}
+        other = copy.copy(self)
+        other.kv_cache, other.prefill_chunk = _checked_options(self.config, **(current | options))
+        return other
+
+    def with_settings(self, **changes) -> "GPUTransformer":
+        """A copy whose kernels launch with some KernelSettings changed (a sweep's variant); it shares the
+        weights and device buffers: run one of the two at a time."""
+        other = copy.copy(self)
+        other.k = self.k.with_settings(**changes)
+        return other
+
+    @property
+    def settings(self) -> KernelSettings:
+        return self.k.settings
 
     @property
     def weight_bytes(self) -> int:
@@ -286,10 +314,11 @@ class GPUTransformer:
         if v >= 4:
             # v4: 5 launches a layer. norm+qkv+rope+kv_append | attention (+combine) | o (+residual) |
             # norm+gate_up+swiglu | down (+residual)
-            # Each GEMV can name the next one's weights (nxt, with prefetch_next): its last blocks then
-            # prefetch their start into L2 during the launch gap and the next kernel's ramp.
+            # Each GEMV can name the next one's weights (nxt, with settings.prefetch_next): its last blocks
+            # then prefetch their start into L2 during the launch gap and the next kernel's ramp.
             x = self.x[0]
-            nxt = (lambda w, halves=False: (w, halves)) if self.prefetch_next else (lambda w, halves=False: None)
+            prefetch = self.settings.prefetch_next
+            nxt = (lambda w, halves=False: (w, halves)) if prefetch else (lambda w, halves=False: None)
             for i, L in enumerate(layers):
                 after = layers[i + 1].wqkv if i + 1 < len(layers) else self.lm_head
                 src, gain = self._norm_input(L.attn_norm)
@@ -365,12 +394,10 @@ class GPUTransformer:
     def _graph_for(self, cache: GPUKVCache, n_layers: int | None = None):
         """The decode step captured as a CUDA graph for this cache (captured on first use)."""
         k = self.k
-        key = (self, n_layers, self._fused(), self.gemv_version, self.prefetch_next, k.quant_flags, k.quant_blocks_per_sm,
-               k.prefetch_next_bytes, k.attention_version, k.attention_split_keys, k.attention_one_wave,
-               k.attention_flags, k.attention_int8_codes_per_lane)
+        key = (self, n_layers, self._fused(), self.gemv_version, k.settings)   # what the captured launches depend on
         if cache.graph is None or cache.graph_key != key:
             self._decode_parts(cache)                    # allocate scratch before capturing
-            if self.gemv_version < 4 or k.quant_version < 2:
+            if self.gemv_version < 4 or k.settings.quant_version < 2:
                 k.load_older()                           # and load the earlier kernels it may launch
             self.stream.begin_capture()
             try:

@@ -11,14 +11,20 @@ explicit `np.int32` / `np.float32` (CuPy would otherwise guess a C type from a P
 All launches go on CuPy's current stream. `Kernels.timer`, when set, wraps each launch (per-kernel
 CUDA-event timings for the selfcheck).
 
+The launch parameters that were experiments (grids, prefetches, which attention or quantized-GEMV version)
+are one frozen `KernelSettings`, passed to `Kernels(dtype, settings)`; a sweep takes a variant with
+`k.with_settings(field=value)` instead of changing the launcher it shares with others.
+
 `Kernels` loads what the engine launches when it is built. The earlier versions (gemv v1/v2, the v3 fused
 norm, the fp32-x quantized GEMV v1) stay here to compare and to teach (lessons 12-14, minillm/cuda/dev,
 the tests), but load only the first time a launch names one, or all at once by `load_older()`.
 """
 from __future__ import annotations
 
+import copy
 import math
 import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -83,29 +89,56 @@ def _grid_for(n: int, block: int = 256, cap: int = 132 * 16) -> int:
     return max(1, min(cap, (n + block - 1) // block))
 
 
+@dataclass(frozen=True)
+class KernelSettings:
+    """How the decode kernels are launched: the defaults are what measured fastest on the H200
+    (lessons/BENCHMARKS.md, 2026-11-29); the other values stay to rerun those experiments. Frozen and
+    hashable: a captured CUDA graph is keyed by the settings it was captured with."""
+    # gemv_quant.cu's grid: about this many blocks per SM, each warp looping over row pairs (0: one block per
+    # QWARPS row pairs, no looping). With both L2 prefetches on, int8 decode went 259.7 tok/s at 2 blocks/SM,
+    # 240.9 at 1, 252.6 with no looping.
+    quant_blocks_per_sm: int = QUANT_BLOCKS_PER_SM
+    # gemv_quant.cu's Q_LOOKAHEAD bits: 1 = each warp prefetches its next row pair into L2, 3 = two pairs ahead.
+    # Slower: int8 284.5 -> 269.2 tok/s, int4 313.2 -> 303.3 (the GEMVs are issue-bound, not waiting on HBM).
+    quant_flags: int = 0
+    # The quantized GEMV: 2 = x staged as fp16, HFMA2 products (inner loop int8 4.0 -> 2.8 instructions a
+    # weight, int4 5.1 -> 2.9; with attention v3, int8 decode 285-303 -> 340 tok/s); 1 = x as fp32 (plain
+    # y = W·x only), kept to compare.
+    quant_version: int = 2
+    # GPUTransformer's decode names each v4 GEMV's next weights (next_w), whose first bytes its last blocks
+    # prefetch into L2 during the launch gap and the next kernel's ramp. Slower everywhere tried:
+    # fp16 243.0 -> 232.1 tok/s, int8 284.5 -> 276.8, int4 313.2 -> 309.3.
+    prefetch_next: bool = False
+    # Bytes of a next_w prefetched, 0: none (12 MB: ~3 µs of HBM time; fp16 with 6 MB 238.5 tok/s, 24 MB
+    # 223.1), by the last prefetch_tail blocks of a grid (None: 2 per SM, 264 on the H200).
+    prefetch_next_bytes: int = 12 << 20
+    prefetch_tail: int | None = None
+    # Fused-combine decode attention: 3 = a block per KV head's GQA group, splits chosen from the length at
+    # run time (7.6 vs 15.4 µs a layer at 144 keys, 11.9 vs 71.8 at 4096; fp16 decode 244.4 -> 256.6 tok/s);
+    # 2 = a block per query head and split (also what v3 falls back to when head_dim % 8).
+    attention_version: int = 3
+    # v3: the fewest keys a split holds (0: one tile, 64 keys at hd 128). 128 keys: slower up to 640 keys;
+    # 256: 7.0 vs 7.6 µs at 144 keys, but 10.9 vs 8.4 at 640.
+    attention_split_keys: int = 0
+    # v3: at most as many blocks as SMs; all splits (a second wave of blocks) is 14.8 vs 9.6 µs at 2048 keys.
+    attention_one_wave: bool = True
+    # v3: GQA_HEAVY_FENCE (1) = v2's fences in every thread around the ticket instead of one thread's
+    # release/acquire (7.8 vs 7.6 µs at 144 keys).
+    attention_flags: int = 0
+    # int8 KV cache: codes a lane reads per key, 16 (head_dim % 16 == 0; int8 vs 16-bit cache at 32k keys
+    # 1.00x) or 8 (the first kernel: 0.96x).
+    attention_int8_codes_per_lane: int = 16
+
+
 class Kernels:
     """Launch helpers for one weight dtype ("float16" or "bfloat16"). Every function is fetched at
     construction, so nothing compiles or loads while a CUDA graph is being captured.
 
-    Tunables (read at each launch; a captured graph keeps the values it was captured with):
-    quant_blocks_per_sm: gemv_quant.cu's grid; quant_flags: its look-ahead prefetch (Q_LOOKAHEAD bits);
-    prefetch_next_bytes: how much of the next GEMV's weights a GEMV prefetches into L2 (0: none)."""
-    # The L2 prefetches are off by default: on the H200 (2026-11-29) every setting tried was 1-12% slower
-    # in a decode graph (lessons/BENCHMARKS.md): the GEMVs are issue- and ramp-bound, not waiting on HBM.
-    quant_blocks_per_sm = QUANT_BLOCKS_PER_SM     # 0: one block per QWARPS row pairs, no looping
-    quant_flags = 0                               # Q_LOOKAHEAD (1): each warp prefetches its next pair
-    quant_version = 2                             # 2: fp16 x, HFMA2 products; 1: fp32 x (plain GEMV only)
-    prefetch_next_bytes = 12 << 20                # with prefetch_next: ~3 µs of HBM time, a gap and a ramp
-    prefetch_tail = 264                           # blocks at the end of a grid that do it (2 per SM)
-    attention_version = 3                         # fused-combine attention: 3 (a block per KV head's group,
-                                                  # adaptive splits) or 2 (a block per query head and split)
-    attention_split_keys = 0                      # v3: fewest keys per split (0: one tile, 64 keys at hd 128)
-    attention_one_wave = True                     # v3: at most as many blocks as SMs (a block per SM fits)
-    attention_flags = 0                           # v3: GQA_HEAVY_FENCE (1): v2's fences around the ticket
-    attention_int8_codes_per_lane = 16            # int8 KV: 16 (head_dim % 16 == 0) or 8 codes a lane per key
+    `settings` (KernelSettings) are read at each launch; a captured graph keeps the values it was captured
+    with, so the graph's owner keys it by them (GPUTransformer._graph_for)."""
 
-    def __init__(self, dtype: str = "float16"):
-        self.dtype = dtype
+    def __init__(self, dtype: str = "float16", settings: KernelSettings = KernelSettings()):
+        self.dtype, self.settings = dtype, settings
         sfx = suffix(dtype)
         get = lambda mod, fn: module(mod).get_function(fn)
         self.fn = {
@@ -175,13 +208,19 @@ class Kernels:
         self.timer = None
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
         self.n_sms = props["multiProcessorCount"]
-        self.prefetch_tail = 2 * self.n_sms
         # gemv_quant.cu stages x in dynamic shared memory: a 14336-wide int8 row needs 72 KB (> the 48 KB
         # default), so allow each quantized GEMV the device's opt-in maximum once, here, not mid-capture.
         optin = props.get("sharedMemPerBlockOptin") or cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
         self.max_quant_smem = optin - 1024                # 97: cudaDevAttrMaxSharedMemoryPerBlockOptin
         for name, f in self.fn.items():
             self._allow_quant_smem(name, f)
+
+    def with_settings(self, **changes) -> "Kernels":
+        """These kernels launched with some settings changed (dataclasses.replace): a copy that shares the
+        loaded functions, so nothing compiles again."""
+        other = copy.copy(self)
+        other.settings = replace(self.settings, **changes)
+        return other
 
     def _allow_quant_smem(self, name: str, f) -> None:
         if name.startswith("gemv_") and ("int8" in name or "int4" in name):
@@ -253,7 +292,7 @@ class Kernels:
         if gain is not None:
             name = name.replace("gemv_", "gemv_rmsnorm_", 1)
         chunk, sums = QUANT_CHUNK[w.method], (4 * w.n_chunks if w.method == "int4" else 0)
-        if self.quant_version == 1:          # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
+        if self.settings.quant_version == 1:          # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
             if name != f"gemv_{w.method}":
                 raise ValueError(f"{name}: the v1 quantized GEMV is kept for plain y = W·x only")
             name += "_v1"
@@ -271,7 +310,7 @@ class Kernels:
                       np.int32(w.n_groups), np.int32(cpg), np.int32(shift), x,
                       self._nil_f32 if gain is None else gain, np.float32(eps), np.int32(n_in), np.int32(pairs), y,
                       np.int32(rows), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos, inv_freq,
-                      np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd), np.int32(self.quant_flags))
+                      np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd), np.int32(self.settings.quant_flags))
                      + self._next_args(next_w), label, shared_mem=smem)
 
     def _qkv_args(self, qkv) -> tuple:
@@ -293,22 +332,24 @@ class Kernels:
         w, halves = next_w if isinstance(next_w, tuple) else (next_w, False)
         a = w.qweight if is_quantized(w) else w
         ptr = getattr(getattr(a, "data", None), "ptr", None)          # None: not a device array (a stand-in)
-        if w is None or ptr is None or not self.prefetch_next_bytes:
+        most = self.settings.prefetch_next_bytes
+        if w is None or ptr is None or not most:
             return none
-        tail = np.int32(self.prefetch_tail)
+        tail = np.int32(2 * self.n_sms if self.settings.prefetch_tail is None else self.settings.prefetch_tail)
         if halves:
             half = a.nbytes // 2
-            n = np.uint64(min(half, self.prefetch_next_bytes // 2))
+            n = np.uint64(min(half, most // 2))
             return np.uint64(ptr), n, np.uint64(ptr + half), n, tail
-        return np.uint64(ptr), np.uint64(min(a.nbytes, self.prefetch_next_bytes)), np.uint64(0), np.uint64(0), tail
+        return np.uint64(ptr), np.uint64(min(a.nbytes, most)), np.uint64(0), np.uint64(0), tail
 
     def quant_grid(self, pairs: int) -> int:
-        """Blocks for a quantized GEMV over `pairs` row pairs: about quant_blocks_per_sm per SM, each warp
-        taking the same number of pairs in turn (0: one pair per warp, as v4 does)."""
+        """Blocks for a quantized GEMV over `pairs` row pairs: about settings.quant_blocks_per_sm per SM, each
+        warp taking the same number of pairs in turn (0: one pair per warp, as v4 does)."""
         need = -(-pairs // QWARPS)
-        if not self.quant_blocks_per_sm:
+        per_sm = self.settings.quant_blocks_per_sm
+        if not per_sm:
             return need
-        per_warp = -(-need // (self.quant_blocks_per_sm * self.n_sms))
+        per_warp = -(-need // (per_sm * self.n_sms))
         return -(-need // per_warp)
 
     def dequantize(self, w, out) -> None:
@@ -397,11 +438,12 @@ class Kernels:
         parts = (m [T, H, S], l [T, H, S], acc [T, H, S, hd]) fp32 scratch; S = n_splits is parts' last
         dim. Query t sits at pos[0] + t; window None or 0 = full causal. A fourth element, counters
         [T, H] uint32 zero-filled (and left zero), selects a one-launch kernel with the combine fused:
-        v3 (attention_version 3, head_dim % 8 == 0): a block per KV head and split for the whole GQA
+        v3 (settings.attention_version 3, head_dim % 8 == 0): a block per KV head and split for the whole GQA
         group, S the most splits (<= 64), fewer at run time when the context is short; else v2.
         scales = (k_scale, v_scale) [n_kv_heads, capacity] fp32: k_cache, v_cache are an int8 cache
         (kv_int8.cu), read by v3's int8 variants (they need the counters and head_dim % 8 == 0): 16 codes a
         lane where head_dim % 16 == 0 (attention_gqa*_int8x16, faster), else 8."""
+        opt = self.settings
         if head_dim > MAX_HD:
             raise ValueError(f"head_dim {head_dim} > {MAX_HD}")
         part_m, part_l, part_acc = parts[:3]
@@ -419,7 +461,7 @@ class Kernels:
             counters = parts[3]
             if counters.dtype != np.uint32 or counters.size < n_tokens * n_heads:
                 raise ValueError("attention counters: uint32 [T, n_heads], zero-filled")
-            if scales is not None or (self.attention_version >= 3 and head_dim % 8 == 0
+            if scales is not None or (opt.attention_version >= 3 and head_dim % 8 == 0
                                       and n_heads % n_kv_heads == 0):
                 if n_splits > GQA_MAX_SPLITS:
                     raise ValueError(f"attention v3: at most {GQA_MAX_SPLITS} splits, got {n_splits}")
@@ -427,12 +469,12 @@ class Kernels:
                 gm = group if group <= 2 else 4                     # query heads per block (1, 2 or 4)
                 blocks = n_kv_heads * -(-group // gm)
                 most = n_splits                                     # a second wave of blocks would double the time
-                if self.attention_one_wave:
+                if opt.attention_one_wave:
                     most = max(1, min(n_splits, getattr(self, "n_sms", 132) // blocks))
                 name = f"attention_gqa{gm}" + ("" if scales is None else "_int8" if head_dim % 16
-                                               or self.attention_int8_codes_per_lane == 8 else "_int8x16")
+                                               or opt.attention_int8_codes_per_lane == 8 else "_int8x16")
                 self._launch(name, (blocks, n_splits, n_tokens), (GQA_THREADS,),
-                             args + (np.int32(self.attention_split_keys), np.int32(most), np.int32(self.attention_flags))
+                             args + (np.int32(opt.attention_split_keys), np.int32(most), np.int32(opt.attention_flags))
                              + scratch + (counters, out))
                 return
             self._launch("attention_fused", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,),

@@ -203,7 +203,7 @@ def cases(k: Kernels) -> list[tuple[str, Callable]]:
 # ---- the sweep ------------------------------------------------------------------------------------
 def attention_us(gpu, lengths=(144, 640, 2048), versions=(2, 3)) -> dict:
     """Decode attention alone, µs a launch inside a CUDA graph (32 layers in turn, each its own K/V), at a few
-    context lengths, for each kernel version (Kernels.attention_version). -> {(length, version): µs}"""
+    context lengths, for each kernel version (KernelSettings.attention_version). -> {(length, version): µs}"""
     import cupy as cp
     c, k = gpu.config, gpu.k
     cache = gpu.new_cache(max(lengths) + 8)
@@ -213,18 +213,15 @@ def attention_us(gpu, lengths=(144, 640, 2048), versions=(2, 3)) -> dict:
     gpu.qkv[...] = rng.standard_normal(gpu.qkv.shape, dtype=cp.float32)
     parts = gpu._decode_parts(cache)
     cp.cuda.Device().synchronize()
-    out, old = {}, k.attention_version
-    try:
-        for length in lengths:
-            gpu.step_pos.set(np.array([length - 1], np.int32))
-            cp.cuda.Device().synchronize()
-            for v in versions:
-                k.attention_version = v
-                out[length, v] = graph_us(lambda i: k.attention(gpu.qkv, 1, c.n_heads, c.n_kv_heads, c.head_dim,
-                                                                cache.k[i], cache.v[i], gpu.step_pos, c.sliding_window,
-                                                                parts, gpu.attn), len(gpu.layers))
-    finally:
-        k.attention_version = old
+    out = {}
+    for length in lengths:
+        gpu.step_pos.set(np.array([length - 1], np.int32))
+        cp.cuda.Device().synchronize()
+        for v in versions:
+            kv = k.with_settings(attention_version=v)
+            out[length, v] = graph_us(lambda i: kv.attention(gpu.qkv, 1, c.n_heads, c.n_kv_heads, c.head_dim,
+                                                             cache.k[i], cache.v[i], gpu.step_pos, c.sliding_window,
+                                                             parts, gpu.attn), len(gpu.layers))
     return out
 
 

@@ -409,15 +409,13 @@ def bench_quant(cfg: ModelConfig, label: str, quant: str, dtype: str = "float16"
     same = results["eager"][1] == results["graph"][1]
     verdict(f"{label} {quant} decode: graph tokens == eager tokens", same,
             "" if same else "the graph replay diverged from eager launches")
-    if sweep:          # other settings of the quantized GEMV (Kernels' tunables), each with its own graph
-        k, defaults = gpu.k, (gpu.k.quant_blocks_per_sm, gpu.k.quant_flags, gpu.prefetch_next)
+    if sweep:          # other settings of the quantized GEMV (KernelSettings), each with its own graph
         for label_, blocks, flags, nxt in [("L2 look-ahead", 2, 1, False), ("next-GEMV prefetch", 2, 0, True),
                                            ("look-ahead + next GEMV", 2, 1, True),
                                            ("look-ahead 2 + next GEMV", 2, 3, True),
                                            ("1 block/SM", 1, 0, False), ("unbounded grid", 0, 0, False)]:
-            k.quant_blocks_per_sm, k.quant_flags, gpu.prefetch_next = blocks, flags, nxt
-            results[f"graph, {label_}"] = _decode_tok_s(gpu, cache, short, n_new)
-        k.quant_blocks_per_sm, k.quant_flags, gpu.prefetch_next = defaults
+            variant = gpu.with_settings(quant_blocks_per_sm=blocks, quant_flags=flags, prefetch_next=nxt)
+            results[f"graph, {label_}"] = _decode_tok_s(variant, cache, short, n_new)
     per_token = report_decode(cfg, wbytes, prompt_len, n_new, results, bw, width=34)
 
     # -- where one prefill spends its time (the decode step's kernels: the graph table above)

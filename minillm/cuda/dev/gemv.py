@@ -190,11 +190,8 @@ def quant_versions_us(gpu) -> dict:
         x = cp.asarray(np.random.default_rng(0).standard_normal(cols).astype(np.float32))
         y = cp.empty(rows, cp.float32)
         for v in (1, 2):
-            k.quant_version = v
-            try:
-                out[name, v] = graph_us(lambda i: k.gemv(getattr(gpu.layers[i], attr), x, y, version=4), n)
-            finally:
-                k.quant_version = 2
+            kv = k.with_settings(quant_version=v)
+            out[name, v] = graph_us(lambda i: kv.gemv(getattr(gpu.layers[i], attr), x, y, version=4), n)
     return out
 
 

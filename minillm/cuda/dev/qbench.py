@@ -44,9 +44,8 @@ def report(cfg: ModelConfig, label: str, formats=("float16", "int8", "int4"), n_
         per_token, _ = decode_bytes(cfg, gpu.weight_bytes, prompt_len, n_new)
         runs = {"graph": _decode_tok_s(gpu, cache, short, n_new)[0]}
         if fmt == "float16":
-            gpu.k.attention_version = 2
-            runs["graph, attention v2"] = _decode_tok_s(gpu, cache, short, n_new)[0]
-            gpu.k.attention_version = 3
+            v2 = gpu.with_settings(attention_version=2)
+            runs["graph, attention v2"] = _decode_tok_s(v2, cache, short, n_new)[0]
         for mode, tps in runs.items():
             target = TARGETS[fmt]
             say(f"  decode {mode}: {tps:.1f} tok/s, {per_token * tps / 1e9:.0f} GB/s, {100 * per_token * tps / bw:.0f}% "
@@ -74,12 +73,11 @@ def kv_cache_report(cfg: ModelConfig, label: str, contexts=(4096, 32000), n_new:
     variants = [("16-bit", "auto", 16), ("int8", "int8", 16), ("int8/8", "int8", 8)]  # int8/8: the first kernel
     for context in contexts:
         for kind, kv_cache, codes_per_lane in variants:
-            gpu.kv_cache = kv_cache                      # new_cache follows it; the graph is the cache's own
-            gpu.k.attention_int8_codes_per_lane = codes_per_lane
-            cache = gpu.new_cache(context + n_new + 8)
+            model = gpu.with_options(kv_cache=kv_cache).with_settings(attention_int8_codes_per_lane=codes_per_lane)
+            cache = model.new_cache(context + n_new + 8)        # 16-bit or int8, as the variant's kv_cache
             _fill_random(cache)
             kv_bytes = cache.nbytes * (context + n_new / 2) / cache.max_seq_len
-            tps = _decode_from(gpu, cache, context, n_new)
+            tps = _decode_from(model, cache, context, n_new)
             per_token = gpu.weight_bytes + kv_bytes
             out[kind, context] = tps
             say(f"  {context:6d} keys, {kind:>6} cache: {tps:6.1f} tok/s, reads {per_token / 1e9:5.2f} GB a token "
@@ -89,8 +87,6 @@ def kv_cache_report(cfg: ModelConfig, label: str, contexts=(4096, 32000), n_new:
             cp.get_default_memory_pool().free_all_blocks()
         say(f"  int8 / 16-bit at {context} keys: {out['int8', context] / out['16-bit', context]:.2f}x "
             f"(8 codes a lane: {out['int8/8', context] / out['16-bit', context]:.2f}x)")
-    gpu.kv_cache = "auto"
-    gpu.k.attention_int8_codes_per_lane = type(gpu.k).attention_int8_codes_per_lane
     return out
 
 
