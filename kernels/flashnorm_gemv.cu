@@ -40,7 +40,8 @@
 //
 // Requires in % 8 == 0 and 16-byte-aligned rows and x (the launcher checks in % 8).
 #include "common.cuh"
-#include "gemv_epilogue.cuh"    // RowPair, row_pair, Epilogue: the QKV epilogue (RoPE + KV append)
+// gemv_epilogue.cuh: RowPair, row_pair, Epilogue (the QKV epilogue: RoPE + KV append)
+#include "gemv_epilogue.cuh"
 
 #define FN_U 8              // 16-byte weight loads in flight per lane per row (x 2 rows: 8 KB a warp)
 #define FN_WARPS 4          // row pairs per block (block = 128 threads)

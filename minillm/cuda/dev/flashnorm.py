@@ -490,59 +490,61 @@ def _graph_ms(model, cache, replays: int = 20) -> float:
 def e2e(presets=("smollm2-135m", "mistral-7b"), dtype: str = "float16", n_new: int = 128, prompt_len: int = 16,
         repeats: int = 3, check_steps: int = 8, log=print) -> list[dict]:
     """Whole decode steps, FlashNorm at every norm site vs the production step, per preset shape (random
-    weights made on the device, random norm gains): check each variant's logits against the production
-    step's on the original weights (and on the folded ones), then time them interleaved, `repeats` times.
+    weights made on the device, random norm gains): check each variant's logits, then time them
+    interleaved, `repeats` times (medians).
 
-    Returns rows {preset, variant, launches, err, err_folded, tok_s, gpu_ms, bytes, error}; a variant that
-    fails has `error` set (one line, printed) and the others go on."""
+    The check: the production step on the original weights is the reference; the folded variants are
+    compared with it (err: the fold's fp16 rounding included) and with the production step on the same
+    folded weights (err_folded: the deferred or fused math alone), which must be within E2E_TOL to be timed.
+    Returns rows {preset, variant, launches, err, err_folded, tok_s, gpu_ms, bytes, roofline, error}; a
+    variant that fails has `error` set (one line, printed) and the others go on."""
     cp = _cp()
     bw = copy_bandwidth(1 << 30)
     log(f"device-to-device copy: {bw / 1e12:.2f} TB/s (bytes read + written): the roofline")
     rows = []
     for preset in presets:
-        cfg = PRESETS[preset].config
-        rng = np.random.default_rng(26)
-        tokens = rng.integers(0, cfg.vocab_size, prompt_len + check_steps)
-        base = GPUTransformer.random(cfg, dtype, seed=26)
-        random_gains(base, seed=26)
-        ok, model = {}, None
-        ref = folded_ref = None
-        for name, build in _variants_e2e(base).items():
-            row = dict(preset=preset, variant=name, launches=None, err=None, err_folded=None, tok_s=None,
-                       gpu_ms=None, bytes=None, error=None)
-            rows.append(row)
-            try:
-                if name != BASELINE and ref is None:
-                    raise RuntimeError(f"no reference logits: {BASELINE} failed")
-                model = build()
-                logits = teacher_forced(model, tokens, prompt_len)
-                if name == BASELINE:
-                    ref = logits
-                elif name == "v4 on folded weights":
-                    folded_ref = logits
-                row["err"] = rel_err(logits, ref)
-                row["err_folded"] = rel_err(logits, folded_ref) if folded_ref is not None else None
-                if not row["err"] <= E2E_TOL:
-                    raise ValueError(f"logits off: max rel error {row['err']:.2e} > {E2E_TOL:.0e} (not timed)")
-                row["bytes"] = model.weight_bytes
-                cache = model.new_cache(prompt_len + n_new + 8)
-                row["launches"] = count_launches(model, cache)
-                ok[name] = (model, cache, row)
-                log(f"  {preset:<13} {name:<22} logits vs {BASELINE}: max rel error {row['err']:.2e}"
-                    + (f" (vs v4 on the same folded weights {row['err_folded']:.2e})" if row["err_folded"] is not None
-                       else "") + f"; {row['launches']} launches per step")
-            except Exception as e:  # noqa: BLE001 - one variant's failure is a line, not the end of the run
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                log(f"  {preset:<13} {name:<22} FAILED: {row['error']}")
-                cp.cuda.Device().synchronize()
-        _time_e2e(ok, tokens[:prompt_len], n_new, repeats, log)
-        for row in rows:
-            if row["preset"] == preset and row["bytes"]:
-                row["bytes"] = _token_bytes(cfg, row["bytes"], prompt_len, n_new)
-        del ok, base, model
-        cp.get_default_memory_pool().free_all_blocks()
+        rows += _e2e_preset(PRESETS[preset].config, preset, dtype, n_new, prompt_len, repeats, check_steps, log)
+        cp.get_default_memory_pool().free_all_blocks()         # the next shape starts with the memory free
     for row in rows:
         row["roofline"] = bw
+    return rows
+
+
+def _e2e_preset(cfg: ModelConfig, preset: str, dtype: str, n_new: int, prompt_len: int, repeats: int,
+                check_steps: int, log) -> list[dict]:
+    tokens = np.random.default_rng(26).integers(0, cfg.vocab_size, prompt_len + check_steps)
+    base = GPUTransformer.random(cfg, dtype, seed=26)
+    random_gains(base, seed=26)
+    rows, ok, refs = [], {}, {}
+    for name, build in _variants_e2e(base).items():
+        row = dict(preset=preset, variant=name, launches=None, err=None, err_folded=None, tok_s=None, gpu_ms=None,
+                   bytes=None, error=None)
+        rows.append(row)
+        try:
+            if name != BASELINE and BASELINE not in refs:
+                raise RuntimeError(f"no reference logits: {BASELINE} failed")
+            model = build()
+            logits = teacher_forced(model, tokens, prompt_len)
+            refs.setdefault(name, logits)
+            row["err"] = rel_err(logits, refs[BASELINE])
+            folded_ref = refs.get("v4 on folded weights")
+            if name not in (BASELINE, "v4 on folded weights") and folded_ref is not None:
+                row["err_folded"] = rel_err(logits, folded_ref)
+            gate = row["err_folded"] if row["err_folded"] is not None else row["err"]
+            log(f"  {preset:<13} {name:<22} logits: max rel error {row['err']:.2e} vs {BASELINE}"
+                + ("" if row["err_folded"] is None else f", {row['err_folded']:.2e} vs v4 on the same folded weights")
+                + ("" if row["err"] <= E2E_TOL else f"  (above {E2E_TOL:.0e})"))
+            if name != "v4 on folded weights" and not gate <= E2E_TOL:    # the fold's own rounding: shown, not gated
+                raise ValueError(f"logits off: max rel error {gate:.2e} > {E2E_TOL:.0e} (not timed)")
+            row["bytes"] = _token_bytes(cfg, model.weight_bytes, prompt_len, n_new)
+            cache = model.new_cache(prompt_len + n_new + 8)
+            row["launches"] = count_launches(model, cache)
+            ok[name] = (model, cache, row)
+        except Exception as e:  # noqa: BLE001 - one variant's failure is a line, not the end of the run
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log(f"  {preset:<13} {name:<22} FAILED: {row['error']}")
+            _cp().cuda.Device().synchronize()
+    _time_e2e(ok, tokens[:prompt_len], n_new, repeats, log)
     return rows
 
 
@@ -561,7 +563,7 @@ def _time_e2e(ok: dict, prompt, n_new: int, repeats: int, log) -> None:
                 row["error"] = f"timing: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 log(f"  {row['preset']:<13} {name:<22} FAILED: {row['error']}")
                 del ok[name]
-    for name, (model, cache, row) in ok.items():
+    for name, (_, _, row) in ok.items():
         row["tok_s"] = statistics.median(times[name][0])
         row["gpu_ms"] = statistics.median(times[name][1])
 
@@ -578,15 +580,17 @@ def print_e2e(rows: list[dict], dtype: str, n_new: int, print_table=None) -> Non
 
     def line(r):
         if r["error"]:
-            return [r["preset"], r["variant"], r["launches"] or "", "FAILED: " + r["error"]] + [""] * 6
+            return [r["preset"], r["variant"], r["launches"] or "", "FAILED: " + r["error"]] + [""] * 7
         b, bw, ref = r["bytes"], r["roofline"], base[r["preset"]]
         ratio = f" ({ref['gpu_ms'] / r['gpu_ms']:.2f}x)" if ref.get("gpu_ms") else ""
-        return [r["preset"], r["variant"], r["launches"], f"{r['err']:.1e}", f"{r['tok_s']:.1f}",
+        return [r["preset"], r["variant"], r["launches"], f"{r['err']:.1e}",
+                "" if r["err_folded"] is None else f"{r['err_folded']:.1e}", f"{r['tok_s']:.1f}",
                 f"{1e3 / r['tok_s']:.3f}", f"{b * r['tok_s'] / 1e9:.0f}", f"{100 * b * r['tok_s'] / bw:.0f}%",
                 f"{r['gpu_ms'] * 1e3:.1f}{ratio}", f"{100 * b / (r['gpu_ms'] / 1e3) / bw:.0f}%"]
     print_table(f"FlashNorm end to end, {dtype}, batch 1: {n_new} greedy tokens (host argmax each step), and the "
                 f"captured step replayed back to back (GPU only); speed-up vs {BASELINE} in brackets",
-                ["model", "decode step", "launches", "rel err", "tok/s", "ms/token", "GB/s", "% copy BW",
+                ["model", "decode step", "launches", "err vs v4", "vs v4 folded", "tok/s", "ms/token", "GB/s",
+                 "% copy BW",
                  "GPU µs/step", "% copy BW (GPU)"], [line(r) for r in rows])
 
 
