@@ -243,7 +243,8 @@ def test_e2e_checks_and_times_every_variant():
     print_e2e(rows, "float16", 4)
     assert [r["variant"] for r in rows] == ["v4 (production)", "v4 on folded weights", "fused flashnorm_gemv",
                                             "deferred, two streams", "deferred, one stream"]
-    assert all(r["error"] is None and r["err"] <= E2E_TOL and r["tok_s"] > 0 and r["gpu_ms"] > 0 for r in rows)
+    assert all(r["error"] is None and r["tok_s"] > 0 and r["gpu_ms"] > 0 for r in rows), [r["error"] for r in rows]
+    assert all(r["err_folded"] <= E2E_TOL for r in rows[2:])          # the variants vs v4 on the same weights
     assert rows[1]["err"] > 0                     # the gains were random: folding rounded the weights anew
     n = PRESETS["smollm2-135m"].config.n_layers
     assert [r["launches"] for r in rows] == [5 * n + 2] * 3 + [11 * n + 4] * 2

@@ -6,7 +6,8 @@
 #   here:   (cd tests && python -c "from pathlib import Path; import smollm2_pieces as s;
 #            s.pack(Path('<smollm2 dir>'), Path('../.smollm2/pieces.npz'), 8, tokenizer=True)")
 #   there:  bash minillm/cuda/dev/verify.sh [steps...]     (steps: suite selfcheck lessons bench serve; also
-#           dev: each dev module's checks and sweep; full: the selfcheck without --quick)
+#           dev: each dev module's checks and sweep; full: the selfcheck without --quick; flashnorm: FlashNorm
+#           at every norm site of the decode step, --e2e table, its tests and lesson 15, issue 26)
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
@@ -45,6 +46,12 @@ dev)
     done ;;
 full)
     TAIL=20 step full 240 python3 -m minillm.cuda.selfcheck --no-hf ;;
+flashnorm)
+    TAIL=30 step flashnorm 240 python3 -m minillm.cuda.dev.flashnorm --e2e
+    step flashnorm 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" tests/test_flashnorm_gpu.py \
+        tests/test_flashnorm_e2e.py
+    MINILLM_LESSON_QUICK=1 MINILLM_LESSON_MODEL=${MINILLM_TEST_SMOLLM2:-random:smollm2-135m} \
+        TAIL=16 step flashnorm 150 python3 lessons/15_flashnorm.py ;;
 bench)
     for q in "" int8 int4; do
         TAIL=22 step bench 150 python3 -m minillm bench --device cuda --random-weights -m mistral-7b --new-tokens 128 \
