@@ -156,11 +156,12 @@ def test_benchmark_runs_and_reports_every_variant():
 
 # ---- FlashNorm at every norm site of the graph-captured decode step ---------------------------------
 
-def test_fused_qkv_gemv_rotates_scales_and_appends(kernels):
+@pytest.mark.parametrize("hd,dim", [(64, 576), (128, 4096)])        # the ragged end only; whole steps too
+def test_fused_qkv_gemv_rotates_scales_and_appends(kernels, hd, dim):
     """flashnorm_gemv_qkv: RoPE((W*·x)·1/RMS(x)) at pos into y, k and v (16-bit) into the cache at pos."""
     from minillm.model.layers import apply_rope, rope_inv_freq, rope_tables
     k, fk = kernels
-    n_heads, n_kv, hd, dim, pos, capacity = 4, 2, 64, 576, 5, 16
+    n_heads, n_kv, pos, capacity = 4, 2, 5, 16
     rows = (n_heads + 2 * n_kv) * hd
     w, x, w32 = inputs(rows, dim, dtype=k.dtype)
     inv_freq = rope_inv_freq(hd, 10000.0)
