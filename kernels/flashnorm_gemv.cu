@@ -4,7 +4,7 @@
 // the raw x and the reduction 1/RMS(x) = rsqrt(mean(x^2) + eps) do not depend on each other; one fp32 scale
 // per token (row) joins them at the end.
 //
-// The two-stream path (minillm/cuda/flashnorm_gpu.py) runs the projection as an ordinary GEMV or cuBLAS GEMM
+// The two-stream path (minillm/cuda/dev/flashnorm.py) runs the projection as an ordinary GEMV or cuBLAS GEMM
 // on one stream and these small kernels around it:
 //   flashnorm_inv_rms     s[t] = rsqrt(mean_i x[t, i]^2 + eps)           on the second stream
 //   flashnorm_scale_rows  out[t, r] = y[t, r] * s[t]                    after the join (waits on both)
@@ -28,6 +28,9 @@
 //     NOT scaled: the up path's 1/RMS is deferred past the product and through the down projection
 //     (linear, no bias), and s is written to inv_rms_out[0] for it.
 //   gemv_scaled_*: y[r] (+)= scale[0] * sum_k W[r, k] act[k]: that down projection, applying the deferred s.
+//   flashnorm_gemv_qkv_*: the stacked q|k|v matrix with gemv.cu's QKV epilogue (gemv_epilogue.cuh) on s * acc:
+//     RoPE on the q and k heads, the rotated row to y, k and v into the KV cache at pos[0]. With it a decode
+//     layer on folded weights is as many launches as gemv.cu v4's (minillm/cuda/dev/flashnorm.py, --e2e).
 //
 // No GEMM (prefill) variant, deliberately: at T = 512 tokens the projection is a tensor-core GEMM that
 // cuBLAS runs near the matrix-unit peak, and the RMS reduction reads T x dim floats once (8 MB at
@@ -37,12 +40,15 @@
 //
 // Requires in % 8 == 0 and 16-byte-aligned rows and x (the launcher checks in % 8).
 #include "common.cuh"
+// gemv_epilogue.cuh: RowPair, row_pair, Epilogue (the QKV epilogue: RoPE + KV append)
+#include "gemv_epilogue.cuh"
 
 #define FN_U 8              // 16-byte weight loads in flight per lane per row (x 2 rows: 8 KB a warp)
 #define FN_WARPS 4          // row pairs per block (block = 128 threads)
 #define FN_PLAIN 0          // y (+)= s * acc
 #define FN_SWIGLU 1         // act = silu(s * gate) * up
 #define FN_SCALED 2         // y (+)= scale[0] * acc (no norm of its own)
+#define FN_QKV 3            // gemv_epilogue.cuh's EPI_QKV on s * acc: RoPE, y, KV append
 
 // A weight load that bypasses L1: each weight is used once per token; L1 stays for x.
 __device__ __forceinline__ uint4 fn_ld_stream(const uint4* p) {
@@ -73,12 +79,18 @@ __device__ __forceinline__ void fn_step(uint4 wa, uint4 wb, const float4* __rest
 template <class W, int EPI>
 __device__ __forceinline__ void flashnorm_gemv(const u16* __restrict__ w, const float* __restrict__ x, float eps,
                                                const float* __restrict__ scale, float* __restrict__ y, int rows,
-                                               int in, int accumulate, float* __restrict__ inv_rms_out) {
+                                               int in, int accumulate, float* __restrict__ inv_rms_out,
+                                               const Epilogue<W>* qkv) {
     int lane = threadIdx.x & 31;
     int p = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);      // this warp's row pair
     int ra, rb;
     bool has_b = true;
-    if (EPI == FN_SWIGLU) {
+    RowPair pair = {0, 0, 0, 0, true};                                 // FN_QKV: the rotation pair's rows
+    if (EPI == FN_QKV) {
+        if (!row_pair<EPI_QKV>(p, rows, qkv->hd, pair)) return;        // whole warp: uniform
+        ra = pair.ra;
+        rb = pair.rb;
+    } else if (EPI == FN_SWIGLU) {
         if (p >= rows >> 1) return;                                    // whole warp: uniform
         ra = p;
         rb = p + (rows >> 1);
@@ -124,6 +136,10 @@ __device__ __forceinline__ void flashnorm_gemv(const u16* __restrict__ w, const 
     // The epilogue: one fp32 scale. (Not fp16: the un-normalized dot product may exceed its range.)
     float s = EPI == FN_SCALED ? scale[0] : rsqrtf(warp_sum(ss) / (float)in + eps);
     if (lane != 0) return;
+    if (EPI == FN_QKV) {                                               // RoPE is linear: rotate s * acc
+        qkv->template store<EPI_QKV>(pair, p, acc_a * s, acc_b * s);
+        return;
+    }
     if (EPI == FN_SWIGLU) {
         float g = acc_a * s;                                           // the gate is scaled before SiLU
         y[p] = g / (1.0f + expf(-g)) * acc_b;                          // the up path is not: deferred
@@ -143,7 +159,7 @@ __device__ __forceinline__ void flashnorm_gemv(const u16* __restrict__ w, const 
     extern "C" __global__ void __launch_bounds__(32 * FN_WARPS) NAME(                                            \
         const u16* w, const float* x, float eps, const float* scale, float* y, int rows, int in, int accumulate, \
         float* inv_rms_out) {                                                                                    \
-        flashnorm_gemv<W, EPI>(w, x, eps, scale, y, rows, in, accumulate, inv_rms_out);                          \
+        flashnorm_gemv<W, EPI>(w, x, eps, scale, y, rows, in, accumulate, inv_rms_out, nullptr);                 \
     }
 FLASHNORM_KERNEL(flashnorm_gemv_f16, F16, FN_PLAIN)
 FLASHNORM_KERNEL(flashnorm_gemv_bf16, BF16, FN_PLAIN)
@@ -151,6 +167,19 @@ FLASHNORM_KERNEL(flashnorm_gemv_swiglu_f16, F16, FN_SWIGLU)
 FLASHNORM_KERNEL(flashnorm_gemv_swiglu_bf16, BF16, FN_SWIGLU)
 FLASHNORM_KERNEL(gemv_scaled_f16, F16, FN_SCALED)
 FLASHNORM_KERNEL(gemv_scaled_bf16, BF16, FN_SCALED)
+
+// grid (ceil(rows / 2 / FN_WARPS)), block (128): rows = (n_heads + 2 n_kv_heads) * hd, one warp per rotation pair.
+//   w [rows, in] 16-bit (folded q|k|v); x [in] fp32 raw; y [rows] fp32 (q, k rotated; v as is); k_cache, v_cache:
+//   one layer [n_kv_heads, capacity, hd] in the weight dtype; pos [1] int32; inv_freq [hd / 2] fp32.
+#define FLASHNORM_QKV_KERNEL(NAME, W)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * FN_WARPS) NAME(                                           \
+        const u16* w, const float* x, float eps, float* y, int rows, int in, u16* k_cache, u16* v_cache,        \
+        int capacity, const int* pos, const float* inv_freq, int n_heads, int n_kv_heads, int hd) {            \
+        Epilogue<W> ep{y, 0, k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads, hd};             \
+        flashnorm_gemv<W, FN_QKV>(w, x, eps, nullptr, y, rows, in, 0, nullptr, &ep);                           \
+    }
+FLASHNORM_QKV_KERNEL(flashnorm_gemv_qkv_f16, F16)
+FLASHNORM_QKV_KERNEL(flashnorm_gemv_qkv_bf16, BF16)
 
 // ---- the pieces of the two-stream path -------------------------------------------------------------
 

@@ -152,3 +152,100 @@ def test_benchmark_runs_and_reports_every_variant():
     names = {(r["phase"], r["variant"]) for r in rows}
     assert ("decode", "fused flashnorm_gemv") in names and ("prefill 16", "two-stream") in names
     assert all(r["eager_us"] > 0 for r in rows)
+
+
+# ---- FlashNorm at every norm site of the graph-captured decode step ---------------------------------
+
+@pytest.mark.parametrize("hd,dim", [(64, 576), (128, 4096)])        # the ragged end only; whole steps too
+def test_fused_qkv_gemv_rotates_scales_and_appends(kernels, hd, dim):
+    """flashnorm_gemv_qkv: RoPE((W*·x)·1/RMS(x)) at pos into y, k and v (16-bit) into the cache at pos."""
+    from minillm.model.layers import apply_rope, rope_inv_freq, rope_tables
+    k, fk = kernels
+    n_heads, n_kv, pos, capacity = 4, 2, 5, 16
+    rows = (n_heads + 2 * n_kv) * hd
+    w, x, w32 = inputs(rows, dim, dtype=k.dtype)
+    inv_freq = rope_inv_freq(hd, 10000.0)
+    raw = deferred_linear(x, w32, EPS)[0]                                          # [rows], scaled
+    cos, sin = rope_tables(np.array([pos]), inv_freq)
+    q = apply_rope(raw[:n_heads * hd].reshape(1, n_heads, hd), cos, sin).reshape(-1)
+    kk = apply_rope(raw[n_heads * hd:(n_heads + n_kv) * hd].reshape(1, n_kv, hd), cos, sin).reshape(n_kv, hd)
+    v = raw[(n_heads + n_kv) * hd:].reshape(n_kv, hd)
+    y = cp.full(rows, cp.nan, cp.float32)
+    kc, vc = (cp.zeros((n_kv, capacity, hd), cp.asarray(w).dtype) for _ in range(2))
+    fk.gemv_qkv(cp.asarray(w), cp.asarray(x[0]), EPS, y, cp.asarray(np.array([pos], np.int32)), cp.asarray(inv_freq),
+                kc, vc, n_heads, n_kv, hd)
+    got = y.get()
+    assert rel_err(got[:n_heads * hd], q) <= F32_TOL
+    assert rel_err(got[n_heads * hd:(n_heads + n_kv) * hd], kk.reshape(-1)) <= F32_TOL
+    assert rel_err(got[(n_heads + n_kv) * hd:], v.reshape(-1)) <= F32_TOL
+    tol16 = {"float16": 2e-3, "bfloat16": 1.6e-2}[k.dtype]
+    assert rel_err(as_f32(kc.get())[:, pos], kk) <= tol16 and rel_err(as_f32(vc.get())[:, pos], v) <= tol16
+    assert not as_f32(kc.get())[:, :pos].any() and not as_f32(vc.get())[:, pos + 1:].any()   # only slot pos
+
+
+@pytest.fixture(scope="module")
+def folded_cpu(tmp_path_factory):
+    """A random Llama (gains around 1) folded with an untied head, as Transformer(flashnorm=True)."""
+    from hf_models import llama_config, save_random_model
+    from minillm.checkpoints.weights import load_hf_dir
+    from minillm.model.transformer import Transformer
+    path = tmp_path_factory.mktemp("flashnorm-e2e")
+    save_random_model(llama_config(tied=True), path, seed=26)
+    config, tensors = load_hf_dir(path)
+    config, tensors, _ = fold_checkpoint(config, tensors, untie=True)
+    return Transformer(config, tensors, flashnorm=True)
+
+
+def stepped(model, ids, n_prompt=4) -> np.ndarray:
+    """Prefill logits, then each later id decoded (the captured graph for GPU models)."""
+    cache = model.new_cache(len(ids) + 4)
+    return np.stack([model.prefill(ids[:n_prompt], cache)] + [model.decode(t, cache) for t in ids[n_prompt:]])
+
+
+E2E_MODES = [("fused", True), ("deferred", True), ("deferred", False)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mode,two_streams", E2E_MODES, ids=["fused", "deferred-two-streams", "deferred-one-stream"])
+def test_every_norm_site_step_matches_the_cpu_and_the_production_step(folded_cpu, dtype, mode, two_streams):
+    from minillm.cuda.dev.flashnorm import FlashNormDecodeTransformer
+    ids = np.random.default_rng(0).integers(0, folded_cpu.config.vocab_size, 14).tolist()
+    gpu = FlashNormDecodeTransformer.from_cpu(folded_cpu, dtype, mode=mode, two_streams=two_streams)
+    got = stepped(gpu, ids)
+    production = stepped(GPUTransformer.from_cpu(folded_cpu, dtype), ids)
+    cpu = stepped(folded_cpu, ids)
+    tol = {"float16": 5e-3, "bfloat16": 3e-2}[dtype]            # 16-bit weights vs the CPU's fp32 ones
+    assert rel_err(got, cpu) <= tol
+    assert rel_err(got, production) <= (2e-3 if dtype == "float16" else tol)
+
+
+def test_the_graph_joins_both_branches(folded_cpu):
+    """200 µs of spinning on the matmul branch of every site, inside the captured graph: the same bits."""
+    from minillm.cuda.dev.flashnorm import FlashNormDecodeTransformer
+    ids = np.random.default_rng(1).integers(0, folded_cpu.config.vocab_size, 8).tolist()
+    plain = FlashNormDecodeTransformer.from_cpu(folded_cpu, mode="deferred")
+    delayed = FlashNormDecodeTransformer.from_cpu(folded_cpu, mode="deferred")
+    delayed.two.delay_ns = 200_000
+    assert np.array_equal(stepped(delayed, ids), stepped(plain, ids))
+
+
+def test_every_norm_site_model_refuses_unfolded_weights(folded_cpu):
+    from minillm.cuda.dev.flashnorm import FlashNormDecodeTransformer
+    gpu = GPUTransformer.from_cpu(folded_cpu)
+    gpu.layers[0].mlp_norm[3] = 1.5                                       # one gain left unfolded
+    with pytest.raises(ValueError, match="folded weights"):
+        FlashNormDecodeTransformer(gpu.config, gpu.layers, gpu.embed, gpu.final_norm, gpu.lm_head)
+
+
+def test_e2e_checks_and_times_every_variant():
+    from minillm.cuda.dev.flashnorm import E2E_TOL, e2e, print_e2e
+    from minillm.model.config import PRESETS
+    rows = e2e(presets=("smollm2-135m",), n_new=4, repeats=1, check_steps=2)
+    print_e2e(rows, "float16", 4)
+    assert [r["variant"] for r in rows] == ["v4 (production)", "v4 on folded weights", "fused flashnorm_gemv",
+                                            "deferred, two streams", "deferred, one stream"]
+    assert all(r["error"] is None and r["tok_s"] > 0 and r["gpu_ms"] > 0 for r in rows), [r["error"] for r in rows]
+    assert all(r["err_folded"] <= E2E_TOL for r in rows[2:])          # the variants vs v4 on the same weights
+    assert rows[1]["err"] > 0                     # the gains were random: folding rounded the weights anew
+    n = PRESETS["smollm2-135m"].config.n_layers
+    assert [r["launches"] for r in rows] == [5 * n + 2] * 3 + [11 * n + 4] * 2

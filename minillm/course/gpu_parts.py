@@ -77,22 +77,35 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
     Its `Kernels` records each launch through the `timer` hook (the one the selfcheck times kernels
     with) instead of running it, and every array is a shape-only NumPy view (np.broadcast_to: no
     memory). No GPU, no CuPy: everything the engine's Python does per launch runs, the launch does not."""
+    m, cache, launches = recording_model(config, gemv_version, fuse_norm, capacity, kv_cache, settings=settings)
+    return (lambda: m.decode_step(cache, n_layers)), launches
+
+
+def shaped(*shape, dtype=np.float32) -> np.ndarray:
+    """A shape-only stand-in for a device array (np.broadcast_to of one zero: no memory)."""
+    return np.broadcast_to(np.zeros((), dtype), shape)
+
+
+def recording_model(config, gemv_version: int = 4, fuse_norm: bool = True, capacity: int = 256,
+                    kv_cache: str = "auto", cls=None, record=None, settings=None) -> tuple[object, object, list[str]]:
+    """(model, cache, launches) behind `recording_decode_step`: a `cls` (GPUTransformer or a subclass) made
+    without __init__, its arrays shape-only, its Kernels recording into `launches` through
+    `record(name)` (default: launches.append). A subclass sets what its own __init__ would on top."""
     from collections import defaultdict
 
     from minillm.cuda.gpu_kv_cache import GPUInt8KVCache, GPUKVCache
     from minillm.cuda.gpu_model import GPULayer, GPUTransformer
     from minillm.cuda.kernels import Kernels, KernelSettings, n_splits_for
 
-    def shaped(*shape, dtype=np.float32):
-        return np.broadcast_to(np.zeros((), dtype), shape)
-
     launches: list[str] = []
+    record = record or launches.append
     k = Kernels.__new__(Kernels)                       # no __init__: nothing to compile, no CuPy
     k.dtype, k.fn, k.settings = "float16", defaultdict(lambda: None), settings or KernelSettings()
     k._nil_f32 = k._nil_u16 = k._nil_i32 = None
-    k.timer = lambda name, launch: launches.append(name)           # record; never call launch()
+    k.timer = lambda name, launch: record(name)                    # record; never call launch()
     c, hd, w16 = config, config.head_dim, np.float16
-    m = GPUTransformer.__new__(GPUTransformer)
+    cls = cls or GPUTransformer
+    m = cls.__new__(cls)
     m.config, m.k, m.dtype, m.use_graph, m.quant = c, k, "float16", False, None     # 16-bit weights
     m.gemv_version, m.fuse_norm, m.kv_cache = gemv_version, fuse_norm, kv_cache
     m.q_width, m.qkv_width = c.n_heads * hd, (c.n_heads + 2 * c.n_kv_heads) * hd
@@ -118,4 +131,4 @@ def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True,
         cache = GPUKVCache.__new__(GPUKVCache)
         cache.k = cache.v = shaped(c.n_layers, c.n_kv_heads, capacity, hd, dtype=w16)
     cache.max_seq_len, cache.length = capacity, 0
-    return (lambda: m.decode_step(cache, n_layers)), launches
+    return m, cache, launches

@@ -8,7 +8,8 @@
 #   there:  bash minillm/cuda/dev/verify.sh [steps...]     (steps: suite selfcheck lessons bench serve; also
 #           smollm2: the suite's SmolLM2 tests alone;
 #           dev: each dev module's checks and sweep; full: the selfcheck without --quick;
-#           spec: speculative decoding's GPU tests and step costs; specbench: bench --speculative on SmolLM2)
+#           spec: speculative decoding's GPU tests and step costs; specbench: bench --speculative on SmolLM2;
+#           flashnorm: FlashNorm at every norm site of the decode step, --e2e table, its tests and lesson 15)
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
@@ -62,6 +63,12 @@ dev)
     done ;;
 full)
     TAIL=20 step full 240 python3 -m minillm.cuda.selfcheck --no-hf ;;
+flashnorm)
+    TAIL=30 step flashnorm 240 python3 -m minillm.cuda.dev.flashnorm --e2e
+    step flashnorm 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" tests/test_flashnorm_gpu.py \
+        tests/test_flashnorm_e2e.py
+    MINILLM_LESSON_QUICK=1 MINILLM_LESSON_MODEL=${MINILLM_TEST_SMOLLM2:-random:smollm2-135m} \
+        TAIL=16 step flashnorm 150 python3 lessons/15_flashnorm.py ;;
 bench)
     for q in "" int8 int4; do
         TAIL=22 step bench 150 python3 -m minillm bench --device cuda --random-weights -m mistral-7b --new-tokens 128 \
