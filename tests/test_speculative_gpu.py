@@ -72,6 +72,26 @@ def test_a_verify_pass_rolled_back_leaves_the_cache_as_a_plain_prefill_does(gpu_
             assert cp.array_equal(getattr(spec, name), getattr(plain, name)), name
 
 
+def test_a_verify_pass_replays_as_a_graph_with_the_eager_numbers(gpu_llm):
+    """A few rows with every row's logits (the verify pass) replay a captured forward + head (cuBLAS inside
+    the graph): the same launches as the eager prefill path, so the same numbers, bit for bit."""
+    import copy
+    model, prompt, rows = gpu_llm.model, _prompt(), [5, 6, 7, 8, 9]
+    eager = copy.copy(model)
+    eager.use_graph = False                           # the same weights and kernels, launched one by one
+    graphed, plain = model.new_cache(64), model.new_cache(64)
+    model.prefill(prompt, graphed)
+    model.prefill(prompt, plain)
+    for _ in range(2):                                # the second replays the graph the first captured
+        got = model.prefill(rows, graphed, all_logits=True)
+        want = eager.prefill(rows, plain, all_logits=True)
+        assert np.array_equal(got, want) and graphed.length == plain.length
+    if model.kv_cache == "int8":                      # its prefill widens length + T positions: eager only
+        assert "rows_graphs" not in vars(graphed)
+    else:
+        assert model.rows_graph_error is None and len(rows) in graphed.rows_graphs
+
+
 def test_the_int4_draft_shares_the_targets_embedding_and_head(gpu_llm):
     draft = gpu_llm.drafter("int4").model
     target = gpu_llm.model

@@ -62,6 +62,23 @@ def _cp():
     return cupy
 
 
+ROWS_GRAPH_MAX = 16     # forwards of up to this many rows with every row's logits replay as a CUDA graph
+
+
+@dataclass
+class PrefillBuffers:
+    """The activations of one T-row forward on the device (16-bit where a GEMM reads them)."""
+    tokens: object      # [T] int32
+    x: object           # [T, dim] fp32, the residual stream
+    hn: object          # [T, dim] 16-bit, normalized
+    qkv: object         # [T, qkv_width] fp32
+    attn: object        # [T, n_heads * hd] fp32
+    attn_n: object      # [T, n_heads * hd] 16-bit
+    gu: object          # [T, 2 * ffn_dim] fp32
+    act_n: object       # [T, ffn_dim] 16-bit
+    parts: tuple | None = None   # flash-decoding scratch when prefill attention runs the decode kernel
+
+
 @dataclass
 class GPULayer:
     attn_norm: object   # [dim] fp32
@@ -134,6 +151,7 @@ class GPUTransformer:
         largest = max((w.shape[0] * w.shape[1] for w in quantized), default=0)
         self._dense_scratch = cp.empty(largest, device_dtype(dtype)) if largest else None
         self._kv_scratch = None          # int8 KV cache: prefill's 16-bit K/V of one layer (sized on first use)
+        self.rows_graph_error = None     # why a few-row forward could not be captured (then it runs eagerly)
         cp.cuda.Device().synchronize()     # uploads and zero-fills ran on the default stream: finish them
 
     # ---- construction ----------------------------------------------------------------------------
@@ -269,6 +287,8 @@ class GPUTransformer:
         Speculative decoding verifies its drafts here: all_logits over the pending token and the drafts."""
         tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
         cache.end_of_write(len(tokens))                 # refuses to run past the capacity
+        if all_logits and n_layers is None and self._rows_graphable(len(tokens)):
+            return self._rows_by_graph(tokens, cache)
         layers = self.layers[:n_layers]
         outputs = []
         with self.stream:
@@ -410,28 +430,40 @@ class GPUTransformer:
     # ---- prefill: cuBLAS GEMMs ------------------------------------------------------------------
     def _prefill_chunk(self, chunk: np.ndarray, cache: GPUKVCache, layers: list[GPULayer] | None = None):
         """The chunk's T tokens through `layers` (default: all), appended to the cache.  -> x [T, dim] fp32"""
-        cp = _cp()
-        layers = self.layers if layers is None else layers
-        c, k = self.config, self.k
-        T, hd, nd = len(chunk), c.head_dim, device_dtype(self.dtype)
         self.step.set(np.array([0, cache.length], dtype=np.int32))
-        pos = self.step_pos
-        tokens = cp.asarray(chunk)
-        x = cp.empty((T, c.dim), cp.float32)
-        hn = cp.empty((T, c.dim), nd)
-        qkv = cp.empty((T, self.qkv_width), cp.float32)
-        attn = cp.empty((T, self.q_width), cp.float32)
-        attn_n = cp.empty((T, self.q_width), nd)
-        gu = cp.empty((T, 2 * c.ffn_dim), cp.float32)
-        act_n = cp.empty((T, c.ffn_dim), nd)
-        tiled = self.prefill_attention == "tiled" and k.prefill_attention_supported(hd)
-        if not tiled:                   # the decode kernel, one query per token: flash-decoding scratch
+        b = self._prefill_buffers(len(chunk))
+        b.tokens.set(chunk)
+        x = self._prefill_layers(b, cache, self.layers if layers is None else layers)
+        cache.advance(len(chunk))
+        return x
+
+    def _prefill_buffers(self, T: int) -> "PrefillBuffers":
+        """The activations of a T-row forward (made before a capture, so a graph's pointers stay valid)."""
+        cp = _cp()
+        c, hd, nd = self.config, self.config.head_dim, device_dtype(self.dtype)
+        b = PrefillBuffers(tokens=cp.empty(T, cp.int32), x=cp.empty((T, c.dim), cp.float32), hn=cp.empty((T, c.dim), nd),
+                           qkv=cp.empty((T, self.qkv_width), cp.float32), attn=cp.empty((T, self.q_width), cp.float32),
+                           attn_n=cp.empty((T, self.q_width), nd), gu=cp.empty((T, 2 * c.ffn_dim), cp.float32),
+                           act_n=cp.empty((T, c.ffn_dim), nd))
+        if not self._tiled():           # the decode kernel, one query per token: flash-decoding scratch
             s = max(1, min(16, (4 * self.n_sms) // (c.n_heads * T)))   # splits only when T is small
-            parts = (cp.empty((T, c.n_heads, s), cp.float32), cp.empty((T, c.n_heads, s), cp.float32),
-                     cp.empty((T, c.n_heads, s, hd), cp.float32), cp.zeros((T, c.n_heads), cp.uint32))
+            b.parts = (cp.empty((T, c.n_heads, s), cp.float32), cp.empty((T, c.n_heads, s), cp.float32),
+                       cp.empty((T, c.n_heads, s, hd), cp.float32), cp.zeros((T, c.n_heads), cp.uint32))
             if self.kv_cache != "int8":
-                parts = parts[:3]       # the 16-bit cache: split + combine kernels (the first prefill path)
-        k.embed(tokens, self.embed, x)                                                    # [T, dim]
+                b.parts = b.parts[:3]   # the 16-bit cache: split + combine kernels (the first prefill path)
+        return b
+
+    def _tiled(self) -> bool:
+        return self.prefill_attention == "tiled" and self.k.prefill_attention_supported(self.config.head_dim)
+
+    def _prefill_layers(self, b: "PrefillBuffers", cache: GPUKVCache, layers: list[GPULayer]):
+        """Enqueue a forward of the T tokens in b.tokens at the position in self.step through `layers`: only
+        launches (no allocation, no host copy), so it can be captured. -> b.x [T, dim] fp32"""
+        c, k = self.config, self.k
+        T, hd, pos = len(b.tokens), c.head_dim, self.step_pos
+        x, hn, qkv, attn, attn_n, gu, act_n = b.x, b.hn, b.qkv, b.attn, b.attn_n, b.gu, b.act_n
+        tiled, parts = b.parts is None, b.parts
+        k.embed(b.tokens, self.embed, x)                                                  # [T, dim]
         for i, L in enumerate(layers):
             k.rmsnorm(x, L.attn_norm, hn, c.norm_eps)                                     # [T, dim] 16-bit
             self.gemm(hn, L.wqkv, qkv)                                                    # [T, qkv_width]
@@ -449,8 +481,63 @@ class GPUTransformer:
             self.gemm(hn, L.w_gate_up, gu)                                                      # [T, 2 * ffn]
             k.swiglu(gu, act_n)                                                           # [T, ffn] 16-bit
             self.gemm(act_n, L.w_down, x, accumulate=True)                                 # x += down(act)
-        cache.advance(T)
         return x
+
+    # ---- a few rows at once: speculative decoding's verify pass, one CUDA graph ------------------
+    def _rows_graphable(self, T: int) -> bool:
+        """Can a T-row forward with every row's logits replay as a graph? Short ones (a verify pass), with
+        the tiled prefill kernel, over a 16-bit cache (the int8 one widens `length + T` positions, a count
+        a graph would freeze), unless graphs are off or capturing failed once (the reason kept)."""
+        return (self.use_graph and T <= ROWS_GRAPH_MAX and self.kv_cache != "int8" and self._tiled()
+                and self.rows_graph_error is None)
+
+    def _rows_by_graph(self, tokens: np.ndarray, cache) -> np.ndarray:
+        """Logits [T, vocab] of T new positions, by replaying the T-row forward captured for this cache;
+        falls back to the eager path (and remembers why) if the capture fails."""
+        T = len(tokens)
+        with self.stream:
+            entry = self._rows_graph_for(cache, T)
+            if entry is None:
+                return self.prefill(tokens, cache, all_logits=True)       # rows_graph_error is set now
+            graph, b, logits = entry
+            b.tokens.set(tokens)
+            self.step.set(np.array([0, cache.length], dtype=np.int32))
+            graph.launch(self.stream)
+            out = logits.get()
+            self.stream.synchronize()
+        cache.advance(T)
+        return out
+
+    def _rows_graph_for(self, cache, T: int):
+        """(graph, buffers, logits) of a T-row forward + LM head over this cache, captured on first use;
+        cuBLAS's GEMMs are captured with our kernels (cuBLAS runs under stream capture; its workspace is
+        set up with the handle, before any capture)."""
+        key = (self, self.k.settings)
+        graphs = cache.__dict__.setdefault("rows_graphs", {})
+        if graphs.get("key") != key:
+            graphs.clear()
+            graphs["key"] = key
+        if T not in graphs:
+            cp = _cp()
+            b = self._prefill_buffers(T)
+            hn = cp.empty((T, self.config.dim), device_dtype(self.dtype))
+            logits = cp.empty((T, self.config.vocab_size), cp.float32)
+            cp.cuda.device.get_cublas_handle()                     # made (and its workspace) before capturing
+            self.stream.begin_capture()
+            try:
+                x = self._prefill_layers(b, cache, self.layers)
+                self._head_all(x, hn, logits)
+            except Exception as e:                                # CUDA errors, or cuBLAS refusing the capture
+                self.rows_graph_error = f"{type(e).__name__}: {e}"
+            finally:
+                try:
+                    graph = self.stream.end_capture()
+                except Exception as e:
+                    self.rows_graph_error = self.rows_graph_error or f"{type(e).__name__}: {e}"
+            if self.rows_graph_error is not None:
+                return None
+            graphs[T] = (graph, b, logits)
+        return graphs[T]
 
     def _prefill_kv(self, i: int, cache, T: int):
         """Layer i's keys and values in 16 bits for the tiled prefill kernel: the cache's own arrays, or
@@ -466,11 +553,13 @@ class GPUTransformer:
                              keys, values)
         return keys, values
 
-    def _head_all(self, x):
+    def _head_all(self, x, hn=None, logits=None):
+        """Logits [T, vocab] fp32 of every row of x [T, dim] (into `logits` if given; hn: a 16-bit scratch)."""
         cp = _cp()
-        hn = cp.empty(x.shape, device_dtype(self.dtype))
+        hn = cp.empty(x.shape, device_dtype(self.dtype)) if hn is None else hn
         self.k.rmsnorm(x, self.final_norm, hn, self.config.norm_eps)
-        logits = cp.empty((x.shape[0], self.config.vocab_size), cp.float32)
+        if logits is None:
+            logits = cp.empty((x.shape[0], self.config.vocab_size), cp.float32)
         self.gemm(hn, self.lm_head, logits)
         return logits
 
