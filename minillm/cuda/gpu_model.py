@@ -52,6 +52,7 @@ import numpy as np
 from minillm.backend import to_dtype
 from minillm.model.config import ModelConfig
 from minillm.model.layers import rope_inv_freq
+from minillm.cuda import cublas_raw
 from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
 from minillm.cuda.kernels import MAX_FUSED_NORM, Kernels, KernelSettings, n_splits_for
 from minillm.cuda.qweights import QuantMatrix, is_quantized
@@ -152,6 +153,7 @@ class GPUTransformer:
         self._dense_scratch = cp.empty(largest, device_dtype(dtype)) if largest else None
         self._kv_scratch = None          # int8 KV cache: prefill's 16-bit K/V of one layer (sized on first use)
         self.rows_graph_error = None     # why a few-row forward could not be captured (then it runs eagerly)
+        self._capturing = False          # inside that capture: GEMMs go through cublas_raw
         cp.cuda.Device().synchronize()     # uploads and zero-fills ran on the default stream: finish them
 
     # ---- construction ----------------------------------------------------------------------------
@@ -509,9 +511,8 @@ class GPUTransformer:
         return out
 
     def _rows_graph_for(self, cache, T: int):
-        """(graph, buffers, logits) of a T-row forward + LM head over this cache, captured on first use;
-        cuBLAS's GEMMs are captured with our kernels (cuBLAS runs under stream capture; its workspace is
-        set up with the handle, before any capture)."""
+        """(graph, buffers, logits) of a T-row forward + LM head over this cache, captured on first use,
+        cuBLAS's GEMMs with our kernels (through cublas_raw: CuPy's binding refuses cuBLAS under capture)."""
         key = (self, self.k.settings)
         graphs = cache.__dict__.setdefault("rows_graphs", {})
         if graphs.get("key") != key:
@@ -522,7 +523,12 @@ class GPUTransformer:
             b = self._prefill_buffers(T)
             hn = cp.empty((T, self.config.dim), device_dtype(self.dtype))
             logits = cp.empty((T, self.config.vocab_size), cp.float32)
-            cp.cuda.device.get_cublas_handle()                     # made (and its workspace) before capturing
+            try:
+                cublas_raw.prepare(cp.cuda.device.get_cublas_handle())   # its own workspace, set before capturing
+            except (OSError, RuntimeError, AttributeError) as e:
+                self.rows_graph_error = f"{type(e).__name__}: {e}"
+                return None
+            self._capturing = True
             self.stream.begin_capture()
             try:
                 x = self._prefill_layers(b, cache, self.layers)
@@ -530,6 +536,7 @@ class GPUTransformer:
             except Exception as e:                                # CUDA errors, or cuBLAS refusing the capture
                 self.rows_graph_error = f"{type(e).__name__}: {e}"
             finally:
+                self._capturing = False
                 try:
                     graph = self.stream.end_capture()
                 except Exception as e:
@@ -577,13 +584,16 @@ class GPUTransformer:
         rows = w.shape[0]
         ab_type = runtime.CUDA_R_16F if self.dtype == "float16" else runtime.CUDA_R_16BF
         handle = cp.cuda.device.get_cublas_handle()
+        beta = self._beta1 if accumulate else self._beta0
+        args = (handle, self.stream.ptr, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, rows, T, n_in,
+                self._alpha.ctypes.data, w.data.ptr, ab_type, n_in, a.data.ptr, ab_type, n_in,
+                beta.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, rows, cublas.CUBLAS_COMPUTE_32F, -1)  # -1: default algo
+        if self._capturing:             # CuPy's binding refuses cuBLAS under capture: the same call by ctypes
+            cublas_raw.gemm_ex(*args)
+            return
         cublas.setStream(handle, self.stream.ptr)
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        beta = self._beta1 if accumulate else self._beta0
-        cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, rows, T, n_in,
-                      self._alpha.ctypes.data, w.data.ptr, ab_type, n_in, a.data.ptr, ab_type, n_in,
-                      beta.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, rows,
-                      cublas.CUBLAS_COMPUTE_32F, -1)        # -1: CUBLAS_GEMM_DEFAULT
+        cublas.gemmEx(handle, *args[2:])
 
     def _dense(self, w):
         """w itself when 16-bit; a quantized w widened into the shared scratch buffer (valid until the
