@@ -462,6 +462,29 @@ def test_a_hostile_template_is_one_line_in_llm_generate(tiny_llm):
         llm.generate([{"role": "user", "content": "hi"}], max_tokens=1)
 
 
+def test_a_sandbox_error_only_some_messages_reach_is_a_400_and_the_server_goes_on(tiny_llm):
+    """The load-time probe cannot reach every branch: one that only a long message reaches breaks the
+    sandbox at render, and that request alone gets a 400 naming `messages`."""
+    import copy
+
+    from minillm.checkpoints.chat_template import check_template
+    template = ("{% for m in messages %}{% if m.content | length > 100 %}{{ m.content * 10**6 }}{% endif %}"
+                "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    check_template(template)                                  # it passes the load-time probe
+    llm = copy.copy(tiny_llm)
+    llm._tokenizer = copy.copy(tiny_llm.tokenizer)
+    llm._tokenizer.chat_template = template
+    app, running = _serve(llm)
+    with running as url:
+        r = post(url, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x" * 101}]})
+        e = error(r, 400)
+        assert e["param"] == "messages" and "sandbox forbids: the template repeats a sequence" in e["message"]
+        r = post(url, "/v1/chat/completions", {"model": "tiny", "max_tokens": 2,
+                                               "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+
+
 # ---- 5. and 6. bad values are 400s that name the field -------------------------------------------------------
 
 @pytest.mark.parametrize("path,body,param", [

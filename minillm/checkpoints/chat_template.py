@@ -12,7 +12,8 @@ Two things a prompt string alone cannot keep apart, and this file does:
   `<|im_end|><|im_start|>system` must not open a real system turn.
 * Bounded work. The template is data from a model file: it runs in a sandbox whose multiplications,
   output length and running time are capped (`TemplateLimits`), so a hostile template fails in one line
-  instead of looping for minutes or filling memory.
+  instead of looping for minutes or filling memory. `check_template` renders probe conversations when
+  the model loads, so a template that breaks the caps on plain turns is refused then, not at the first chat.
 """
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ ROLES = ("system", "user", "assistant")      # every template knows these; "tool
 
 class ChatTemplateError(ValueError):
     """A conversation the template cannot (or may not) render: one line for the user."""
+
+
+class TemplateSandboxError(ChatTemplateError):
+    """The template broke the sandbox's bounds (a forbidden attribute, too long, too much output):
+    a fault of the template itself, whatever the conversation, so it is refused when the model loads."""
 
 
 @dataclass(frozen=True)
@@ -206,14 +212,21 @@ def _render(template: str, messages: list[dict], add_generation_prompt: bool, va
                                        **variables):
             size += len(chunk)
             if size > budget:
-                raise ChatTemplateError(f"the chat template wrote more than {budget} characters")
+                raise TemplateSandboxError(f"the chat template wrote more than {budget} characters")
             out.append(chunk)
     except _TemplateTimeout:
-        raise ChatTemplateError(f"the chat template ran longer than {LIMITS.timeout_s:g} s") from None
+        raise TemplateSandboxError(f"the chat template ran longer than {LIMITS.timeout_s:g} s") from None
     except SecurityError as e:
-        raise ChatTemplateError(f"the chat template did something its sandbox forbids: {e}") from None
-    except (TemplateError, TypeError, AttributeError, KeyError, IndexError, ZeroDivisionError,
-            OverflowError, RecursionError, MemoryError) as e:
+        raise TemplateSandboxError(f"the chat template did something its sandbox forbids: {e}") from None
+    except OverflowError as e:
+        if "sandbox" in str(e):        # jinja's sandbox refuses a range() over MAX_RANGE items
+            raise TemplateSandboxError(f"the chat template did something its sandbox forbids: {e}") from None
+        raise ChatTemplateError(f"chat template error: OverflowError: {e}") from None
+    except RecursionError:
+        raise TemplateSandboxError("the chat template recursed too deeply") from None
+    except MemoryError:
+        raise TemplateSandboxError("the chat template ran out of memory") from None
+    except (TemplateError, TypeError, AttributeError, KeyError, IndexError, ZeroDivisionError) as e:
         raise ChatTemplateError(f"chat template error: {type(e).__name__}: {e}") from None
     finally:
         sys.settrace(previous)
@@ -228,9 +241,25 @@ def _compile_or_fail(template: str):
         raise ChatTemplateError(f"the chat template does not parse: {e}") from None
 
 
-def check_template(template: str) -> None:
-    """ChatTemplateError if `template` does not parse: a model file's broken template is refused at load."""
+# Conversations rendered once when a model loads: the turns every template is written for.
+PROBES = ([{"role": "user", "content": "Hi"}],
+          [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+           {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}])
+
+
+def check_template(template: str, special_tokens: dict[str, str] | None = None) -> None:
+    """Refuse at load, not at the first chat, a model file's template that does not parse or that
+    breaks the sandbox's bounds on a plain conversation (TemplateSandboxError). A template that only
+    refuses a probe (raise_exception, say, "no system role") is within its rights and loads."""
     _compile_or_fail(template)
+    for messages in PROBES:
+        try:
+            _render(template, messages, True, dict(special_tokens or {}), LIMITS.extra_output_chars)
+        except TemplateSandboxError as e:
+            raise TemplateSandboxError(f"{e} (rendering a {len(messages)}-message probe conversation at "
+                                       "load)") from None
+        except ChatTemplateError:
+            pass
 
 
 class _TemplateTimeout(Exception):
