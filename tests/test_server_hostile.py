@@ -540,6 +540,22 @@ def test_max_tokens_cut_to_fit_the_context_says_so(short_llm):
     assert short_llm.generate("one two three", max_tokens=5, chat=False).note is None
 
 
+def test_the_server_ends_an_answer_at_the_context_as_length(short_llm):
+    """No max_tokens: the answer runs to the end of the context and says why it stopped (never a silent
+    cut); a max_tokens past the context is a 400 that says so (OpenAI's behaviour)."""
+    app, running = _serve(short_llm)
+    with running as url:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "one two three"}], "ignore_eos": True,
+                "temperature": 0}                  # chat's max_tokens defaults to none (completions': 16)
+        r = post(url, "/v1/chat/completions", body)
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == 64
+        e = error(post(url, "/v1/chat/completions", {**body, "max_tokens": 500}), 400)
+        assert e["param"] == "max_tokens" and e["code"] == "context_length_exceeded" and "context of 64" in e["message"]
+
+
 @pytest.mark.parametrize("how", ["file", "stdin"])
 def test_generate_reads_the_prompt_from_a_file_or_stdin(short_llm, monkeypatch, tmp_path, how):
     from click.testing import CliRunner
