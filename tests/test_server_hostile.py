@@ -430,6 +430,25 @@ def test_incremental_stop_matching_cuts_where_the_first_stop_string_ends():
     ("{{ 'a' | indent(10**9) }}", "asks for a width"),
     ("{% for i in range(100000) %}{{ 'y' * 50000 }}{% endfor %}", "wrote more than"),
     ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "sandbox forbids"),
+    # one call that builds gigabytes from small inputs: refused from its arguments, before it runs
+    ("{% set a = 'a' * 100000 %}{{ a.replace('a', a) | length }}", "replaces into 10000000000 characters"),
+    ("{% set a = 'a' * 100000 %}{{ a | replace('a', a) | length }}", "replaces into 10000000000 characters"),
+    ("{% set a = 'a' * 100000 %}{{ a.join(a) | length }}", "joins 9999900001 characters"),
+    ("{% set a = 'a' * 100000 %}{{ a | join(a) | length }}", "joins 9999900001 characters"),
+    ("{{ ('\t' * 100000).expandtabs(100000) | length }}", "expands tabs to"),
+    ("{% set a = 'a' * 100000 %}{{ ('x ' * 50000) | wordwrap(1, wrapstring=a) | length }}", "wraps to"),
+    ("{{ ('%0999999999d' % 1) | length }}", "a width of 999999999"),
+    ("{{ ('%*d' % (10 ** 9, 1)) | length }}", "a width of *"),
+    ("{{ ('%0999999999d' | format(1)) | length }}", "a width of 999999999"),
+    ("{{ ('{:>999999999}'.format(1)) | length }}", "a width of 999999999"),
+    ("{{ ('{:>{}}'.format(1, 10 ** 9)) | length }}", "format width from its arguments"),
+    ("{% set a = 'a' * 100000 %}{{ ([a] * 100) | length }}", "repeats a sequence 100 times"),
+    ("{% set a = 'a' * 100000 %}{% for b in [1] | batch(1000, a) %}{{ b }}{% endfor %}", "prints 1000048"),
+    ("{% set a = 'a' * 100000 %}{% for b in [1] | batch(1000, a) %}{{ b | tojson }}{% endfor %}", "writes as JSON"),
+    ("{{ [1] | batch(10 ** 9, 0) | list | length }}", "a width of 1000000000"),
+    ("{{ [1] | slice(10 ** 9) | list | length }}", "a width of 1000000000"),
+    ("{% set x = (2 ** 64) ** 64 %}{{ ((x ** 64) ** 64) > 0 }}", "more than a million bits"),
+    ("{{ lipsum(10 ** 6) }}", "'lipsum' is undefined"),
     ("{% for m in messages %}", "does not parse"),
     ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),
 ])
@@ -439,6 +458,20 @@ def test_hostile_templates_fail_in_one_line(template, fragment):
     with pytest.raises(ChatTemplateError, match=fragment) as e:
         render_chat_template(template, [{"role": "user", "content": "hi"}])
     assert "\n" not in str(e.value) and time.perf_counter() - start < 2
+
+
+def test_the_caps_leave_ordinary_template_work_alone():
+    """What real templates do with these operations renders as plain Jinja renders it."""
+    from minillm.checkpoints.chat_template import render_chat_template
+    template = ("{{ messages | map(attribute='content') | join(' | ') }};{{ 'a-b'.replace('-', '+') }};"
+                "{{ '%s=%d' % ('n', 3) }};{{ '{}!'.format('hi') }};{{ '%5.2f' | format(3.14159) }};"
+                "{{ [0] * 3 }};{{ 2 ** 10 }};{{ 7 % 3 }};{{ [1, 2, 3, 4] | batch(3, 0) | list }};"
+                "{{ [1, 2, 3] | slice(2) | list }};{{ 'ab' | center(6) }};{{ 'aaa bbb ccc' | wordwrap(4) }};"
+                "{{ 'a\nb' | indent(2, true) }};{{ messages | tojson }};{{ '-' * 8 }}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert render_chat_template(template, messages) == (
+        'hi | yo;a+b;n=3;hi!; 3.14;[0, 0, 0];1024;1;[[1, 2, 3], [4, 0, 0]];[[1, 2], [3]];  ab  ;aaa\nbbb\nccc;'
+        '  a\n  b;[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}];--------')
 
 
 def test_a_template_that_loops_is_stopped_at_its_time_limit(monkeypatch):
