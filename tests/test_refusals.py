@@ -403,3 +403,49 @@ def test_smollm2_gguf_with_a_megabyte_scribbled_is_one_line(smollm2_gguf, tmp_pa
     assert result.exit_code == 1, result.output
     assert result.stderr.strip().startswith("minillm: error: ") and "NaN/Inf" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ---- a chat template that breaks its sandbox is refused at load, not at the first chat -------------------
+SANDBOX_TEMPLATES = {
+    "forbidden-attribute": ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "sandbox forbids"),
+    "huge-repeat": ("{% for m in messages %}{{ m.content * 10**9 }}{% endfor %}", "repeats a sequence"),
+    "huge-output": ("{% for i in range(100000) %}{{ 'y' * 50000 }}{% endfor %}", "wrote more than"),
+    "endless-loop": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                     "ran longer than 0.3 s"),
+    "range-too-big": ("{% for i in range(10**12) %}{% endfor %}", "sandbox forbids: Range too big"),
+    # only a conversation with a system turn reaches the bad branch: the second probe has one
+    "in-the-system-branch": ("{% for m in messages %}{% if m.role == 'system' %}{{ 'a'.center(10**9) }}"
+                             "{% endif %}{{ m.content }}{% endfor %}", "pads a string"),
+}
+
+
+@pytest.mark.parametrize("name", SANDBOX_TEMPLATES)
+def test_a_template_that_breaks_its_sandbox_is_refused_at_load(name, good, tmp_path, monkeypatch, no_hang):
+    from minillm.checkpoints import chat_template
+    monkeypatch.setattr(chat_template, "LIMITS", chat_template.TemplateLimits(timeout_s=0.3))
+    template, fragment = SANDBOX_TEMPLATES[name]
+    path = _copy(good, tmp_path)
+    _template(template)(path)
+    with pytest.raises(MiniLLMError, match=fragment) as e:
+        minillm.load(str(path))                       # the load itself refuses: no chat was asked for
+    message = str(e.value)
+    assert "\n" not in message and "probe conversation at load" in message and str(path) in message, message
+
+    import minillm.serve.server as server             # `minillm serve` stops before it binds a port
+    monkeypatch.setattr(server, "serve", lambda *a, **k: pytest.fail("the server started"))
+    result = CliRunner().invoke(cli, ["serve", "--model", str(path), "--port", "8123"])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minillm: error: ") and fragment in lines[0], result.stderr
+
+
+def test_a_template_that_refuses_a_probe_still_loads(good, tmp_path):
+    """Refusing a conversation is a template's right (Mistral's and Gemma's refuse a system turn):
+    such a template loads, and the refusal comes with the conversation it refuses."""
+    path = _copy(good, tmp_path)
+    _template("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}"
+              "{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")(path)
+    llm = minillm.load(str(path))
+    assert len(llm.generate([{"role": "user", "content": PROMPT}], max_tokens=2).token_ids) >= 1
+    with pytest.raises(MiniLLMError, match="no system role"):
+        llm.generate([{"role": "system", "content": "x"}, {"role": "user", "content": PROMPT}], max_tokens=2)

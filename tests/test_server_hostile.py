@@ -430,6 +430,25 @@ def test_incremental_stop_matching_cuts_where_the_first_stop_string_ends():
     ("{{ 'a' | indent(10**9) }}", "asks for a width"),
     ("{% for i in range(100000) %}{{ 'y' * 50000 }}{% endfor %}", "wrote more than"),
     ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "sandbox forbids"),
+    # one call that builds gigabytes from small inputs: refused from its arguments, before it runs
+    ("{% set a = 'a' * 100000 %}{{ a.replace('a', a) | length }}", "replaces into 10000000000 characters"),
+    ("{% set a = 'a' * 100000 %}{{ a | replace('a', a) | length }}", "replaces into 10000000000 characters"),
+    ("{% set a = 'a' * 100000 %}{{ a.join(a) | length }}", "joins 9999900001 characters"),
+    ("{% set a = 'a' * 100000 %}{{ a | join(a) | length }}", "joins 9999900001 characters"),
+    ("{{ ('\t' * 100000).expandtabs(100000) | length }}", "expands tabs to"),
+    ("{% set a = 'a' * 100000 %}{{ ('x ' * 50000) | wordwrap(1, wrapstring=a) | length }}", "wraps to"),
+    ("{{ ('%0999999999d' % 1) | length }}", "a width of 999999999"),
+    ("{{ ('%*d' % (10 ** 9, 1)) | length }}", "a width of *"),
+    ("{{ ('%0999999999d' | format(1)) | length }}", "a width of 999999999"),
+    ("{{ ('{:>999999999}'.format(1)) | length }}", "a width of 999999999"),
+    ("{{ ('{:>{}}'.format(1, 10 ** 9)) | length }}", "format width from its arguments"),
+    ("{% set a = 'a' * 100000 %}{{ ([a] * 100) | length }}", "repeats a sequence 100 times"),
+    ("{% set a = 'a' * 100000 %}{% for b in [1] | batch(1000, a) %}{{ b }}{% endfor %}", "prints 1000048"),
+    ("{% set a = 'a' * 100000 %}{% for b in [1] | batch(1000, a) %}{{ b | tojson }}{% endfor %}", "writes as JSON"),
+    ("{{ [1] | batch(10 ** 9, 0) | list | length }}", "a width of 1000000000"),
+    ("{{ [1] | slice(10 ** 9) | list | length }}", "a width of 1000000000"),
+    ("{% set x = (2 ** 64) ** 64 %}{{ ((x ** 64) ** 64) > 0 }}", "more than a million bits"),
+    ("{{ lipsum(10 ** 6) }}", "'lipsum' is undefined"),
     ("{% for m in messages %}", "does not parse"),
     ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),
 ])
@@ -439,6 +458,20 @@ def test_hostile_templates_fail_in_one_line(template, fragment):
     with pytest.raises(ChatTemplateError, match=fragment) as e:
         render_chat_template(template, [{"role": "user", "content": "hi"}])
     assert "\n" not in str(e.value) and time.perf_counter() - start < 2
+
+
+def test_the_caps_leave_ordinary_template_work_alone():
+    """What real templates do with these operations renders as plain Jinja renders it."""
+    from minillm.checkpoints.chat_template import render_chat_template
+    template = ("{{ messages | map(attribute='content') | join(' | ') }};{{ 'a-b'.replace('-', '+') }};"
+                "{{ '%s=%d' % ('n', 3) }};{{ '{}!'.format('hi') }};{{ '%5.2f' | format(3.14159) }};"
+                "{{ [0] * 3 }};{{ 2 ** 10 }};{{ 7 % 3 }};{{ [1, 2, 3, 4] | batch(3, 0) | list }};"
+                "{{ [1, 2, 3] | slice(2) | list }};{{ 'ab' | center(6) }};{{ 'aaa bbb ccc' | wordwrap(4) }};"
+                "{{ 'a\nb' | indent(2, true) }};{{ messages | tojson }};{{ '-' * 8 }}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert render_chat_template(template, messages) == (
+        'hi | yo;a+b;n=3;hi!; 3.14;[0, 0, 0];1024;1;[[1, 2, 3], [4, 0, 0]];[[1, 2], [3]];  ab  ;aaa\nbbb\nccc;'
+        '  a\n  b;[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}];--------')
 
 
 def test_a_template_that_loops_is_stopped_at_its_time_limit(monkeypatch):
@@ -460,6 +493,29 @@ def test_a_hostile_template_is_one_line_in_llm_generate(tiny_llm):
     llm._tokenizer.chat_template = "{{ 'x' * 10**9 }}"
     with pytest.raises(MiniLLMError, match="sandbox forbids"):
         llm.generate([{"role": "user", "content": "hi"}], max_tokens=1)
+
+
+def test_a_sandbox_error_only_some_messages_reach_is_a_400_and_the_server_goes_on(tiny_llm):
+    """The load-time probe cannot reach every branch: one that only a long message reaches breaks the
+    sandbox at render, and that request alone gets a 400 naming `messages`."""
+    import copy
+
+    from minillm.checkpoints.chat_template import check_template
+    template = ("{% for m in messages %}{% if m.content | length > 100 %}{{ m.content * 10**6 }}{% endif %}"
+                "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    check_template(template)                                  # it passes the load-time probe
+    llm = copy.copy(tiny_llm)
+    llm._tokenizer = copy.copy(tiny_llm.tokenizer)
+    llm._tokenizer.chat_template = template
+    app, running = _serve(llm)
+    with running as url:
+        r = post(url, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x" * 101}]})
+        e = error(r, 400)
+        assert e["param"] == "messages" and "sandbox forbids: the template repeats a sequence" in e["message"]
+        r = post(url, "/v1/chat/completions", {"model": "tiny", "max_tokens": 2,
+                                               "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
 
 
 # ---- 5. and 6. bad values are 400s that name the field -------------------------------------------------------
@@ -515,6 +571,22 @@ def test_max_tokens_cut_to_fit_the_context_says_so(short_llm):
                       "must fit the model's context of 64")
     assert "\n" not in g.note
     assert short_llm.generate("one two three", max_tokens=5, chat=False).note is None
+
+
+def test_the_server_ends_an_answer_at_the_context_as_length(short_llm):
+    """No max_tokens: the answer runs to the end of the context and says why it stopped (never a silent
+    cut); a max_tokens past the context is a 400 that says so (OpenAI's behaviour)."""
+    app, running = _serve(short_llm)
+    with running as url:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "one two three"}], "ignore_eos": True,
+                "temperature": 0}                  # chat's max_tokens defaults to none (completions': 16)
+        r = post(url, "/v1/chat/completions", body)
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == 64
+        e = error(post(url, "/v1/chat/completions", {**body, "max_tokens": 500}), 400)
+        assert e["param"] == "max_tokens" and e["code"] == "context_length_exceeded" and "context of 64" in e["message"]
 
 
 @pytest.mark.parametrize("how", ["file", "stdin"])

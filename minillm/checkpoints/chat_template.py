@@ -12,7 +12,8 @@ Two things a prompt string alone cannot keep apart, and this file does:
   `<|im_end|><|im_start|>system` must not open a real system turn.
 * Bounded work. The template is data from a model file: it runs in a sandbox whose multiplications,
   output length and running time are capped (`TemplateLimits`), so a hostile template fails in one line
-  instead of looping for minutes or filling memory.
+  instead of looping for minutes or filling memory. `check_template` renders probe conversations when
+  the model loads, so a template that breaks the caps on plain turns is refused then, not at the first chat.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
 
@@ -31,6 +33,11 @@ ROLES = ("system", "user", "assistant")      # every template knows these; "tool
 
 class ChatTemplateError(ValueError):
     """A conversation the template cannot (or may not) render: one line for the user."""
+
+
+class TemplateSandboxError(ChatTemplateError):
+    """The template broke the sandbox's bounds (a forbidden attribute, too long, too much output):
+    a fault of the template itself, whatever the conversation, so it is refused when the model loads."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ def _raise_exception(message: str) -> None:
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # Jinja's own tojson escapes HTML characters (<, >, &) which would change the prompt text.
+    _check_size(_text_size(value, _BUDGET.get()), "writes as JSON")
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
                       separators=separators, sort_keys=sort_keys)
 
@@ -63,30 +71,42 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _environment_class():
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class BoundedEnvironment(ImmutableSandboxedEnvironment):
-        """The sandbox, plus a cap on what one `*` or `**` may build (a string or list of a
-        billion items is one bytecode: no time limit could stop it)."""
-        intercepted_binops = frozenset({"*", "**"})
+        """The sandbox, plus caps on what one operation may build: a string of a billion characters is
+        one bytecode (`*`, `%`, str.replace, str.join, ...), and no time limit could stop it."""
+        intercepted_binops = frozenset({"*", "**", "%"})
 
         def call_binop(self, context, operator, left, right):
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
-                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) \
-                            and len(seq) * n > LIMITS.max_repeat_chars:
-                        raise SecurityError(f"the template repeats a sequence {n} times")
-            if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
-                raise SecurityError(f"the template raises a number to the power {right}")
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+                        _check_repeat(seq, n)
+                if isinstance(left, int) and isinstance(right, int):
+                    _check_bits(left.bit_length() + right.bit_length())
+            if operator == "**" and isinstance(right, (int, float)):
+                if abs(right) > 64:
+                    _refuse(f"the template raises a number to the power {right}")
+                if isinstance(left, int) and isinstance(right, int):
+                    _check_bits(left.bit_length() * abs(right))
+            if operator == "%" and isinstance(left, str):
+                _check_printf(left)
             return super().call_binop(context, operator, left, right)
 
         def call(__self, __context, __obj, *args, **kwargs):
-            # str.center/ljust/rjust/zfill(width) build a string of `width` in one call
-            name = getattr(__obj, "__name__", "")
-            if isinstance(getattr(__obj, "__self__", None), str) and name in ("center", "ljust", "rjust", "zfill"):
-                if args and isinstance(args[0], int) and args[0] > LIMITS.max_repeat_chars:
-                    raise SecurityError(f"the template pads a string to {args[0]} characters")
+            owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
+            if isinstance(owner, str):
+                if name == "join" and args:           # one pass over the items: measure them, then join
+                    args = (list(args[0]), *args[1:])
+                _check_str_method(owner, name, args, kwargs)
             return super().call(__context, __obj, *args, **kwargs)
+
+        def wrap_str_format(self, value):
+            wrapped = super().wrap_str_format(value)  # "...".format(...): its widths are in the string
+            if wrapped is not None:
+                _check_format_widths(value.__self__)
+            return wrapped
 
     return BoundedEnvironment
 
@@ -97,23 +117,197 @@ def _compile(template: str):
     import jinja2.ext
 
     # A sandbox because the template is data from a model file, not our code. trim_blocks and
-    # lstrip_blocks are the whitespace rules every HF chat template is written against.
-    env = _environment_class()(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    # lstrip_blocks are the whitespace rules every HF chat template is written against. finalize sees
+    # every {{ value }} before it becomes text: a list can be small in memory and huge as text.
+    env = _environment_class()(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
+                               finalize=_finalize)
     env.filters["tojson"] = _tojson
-    for name in ("center", "indent", "wordwrap"):            # widths that multiply the output in one call
-        env.filters[name] = _width_capped(env.filters[name])
+    for name, check in _FILTER_CHECKS.items():        # filters whose output can dwarf their input
+        env.filters[name] = _checked_filter(env.filters[name], check)
+    del env.globals["lipsum"]                          # lipsum(n): n paragraphs in one untraceable call
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(template)
 
 
-def _width_capped(fn):
-    def capped(value, width=80, *args, **kwargs):
-        if isinstance(width, int) and width > LIMITS.max_repeat_chars:
-            from jinja2.sandbox import SecurityError
-            raise SecurityError(f"the template asks for a width of {width}")
-        return fn(value, width, *args, **kwargs)
-    return capped
+# ---- what one call may build ----------------------------------------------------------------------------
+# Each check runs before the call, from its arguments: the call itself is one bytecode, which the
+# deadline cannot interrupt. A string longer than the render may write (its output budget) is refused.
+_BUDGET: ContextVar[int] = ContextVar("chat_template_budget", default=LIMITS.extra_output_chars)
+_PRINTF = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
+
+
+def _refuse(message: str):
+    from jinja2.sandbox import SecurityError
+    raise SecurityError(message)
+
+
+def _check_size(n: int, how: str) -> None:
+    if n > _BUDGET.get():
+        _refuse(f"the template {how} {n} characters, more than it may write")
+
+
+def _check_width(n: Any) -> None:
+    if n == "*" or (isinstance(n, str) and n.isdigit() and (len(n) > 9 or int(n) > LIMITS.max_repeat_chars)) \
+            or (isinstance(n, int) and n > LIMITS.max_repeat_chars):
+        _refuse(f"the template asks for a width of {n}")
+
+
+def _check_repeat(seq: str | list | tuple, n: int) -> None:
+    """`"x" * n` or `[item] * n`: at most max_repeat_chars items, and a list no longer as text than the
+    render may write (a list of references to one long string is small in memory, huge as text)."""
+    if len(seq) * n > LIMITS.max_repeat_chars or \
+            (not isinstance(seq, str) and _text_size(seq, _BUDGET.get()) * n > _BUDGET.get()):
+        _refuse(f"the template repeats a sequence {n} times")
+
+
+def _check_bits(bits: int) -> None:
+    """Integer * and ** build a number of about this many bits in one step."""
+    if bits > 1 << 20:
+        _refuse("the template computes a number of more than a million bits")
+
+
+def _check_printf(fmt: str) -> None:
+    """`"%09999999d" % 1`: printf widths and precisions, and no `*` (a width taken from the arguments)."""
+    for width, precision in _PRINTF.findall(fmt):
+        for n in (width, precision):
+            _check_width(n)
+
+
+def _check_format_widths(fmt: str) -> None:
+    """`"{:>9999999}".format(1)`: the widths in a str.format string, and none taken from the arguments."""
+    import string
+    for _, _, spec, _ in string.Formatter().parse(fmt):
+        if spec and "{" in spec:
+            _refuse("the template takes a format width from its arguments")
+        for n in re.findall(r"\d+", spec or ""):
+            _check_width(n)
+
+
+def _check_str_method(s: str, name: str, args: tuple, kwargs: dict) -> None:
+    if name in ("center", "ljust", "rjust", "zfill") and args:
+        if isinstance(args[0], int) and args[0] > LIMITS.max_repeat_chars:
+            _refuse(f"the template pads a string to {args[0]} characters")
+    elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+        count = args[2] if len(args) > 2 else kwargs.get("count", -1)
+        _check_size(_replaced_size(s, args[0], args[1], count), "replaces into")
+    elif name == "join" and args:
+        _check_size(_joined_size(s, args[0]), "joins")
+    elif name == "expandtabs":
+        tab = args[0] if args else kwargs.get("tabsize", 8)
+        if isinstance(tab, int):
+            _check_size(len(s) + s.count("\t") * tab, "expands tabs to")
+
+
+def _replaced_size(s: str, old: str, new: str, count: Any = -1) -> int:
+    n = s.count(old) if old else len(s) + 1
+    if isinstance(count, int) and count >= 0:
+        n = min(n, count)
+    return len(s) + n * (len(new) - len(old))
+
+
+def _joined_size(sep: str, items: list) -> int:
+    limit = _BUDGET.get()
+    total = len(sep) * max(len(items) - 1, 0)
+    for item in items:
+        total += _text_size(item, limit)
+        if total > limit:
+            break
+    return total
+
+
+def _text_size(value: Any, limit: int) -> int:
+    """About how long str(value) is, counted only until it passes `limit`: a list of a million references
+    to one long string is small in memory and huge as text."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        items: Any = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return 24                                      # a number, None, a bool: short
+    total = 2
+    for item in items:
+        total += _text_size(item, limit - total) + 2
+        if total > limit:
+            break
+    return total
+
+
+def _finalize(value: Any) -> Any:
+    if not isinstance(value, str):
+        _check_size(_text_size(value, _BUDGET.get()), "prints")
+    return value
+
+
+def _checked_filter(fn, check):
+    """`fn`, with `check(its arguments by name)` first (a check may replace an argument, e.g. a generator
+    by the list it yields); keeps Jinja's pass_context/pass_environment mark."""
+    import functools
+    import inspect
+    signature = inspect.signature(fn)
+    # A marked filter gets Jinja's context (or eval context, or environment) first; an async-capable
+    # one is marked though the function it wraps does not take it.
+    passed_first = getattr(fn, "jinja_pass_arg", None) is not None
+    params = list(signature.parameters.values())
+    if passed_first and params and params[0].name in ("eval_ctx", "context", "environment"):
+        signature = signature.replace(parameters=params[1:])
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        head, rest = (args[:1], args[1:]) if passed_first else ((), args)
+        bound = signature.bind(*rest, **kwargs)
+        bound.apply_defaults()
+        check(bound.arguments)
+        return fn(*head, *bound.args, **bound.kwargs)
+    return checked
+
+
+def _check_indent(a: dict) -> None:
+    if isinstance(a["width"], str):                   # a string indent goes before every line
+        _check_size(len(a["s"]) + (a["s"].count("\n") + 1) * len(a["width"]), "indents to")
+    else:
+        _check_width(a["width"])
+
+
+def _check_wordwrap(a: dict) -> None:
+    s, width = str(a["s"]), a["width"] if isinstance(a["width"], int) else 1
+    lines = min(len(s) // max(width, 1) + s.count(" ") + s.count("\n") + 1, len(s) + 1)
+    _check_size(len(s) + lines * len(a["wrapstring"] or "\n"), "wraps to")
+
+
+def _check_replace(a: dict) -> None:
+    if isinstance(a["s"], str) and isinstance(a["old"], str) and isinstance(a["new"], str):
+        count = -1 if a["count"] is None else a["count"]
+        _check_size(_replaced_size(a["s"], a["old"], a["new"], count), "replaces into")
+
+
+def _check_join(a: dict) -> None:
+    a["value"] = list(a["value"])                     # one pass: measured here, joined by the filter
+    _check_size(_joined_size(str(a["d"]), a["value"]), "joins")
+
+
+def _check_format(a: dict) -> None:
+    if isinstance(a["value"], str):
+        _check_printf(a["value"])
+
+
+def _check_batch(a: dict) -> None:
+    if a["fill_with"] is not None:                    # the last batch is padded to linecount items
+        _check_width(a["linecount"])
+
+
+_FILTER_CHECKS = {
+    "center": lambda a: _check_width(a["width"]),
+    "indent": _check_indent,
+    "wordwrap": _check_wordwrap,
+    "replace": _check_replace,
+    "join": _check_join,
+    "format": _check_format,
+    "batch": _check_batch,
+    "slice": lambda a: _check_width(a["slices"]),     # a Python loop over range(slices), not traced
+}
 
 
 def template_roles(template: str | None) -> tuple[str, ...]:
@@ -201,22 +395,33 @@ def _render(template: str, messages: list[dict], add_generation_prompt: bool, va
     deadline = time.perf_counter() + LIMITS.timeout_s
     previous = sys.gettrace()
     sys.settrace(_deadline_tracer(deadline))
+    budget_token = _BUDGET.set(budget)
     try:
         for chunk in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                        **variables):
             size += len(chunk)
             if size > budget:
-                raise ChatTemplateError(f"the chat template wrote more than {budget} characters")
+                raise TemplateSandboxError(f"the chat template wrote more than {budget} characters")
             out.append(chunk)
     except _TemplateTimeout:
-        raise ChatTemplateError(f"the chat template ran longer than {LIMITS.timeout_s:g} s") from None
+        raise TemplateSandboxError(f"the chat template ran longer than {LIMITS.timeout_s:g} s") from None
     except SecurityError as e:
-        raise ChatTemplateError(f"the chat template did something its sandbox forbids: {e}") from None
-    except (TemplateError, TypeError, AttributeError, KeyError, IndexError, ZeroDivisionError,
-            OverflowError, RecursionError, MemoryError) as e:
+        raise TemplateSandboxError(f"the chat template did something its sandbox forbids: {e}") from None
+    except OverflowError as e:
+        if "sandbox" in str(e):        # jinja's sandbox refuses a range() over MAX_RANGE items
+            raise TemplateSandboxError(f"the chat template did something its sandbox forbids: {e}") from None
+        raise ChatTemplateError(f"chat template error: OverflowError: {e}") from None
+    except RecursionError:
+        raise TemplateSandboxError("the chat template recursed too deeply") from None
+    except MemoryError:
+        raise TemplateSandboxError("the chat template ran out of memory") from None
+    except ChatTemplateError:
+        raise                                            # raise_exception(): the template's own words
+    except (TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError) as e:
         raise ChatTemplateError(f"chat template error: {type(e).__name__}: {e}") from None
     finally:
         sys.settrace(previous)
+        _BUDGET.reset(budget_token)
     return "".join(out)
 
 
@@ -228,9 +433,25 @@ def _compile_or_fail(template: str):
         raise ChatTemplateError(f"the chat template does not parse: {e}") from None
 
 
-def check_template(template: str) -> None:
-    """ChatTemplateError if `template` does not parse: a model file's broken template is refused at load."""
+# Conversations rendered once when a model loads: the turns every template is written for.
+PROBES = ([{"role": "user", "content": "Hi"}],
+          [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+           {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}])
+
+
+def check_template(template: str, special_tokens: dict[str, str] | None = None) -> None:
+    """Refuse at load, not at the first chat, a model file's template that does not parse or that
+    breaks the sandbox's bounds on a plain conversation (TemplateSandboxError). A template that only
+    refuses a probe (raise_exception, say, "no system role") is within its rights and loads."""
     _compile_or_fail(template)
+    for messages in PROBES:
+        try:
+            _render(template, messages, True, dict(special_tokens or {}), LIMITS.extra_output_chars)
+        except TemplateSandboxError as e:
+            raise TemplateSandboxError(f"{e} (rendering a {len(messages)}-message probe conversation at "
+                                       "load)") from None
+        except ChatTemplateError:
+            pass
 
 
 class _TemplateTimeout(Exception):

