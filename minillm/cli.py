@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from minillm import __version__
 from minillm.model.config import DEFAULT_MODEL, PRESETS
 from minillm.errors import MiniLLMError
 from minillm.model.quant import METHODS as QUANT_METHODS
@@ -44,7 +45,7 @@ def _fail(message: str, code: int):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="minillm")
+@click.version_option(__version__, prog_name="minillm")   # not from metadata: a bare checkout has none
 def cli():
     """minillm: a small, readable LLM inference engine (NumPy on CPU)."""
 
@@ -261,7 +262,7 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
           served_model_name, tp, **guard):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics), with a page at /
     (chat, the engine live) and the capacity planner at /plan."""
-    from minillm.serve import server     # fails in one line without FastAPI: pip install "minillm[serve]"
+    from minillm.serve import server     # fails in one line without FastAPI, naming the serve extra
     server.check_address(host, port)
     guard["allowed_hosts"] = tuple(h.strip() for h in (guard["allowed_hosts"] or "").split(",") if h.strip())
     warning = server.exposure_warning(host, guard["api_key"])

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from minillm.errors import MiniLLMError
-from minillm.resources import data_dir, import_root
+from minillm.resources import data_dir, import_root, install_hint
 
 LESSONS_DIR = data_dir("lessons")          # the checkout's lessons/, or an installed wheel's copy
 EXERCISES_DIR = LESSONS_DIR / "exercises"
@@ -174,7 +174,7 @@ def save_plot(filename: str, draw: Callable) -> Path | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"plot {filename} skipped: matplotlib is not installed (pip install 'minillm[lessons]')")
+        print(f"plot {filename} skipped: matplotlib is not installed ({install_hint('lessons')})")
         return None
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4.5))

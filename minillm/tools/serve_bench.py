@@ -35,6 +35,7 @@ from minillm.engine.batched import check_supported
 from minillm.engine.engine import Engine
 from minillm.engine.generate import generate_ids
 from minillm.engine.sampling import SamplingParams
+from minillm.resources import install_hint
 
 MODES = {"sequential": None,
          "continuous batching": dict(prefix_caching=False),
@@ -252,5 +253,5 @@ def run_cli(llm, n_requests: int = 16, concurrency: int = 8, prefix_share: float
         echo(f"csv: {write_csv(results, csv_path)}")
     if png_path:
         path = write_png(results, png_path)
-        echo(f"png: {path}" if path else "png skipped: matplotlib is not installed (pip install 'minillm[lessons]')")
+        echo(f"png: {path}" if path else f"png skipped: matplotlib is not installed ({install_hint('lessons')})")
     return results
