@@ -157,15 +157,21 @@ def _load(model, device, dtype, quant=None, group_size=128, kv_cache="auto", fla
               help="Read the prompt from this file ('-': standard input); for prompts over the command-line limit.")
 @_load_options
 @_sampling_options
-@click.option("--chat/--no-chat", default=None, help="Apply the model's chat template (default: on for instruct models).")
+@click.option("--chat/--no-chat", default=None,
+              help="PROMPT as a user message in the model's chat template (--chat), or completed as given "
+                   "(--no-chat) [default: --chat for instruct models, those with a chat template].")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
 @click.option("--flashnorm", is_flag=True, help="Fold the norm gains into the weights and defer the normalization.")
 @_tp_option
 @_speculative_options
 def generate(prompt, prompt_file, model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k,
              top_p, seed, chat, stop, flashnorm, tp, speculative, draft_tokens):
-    """Complete PROMPT (or the text of -f FILE; PROMPT '-' reads standard input), streaming tokens to stdout
-    and timings to stderr."""
+    """Answer or complete PROMPT (or the text of -f FILE; PROMPT '-' reads standard input), streaming tokens
+    to stdout and timings to stderr.
+
+    For an instruct model PROMPT is a user message: the chat template wraps it. --no-chat completes the
+    text as given. (The Python API's rule: llm.generate("text") completes the string as given, a list of
+    messages gets the chat template.)"""
     prompt = _prompt_text(prompt, prompt_file)
     llm = _load(model, device, dtype, quant, group_size, kv_cache, flashnorm, tp)
     if tp > 1:
@@ -211,22 +217,44 @@ def _metrics_line(g) -> str:
 @_speculative_options
 def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p, seed, system, tp,
          speculative, draft_tokens):
-    """Talk with a model in the terminal; an empty line or Ctrl-C ends the conversation."""
+    """Talk with a model in the terminal. Each line you type is a user message (the chat template is
+    applied). Ctrl-C during an answer stops it and returns to the prompt; an empty line or Ctrl-C at
+    the prompt ends the conversation."""
     from minillm.engine.parallel.launcher import read_turn
     llm = _load(model, device, dtype, quant, group_size, kv_cache, tp=tp)
     messages = [{"role": "system", "content": system}] if system else []
-    click.echo(f"Chatting with {model}. An empty line or Ctrl-C ends.", err=True)
+    click.echo(f"Chatting with {model}. Ctrl-C stops an answer; an empty line or Ctrl-C at the prompt ends.",
+               err=True)
     while True:
         user = read_turn("> ", llm.model)      # with --tp: rank 0 reads, every rank gets the line
         if user is None:
             break
         messages.append({"role": "user", "content": user})
-        g = llm.generate(messages, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                         top_p=top_p, seed=seed, on_text=_stream_out, speculative=speculative,
-                         draft_tokens=draft_tokens)
+        messages.append({"role": "assistant", "content": _answer(llm, messages, max_tokens=max_tokens,
+                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         speculative=speculative, draft_tokens=draft_tokens)})
+
+
+def _answer(llm, messages, **options) -> str:
+    """Stream the model's answer to `messages`; Ctrl-C stops it early. -> the text shown, which the
+    conversation keeps (the user saw it). Under --tp the ranks decode in lockstep and one rank alone
+    cannot leave a step, so there Ctrl-C ends the session as before."""
+    shown: list[str] = []
+
+    def out(piece: str) -> None:
+        shown.append(piece)
+        _stream_out(piece)
+    try:
+        g = llm.generate(messages, on_text=out, **options)
+    except KeyboardInterrupt:
+        if getattr(llm.model, "comm", None) is not None:
+            raise
         click.echo("")
-        click.echo(_metrics_line(g), err=True)
-        messages.append({"role": "assistant", "content": g.text})
+        click.echo("[stopped]", err=True)
+        return "".join(shown)
+    click.echo("")
+    click.echo(_metrics_line(g), err=True)
+    return g.text
 
 
 def _serve_guard_options(f):

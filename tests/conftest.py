@@ -46,6 +46,21 @@ def k(request):
     return Kernels(request.param)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _plots_in_a_temporary_folder(tmp_path_factory):
+    """lessons/out/ is the student's folder: plots the tests make (lessons run in-process or as
+    subprocesses, which inherit the environment) go to a temporary folder instead (issue 16)."""
+    import os
+    from minillm.course.lessons import OUT_ENV
+    saved = os.environ.get(OUT_ENV)
+    os.environ[OUT_ENV] = str(tmp_path_factory.mktemp("lesson-plots"))
+    yield
+    if saved is None:
+        os.environ.pop(OUT_ENV, None)
+    else:
+        os.environ[OUT_ENV] = saved
+
+
 @pytest.fixture(autouse=True)
 def _blas_threads_as_they_were():
     """`--threads N` (threads.fix) is process-wide, like BLAS itself: an in-process CLI test that
