@@ -417,14 +417,19 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Write the table here.")
 @click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None, help="Write a chart here.")
+@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="Interleaved rounds: each runs every mode once; a row is the mode's median round.")
 @click.option("--url", default=None, help="Drive a running server (minillm serve or any OpenAI-compatible one) "
               "instead of an engine in this process.")
+@click.option("--api-key", envvar="MINILLM_API_KEY", default=None,
+              help="With --url: the server's key, sent as 'Authorization: Bearer KEY' [env: MINILLM_API_KEY].")
 def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
-                output_len, seed, csv_path, png_path, url):
-    """Serving throughput and latency: sequential vs continuous batching, + prefix caching, + int8 KV."""
+                output_len, seed, csv_path, png_path, rounds, url, api_key):
+    """Serving throughput and latency: sequential vs continuous batching, + prefix caching, + int8 KV,
+    measured in interleaved rounds so that other work on the machine slows every mode alike."""
     from minillm.tools.serve_bench_cli import run_from_cli
     run_from_cli(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
-                 output_len, seed, csv_path, png_path, url, echo=click.echo)
+                 output_len, seed, csv_path, png_path, url, rounds, api_key, echo=click.echo)
 
 
 @cli.command()
