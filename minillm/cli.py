@@ -420,7 +420,7 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Write the table here.")
 @click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None, help="Write a chart here.")
 @click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True,
-              help="Interleaved rounds: each runs every mode once; a row is the mode's median round.")
+              help="In process: interleaved rounds, each running every mode once; a row is the mode's median round.")
 @click.option("--url", default=None, help="Drive a running server (minillm serve or any OpenAI-compatible one) "
               "instead of an engine in this process.")
 @click.option("--api-key", envvar="MINILLM_API_KEY", default=None,
