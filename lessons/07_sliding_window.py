@@ -19,7 +19,7 @@ import numpy as np
 
 from minillm.tools.bench import random_model
 from minillm.model.config import PRESETS, ModelConfig
-from minillm.course import OUT_DIR, hf_tensors, print_table, quick, save_plot
+from minillm.course import hf_tensors, out_dir, print_table, quick, save_plot
 from minillm.model.kv_cache import KVCache, RollingKVCache
 from minillm.model.transformer import Transformer
 from minillm.tools.planner import GB, PlanError, decode_roofline, plan, plot_plan
@@ -135,7 +135,7 @@ def main():
         ax.set_title("Lesson 07: a sliding window bounds the cache")))
     for name, gpu in [("mistral-7b", "h100"), ("llama-3-8b", "l4")]:
         try:
-            paths = plot_plan(plan(name, gpu, context=8192), OUT_DIR / f"07_plan_{name}_{gpu}")
+            paths = plot_plan(plan(name, gpu, context=8192), out_dir() / f"07_plan_{name}_{gpu}")
             print("plots: " + ", ".join(str(p) for p in paths))
         except PlanError as e:          # no matplotlib: the numbers above still stand
             print(f"plots for {name} on {gpu} skipped: {e}")

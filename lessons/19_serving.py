@@ -11,7 +11,7 @@ request, no server, lesson 03's loop), the engine in-process, and the engine thr
 one request, then for many users at once (serve_bench's closed loop). The gap between the last two
 rows is the price of the API: HTTP, JSON, SSE and two threads handing events to each other.
 
-Run: python lessons/19_serving.py      (MINILLM_LESSON_QUICK=1 for a smoke run; needs minillm[serve])
+Run: python lessons/19_serving.py      (MINILLM_LESSON_QUICK=1 for a smoke run; needs the serve extra)
 
 Then watch it happen: start `minillm serve`, open http://127.0.0.1:8000 and send three messages, two of
 them from a second tab while the first still streams: the engine view beside the chat shows their
@@ -28,6 +28,7 @@ import numpy as np
 from minillm.course import lesson_model, print_table, quick, save_plot
 from minillm.engine.generate import generate_ids
 from minillm.engine.sampling import SamplingParams
+from minillm.resources import install_hint
 from minillm.tools.serve_bench import Result, Workload, format_table, random_workload, run_engine
 
 try:
@@ -36,7 +37,7 @@ try:
     from minillm.serve.server import create_app, serve_in_thread
     from minillm.tools.serve_client_bench import run_http, server_metrics
 except Exception:   # ImportError, or minillm's one-line error that names the extra
-    raise SystemExit('lesson 19 needs the HTTP server: pip install "minillm[serve]"') from None
+    raise SystemExit(f"lesson 19 needs the HTTP server: {install_hint('serve')}") from None
 
 
 def in_process_generate(llm, w: Workload) -> Result:

@@ -36,6 +36,7 @@ from minillm.engine.parallel.communicator import run_ranks
 from minillm.llm import LLM
 from minillm.model.config import PRESETS, ModelConfig
 from minillm.model.transformer import Transformer
+from minillm.resources import install_hint
 
 
 def shard_llm(llm: LLM, comm) -> Transformer:
@@ -92,7 +93,7 @@ def part_measured(n_layers: int, prompt: int, new: int) -> dict | None:
     from minillm.checkpoints.quantize import write_random_checkpoint
     from minillm.engine.parallel.measure import measure
     if shutil.which("mpiexec") is None:
-        print("\n(no mpiexec here: pip install 'minillm[tp]' to measure tp = 2)")
+        print(f"\n(no mpiexec here: {install_hint('tp')} to measure tp = 2)")
         return None
     # SmolLM2's widths with 8 query heads and 2 KV heads (SmolLM2 itself has 9 and 3: tp = 2 cannot split it)
     cfg = ModelConfig(vocab_size=49152, dim=576, n_layers=n_layers, n_heads=8, n_kv_heads=2, ffn_dim=1536,

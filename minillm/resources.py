@@ -1,4 +1,4 @@
-"""Where the folders minillm ships beside its code live: kernels/ (the CUDA sources) and lessons/.
+"""Where minillm's shipped folders live (kernels/, lessons/), and how to install what it lacks.
 
 In a source checkout (or an editable install of one) they are the checkout's top-level folders, where
 the README puts them. A built wheel carries copies inside the package, as minillm/kernels and
@@ -10,16 +10,42 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CHECKOUT_DIR = PACKAGE_DIR.parent           # the repository root, when this is a source checkout
+# The name pip knows minillm by (setup.cfg's `name`): `minillm` on PyPI is an unrelated project, so a
+# hint naming `minillm` with an extra would install someone else's code. The import name and the
+# command stay `minillm`.
+DISTRIBUTION = "minillm-engine"
+
+
+def is_checkout() -> bool:
+    """Whether this minillm runs from a source checkout (plainly or as an editable install of one)."""
+    return (CHECKOUT_DIR / "setup.cfg").is_file() and (CHECKOUT_DIR / "minillm").is_dir()
 
 
 def data_dir(name: str) -> Path:
     """The shipped folder `name` ("kernels" or "lessons"): the checkout's, else the installed copy."""
     checkout = CHECKOUT_DIR / name
-    if (CHECKOUT_DIR / "setup.cfg").is_file() and checkout.is_dir():
+    if is_checkout() and checkout.is_dir():
         return checkout
     return PACKAGE_DIR / name
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that adds the optional dependencies `extra` (setup.cfg's extras_require: gpu,
+    serve, lessons, tp, formats, test) to this minillm. From a checkout it reinstalls the checkout
+    (`.` when the shell is in it, else its path); from a wheel it names the distribution, not `minillm`.
+    Double quotes: the brackets need quoting in zsh, and cmd.exe knows no single quotes."""
+    if is_checkout():
+        return f'pip install -e "{"." if _cwd() == CHECKOUT_DIR else CHECKOUT_DIR}[{extra}]"'
+    return f'pip install "{DISTRIBUTION}[{extra}]"'
 
 
 def import_root() -> Path:
     """The folder that holds the `minillm` package: what a subprocess needs on its PYTHONPATH."""
     return CHECKOUT_DIR
+
+
+def _cwd() -> Path | None:
+    try:
+        return Path.cwd().resolve()
+    except OSError:                 # the shell's folder was deleted under it
+        return None

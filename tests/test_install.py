@@ -42,7 +42,7 @@ def venv(tmp_path_factory):
         else:
             shutil.copy(source, src / name)
     _run(sys.executable, "-m", "pip", "--disable-pip-version-check", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", work / "dist", src)
-    wheel = next((work / "dist").glob("minillm-*.whl"))
+    wheel = next((work / "dist").glob("minillm_engine-*.whl"))      # the distribution name (issue 16)
     _run(sys.executable, "-m", "venv", "--without-pip", work / "venv")
     bin_dir = work / "venv" / "bin"
     venv_site = Path(_run(bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -61,11 +61,14 @@ def _env():
 
 INSPECT = """
 import json, minillm
+from importlib.metadata import distribution
+from minillm.resources import install_hint
 from minillm.course.lessons import LESSONS_DIR
 from minillm.cuda.kernels import KERNEL_DIR, SOURCES, kernel_source
 sources = {name: len(kernel_source(name)) for name in SOURCES}     # each .cu with its #includes pasted in
 print(json.dumps({"package": minillm.__file__, "kernels": str(KERNEL_DIR), "lessons": str(LESSONS_DIR),
-                  "sources": sources}))
+                  "sources": sources, "hint": install_hint("gpu"), "dist": distribution("minillm-engine").metadata["Name"],
+                  "scripts": [e.value for e in distribution("minillm-engine").entry_points]}))
 """
 
 
@@ -121,3 +124,12 @@ def test_without_the_lessons_minillm_lesson_says_so_in_one_line(venv, installed)
 def test_a_checkout_reads_its_own_folders():
     from minillm.resources import data_dir
     assert data_dir("kernels") == ROOT / "kernels" and data_dir("lessons") == ROOT / "lessons"
+
+
+def test_the_installed_distribution_is_minillm_engine_and_its_hints_say_so(venv, installed):
+    """Installed from a wheel, minillm is the distribution minillm-engine, the command is still
+    `minillm`, and a hint names minillm-engine (PyPI's `minillm` is another project)."""
+    assert installed["dist"] == "minillm-engine" and installed["scripts"] == ["minillm.cli:main"]
+    assert installed["hint"] == 'pip install "minillm-engine[gpu]"'
+    version = _run(venv / "minillm", "--version", env=_env()).stdout.strip()
+    assert version == "minillm, version 0.1.0"

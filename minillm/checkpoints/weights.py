@@ -29,13 +29,13 @@ from tqdm.auto import tqdm
 from minillm.backend import STORAGE_DTYPES, bf16_to_f32, f32_to_bf16, to_dtype  # noqa: F401  (bf16 helpers re-exported)
 from minillm.model.config import ConfigError, ModelConfig
 from minillm.errors import MiniLLMError
-from minillm.model.moe import moe_matrix_shapes
 from minillm.model.formats import FORMATS, stored_shapes
 from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES, is_layer_matrix
 from minillm.model.quantized import quantized_matrices
 from minillm.checkpoints.hf_quantized import translate_config, translate_tensors
-from minillm.model.transformer import bias_names
 from minillm.checkpoints.tokenizer_files import save_hf
+from minillm.checkpoints.shapes import expected_shapes  # noqa: F401  (read from here too)
+from minillm.checkpoints.gguf_import import load_gguf
 
 # safetensors dtype name <-> numpy dtype. BF16 travels as raw uint16 bits (see the module docstring).
 _ST_TO_NP = {
@@ -49,6 +49,9 @@ _NP_TO_ST = {np.dtype(v).str: k for k, v in _ST_TO_NP.items()}  # uint16 maps ba
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+# A folder may hold its weights as the GGUF they came in instead (a pulled SmolLM2, pull.py): exact
+# values in 98 MB where fp32 safetensors take 538 MB, dequantized at load.
+GGUF_WEIGHTS = "source.gguf"
 
 
 # ---- safetensors: read ----------------------------------------------------------------------------
@@ -165,9 +168,12 @@ def read_config(path: str | Path) -> ModelConfig:
 
 
 def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Load an HF-layout dir: config.json plus model.safetensors or a sharded index + shards.
+    """Load an HF-layout dir: config.json plus model.safetensors or a sharded index + shards, or, with
+    neither, the GGUF its weights came in (GGUF_WEIGHTS).
 
-    Arrays are memory-mapped views in the stored dtype (bf16 as uint16); nothing is read until used.
+    Safetensors arrays are memory-mapped views in the stored dtype (bf16 as uint16); nothing is read
+    until used. A GGUF's tensors are dequantized to float32 here (a few seconds for SmolLM2), every time:
+    that keeps the values exact at a sixth of the disk (a Q4_1 weight needs float32, not 16 bits).
     """
     path = Path(path)
     if not path.is_dir():
@@ -177,6 +183,8 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
         tensors = read_safetensors(path / SAFETENSORS)
     elif (path / SAFETENSORS_INDEX).is_file():
         tensors = _load_sharded(path / SAFETENSORS_INDEX)
+    elif (path / GGUF_WEIGHTS).is_file():
+        _, tensors = load_gguf(path / GGUF_WEIGHTS, dtype="float32")
     else:
         raise MiniLLMError(f"{path}: no {SAFETENSORS} or {SAFETENSORS_INDEX} (only safetensors weights are read; "
                            f"convert .bin checkpoints with transformers' save_pretrained first)")
@@ -187,39 +195,6 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
 
 
 # ---- the tensors a config implies ------------------------------------------------------------------
-def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF name -> shape of every float tensor a model of this config has ([out, in] for matrices):
-    biases, MLA attention and MoE blocks included."""
-    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.dim), "model.norm.weight": (c.dim,)}
-    if not c.tie_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, c.dim)
-    attention = _mla_shapes(c) if c.attention == "mla" else {
-        "self_attn.q_proj": (q, c.dim), "self_attn.k_proj": (kv, c.dim), "self_attn.v_proj": (kv, c.dim),
-        "self_attn.o_proj": (c.dim, q)}
-    dense = {"mlp.gate_proj": (c.ffn_dim, c.dim), "mlp.up_proj": (c.ffn_dim, c.dim), "mlp.down_proj": (c.dim, c.ffn_dim)}
-    norms = {"input_layernorm": (c.dim,), "post_attention_layernorm": (c.dim,)}
-    for i in range(c.n_layers):
-        p = f"model.layers.{i}."
-        mlp = {} if c.is_moe_layer(i) else dense
-        shapes |= {f"{p}{part}.weight": shape for part, shape in (attention | mlp | norms).items()}
-        shapes |= {name: (shapes[name.removesuffix(".bias") + ".weight"][0],) for name in bias_names(c, i).values()}
-        if c.is_moe_layer(i):
-            shapes |= moe_matrix_shapes(c, i)
-    return shapes
-
-
-def _mla_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """One MLA layer's attention tensors (mla.py): low-rank or plain queries, the latent KV path, o."""
-    qk = c.n_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim)
-    q = ({"self_attn.q_a_proj": (c.q_lora_rank, c.dim), "self_attn.q_a_layernorm": (c.q_lora_rank,),
-          "self_attn.q_b_proj": (qk, c.q_lora_rank)} if c.q_lora_rank else {"self_attn.q_proj": (qk, c.dim)})
-    return q | {"self_attn.kv_a_proj_with_mqa": (c.kv_lora_rank + c.qk_rope_head_dim, c.dim),
-                "self_attn.kv_a_layernorm": (c.kv_lora_rank,),
-                "self_attn.kv_b_proj": (c.n_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
-                "self_attn.o_proj": (c.dim, c.n_heads * c.v_head_dim)}
-
-
 def _quantized_shapes(c: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """The same with each layer matrix P.weight stored as quant.py writes it: P.qweight, P.scales (, P.mins)."""
     out = {}

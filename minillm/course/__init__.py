@@ -35,16 +35,16 @@ from minillm.course.ex_quant import (dequantize_int4_words_reference, quantize_i
 from minillm.course.ex_serving import cached_prefix_reference, gather_reference, pack_reference, stream_text_reference
 from minillm.course.gpu_parts import gpu_description, record_decode_launches, recording_decode_step, run_gpu_parts, why_no_gpu
 from minillm.course.grader import CaseResult, Report, check_exercise, exercise_path, load_exercise
-from minillm.course.lessons import (DEFAULT_LESSON_MODEL, EXERCISES_DIR, LESSONS_DIR, MODEL_ENV, OUT_DIR, QUICK_ENV, Lesson,
+from minillm.course.lessons import (DEFAULT_LESSON_MODEL, EXERCISES_DIR, LESSONS_DIR, MODEL_ENV, OUT_ENV, QUICK_ENV, Lesson,
                       StandInTokenizer, best_time, default_lesson_model, find_lesson, hf_tensors, lesson_model,
-                      list_lessons, print_table, quick, run_lesson, save_plot)
+                      list_lessons, out_dir, print_table, quick, run_lesson, save_plot)
 from minillm.course.registry import EXERCISES
 
 __all__ = [
     # lessons
-    "DEFAULT_LESSON_MODEL", "EXERCISES_DIR", "LESSONS_DIR", "MODEL_ENV", "OUT_DIR", "QUICK_ENV", "Lesson",
+    "DEFAULT_LESSON_MODEL", "EXERCISES_DIR", "LESSONS_DIR", "MODEL_ENV", "OUT_ENV", "QUICK_ENV", "Lesson",
     "StandInTokenizer", "best_time", "default_lesson_model", "find_lesson", "hf_tensors", "lesson_model",
-    "list_lessons", "print_table", "quick", "run_lesson", "save_plot",
+    "list_lessons", "out_dir", "print_table", "quick", "run_lesson", "save_plot",
     # GPU parts
     "gpu_description", "record_decode_launches", "recording_decode_step", "run_gpu_parts", "why_no_gpu",
     # exercises and the grader

@@ -7,13 +7,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from minillm.resources import install_hint
+
 
 def why_no_gpu() -> str | None:
     """None when CuPy can use a CUDA device; else one line saying why a lesson's GPU parts are skipped."""
     try:
         import cupy
     except Exception as e:  # noqa: BLE001 - any import failure means the same thing here
-        return f"CuPy is not importable ({type(e).__name__}); pip install 'minillm[gpu]' on a GPU machine"
+        return f"CuPy is not importable ({type(e).__name__}); {install_hint('gpu')} on a GPU machine"
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001 - no driver, no device: the message says which

@@ -18,12 +18,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from minillm.errors import MiniLLMError
-from minillm.resources import data_dir, import_root
+from minillm.resources import data_dir, import_root, install_hint
 
 LESSONS_DIR = data_dir("lessons")          # the checkout's lessons/, or an installed wheel's copy
 EXERCISES_DIR = LESSONS_DIR / "exercises"
-OUT_DIR = LESSONS_DIR / "out"
 MODEL_ENV, QUICK_ENV = "MINILLM_LESSON_MODEL", "MINILLM_LESSON_QUICK"
+OUT_ENV = "MINILLM_LESSON_OUT"             # where plots go instead of lessons/out/ (the tests: a temporary folder)
 DEFAULT_LESSON_MODEL = "smollm2-135m"
 
 
@@ -167,20 +167,27 @@ def _looks_numeric(s: str) -> bool:
     return bool(s) and (s[0].isdigit() or s[0] in "-+.") and not s.startswith("--")
 
 
+def out_dir() -> Path:
+    """The folder lessons write their plots into: lessons/out/, the student's, unless $MINILLM_LESSON_OUT
+    names another (the test suite points it at a temporary folder: tests/conftest.py)."""
+    return Path(os.environ.get(OUT_ENV) or LESSONS_DIR / "out")
+
+
 def save_plot(filename: str, draw: Callable) -> Path | None:
-    """Draw a figure with `draw(ax)` and write it to lessons/out/; skip with a note without matplotlib."""
+    """Draw a figure with `draw(ax)` and write it to out_dir(); skip with a note without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"plot {filename} skipped: matplotlib is not installed (pip install 'minillm[lessons]')")
+        print(f"plot {filename} skipped: matplotlib is not installed ({install_hint('lessons')})")
         return None
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    folder = out_dir()
+    folder.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     draw(ax)
     fig.tight_layout()
-    path = OUT_DIR / filename
+    path = folder / filename
     fig.savefig(path, dpi=110)
     plt.close(fig)
     print(f"plot: {path}")

@@ -45,6 +45,7 @@ import numpy as np
 from minillm.backend import as_f32, blockwise_matmul
 from minillm.errors import MiniLLMError
 from minillm.model.quant import BLOCK_BYTES, QuantizedWeight, pack_int4
+from minillm.resources import install_hint
 
 FORMATS = ("fp8", "nf4", "mxfp4")
 FP8_KINDS = ("e4m3", "e5m2")
@@ -58,7 +59,7 @@ def ml_dtypes():
     try:
         import ml_dtypes as module
     except ImportError:
-        raise MiniLLMError("the fp8/nf4/mxfp4 formats need ml_dtypes: pip install 'minillm[formats]'") from None
+        raise MiniLLMError(f"the fp8/nf4/mxfp4 formats need ml_dtypes: {install_hint('formats')}") from None
     return module
 
 

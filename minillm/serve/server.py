@@ -37,6 +37,7 @@ from typing import AsyncIterator, Iterator
 from minillm.errors import MiniLLMError
 from minillm.serve.live import LiveView
 from minillm.serve.metrics import Metrics
+from minillm.resources import install_hint
 
 try:
     from fastapi import APIRouter, Depends, FastAPI, Request
@@ -50,7 +51,7 @@ try:
                                         chat_completion, completion, json_schema, model_list, new_id, parse, sse,
                                         usage, usage_chunk)
 except ImportError:
-    raise MiniLLMError('minillm serve needs FastAPI and uvicorn: pip install "minillm[serve]"') from None
+    raise MiniLLMError(f"minillm serve needs FastAPI and uvicorn: {install_hint('serve')}") from None
 
 log = logging.getLogger("minillm.serve.server")
 

@@ -22,6 +22,7 @@ from minillm.errors import MiniLLMError
 from minillm.threads import for_rows, policy
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import int8_kv_bytes_per_token
+from minillm.resources import install_hint
 
 
 # ---- the machine ---------------------------------------------------------------------------------
@@ -263,7 +264,7 @@ def run(model, prompt_tokens: int = 512, new_tokens: int = 32, repeats: int = 3,
          f"fp32 matmul {flops / 1e9:.0f} GFLOP/s")
     hf = hf_peer(model) if peer else None
     if peer and hf is None:
-        echo("peer: HF transformers not installed (pip install 'minillm[test]')")
+        echo(f"peer: HF transformers not installed ({install_hint('test')})")
     results = interleaved(model, hf, prompt, new_tokens, repeats)
     bytes_per_token = decode_bytes_per_token(model, prompt_tokens + new_tokens // 2)
     work = prefill_flops(cfg, prompt_tokens)

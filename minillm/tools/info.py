@@ -15,7 +15,7 @@ def describe(model: str) -> str:
     from minillm.checkpoints.reader import read_checkpoint
 
     preset = PRESETS.get(model)
-    weights_bytes, where = None, "not pulled: run `minillm pull %s`" % model
+    weights_bytes, disk, where = None, None, "not pulled: run `minillm pull %s`" % model
     try:
         path = pull.resolve(model)
     except WeightsNotFound:
@@ -25,11 +25,36 @@ def describe(model: str) -> str:
     else:
         config, tensors, _ = read_checkpoint(path)
         weights_bytes = sum(t.nbytes for t in tensors.values())
-        where = str(path)
-    return _report(model, config, weights_bytes, where)
+        where, disk = str(path), on_disk(path)
+    return _report(model, config, weights_bytes, where, disk)
 
 
-def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str) -> str:
+def on_disk(path) -> str:
+    """What a checkpoint takes on disk, and in which form its weights are kept (issue 16: a pulled
+    SmolLM2 is its 98 MB GGUF, dequantized at load, where a float32 copy took 538 MB more)."""
+    from pathlib import Path
+
+    from minillm.checkpoints.gguf_import import open_gguf
+    from minillm.checkpoints.weights import GGUF_WEIGHTS, SAFETENSORS, SAFETENSORS_INDEX
+    path = Path(path)
+    files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
+    total = sum(p.stat().st_size for p in files)
+    gguf = path if path.is_file() else path / GGUF_WEIGHTS
+    converted = path.is_dir() and ((path / SAFETENSORS).is_file() or (path / SAFETENSORS_INDEX).is_file())
+    if not gguf.is_file():
+        return f"{_gb(total)} ({len(files)} files)"
+    kinds: dict[str, int] = {}
+    for t in open_gguf(gguf).tensors:
+        kinds[t.tensor_type.name] = kinds.get(t.tensor_type.name, 0) + 1
+    form = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    if converted:       # pulled before issue 16: the GGUF and a float32 copy of it, which is what loads
+        return (f"{_gb(total)}: safetensors (loaded) and {gguf.name} ({_gb(gguf.stat().st_size)}: {form} tensors, "
+                f"which they were converted from); `minillm pull {path.name} --force` keeps only the GGUF")
+    return (f"{_gb(total)}: {gguf.name} ({_gb(gguf.stat().st_size)}: {form} tensors, as they came; dequantized "
+            f"at load)" + ("" if path.is_file() else ", config and tokenizer"))
+
+
+def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str, disk: str | None = None) -> str:
     heads = _attention_summary(c)
     rows = [
         ("model", name),
@@ -52,8 +77,10 @@ def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str) ->
         q = c.quantization
         rows.append(("quantization", q["method"] + (f", groups of {q['group_size']}" if "group_size" in q else "")
                      + " (layer matrices; embedding and head as stored)"))
+    if disk is not None:
+        rows.append(("on disk", disk))
     if weights_bytes is not None:
-        rows.append(("bytes as stored", _gb(weights_bytes)))
+        rows.append(("bytes in memory", _gb(weights_bytes) + " (the weights as loaded, before --dtype/--quant)"))
     rows += [
         ("KV cache per token", f"{c.kv_bytes_per_token(2):,} bytes fp16, {c.kv_bytes_per_token(4):,} bytes fp32"),
         ("KV cache full context", f"{_gb(c.kv_bytes_per_token(2) * c.max_seq_len)} fp16"),

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from minillm.model.config import PRESETS, ModelConfig
 from minillm.errors import MiniLLMError
+from minillm.resources import install_hint
 
 GB = 1e9
 DEFAULT_GPU = "h100"
@@ -386,7 +387,7 @@ def plot_plan(p: Plan, directory: str | Path, user_counts: tuple[int, ...] = (1,
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlanError("plotting needs matplotlib: pip install 'minillm[lessons]'") from None
+        raise PlanError(f"plotting needs matplotlib: {install_hint('lessons')}") from None
     import numpy as np
 
     directory = Path(directory)
@@ -555,7 +556,7 @@ def plot_ranking(rows: list[Ranked], path: str | Path, latency_ms: float, min_ba
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlanError("plotting needs matplotlib: pip install 'minillm[lessons]'") from None
+        raise PlanError(f"plotting needs matplotlib: {install_hint('lessons')}") from None
     met = [r for r in rows if r.plan is not None]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

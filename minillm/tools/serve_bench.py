@@ -17,6 +17,13 @@ and each prints requests/s, output tokens/s, time to first token (mean, p90; wai
 counts: that is what a user feels), mean inter-token latency, and the peak KV bytes in use. On the GPU
 the pool is 16-bit, and the int8 KV row holds int8 codes with a scale per position and head (about half).
 
+The modes run in interleaved rounds: every round runs each mode once, in an order that rotates from
+round to round, and each row is that mode's median round. Run one after another, a neighbour's burst of
+work lands on whichever modes happen to run then and shows up as a fake speedup (issue 16: "+ prefix
+caching 2.1x" with no cache hits); interleaved, it slows every mode alike. The load average is printed
+at the start and the end, with a warning when it moved, and the spread column says how far a mode's
+rounds were apart.
+
 Two workloads: "random" (random prompt and output lengths, no sharing) and "agentic" (every prompt
 starts with one long system prompt, `prefix_share` of its tokens, as agents' tool-laden prompts do).
 Prompts are random token ids and every request runs to its output length (EOS ignored), so all
@@ -25,6 +32,7 @@ servers do exactly the same work (speculation: the same tokens, in fewer target 
 from __future__ import annotations
 
 import csv
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +43,7 @@ from minillm.engine.batched import check_supported
 from minillm.engine.engine import Engine
 from minillm.engine.generate import generate_ids
 from minillm.engine.sampling import SamplingParams
+from minillm.resources import install_hint
 
 MODES = {"sequential": None,
          "continuous batching": dict(prefix_caching=False),
@@ -85,6 +94,8 @@ class Result:
     peak_kv_bytes: int
     prefix_hit_tokens: int = 0
     extra: dict = field(default_factory=dict)
+    rounds: int = 1
+    spread: float = 0.0             # (fastest - slowest round) / median round, output tok/s
 
     def row(self) -> dict:
         itl = [x for x in self.itl_s if x > 0]
@@ -92,7 +103,8 @@ class Result:
                 "requests_per_s": len(self.ttft_s) / self.wall_s, "output_tok_per_s": self.output_tokens / self.wall_s,
                 "ttft_mean_s": float(np.mean(self.ttft_s)), "ttft_p90_s": float(np.percentile(self.ttft_s, 90)),
                 "itl_mean_s": float(np.mean(itl)) if itl else 0.0, "peak_kv_bytes": self.peak_kv_bytes,
-                "prefix_hit_tokens": self.prefix_hit_tokens, "wall_s": self.wall_s}
+                "prefix_hit_tokens": self.prefix_hit_tokens, "wall_s": self.wall_s, "rounds": self.rounds,
+                "tok_per_s_spread": self.spread}
 
 
 # ---- the servers ----------------------------------------------------------------------------------
@@ -148,27 +160,74 @@ def run_engine(llm, w: Workload, concurrency: int, mode: str, **engine_options) 
                   stats["prefix_hit_tokens"], dict(preemptions=stats["preemptions"]))
 
 
-def run(llm, workloads: list[Workload], concurrency: int, echo=print) -> list[Result]:
-    """Every workload through every server; prints one table per workload."""
+def run(llm, workloads: list[Workload], concurrency: int, rounds: int = 3, echo=print) -> list[Result]:
+    """Every workload through every server, in `rounds` interleaved rounds; prints one table per
+    workload (each row: the mode's median round) and the load average around the whole run."""
     check_supported(llm.model)
     on_gpu = _on_gpu(llm)
     generate_ids(llm.model, workloads[0].prompts[0][:8], 2, SamplingParams())   # warm up: first calls are slow
     if on_gpu:      # and the engine's first step compiles paged_attention.cu: keep that out of the timings
         Engine(llm, num_blocks=64).generate([p[:40] for p in workloads[0].prompts[:4]], max_tokens=2)
+    modes = [m for m, options in MODES.items()   # the GPU engine has no speculative step yet (issue 23)
+             if not (on_gpu and options and "speculative" in options)]
+    load_start = load_average()
+    echo(f"load average (1 min): {_load(load_start)} on {os.cpu_count()} cores; {rounds} interleaved rounds")
     results = []
     for w in workloads:
         echo(f"\n{w.name}: {len(w.prompts)} requests, {concurrency} concurrent, prompts "
              f"{int(np.mean([len(p) for p in w.prompts]))} tokens and outputs {int(np.mean(w.output_lens))} "
              f"tokens on average")
-        rows = []
-        for mode, options in MODES.items():
-            if on_gpu and options and "speculative" in options:
-                continue                             # the GPU engine has no speculative step yet (issue 23)
-            r = run_sequential(llm, w, concurrency) if options is None else run_engine(llm, w, concurrency, mode, **options)
-            rows.append(r)
+        per_mode: dict[str, list[Result]] = {m: [] for m in modes}
+        for r in range(rounds):
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:     # rotated: no mode always first
+                per_mode[mode].append(run_mode(llm, w, concurrency, mode))
+        rows = [median_round(per_mode[m]) for m in modes]
         echo(format_table(rows))
         results += rows
+    load_end = load_average()
+    echo(f"load average (1 min): {_load(load_start)} at the start, {_load(load_end)} at the end")
+    warning = load_warning(load_start, load_end)
+    if warning:
+        echo(warning)
     return results
+
+
+def run_mode(llm, w: Workload, concurrency: int, mode: str) -> Result:
+    options = MODES[mode]
+    return run_sequential(llm, w, concurrency) if options is None else run_engine(llm, w, concurrency, mode, **options)
+
+
+def median_round(results: list[Result]) -> Result:
+    """A mode's median round by output tok/s (of an even count, the slower of the middle two), with
+    the number of rounds and their spread."""
+    speeds = sorted(r.row()["output_tok_per_s"] for r in results)
+    median = speeds[(len(speeds) - 1) // 2]
+    chosen = next(r for r in results if r.row()["output_tok_per_s"] == median)
+    chosen.rounds, chosen.spread = len(results), (speeds[-1] - speeds[0]) / median if median else 0.0
+    return chosen
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, all users), None where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):            # Windows
+        return None
+
+
+def load_warning(start: float | None, end: float | None, cores: int | None = None) -> str | None:
+    """A warning when the machine's load moved by half a core or more during the run: other work then
+    slowed some rounds more than others, and the spread column shows by how much."""
+    if start is None or end is None or abs(end - start) < 0.5:
+        return None
+    cores = cores or os.cpu_count() or 1
+    return (f"warning: the load average moved from {start:.2f} to {end:.2f} during the run ({cores} cores): "
+            f"other work shared the machine, so compare modes with care (see the spread column; more "
+            f"--rounds help)")
+
+
+def _load(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f}"
 
 
 def _on_gpu(llm) -> bool:
@@ -177,7 +236,7 @@ def _on_gpu(llm) -> bool:
 
 def format_table(results: list[Result]) -> str:
     header = (f"{'':22s} {'req/s':>7s} {'out tok/s':>9s} {'TTFT mean':>10s} {'TTFT p90':>9s} {'ITL mean':>9s} "
-              f"{'peak KV':>9s} {'cache hits':>10s}")
+              f"{'peak KV':>9s} {'cache hits':>10s} {'spread':>7s}")
     lines = [header, "-" * len(header)]
     base = results[0].row()["output_tok_per_s"] if results else 0.0
     for r in results:
@@ -185,8 +244,14 @@ def format_table(results: list[Result]) -> str:
         speedup = f" ({d['output_tok_per_s'] / base:.1f}x)" if base and r is not results[0] else ""
         lines.append(f"{r.mode:22s} {d['requests_per_s']:7.2f} {d['output_tok_per_s']:9.1f} "
                      f"{d['ttft_mean_s'] * 1e3:8.0f}ms {d['ttft_p90_s'] * 1e3:7.0f}ms {d['itl_mean_s'] * 1e3:7.1f}ms "
-                     f"{_mb(d['peak_kv_bytes']):>9s} {d['prefix_hit_tokens']:10d}{speedup}")
+                     f"{_mb(d['peak_kv_bytes']):>9s} {d['prefix_hit_tokens']:10d} "
+                     f"{_spread(r)}{speedup}")
     return "\n".join(lines)
+
+
+def _spread(r: Result) -> str:
+    """How far the mode's rounds were apart (±half the range, % of the median); '-' for one round."""
+    return f"{'-':>7s}" if r.rounds < 2 else f"{'±' + format(50 * r.spread, '.0f') + '%':>7s}"
 
 
 def _mb(n: int) -> str:
@@ -235,7 +300,7 @@ def write_png(results: list[Result], path: str | Path) -> Path | None:
 
 def run_cli(llm, n_requests: int = 16, concurrency: int = 8, prefix_share: float = 0.75, workload: str = "both",
             prompt_len: int = 128, output_len: int = 32, csv_path=None, png_path=None, seed: int = 0,
-            echo=print) -> list[Result]:
+            rounds: int = 3, echo=print) -> list[Result]:
     """What `minillm bench serve` does: build the workloads, run them, print, write the CSV and PNG."""
     from minillm.errors import MiniLLMError
     longest = prompt_len * 3 // 2 + output_len * 3 // 2
@@ -247,10 +312,10 @@ def run_cli(llm, n_requests: int = 16, concurrency: int = 8, prefix_share: float
         workloads.append(random_workload(n_requests, vocab, prompt_len, output_len, seed))
     if workload in ("agentic", "both"):
         workloads.append(agentic_workload(n_requests, vocab, prompt_len, output_len, prefix_share, seed))
-    results = run(llm, workloads, concurrency, echo)
+    results = run(llm, workloads, concurrency, rounds, echo)
     if csv_path:
         echo(f"csv: {write_csv(results, csv_path)}")
     if png_path:
         path = write_png(results, png_path)
-        echo(f"png: {path}" if path else "png skipped: matplotlib is not installed (pip install 'minillm[lessons]')")
+        echo(f"png: {path}" if path else f"png skipped: matplotlib is not installed ({install_hint('lessons')})")
     return results

@@ -8,7 +8,7 @@ from minillm.tools import serve_bench
 def run_from_cli(model_name: str, device: str = "cpu", random_weights: bool = False, n_requests: int = 16,
                  concurrency: int = 8, prefix_share: float = 0.75, workload: str = "both", prompt_len: int = 128,
                  output_len: int = 32, seed: int = 0, csv_path=None, png_path=None, url: str | None = None,
-                 echo=print) -> None:
+                 rounds: int = 3, api_key: str | None = None, echo=print) -> None:
     """What `minillm bench serve` does: over HTTP against `url`, or in this process on a loaded (or
     random-weight) model."""
     from minillm.errors import MiniLLMError
@@ -20,7 +20,7 @@ def run_from_cli(model_name: str, device: str = "cpu", random_weights: bool = Fa
         from minillm.tools.serve_client_bench import run_cli as run_over_http
         try:
             run_over_http(url, n_requests, concurrency, prefix_share, workload, prompt_len, output_len, csv_path,
-                          seed, echo=echo)
+                          seed, api_key=api_key, echo=echo)
         except ValueError as e:
             raise MiniLLMError(str(e)) from None
         return
@@ -41,4 +41,4 @@ def run_from_cli(model_name: str, device: str = "cpu", random_weights: bool = Fa
     else:
         llm = load(model_name, device)
     serve_bench.run_cli(llm, n_requests, concurrency, prefix_share, workload, prompt_len, output_len, csv_path, png_path, seed,
-            echo=echo)
+                        rounds, echo=echo)

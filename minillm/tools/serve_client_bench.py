@@ -103,7 +103,13 @@ def _error_message(response) -> str:
 
 # ---- the closed loop --------------------------------------------------------------------------------
 
-async def _closed_loop(url: str, model: str, w: Workload, concurrency: int) -> tuple[float, list[Timing]]:
+def _headers(api_key: str | None) -> dict[str, str]:
+    """What a server started with --api-key wants on every /v1 request."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def _closed_loop(url: str, model: str, w: Workload, concurrency: int,
+                       api_key: str | None = None) -> tuple[float, list[Timing]]:
     import httpx
     timings: list[Timing | None] = [None] * len(w.prompts)
     todo = iter(range(len(w.prompts)))          # shared by the clients: each takes the next request
@@ -113,17 +119,18 @@ async def _closed_loop(url: str, model: str, w: Workload, concurrency: int) -> t
             timings[i] = await _timed_request(client, model, w.prompts[i], w.output_lens[i], t0)
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits, headers=_headers(api_key)) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
         return time.perf_counter() - t0, timings
 
 
-def run_http(url: str, model: str, w: Workload, concurrency: int, mode: str = "HTTP server") -> Result:
+def run_http(url: str, model: str, w: Workload, concurrency: int, mode: str = "HTTP server",
+             api_key: str | None = None) -> Result:
     """The workload through the server at `url`, as one row of serve_bench's table."""
-    before = server_metrics(url)
-    wall, timings = asyncio.run(_closed_loop(url, model, w, concurrency))
-    after = server_metrics(url)
+    before = server_metrics(url, api_key)
+    wall, timings = asyncio.run(_closed_loop(url, model, w, concurrency, api_key))
+    after = server_metrics(url, api_key)
     ttft = [(t.first if t.first is not None else wall) - t.sent for t in timings]
     itl = [(t.last - t.first) / (t.tokens - 1) if t.tokens > 1 and t.first is not None else 0.0 for t in timings]
     hits = after.get("minillm_prefix_cache_hit_tokens_total", 0) - before.get("minillm_prefix_cache_hit_tokens_total", 0)
@@ -132,11 +139,11 @@ def run_http(url: str, model: str, w: Workload, concurrency: int, mode: str = "H
     return Result(w.name, mode, wall, sum(t.tokens for t in timings), ttft, itl, int(peak), int(hits))
 
 
-def server_metrics(url: str) -> dict[str, float]:
+def server_metrics(url: str, api_key: str | None = None) -> dict[str, float]:
     """The server's /metrics as name -> value ({} if it has none)."""
     import httpx
     try:
-        response = httpx.get(f"{url}/metrics", timeout=10)
+        response = httpx.get(f"{url}/metrics", timeout=10, headers=_headers(api_key))
     except httpx.HTTPError:
         return {}
     if response.status_code != 200:
@@ -152,11 +159,15 @@ def server_metrics(url: str) -> dict[str, float]:
     return out
 
 
-def served_model(url: str) -> dict:
+def served_model(url: str, api_key: str | None = None) -> dict:
     """The first model card of GET /v1/models, or a one-line error if nothing answers there."""
     import httpx
     try:
-        response = httpx.get(f"{url}/v1/models", timeout=30)
+        response = httpx.get(f"{url}/v1/models", timeout=30, headers=_headers(api_key))
+        if response.status_code == 401:
+            raise MiniLLMError(f"the server at {url} refused the API key (401): give its key with --api-key KEY "
+                               f"or MINILLM_API_KEY" if api_key else
+                               f"the server at {url} wants an API key (401): --api-key KEY or MINILLM_API_KEY")
         response.raise_for_status()
         return response.json()["data"][0]
     except httpx.HTTPError as e:
@@ -168,10 +179,10 @@ def served_model(url: str) -> dict:
 
 def run_cli(url: str, n_requests: int = 16, concurrency: int = 8, prefix_share: float = 0.75,
             workload: str = "both", prompt_len: int = 128, output_len: int = 32, csv_path=None, seed: int = 0,
-            echo=print) -> list[Result]:
+            api_key: str | None = None, echo=print) -> list[Result]:
     """What `minillm bench serve --url URL` does: serve_bench's workloads, sent to a running server."""
     url = url.rstrip("/")
-    card = served_model(url)
+    card = served_model(url, api_key)
     vocab = card.get("vocab_size") or FALLBACK_VOCAB
     context = card.get("max_model_len")
     longest = prompt_len * 3 // 2 + output_len * 3 // 2
@@ -184,11 +195,11 @@ def run_cli(url: str, n_requests: int = 16, concurrency: int = 8, prefix_share: 
     if workload in ("agentic", "both"):
         workloads.append(agentic_workload(n_requests, vocab, prompt_len, output_len, prefix_share, seed))
     warm = Workload("warm-up", [workloads[0].prompts[0][:8]], [2])     # first calls are slow everywhere
-    run_http(url, card["id"], warm, 1)
+    run_http(url, card["id"], warm, 1, api_key=api_key)
     results = []
     for w in workloads:
         echo(f"\n{w.name}: {len(w.prompts)} requests, {concurrency} concurrent, through {url} ({card['id']})")
-        result = run_http(url, card["id"], w, concurrency)
+        result = run_http(url, card["id"], w, concurrency, api_key=api_key)
         echo(format_table([result]))
         results.append(result)
     echo("(peak KV: the server's peak since it started; TTFT and ITL: as the client saw them)")

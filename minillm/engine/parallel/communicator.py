@@ -30,6 +30,7 @@ import numpy as np
 
 from minillm.errors import MiniLLMError
 from minillm.engine.parallel.launcher import launched_size, rank_setup
+from minillm.resources import install_hint
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("MINILLM_TP_TIMEOUT", "60"))
 
@@ -360,7 +361,7 @@ def from_environment(tp: int, device: str = "cpu", timeout_s: float = DEFAULT_TI
     try:
         host = MPICommunicator(timeout_s=timeout_s)
     except ImportError:
-        raise MiniLLMError("tensor parallelism needs mpi4py and an MPI: pip install 'minillm[tp]'") from None
+        raise MiniLLMError(f"tensor parallelism needs mpi4py and an MPI: {install_hint('tp')}") from None
     rank_setup(host)
     return NCCLCommunicator(host, timeout_s=timeout_s) if device == "cuda" else host
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from minillm.errors import MiniLLMError
+from minillm.resources import install_hint
 
 QUIET_VAR = "MINILLM_TP_QUIET"        # set by relaunch: ranks other than 0 print nothing but errors
 ERROR_PREFIX = "minillm: error:"
@@ -35,7 +36,7 @@ def find_mpiexec() -> str:
     beside = Path(sys.executable).parent / "mpiexec"
     found = str(beside) if beside.exists() else shutil.which("mpiexec") or shutil.which("mpirun")
     if found is None:
-        raise MiniLLMError("tp > 1 needs mpiexec and mpi4py: pip install 'minillm[tp]' (mpi4py and the mpich wheel)")
+        raise MiniLLMError(f"tp > 1 needs mpiexec and mpi4py: {install_hint('tp')} (mpi4py and the mpich wheel)")
     return found
 
 
