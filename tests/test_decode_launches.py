@@ -71,7 +71,7 @@ def test_a_settings_variant_leaves_the_original_as_it_was():
     k = Kernels.__new__(Kernels)                       # no __init__: no CuPy needed for the plumbing
     k.settings, k.fn = KernelSettings(), {"gemv_v4": "loaded"}
     gpu = GPUTransformer.__new__(GPUTransformer)
-    gpu.config, gpu.k, gpu.kv_cache, gpu.prefill_chunk = MISTRAL, k, "auto", 1024
+    gpu.config, gpu.k, gpu.kv_cache, gpu.prefill_chunk, gpu.use_graph = MISTRAL, k, "auto", 1024, True
     variant = gpu.with_settings(quant_flags=1, prefetch_next=True)
     assert (variant.settings.quant_flags, variant.settings.prefetch_next) == (1, True)
     assert gpu.settings == KernelSettings() and variant.k.fn is k.fn            # the loaded kernels are shared
@@ -82,6 +82,8 @@ def test_a_settings_variant_leaves_the_original_as_it_was():
         gpu.with_settings(no_such_knob=1)
     other = gpu.with_options(kv_cache="int8", prefill_chunk=7)
     assert (other.kv_cache, other.prefill_chunk, gpu.kv_cache, gpu.prefill_chunk) == ("int8", 7, "auto", 1024)
+    eager = gpu.with_options(use_graph=False)
+    assert (eager.use_graph, gpu.use_graph, eager.kv_cache) == (False, True, "auto")
     with pytest.raises(ValueError, match="kv_cache is one of"):
         gpu.with_options(kv_cache="fp8")
     with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):

@@ -75,10 +75,8 @@ def test_a_verify_pass_rolled_back_leaves_the_cache_as_a_plain_prefill_does(gpu_
 def test_a_verify_pass_replays_as_a_graph_with_the_eager_numbers(gpu_llm):
     """A few rows with every row's logits (the verify pass) replay a captured forward + head (cuBLAS inside
     the graph): the same launches as the eager prefill path, so the same numbers, bit for bit."""
-    import copy
     model, prompt, rows = gpu_llm.model, _prompt(), [5, 6, 7, 8, 9]
-    eager = copy.copy(model)
-    eager.use_graph = False                           # the same weights and kernels, launched one by one
+    eager = model.with_options(use_graph=False)       # the same weights and kernels, launched one by one
     graphed, plain = model.new_cache(64), model.new_cache(64)
     model.prefill(prompt, graphed)
     model.prefill(prompt, plain)

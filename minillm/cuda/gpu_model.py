@@ -245,12 +245,14 @@ class GPUTransformer:
 
     def with_options(self, **options) -> "GPUTransformer":
         """The same weights run another way: a copy with kv_cache and/or prefill_chunk changed (as
-        Transformer.with_options). It shares the device buffers: run one of the two at a time."""
-        unknown = set(options) - {"kv_cache", "prefill_chunk"}
+        Transformer.with_options), or use_graph (False: the same launches one by one). It shares the
+        device buffers: run one of the two at a time."""
+        unknown = set(options) - {"kv_cache", "prefill_chunk", "use_graph"}
         if unknown:
             raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
         current = {"kv_cache": self.kv_cache, "prefill_chunk": self.prefill_chunk}
         other = copy.copy(self)
+        other.use_graph = bool(options.pop("use_graph", self.use_graph))
         other.kv_cache, other.prefill_chunk = _checked_options(self.config, **(current | options))
         return other
 

@@ -17,7 +17,6 @@ real weights on the CPU (lessons/BENCHMARKS.md, issue 18), saying so:
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import sys
 import time
@@ -79,8 +78,7 @@ def step_costs(preset: str = "mistral-7b", prompt_len: int = 128, ks=(2, 4, 8), 
     for k in ks:
         drafts = rng.integers(0, cfg.vocab_size, k + 1).tolist()
         costs[f"verify {k}"] = _median_ms(lambda: _verify_and_rewind(target, cache, drafts), reps)
-    eager = copy.copy(target)
-    eager.use_graph = False                  # the verify pass launched one by one: what the graph saves
+    eager = target.with_options(use_graph=False)    # the verify pass launched one by one: what the graph saves
     drafts = rng.integers(0, cfg.vocab_size, 5).tolist()
     costs["verify 4, eager"] = _median_ms(lambda: _verify_and_rewind(eager, cache, drafts), reps)
     for n in layer_drafts:
