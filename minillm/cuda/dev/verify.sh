@@ -35,7 +35,7 @@ echo "SmolLM2: ${MINILLM_TEST_SMOLLM2:-none (its tests are deselected: no networ
 SELECT=(); [ -z "${MINILLM_TEST_SMOLLM2:-}" ] && SELECT=(-k "not smollm2")
 SUITE="tests/test_cuda.py tests/test_cuda_kv_int8.py tests/test_cuda_quant.py tests/test_cuda_load.py
     tests/test_flashnorm_gpu.py tests/test_gpu_engine.py tests/test_cuda_mla.py tests/test_decode_launches.py
-    tests/test_kernels_compile.py tests/test_gpu_imports.py tests/test_speculative_gpu.py"
+    tests/test_kernels_compile.py tests/test_gpu_imports.py tests/test_speculative_gpu.py tests/test_cuda_small_m.py"
 for s in $STEPS; do case $s in
 suite)
     step suite 330 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" "${SELECT[@]}" $SUITE ;;
@@ -58,7 +58,7 @@ lessons)
             TAIL=4 step lessons 120 python3 lessons/${n}_*.py
     done ;;
 dev)
-    for m in elementwise gemv attention paged_attention "flashnorm --quick" qbench; do
+    for m in elementwise gemv attention paged_attention "flashnorm --quick" qbench "small_m --quick"; do
         TAIL=6 step dev 150 python3 -m minillm.cuda.dev.$m
     done ;;
 full)
