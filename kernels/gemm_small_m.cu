@@ -13,8 +13,10 @@
 //     once per block instead of once per warp: 32 rows share every staged value;
 //   - fp32 accumulators, 2 x M per lane, one warp reduction per output at the end; no split-K, no
 //     atomics: deterministic, graph-replay bit-identical.
-// Past M ~ 16 the fp32 multiply-adds (M x 8 per 16-byte load) catch up with the bytes: that is where
-// tensor cores (mma) take over, e.g. the 64-row batched decode of issue 25.
+// Measured on the H200 (lessons/BENCHMARKS.md): right, but faster than cuBLAS only at M = 2. Per 16-byte
+// load a lane does 2 x 8 x M fp32 multiply-adds and 2 x M shared-memory float4 reads, so from M = 3 the
+// issue slots, not the bytes, set the time: the next version belongs on the tensor cores (mma), which
+// the 64-row batched decode of issue 25 needs too.
 //
 // Requires in % 8 == 0; the launcher checks. M is a template parameter (gemm_small_m{M}_{f16,bf16}).
 #include "gemv_epilogue.cuh"

@@ -10,9 +10,9 @@ speculative decoding's verify pass and small decode batches, where cuBLAS stream
 
     python -m minillm.cuda.dev.small_m [--quick]
 
-Not wired into the engine yet: what it buys is predicted in BENCHMARKS.md (the verify pass at ~the
-weights' time: ngram ~1.8x at Mistral-7B's shape) and has to be measured first. Importing this module
-does not import CuPy.
+Not wired into the engine: on the H200 (BENCHMARKS.md) this first version is right but beats cuBLAS only at
+M = 2 (1.14x); from M = 3 its fp32 multiply-adds and shared-memory reads, not the bytes, set its time.
+The next version belongs on the tensor cores (mma). Importing this module does not import CuPy.
 """
 from __future__ import annotations
 
