@@ -120,9 +120,9 @@ def main():
     print_table(f"the target's forward over T new positions (cache of {context}): a verify pass of k = T - 1 drafts",
                 ["T", "ms", "x one position"], [[T, f"{s * 1e3:.1f}", f"{s / cost[1]:.2f}"] for T, s in cost.items()])
 
-    # The first prompt of three kinds, 24 tokens each: the model drafters below cost about two plain
+    # The first prompt of three kinds, 16 tokens each: the model drafters below cost about two plain
     # decodes a token, and this table must fit in the lesson's minute with them.
-    n, kinds = (8, ["edit text"]) if small else (24, ["edit code", "repeat text", "edit text"])
+    n, kinds = (8, ["edit text"]) if small else (16, ["edit code", "repeat text", "edit text"])
     first = {}
     for p in copy_heavy_prompts():
         first.setdefault(p["kind"], p)
@@ -130,7 +130,7 @@ def main():
     plain = [generate_ids(llm.model, ids, n, SamplingParams(), stop_ids=stop_ids(llm)) for ids in prompts]
     plain_tok_s = sum(len(g.token_ids) - 1 for g in plain) / sum(g.decode_s for g in plain)
     half = max(1, llm.config.n_layers // 2)
-    drafters = [("ngram", NgramDrafter(), k) for k in ((2, 8) if small else (2, 4, 8))]
+    drafters = [("ngram", NgramDrafter(), k) for k in (2, 8)]
     if not small:
         drafters += [(f"layers:{half} (early exit)", early_exit_drafter(llm.model, half), 2),
                      ("int4 self-draft", int4_drafter(llm.model), 2)]
