@@ -123,9 +123,9 @@ def main():
     same = sum(a == g.token_ids[:len(a)] for a, g in zip(alone, together))
 
     # 3. Sequential vs static vs continuous batching, all requests queued at once.
-    n_req, batch = (6, 3) if small else (16, 8)
+    n_req, batch = (6, 3) if small else (12, 6)
     prompts = [rng.integers(100, vocab, rng.integers(8, 24 if small else 64)).tolist() for _ in range(n_req)]
-    gen = [int(x) for x in rng.integers(2, 6, n_req)] if small else [int(x) for x in rng.choice([4, 8, 48], n_req)]
+    gen = [int(x) for x in rng.integers(2, 6, n_req)] if small else [int(x) for x in rng.choice([4, 8, 32], n_req)]
     results = {"sequential (one at a time)": sequential(llm, prompts, gen),
                f"static batches of {batch}": offline(llm, prompts, gen, batch, static=True),
                f"continuous, batch {batch}": offline(llm, prompts, gen, batch, static=False)}

@@ -95,7 +95,7 @@ def main():
     rng = np.random.default_rng(0)
 
     # 1. An agentic workload through the engine, without and with the prefix cache.
-    n_req, conc, prompt_len, out = (4, 2, 48, 2) if small else (16, 4, 384, 8)
+    n_req, conc, prompt_len, out = (4, 2, 48, 2) if small else (12, 4, 256, 8)
     w = agentic_workload(n_req, vocab, prompt_len, out, prefix_share=0.85)
     runs = [run_engine(llm, w, conc, "no prefix cache", prefix_caching=False),
             run_engine(llm, w, conc, "prefix cache", prefix_caching=True)]
@@ -122,7 +122,7 @@ def main():
         tree.insert(tokens)
 
     # 3. LRU eviction: P distinct system prompts in turn, a pool that holds only some of them.
-    n_prefix, sys_len = (3, 32) if small else (4, 96)
+    n_prefix, sys_len = (3, 32) if small else (3, 64)
     systems = [rng.integers(100, vocab, sys_len).tolist() for _ in range(n_prefix)]
     rounds = [s + rng.integers(100, vocab, 8).tolist() for _ in range(3) for s in systems]
     own_blocks = -(-(sys_len + 9) // 16) - sys_len // 16     # a request's blocks past its system prompt

@@ -72,7 +72,7 @@ def main():
     from minillm.engine.engine import Engine
     small = quick()
     vocab = llm.config.vocab_size
-    n_out, n_users, concurrency, repeats = (3, 2, 2, 1) if small else (32, 16, 8, 3)
+    n_out, n_users, concurrency, repeats = (3, 2, 2, 1) if small else (32, 12, 8, 2)
     prompt_len, output_len = (8, 3) if small else (48, 24)
 
     one = random_workload(1, vocab, prompt_len, n_out, seed=1)

@@ -27,11 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-import minillm
-from minillm.course import lesson_model, print_table, quick, save_plot
+from minillm import threads
+from minillm.checkpoints.quantize import input_importance
+from minillm.course import hf_tensors, lesson_model, print_table, quick, save_plot
+from minillm.llm import LLM
 from minillm.model import formats
 from minillm.model.formats import bits_per_weight, float_grid, nf4_values
-from minillm.model.quant import quantize_int4, quantize_int8
+from minillm.model.quant import is_layer_matrix, quantization_entry, quantize_int4, quantize_int8
+from minillm.model.quantized import quantize
+from minillm.model.transformer import Transformer
 
 QUICK = quick()
 
@@ -101,16 +105,41 @@ def matrix_errors(llm):
                                   "max |Ŵ - W|", "quantize ms"], rows)
 
 
+def quantized(llm, tensors: dict, quant: str, group: int, importance: dict) -> LLM:
+    """The model minillm.load(name, quant=quant, group_size=group) builds (quantize_checkpoint's loop:
+    every layer matrix through model.quantized.quantize), from the weights already in memory.
+
+    One shortcut: an int4 matrix that its min/max grid already gives back exactly keeps that grid
+    without the seconds of search, which would keep it anyway (nothing beats an error of 0; lesson 09)."""
+    out = {}
+    for name, a in tensors.items():
+        if not is_layer_matrix(name):
+            out[name] = a
+            continue
+        q = quantize_int4(a, group) if quant == "int4" else None
+        if q is None or not np.array_equal(q.dequantize(), np.asarray(a, dtype=np.float32)):
+            q = quantize(a, quant, group, importance.get(name))
+        out.update(q.tensors(name.removesuffix(".weight")))
+    config = llm.config.replace(quantization=quantization_entry(quant, group))
+    return LLM(config, Transformer(config, out), llm.tokenizer, name=f"{llm.name} {quant}")
+
+
 # NEW: bits per weight vs perplexity ------------------------------------------------------------------
 def bits_vs_perplexity(llm):
     from minillm.tools.evaluate import eval_text, perplexity
     text = eval_text(400 if QUICK else 6000)
+    n_tokens = None if QUICK else 256          # one window of 256: 255 scored tokens a format
     methods = [(None, 128), ("mxfp4", 128)] if QUICK else [(None, 128), ("int8", 128), ("fp8", 128),
                                                            ("int4", 32), ("int4", 128), ("nf4", 128), ("mxfp4", 128)]
+    tensors = hf_tensors(llm.model)
+    # int4's calibration (input_importance, what load(quant="int4") runs on 2048), once for both group sizes
+    calibration = 1024
+    importance = input_importance(llm.config, tensors, calibration) if any(q == "int4" for q, _ in methods) else {}
+    threads.fix(threads.cores())   # int4's grid search on every core; forward passes keep one BLAS thread
     rows, points, base = [], [], None
     for quant, group in methods:
-        model = llm if quant is None else minillm.load(llm.name, quant=quant, group_size=group)
-        r = perplexity(model, text, context=128 if QUICK else 256)
+        model = llm if quant is None else quantized(llm, tensors, quant, group, importance)
+        r = perplexity(model, text, context=128 if QUICK else 256, max_tokens=n_tokens)
         base = base or r.ppl
         name = "fp32" if quant is None else (f"int4 g{group}" if quant == "int4" else quant)
         bits = 32.0 if quant is None else bits_per_weight(quant, llm.config.dim, group)
@@ -120,6 +149,8 @@ def bits_vs_perplexity(llm):
                 "as stored)", ["format", "bits/weight", "perplexity", "change", "tokens"], rows)
     print("  SmolLM2's 'fp32' is its Q4_1 GGUF dequantized: int4 g32 is that very grid (exact), every other")
     print("  format rounds an already-4-bit grid a second time, so 4-bit formats look worse here than on bf16 weights")
+    if importance:
+        print(f"  int4's grids are searched against the activations of {calibration} random tokens (load's default: 2048)")
 
     def draw(ax):
         for bits, ppl, name in points:
