@@ -32,7 +32,7 @@ from minillm.checkpoints.quantize import input_importance
 from minillm.course import hf_tensors, lesson_model, print_table, quick, save_plot
 from minillm.llm import LLM
 from minillm.model import formats
-from minillm.model.formats import bits_per_weight, float_grid, nf4_values
+from minillm.model.formats import float_grid, nf4_values
 from minillm.model.quant import is_layer_matrix, quantization_entry, quantize_int4, quantize_int8
 from minillm.model.quantized import quantize
 from minillm.model.transformer import Transformer
@@ -125,6 +125,20 @@ def quantized(llm, tensors: dict, quant: str, group: int, importance: dict) -> L
 
 
 # NEW: bits per weight vs perplexity ------------------------------------------------------------------
+def stored_bits(llm) -> float:
+    """Bits per weight as the layer matrices are stored: codes, scales and mins (and the padding of a row
+    to whole groups: SmolLM2's 576-wide rows are 640 codes wide at g128) over their out x in weights."""
+    bits = weights = 0
+    for layer in llm.model.layers:
+        for w in layer.matrices():
+            if len(w.shape) != 2:
+                continue                                     # the norms
+            stored = w.tensors("w") if hasattr(w, "tensors") else {"w": w}
+            bits += 8 * sum(a.nbytes for a in stored.values())
+            weights += w.shape[0] * w.shape[1]
+    return bits / weights
+
+
 def bits_vs_perplexity(llm):
     from minillm.tools.evaluate import eval_text, perplexity
     text = eval_text(400 if QUICK else 6000)
@@ -142,7 +156,7 @@ def bits_vs_perplexity(llm):
         r = perplexity(model, text, context=128 if QUICK else 256, max_tokens=n_tokens)
         base = base or r.ppl
         name = "fp32" if quant is None else (f"int4 g{group}" if quant == "int4" else quant)
-        bits = 32.0 if quant is None else bits_per_weight(quant, llm.config.dim, group)
+        bits = stored_bits(model)                          # measured, not bits_per_weight's formula for one row
         rows.append([name, f"{bits:.2f}", f"{r.ppl:.3f}", f"{100 * (r.ppl / base - 1):+.2f}%", r.n_tokens])
         points.append((bits, r.ppl, name))
     print_table(f"bits per weight vs perplexity ({llm.name}, the layer matrices quantized; embedding and head "
