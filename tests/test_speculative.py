@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+import greedy_checks
 import minillm
 from hf_models import llama_config, mistral_config, save_random_model
 from minillm.engine.generate import generate_ids
@@ -57,12 +58,7 @@ def _prompt(n=12, seed=0):
 
 def assert_greedy_equal(model, prompt, plain, spec):
     """spec == plain, or they part at a near-tie of the plain run (top-2 logit gap < NEAR_TIE)."""
-    if spec == plain:
-        return
-    i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
-    cache = model.new_cache(len(prompt) + i + 1)
-    top2 = np.sort(model.prefill(list(prompt) + plain[:i], cache))[-2:]
-    assert top2[1] - top2[0] < NEAR_TIE, f"speculation changed token {i} where the plain run had no near-tie"
+    greedy_checks.assert_greedy_equal(model, prompt, plain, spec, NEAR_TIE)
 
 
 def _drafters(model, kind):

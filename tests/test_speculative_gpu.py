@@ -12,6 +12,7 @@ from gpu_skip import cupy_with_a_device
 
 cp = cupy_with_a_device()
 
+import greedy_checks  # noqa: E402
 import minillm  # noqa: E402
 from hf_models import llama_config, save_random_model  # noqa: E402
 from minillm.engine.generate import generate_ids  # noqa: E402
@@ -35,14 +36,7 @@ def _prompt(n=12, seed=0):
 
 
 def assert_greedy_equal(model, prompt, plain, spec):
-    """spec == plain, or they part where the plain run's top two logits are within NEAR_TIE."""
-    if spec == plain:
-        return
-    i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
-    logits = model.prefill(list(prompt) + plain[:i], model.new_cache(len(prompt) + i + 1))
-    top2 = np.sort(logits)[-2:]
-    assert top2[1] - top2[0] < NEAR_TIE * np.abs(logits).max(), \
-        f"speculation changed token {i} where the plain run had no near-tie"
+    greedy_checks.assert_greedy_equal(model, prompt, plain, spec, NEAR_TIE, relative=True)
 
 
 @pytest.mark.parametrize("spec", ["ngram", "int4", "layers:1"])
