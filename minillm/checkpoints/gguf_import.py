@@ -159,7 +159,7 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
 
     dtype: "float32" | "float16" | "bfloat16" (uint16 bits); None picks `default_dtype(config)`.
     Tensors are dequantized one at a time, so peak memory is the output plus one float32 tensor.
-    `reader`: an already open GGUFReader of `path` (parsing the metadata takes seconds: do it once).
+    `reader`: an already open GGUFFile of `path` (open_gguf: parse the metadata once).
     """
     reader = reader or open_gguf(path)
     config = config_from_gguf(reader, path)

@@ -43,6 +43,8 @@ class GPUKVCache(CacheBase):
         self.length = 0
         self.graph = None
         self.graph_key = None       # the model and the settings the graph was captured with
+        self.rows_graphs = {}       # T -> a captured T-row forward (speculative decoding's verify pass)
+        self.rows_key = None        # the model and the settings those were captured with
 
     def clear(self, start: int, stop: int) -> None:
         """Zero positions start .. stop-1 of every layer (speculative decoding's rolled-back drafts)."""
@@ -65,6 +67,8 @@ class GPUInt8KVCache(CacheBase):
         self.length = 0
         self.graph = None
         self.graph_key = None
+        self.rows_graphs = {}       # (the int8 cache's verify pass runs eagerly: this stays empty)
+        self.rows_key = None
 
     def clear(self, start: int, stop: int) -> None:
         """Zero positions start .. stop-1 of every layer: codes and scales."""

@@ -516,10 +516,10 @@ class GPUTransformer:
         """(graph, buffers, logits) of a T-row forward + LM head over this cache, captured on first use,
         cuBLAS's GEMMs with our kernels (through cublas_raw: CuPy's binding refuses cuBLAS under capture)."""
         key = (self, self.k.settings)
-        graphs = cache.__dict__.setdefault("rows_graphs", {})
-        if graphs.get("key") != key:
+        graphs = cache.rows_graphs
+        if cache.rows_key != key:
             graphs.clear()
-            graphs["key"] = key
+            cache.rows_key = key
         if T not in graphs:
             cp = _cp()
             b = self._prefill_buffers(T)
