@@ -46,6 +46,32 @@ template <class T> struct Store;
 template <> struct Store<float> { template <class W> static __device__ __forceinline__ void put(float* p, float v) { *p = v; } };
 template <> struct Store<u16>   { template <class W> static __device__ __forceinline__ void put(u16* p, float v) { *p = W::from_float(v); } };
 
+// Programmatic dependent launch (sm_90; minillm/cuda/pdl.py launches with it). A kernel launched with the
+// PDL attribute may start while the kernel before it on the stream is still finishing; it must not touch
+// that kernel's outputs before pdl_wait(), which returns once the previous grid has completed and its
+// writes are visible. What a kernel does before the wait is only what no earlier kernel writes: loading
+// or L2-prefetching its weights, so the launch gap and the previous kernel's tail overlap its first HBM
+// reads. pdl_trigger() lets the next PDL kernel begin launching (its blocks take SM slots as this grid's
+// free up); every kernel here triggers right after its own wait. Launched without the attribute, both are
+// no-ops: the same binary serves graphs with and without PDL.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// both, in the order every kernel here uses them
+__device__ __forceinline__ void pdl_wait_then_trigger() {
+    pdl_wait();
+    pdl_trigger();
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

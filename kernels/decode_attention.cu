@@ -591,6 +591,7 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
         const float* q, int q_stride, const u16* k_cache, const u16* v_cache, int capacity, int n_heads,         \
         int n_kv_heads, int hd, const int* pos, int window, float scale, int split_keys, int max_splits,         \
         int flags, float* part_m, float* part_l, float* part_acc, unsigned int* counters, float* out) {         \
+        pdl_wait_then_trigger();                                                                         \
         attention_gqa<KV16<W>, GM>(q, q_stride, k_cache, v_cache, nullptr, nullptr, capacity, n_heads,          \
                                    n_kv_heads, hd, pos, window, scale, split_keys, max_splits, flags, part_m,    \
                                    part_l, part_acc, counters, out);                                            \
@@ -610,6 +611,7 @@ ATTENTION_GQA_KERNEL(attention_gqa4_bf16, BF16, 4)
         const float* k_scale, const float* v_scale, int capacity, int n_heads, int n_kv_heads, int hd,           \
         const int* pos, int window, float scale, int split_keys, int max_splits, int flags, float* part_m,       \
         float* part_l, float* part_acc, unsigned int* counters, float* out) {                                   \
+        pdl_wait_then_trigger();                                                                         \
         attention_gqa<KV, GM>(q, q_stride, k_cache, v_cache, k_scale, v_scale, capacity, n_heads, n_kv_heads,  \
                                hd, pos, window, scale, split_keys, max_splits, flags, part_m, part_l, part_acc,  \
                                counters, out);                                                                   \

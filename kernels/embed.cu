@@ -8,6 +8,7 @@
 
 template <class W>
 __device__ void embed(const int* __restrict__ tokens, const u16* __restrict__ table, float* __restrict__ out, int dim) {
+    pdl_wait_then_trigger();                  // out is x, which the kernel before (a head) may still read
     const u16* row = table + (size_t)tokens[blockIdx.x] * dim;
     float* dst = out + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = W::to_float(row[i]);

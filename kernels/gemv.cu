@@ -182,12 +182,22 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
     int n8 = in >> 3;                                                  // 16-byte chunks per row
     float acc_a = 0.0f, acc_b = 0.0f, ss = 0.0f;
     int base = 0;
-    for (; base + 32 * V4_U <= n8; base += 32 * V4_U) {
-        uint4 va[V4_U], vb[V4_U];
+    uint4 va[V4_U], vb[V4_U];
+    if (32 * V4_U <= n8) {                   // the first step's weights: on their way before x is ready (PDL)
 #pragma unroll
-        for (int u = 0; u < V4_U; u++) {                               // 2 x V4_U loads in flight
-            va[u] = ld_stream(wa + base + 32 * u + lane);
-            vb[u] = ld_stream(wb + base + 32 * u + lane);
+        for (int u = 0; u < V4_U; u++) {
+            va[u] = ld_stream(wa + 32 * u + lane);
+            vb[u] = ld_stream(wb + 32 * u + lane);
+        }
+    }
+    pdl_wait_then_trigger();                                           // x, y and the cache: the last kernel's
+    for (; base + 32 * V4_U <= n8; base += 32 * V4_U) {
+        if (base > 0) {
+#pragma unroll
+            for (int u = 0; u < V4_U; u++) {                           // 2 x V4_U loads in flight
+                va[u] = ld_stream(wa + base + 32 * u + lane);
+                vb[u] = ld_stream(wb + base + 32 * u + lane);
+            }
         }
 #pragma unroll
         for (int u = 0; u < V4_U; u++) {
@@ -198,7 +208,6 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
         }
     }
     if (base < n8) {                                                   // the ragged end (in % 2048 != 0)
-        uint4 va[V4_U], vb[V4_U];
 #pragma unroll
         for (int u = 0; u < V4_U; u++) {
             int i = base + 32 * u + lane;

@@ -579,6 +579,7 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
     for (int d = 0; d <= ahead; d++)                                   // on their way during the staging
         prefetch_pair<EPI, F::CHUNK_SUMS>(first + d * stride, pairs, rows, ep.hd, qw, n_chunks, scales, mins, n_groups);
     if (threadIdx.x == 0 && first + stride >= pairs) next.prefetch();  // a block with one round: now
+    pdl_wait_then_trigger();                  // x is the last kernel's output: the prefetches above were not
 
     float ss = F::template stage<NORM>(x, gain, in, n_chunks, smem);
     float inv_rms = NORM ? rsqrtf(ss / (float)in + eps) : 1.0f;

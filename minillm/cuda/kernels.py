@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minillm.cuda import pdl
 from minillm.cuda.qweights import is_quantized
 from minillm.resources import data_dir
 
@@ -44,6 +45,10 @@ MAX_FUSED_NORM = 12000                 # gemv_rmsnorm_v3 keeps in floats in shar
 QWARPS = 8                             # as #defined in gemv_quant.cu (row pairs per block)
 QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
+# The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
+# may be launched with programmatic dependent launch (settings.pdl): the decode step's embed, GEMVs (16-bit v4
+# and every gemv_quant.cu kernel) and attention v3. Any other kernel launched that way would race.
+PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4)(_v1)?|attention_gqa[124](_int8(x16)?)?")
 
 
 def kernel_source(name: str) -> str:
@@ -128,6 +133,9 @@ class KernelSettings:
     # int8 KV cache: codes a lane reads per key, 16 (head_dim % 16 == 0; int8 vs 16-bit cache at 32k keys
     # 1.00x) or 8 (the first kernel: 0.96x).
     attention_int8_codes_per_lane: int = 16
+    # Programmatic dependent launch (minillm/cuda/pdl.py) for the kernels that allow it (PDL_KERNEL): each may
+    # start during the previous kernel's tail, its first weight loads issued before it waits for x.
+    pdl: bool = False
 
 
 class Kernels:
@@ -240,8 +248,15 @@ class Kernels:
             self._allow_quant_smem(name, f)
         return f
 
+    def uses_pdl(self, name: str) -> bool:
+        """Is kernel `name` launched with programmatic dependent launch under these settings?"""
+        return self.settings.pdl and PDL_KERNEL.fullmatch(name) is not None
+
     def _launch(self, name: str, grid, block, args, label: str = "", shared_mem: int = 0) -> None:
-        launch = lambda: self._function(name)(grid, block, args, shared_mem=shared_mem)
+        if self.uses_pdl(name):
+            launch = lambda: pdl.launch(self._function(name), grid, block, args, shared_mem)
+        else:
+            launch = lambda: self._function(name)(grid, block, args, shared_mem=shared_mem)
         if self.timer is None:
             launch()
         else:

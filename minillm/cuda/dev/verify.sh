@@ -9,7 +9,8 @@
 #           smollm2: the suite's SmolLM2 tests alone;
 #           dev: each dev module's checks and sweep; full: the selfcheck without --quick;
 #           spec: speculative decoding's GPU tests and step costs; specbench: bench --speculative on SmolLM2;
-#           flashnorm: FlashNorm at every norm site of the decode step, --e2e table, its tests and lesson 15)
+#           flashnorm: FlashNorm at every norm site of the decode step, --e2e table, its tests and lesson 15;
+#           pdl: programmatic dependent launch, its tests and tok/s on and off)
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
@@ -35,7 +36,8 @@ echo "SmolLM2: ${MINILLM_TEST_SMOLLM2:-none (its tests are deselected: no networ
 SELECT=(); [ -z "${MINILLM_TEST_SMOLLM2:-}" ] && SELECT=(-k "not smollm2")
 SUITE="tests/test_cuda.py tests/test_cuda_kv_int8.py tests/test_cuda_quant.py tests/test_cuda_load.py
     tests/test_flashnorm_gpu.py tests/test_gpu_engine.py tests/test_cuda_mla.py tests/test_decode_launches.py
-    tests/test_kernels_compile.py tests/test_gpu_imports.py tests/test_speculative_gpu.py tests/test_cuda_small_m.py"
+    tests/test_kernels_compile.py tests/test_gpu_imports.py tests/test_speculative_gpu.py tests/test_cuda_small_m.py
+    tests/test_cuda_pdl.py tests/test_pdl.py"
 for s in $STEPS; do case $s in
 suite)
     step suite 330 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" "${SELECT[@]}" $SUITE ;;
@@ -69,6 +71,9 @@ flashnorm)
         tests/test_flashnorm_e2e.py
     MINILLM_LESSON_QUICK=1 MINILLM_LESSON_MODEL=${MINILLM_TEST_SMOLLM2:-random:smollm2-135m} \
         TAIL=16 step flashnorm 150 python3 lessons/15_flashnorm.py ;;
+pdl)       # programmatic dependent launch: its tests, then decode tok/s with and without it (all formats)
+    step pdl 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda_pdl.py tests/test_pdl.py
+    TAIL=14 step pdl 300 python3 -m minillm.cuda.dev.pdl ;;
 bench)
     for q in "" int8 int4; do
         TAIL=22 step bench 150 python3 -m minillm bench --device cuda --random-weights -m mistral-7b --new-tokens 128 \

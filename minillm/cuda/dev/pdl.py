@@ -1,0 +1,90 @@
+"""Programmatic dependent launch in the decode graph (minillm/cuda/pdl.py, KernelSettings.pdl), measured.
+
+    check   for each weight format (fp16, int8, int4) and both KV caches: greedy tokens and logits of the
+            decode step with PDL equal those without it, bit for bit (the same kernels and arithmetic; only
+            when each kernel may start changes)
+    time    decode tok/s with and without PDL in alternating rounds (the machine drifts), GB/s and % of
+            the copy roofline, on the Mistral-7B shape
+
+    python -m minillm.cuda.dev.pdl [--quick] [--rounds N]
+
+Importing this module does not import CuPy.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from minillm.cuda.dev.bench import bench_config, decode_bytes, decode_tok_s
+from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
+
+FORMATS = ("float16", "int8", "int4")
+
+
+def check(gpu, prompt, n_new: int, label: str) -> None:
+    """The decode step with PDL gives the same tokens and the same logits, exactly."""
+    runs = {}
+    for pdl in (False, True):
+        model = gpu.with_settings(pdl=pdl)
+        cache = model.new_cache(len(prompt) + n_new + 8)
+        logits = model.prefill(prompt, cache)
+        tokens, steps = [], []
+        for _ in range(n_new):
+            tokens.append(int(np.argmax(logits)))
+            logits = model.decode(tokens[-1], cache)
+            steps.append(logits)
+        runs[pdl] = tokens, np.stack(steps)
+        del cache
+    same_tokens = runs[False][0] == runs[True][0]
+    diff = float(np.max(np.abs(runs[False][1] - runs[True][1])))
+    verdict(f"pdl {label}", same_tokens and diff == 0.0, f"tokens equal {same_tokens}, largest logit change {diff:g}")
+
+
+def timed(gpu, prompt, n_new: int, rounds: int) -> dict[bool, float]:
+    """Median decode tok/s without and with PDL, their rounds alternating."""
+    models = {pdl: gpu.with_settings(pdl=pdl) for pdl in (False, True)}
+    cache = gpu.new_cache(len(prompt) + n_new + 8)
+    seen: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(rounds):
+        for pdl in ((False, True) if r % 2 == 0 else (True, False)):
+            seen[pdl].append(decode_tok_s(models[pdl], cache, prompt, n_new)[0])
+    return {pdl: float(np.median(v)) for pdl, v in seen.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.pdl", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small model instead of the Mistral-7B shape")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    args = ap.parse_args(argv)
+    if not require_gpu(ap.prog):
+        return 2
+    import cupy as cp
+    from minillm.cuda.dev.timing import copy_bandwidth
+    from minillm.cuda.gpu_model import GPUTransformer
+    cfg = bench_config(args.quick)
+    bw = copy_bandwidth(2048 << 20)
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, 16)
+    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; {'quick shape' if args.quick else 'mistral-7b shape'}, random weights")
+    rows = []
+    for fmt in FORMATS:
+        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if fmt == "float16" else fmt)
+        check(gpu, prompt, 24, fmt)
+        if fmt == "float16":
+            check(gpu.with_options(kv_cache="int8"), prompt, 24, "float16, int8 KV cache")
+        tps = timed(gpu, prompt, args.new_tokens, args.rounds)
+        per_token, _ = decode_bytes(cfg, gpu.weight_bytes, len(prompt), args.new_tokens)
+        for pdl in (False, True):
+            rows.append([fmt, "on" if pdl else "off", f"{tps[pdl]:.1f}", f"{per_token * tps[pdl] / 1e9:.0f}",
+                         f"{100 * per_token * tps[pdl] / bw:.0f}%", f"{tps[pdl] / tps[False]:.3f}x"])
+        del gpu
+        cp.get_default_memory_pool().free_all_blocks()
+    say(f"\ndecode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating rounds")
+    say(plain_table(["weights", "PDL", "tok/s", "GB/s", "% of copy", "vs off"], rows))
+    return finish(ap.prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
