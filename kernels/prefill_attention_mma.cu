@@ -78,7 +78,8 @@ __device__ __forceinline__ float fast_exp2(float x) {          // ex2.approx: ex
 }
 
 // The 16-bit type's half of the work: two fp32 -> one packed register (element 0 in the low half, as the
-// fragments want), and d = a·b + c on the tensor cores (A 16x16 row-major, B 16x8 "col", C/D 16x8 fp32).
+// fragments want), and d = a·b + c on the tensor cores (A 16x16 row-major, B 16x8 "col", C/D 16x8 fp32). The mma
+// asm is not volatile: a pure function of its registers, which the compiler may schedule as it likes.
 template <class W> struct Mma;
 template <> struct Mma<F16> {
     static __device__ __forceinline__ u32 pack(float lo, float hi) {
@@ -87,7 +88,7 @@ template <> struct Mma<F16> {
         return r;
     }
     static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                      "{%8, %9}, {%0, %1, %2, %3};"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -100,7 +101,7 @@ template <> struct Mma<BF16> {
         return r;
     }
     static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                      "{%8, %9}, {%0, %1, %2, %3};"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -197,19 +198,22 @@ __device__ void prefill_attention_mma(const float* __restrict__ q, int q_stride,
 
         if (kb <= w_hi && kb + MM_KT - 1 >= w_lo) {
             // S = Q·Kᵀ: s[n] = keys kb + 8n + 2tq, +1 for rows g (s[n][0..1]) and g + 8 (s[n][2..3]).
+            // Per pair of k-steps, the 4 n-tiles' B fragments first, then 4 independent mma in a row (not one
+            // n-tile's chain of dependent ones).
             float s[4][4];
 #pragma unroll
             for (int n = 0; n < 4; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-            for (int n = 0; n < 4; n++) {
+            for (int kk = 0; kk < KSTEPS; kk += 2) {
+                // matrices: keys 8n..8n+7 x dims 16kk + {0, 8, 16, 24} .. +7 -> b0, b1 of step kk, of kk + 1
+                u32 b[4][4];
 #pragma unroll
-                for (int kk = 0; kk < KSTEPS; kk += 2) {
-                    // matrices: keys 8n..8n+7 x dims 16kk + {0, 8, 16, 24} .. +7 -> b0, b1 of step kk, of kk + 1
-                    u32 b[4];
-                    ldmatrix_x4(b, smem_u32(&Ks[stage][8 * n + (lane & 7)][16 * kk + 8 * (lane >> 3)]));
-                    Mma<W>::mma(s[n], qa[kk], b[0], b[1]);
-                    Mma<W>::mma(s[n], qa[kk + 1], b[2], b[3]);
-                }
+                for (int n = 0; n < 4; n++)
+                    ldmatrix_x4(b[n], smem_u32(&Ks[stage][8 * n + (lane & 7)][16 * kk + 8 * (lane >> 3)]));
+#pragma unroll
+                for (int n = 0; n < 4; n++) Mma<W>::mma(s[n], qa[kk], b[n][0], b[n][1]);
+#pragma unroll
+                for (int n = 0; n < 4; n++) Mma<W>::mma(s[n], qa[kk + 1], b[n][2], b[n][3]);
             }
 
             // mask, new running max (over the quad: the 4 lanes that share a row), exponentials, partial sums

@@ -156,11 +156,12 @@ class Warp:
         hd, dtype = self.hd, self.dtype
         # S = Q·Kᵀ: ldmatrix of K's rows 8n + (lane & 7), dims 16kk + 8 (lane >> 3): b0, b1 of k-steps kk, kk + 1
         s = np.zeros((4, 32, 4), np.float32)
-        for n in range(4):
-            for kk in range(0, hd // 16, 2):
-                b = ldmatrix_x4(k_tile, 8 * n + (LANE & 7), 16 * kk + 8 * (LANE >> 3))
-                s[n] = mma(self.qa[kk], b[:, 0:2], s[n])
-                s[n] = mma(self.qa[kk + 1], b[:, 2:4], s[n])
+        for kk in range(0, hd // 16, 2):
+            b = [ldmatrix_x4(k_tile, 8 * n + (LANE & 7), 16 * kk + 8 * (LANE >> 3)) for n in range(4)]
+            for n in range(4):
+                s[n] = mma(self.qa[kk], b[n][:, 0:2], s[n])
+            for n in range(4):
+                s[n] = mma(self.qa[kk + 1], b[n][:, 2:4], s[n])
         # mask: element e of n-tile n is key kb + 8n + 2tq + (e & 1) of row e >> 1
         e = np.arange(4)
         for n in range(4):
