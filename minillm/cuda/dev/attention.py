@@ -5,7 +5,8 @@ prefill_attention_mma.cu (tiled, tensor cores: prefill v2), kv_append.cu, kv_int
 Checks against minillm.model.attention.attend on the same 16-bit (or int8-dequantized) keys and values;
 the sweep times decode attention alone at a few context lengths, v2 against v3, in a CUDA graph
 (`attention_us`). `python -m minillm.cuda.dev.attention` runs both (the sweep on a Mistral-7B shape);
-`--prefill` runs the prefill kernels' checks and times prefill v1 against v2 (`prefill_us`) instead.
+`--prefill` runs the prefill kernels' checks, times prefill v1 against v2 (`prefill_us`) and the TTFT of a
+random Mistral-7B with each (`prefill_ttft`) instead.
 (paged_attention.cu, the batching engine's, is paged_attention.py.)
 """
 from __future__ import annotations
@@ -308,10 +309,32 @@ def prefill_sweep() -> dict:
     return us
 
 
+def prefill_ttft(n_tokens: int = 512) -> dict:
+    """TTFT of a random Mistral-7B-shaped fp16 model, prefill v1 vs v2 (bench.prefill_ttft: median of 3), and
+    how far v2's last logits are from v1's (informational: 32 random layers, not a bound). -> {version: ms}"""
+    from minillm.cuda.dev.bench import prefill_ttft as ttft_s
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.model.config import PRESETS
+    base = GPUTransformer.random(PRESETS["mistral-7b"].config, "float16", seed=0)
+    cache = base.new_cache(n_tokens + 8)
+    prompt = np.random.default_rng(0).integers(0, base.config.vocab_size, n_tokens)
+    ms, logits = {}, {}
+    for v in (1, 2):
+        gpu = base.with_settings(prefill_attention_version=v)
+        ms[v] = ttft_s(gpu, cache, prompt) * 1e3
+        cache.reset()
+        logits[v] = gpu.prefill(prompt, cache)
+    same = int(np.argmax(logits[1])) == int(np.argmax(logits[2]))
+    say(f"\nTTFT {n_tokens} tokens, random Mistral-7B fp16: prefill v1 {ms[1]:.1f} ms, v2 {ms[2]:.1f} ms "
+        f"({ms[1] - ms[2]:+.1f}); last logits v2 vs v1: {rel_err(logits[2], logits[1]):.1e} of the largest, "
+        f"argmax {'the same' if same else 'differs'}")
+    return ms
+
+
 def main(argv=None) -> int:
     """`python -m minillm.cuda.dev.attention`: every check of this family in fp16 and bf16, then
     decode attention alone, v2 vs v3, on a Mistral-7B shape. --prefill: the prefill kernels' checks, then
-    prefill attention alone, v1 vs v2."""
+    prefill attention alone, v1 vs v2, and TTFT with each."""
     import argparse
     ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.attention", description=__doc__.split("\n")[0])
     ap.add_argument("--no-sweep", action="store_true", help="checks only")
@@ -323,6 +346,7 @@ def main(argv=None) -> int:
     if not args.no_sweep:
         if args.prefill:
             prefill_sweep()
+            prefill_ttft()
         else:
             sweep()
     return finish("attention")
