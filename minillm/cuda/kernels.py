@@ -34,13 +34,16 @@ from minillm.cuda.qweights import is_quantized
 from minillm.resources import data_dir
 
 KERNEL_DIR = data_dir("kernels")          # the checkout's kernels/, or an installed wheel's copy
-SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "kv_int8", "decode_attention", "prefill_attention", "gemv", "embed",
-           "gemv_quant", "paged_attention"]   # paged_attention: loaded by gpu_batched.py (the batching engine)
+SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "kv_int8", "decode_attention", "prefill_attention",
+           "prefill_attention_mma", "gemv", "embed", "gemv_quant",
+           "paged_attention"]   # paged_attention: loaded by gpu_batched.py (the batching engine)
 ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
 GQA_THREADS, GQA_MAX_SPLITS = 256, 64  # decode_attention.cu v3 (attention_gqa*): block size, most splits
 V4_WARPS = 4                           # as #defined in gemv.cu (row pairs per block)
 PF_ROWS, PF_THREADS = 32, 128          # as #defined in prefill_attention.cu (query rows, threads per block)
 PF_HDS = (32, 64, 128)                 # its compile-time head_dim bounds (hd <= HD, hd % 4 == 0)
+MM_ROWS, MM_THREADS = 64, 128          # as #defined in prefill_attention_mma.cu (query rows, threads per block)
+MM_HDS = (64, 128)                     # its head_dims (exactly)
 MAX_FUSED_NORM = 12000                 # gemv_rmsnorm_v3 keeps in floats in shared memory (+ static): < 48 KB
 QWARPS = 8                             # as #defined in gemv_quant.cu (row pairs per block)
 QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
@@ -133,6 +136,9 @@ class KernelSettings:
     # int8 KV cache: codes a lane reads per key, 16 (head_dim % 16 == 0; int8 vs 16-bit cache at 32k keys
     # 1.00x) or 8 (the first kernel: 0.96x).
     attention_int8_codes_per_lane: int = 16
+    # Prefill attention: 1 = prefill_attention.cu (fp32 FMAs, ~190 µs a layer at T = 512 on Mistral-7B);
+    # 2 = prefill_attention_mma.cu (tensor cores, head_dim 64 or 128; others keep 1). Not yet measured.
+    prefill_attention_version: int = 1
     # Programmatic dependent launch (minillm/cuda/pdl.py) for the kernels that allow it (PDL_KERNEL): each may
     # start during the previous kernel's tail, its first weight loads issued before it waits for x.
     pdl: bool = False
@@ -179,6 +185,8 @@ class Kernels:
             "prefill_attention_hd32": get("prefill_attention", f"prefill_attention_hd32_{sfx}"),
             "prefill_attention_hd64": get("prefill_attention", f"prefill_attention_hd64_{sfx}"),
             "prefill_attention_hd128": get("prefill_attention", f"prefill_attention_hd128_{sfx}"),
+            "prefill_attention_mma_hd64": get("prefill_attention_mma", f"prefill_attention_mma_hd64_{sfx}"),
+            "prefill_attention_mma_hd128": get("prefill_attention_mma", f"prefill_attention_mma_hd128_{sfx}"),
             "embed": get("embed", f"embed_{sfx}"),
             "cast": get("embed", f"cast_to_{sfx}"),
             "fill_uniform": get("embed", f"fill_uniform_{sfx}"),
@@ -504,23 +512,36 @@ class Kernels:
         """Does prefill_attention.cu have a variant for this head_dim? (else: the decode kernel)"""
         return head_dim % 4 == 0 and head_dim <= PF_HDS[-1]
 
+    def prefill_attention_kernel(self, head_dim: int) -> str:
+        """The kernel prefill_attention launches for this head_dim under the current settings: the tensor-core
+        one (prefill_attention_mma.cu) with prefill_attention_version 2 and head_dim 64 or 128, else the tiled
+        fp32 one (prefill_attention.cu)."""
+        if self.settings.prefill_attention_version == 2 and head_dim in MM_HDS:
+            return f"prefill_attention_mma_hd{head_dim}"
+        return f"prefill_attention_hd{next(h for h in PF_HDS if head_dim <= h)}"
+
     def prefill_attention(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, k_cache,
                           v_cache, pos, window: int | None, out) -> None:
-        """Tiled prefill attention (prefill_attention.cu): the T queries of each qkv row [T, width] at
-        pos[0] + t against one layer's cache (their own keys already appended) -> out [T, n_heads * hd]
-        fp32. Blocks of 32 (token, query head) rows of one KV head's group share K/V tiles in shared
-        memory. No scratch. head_dim % 4 == 0 and <= 128 (see prefill_attention_supported)."""
+        """Tiled prefill attention: the T queries of each qkv row [T, width] at pos[0] + t against one layer's
+        cache (their own keys already appended) -> out [T, n_heads * hd] fp32. Blocks of (token, query head)
+        rows of one KV head's group share K/V tiles in shared memory: 32 rows on fp32 FMAs
+        (prefill_attention.cu), or 64 on the tensor cores (prefill_attention_mma.cu, settings
+        .prefill_attention_version 2, head_dim 64 or 128). No scratch. head_dim % 4 == 0 and <= 128 (see
+        prefill_attention_supported)."""
         if not self.prefill_attention_supported(head_dim):
             raise ValueError(f"prefill_attention: head_dim {head_dim} (needs % 4 == 0 and <= {PF_HDS[-1]})")
         if n_heads % n_kv_heads:
             raise ValueError(f"prefill_attention: {n_heads} heads not a multiple of {n_kv_heads} KV heads")
-        hd_max = next(h for h in PF_HDS if head_dim <= h)
+        name = self.prefill_attention_kernel(head_dim)
         group = n_heads // n_kv_heads
-        tiles = (n_tokens * group + PF_ROWS - 1) // PF_ROWS
-        self._launch(f"prefill_attention_hd{hd_max}", (tiles, n_kv_heads), (PF_THREADS,),
-                     (qkv, np.int32(qkv.shape[-1]), k_cache, v_cache, np.int32(k_cache.shape[1]),
-                      np.int32(n_tokens), np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim), pos,
-                      np.int32(window or 0), np.float32(1.0 / math.sqrt(head_dim)), out))
+        common = (qkv, np.int32(qkv.shape[-1]), k_cache, v_cache, np.int32(k_cache.shape[1]), np.int32(n_tokens),
+                  np.int32(n_heads), np.int32(n_kv_heads))
+        tail = (pos, np.int32(window or 0), np.float32(1.0 / math.sqrt(head_dim)), out)
+        if name.startswith("prefill_attention_mma"):        # head_dim is the kernel's compile-time HD
+            self._launch(name, (-(-n_tokens * group // MM_ROWS), n_kv_heads), (MM_THREADS,), common + tail)
+        else:                                               # head_dim <= HD, passed
+            self._launch(name, (-(-n_tokens * group // PF_ROWS), n_kv_heads), (PF_THREADS,),
+                         common + (np.int32(head_dim),) + tail)
 
     def swiglu(self, gu, out) -> None:
         """gu [T, 2 * ffn] fp32 (gate | up) -> out [T, ffn], fp32 or narrow."""

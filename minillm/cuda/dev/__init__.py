@@ -3,7 +3,8 @@
 One module per kernel family, each with its NumPy references, its checks (random inputs, NaN-poisoned
 outputs, (error, tolerance) back) and its sweep, runnable alone: `python -m minillm.cuda.dev.gemv`
 (gemv.cu, gemv_quant.cu), `.attention` (decode/prefill attention, the KV append), `.elementwise`
-(rmsnorm, rope, swiglu, embed), `.paged_attention` (the batching engine's kernels),
+(rmsnorm, rope, swiglu, embed), `.paged_attention` (the batching engine's kernels), `prefill_mma.py` (a NumPy
+lane-by-lane model of prefill_attention_mma.cu, to check its fragment layouts on the CPU),
 `.flashnorm` (the deferred norm: two streams, fused). `timing.py` is the one GPU timer and the one
 bandwidth probe they all use; `model.py` checks whole small models GPU vs CPU; `bench.py` and
 `qbench.py` time a 7B-shaped model (`minillm bench --device cuda`); `selfcheck.py` drives them all;

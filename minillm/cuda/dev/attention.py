@@ -1,9 +1,12 @@
 """Attention and the KV cache's kernels: kernels/decode_attention.cu (split + combine, the fused
-v2, the GQA-group v3 and its int8 variants), prefill_attention.cu (tiled), kv_append.cu, kv_int8.cu.
+v2, the GQA-group v3 and its int8 variants), prefill_attention.cu (tiled, fp32: prefill v1),
+prefill_attention_mma.cu (tiled, tensor cores: prefill v2), kv_append.cu, kv_int8.cu.
 
 Checks against minillm.model.attention.attend on the same 16-bit (or int8-dequantized) keys and values;
 the sweep times decode attention alone at a few context lengths, v2 against v3, in a CUDA graph
-(`attention_us`). `python -m minillm.cuda.dev.attention` runs both (the sweep on a Mistral-7B shape).
+(`attention_us`). `python -m minillm.cuda.dev.attention` runs both (the sweep on a Mistral-7B shape);
+`--prefill` runs the prefill kernels' checks, times prefill v1 against v2 (`prefill_us`) and the TTFT of a
+random Mistral-7B with each (`prefill_ttft`) instead.
 (paged_attention.cu, the batching engine's, is paged_attention.py.)
 """
 from __future__ import annotations
@@ -15,10 +18,11 @@ from typing import Callable
 import numpy as np
 
 from minillm.backend import as_f32
-from minillm.cuda.dev.common import (_cp, _host, _narrow_dt, _sync, finish, narrow, poisoned, rel_err, require_gpu,
-                                     run_cases, say)
+from minillm.cuda.dev.common import (TOL, _cp, _host, _narrow_dt, _sync, finish, narrow, plain_table, poisoned,
+                                     rel_err, require_gpu, run_cases, say)
+from minillm.cuda.dev import prefill_mma
 from minillm.cuda.dev.timing import graph_us
-from minillm.cuda.kernels import Kernels
+from minillm.cuda.kernels import MM_HDS, Kernels
 from minillm.model.attention import attend
 from minillm.model.config import ModelConfig
 
@@ -144,12 +148,19 @@ def check_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, length
 
 
 def check_prefill_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int, length: int,
-                            window: int | None = None, capacity: int | None = None, seed: int = 0):
-    """The tiled prefill kernel (prefill_attention.cu): T queries that are the last T of `length` cached
-    positions (cache offset length - T). Besides the NaN-poisoned output, the cache slots no query may
-    see are NaN too (past `length`, and before the first query's window): a kernel that reads one of
-    them, or lets a masked key through, returns NaN."""
+                            window: int | None = None, capacity: int | None = None, seed: int = 0, version: int = 1,
+                            against_model: bool = False):
+    """The tiled prefill kernel (version 1: prefill_attention.cu, 2: prefill_attention_mma.cu where it has
+    this head_dim, else 1): T queries that are the last T of `length` cached positions (cache offset
+    length - T). Besides the NaN-poisoned output, the cache slots no query may see are NaN too (past
+    `length`, and before the first query's window): a kernel that reads one of them, or lets a masked key
+    through, returns NaN. against_model: compare with the NumPy lane-by-lane model of the mma kernel
+    (dev/prefill_mma.py, slow: small shapes) instead of attend, which it should match to fp32 rounding."""
     cp, rng = _cp(), np.random.default_rng(seed)
+    k = k.with_settings(prefill_attention_version=version)
+    mma = k.prefill_attention_kernel(hd).startswith("prefill_attention_mma")
+    if mma != (version == 2 and hd in MM_HDS):
+        return math.inf, 0.0                                        # not the kernel this check is about
     capacity = capacity or length + 5
     width = (n_heads + 2 * n_kv) * hd
     qkv = rng.standard_normal((T, width)).astype(np.float32)
@@ -162,11 +173,38 @@ def check_prefill_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int
     for c in (kc, vc):
         c[:, length:] = nan
         c[:, :first_visible] = nan
+    if against_model:
+        want = prefill_mma.attention(qkv, as_f32(kc), as_f32(vc), T, n_heads, n_kv, length - T, window, k.dtype)
     pos = cp.asarray(np.array([length - T], np.int32))
     out = poisoned((T, n_heads * hd), np.float32)
     k.prefill_attention(cp.asarray(qkv), T, n_heads, n_kv, hd, cp.asarray(kc), cp.asarray(vc), pos, window, out)
     _sync()
-    return rel_err(_host(out), want), 1e-4                          # same K/V values: fp32 math only
+    if against_model:
+        return rel_err(_host(out), want), 1e-4                      # the same roundings: ex2.approx, sum order
+    # v1: same K/V values, fp32 math only; v2: Q and P rounded to 16 bits for the tensor cores
+    return rel_err(_host(out), want), (TOL[k.dtype] if mma else 1e-4)
+
+
+def prefill_cases(k: Kernels) -> list[tuple[str, Callable]]:
+    """prefill_attention_mma.cu (prefill v2) against attend: T 1 .. 1000, chunks after cached keys, windows,
+    hd 64 and 128, GQA / MHA / MQA; one against the kernel's NumPy model; one fallback to v1 (hd 96)."""
+    def v2(T, n_heads, n_kv, hd, length, window=None, **kw):
+        return lambda: check_prefill_attention(k, T, n_heads, n_kv, hd, length, window, version=2, **kw)
+    return [
+            ("prefill v2 T=1", v2(1, 32, 8, 128, 1)),
+            ("prefill v2 T=1 after 300 window 100 hd 64", v2(1, 8, 2, 64, 301, 100)),
+            ("prefill v2 T=7 group 3 hd 64", v2(7, 9, 3, 64, 7)),
+            ("prefill v2 T=7 after 50 Mistral heads", v2(7, 32, 8, 128, 57)),
+            ("prefill v2 T=64 MHA hd 64", v2(64, 8, 8, 64, 64)),
+            ("prefill v2 T=64 after 100 window 40", v2(64, 8, 2, 128, 164, 40)),
+            ("prefill v2 T=33 MQA after 17", v2(33, 8, 1, 128, 50)),
+            ("prefill v2 T=512 Mistral heads", v2(512, 32, 8, 128, 512, 4096)),
+            ("prefill v2 T=512 after 512 window 300", v2(512, 32, 8, 128, 1024, 300)),
+            ("prefill v2 T=1000 hd 64", v2(1000, 8, 2, 64, 1000)),
+            ("prefill v2 T=1000 after 24 window 256", v2(1000, 8, 2, 128, 1024, 256)),
+            ("prefill v2 = its NumPy model, T=40 after 60 w 50", v2(40, 8, 2, 128, 100, 50, against_model=True)),
+            ("prefill v2 setting, hd 96: v1", lambda: check_prefill_attention(k, 20, 4, 2, 96, 30, version=2)),
+    ]
 
 
 def cases(k: Kernels) -> list[tuple[str, Callable]]:
@@ -197,6 +235,9 @@ def cases(k: Kernels) -> list[tuple[str, Callable]]:
             ("prefill attn tiled hd 16 window 6", lambda: check_prefill_attention(k, 9, 8, 2, 16, 40, 6)),
             ("prefill attn tiled T=40 after 100 window 64", lambda: check_prefill_attention(k, 40, 8, 2, 128, 140, 64)),
             ("prefill attn tiled T=512 Mistral heads", lambda: check_prefill_attention(k, 512, 32, 8, 128, 512, 4096)),
+            ("prefill attn mma T=70 32/8 heads hd 128", lambda: check_prefill_attention(k, 70, 32, 8, 128, 70, version=2)),
+            ("prefill attn mma T=100 after 200 window 40", lambda: check_prefill_attention(k, 100, 4, 2, 64, 300, 40,
+                                                                                           version=2)),
     ]
 
 
@@ -235,18 +276,79 @@ def sweep() -> dict:
     return att
 
 
+def prefill_us(k: Kernels, lengths=(512, 2048), versions=(1, 2), n_layers: int = 32) -> dict:
+    """Prefill attention alone on Mistral-7B's shape (32 query heads, 8 KV heads, hd 128, window 4096): µs a
+    launch inside a CUDA graph of n_layers launches, each layer its own K/V (as a prefill of T tokens from
+    position 0 sees them), for each version (KernelSettings.prefill_attention_version). -> {(T, version): µs}"""
+    import cupy as cp
+    from minillm.model.config import PRESETS
+    c = PRESETS["mistral-7b"].config
+    rng = cp.random.default_rng(4)
+    out = {}
+    for T in lengths:
+        kc, vc = (rng.standard_normal((n_layers, c.n_kv_heads, T, c.head_dim), dtype=cp.float32).astype(cp.float16)
+                  for _ in range(2))
+        qkv = rng.standard_normal((T, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim), dtype=cp.float32)
+        attn = cp.empty((T, c.n_heads * c.head_dim), cp.float32)
+        pos = cp.zeros(1, cp.int32)
+        for v in versions:
+            kv = k.with_settings(prefill_attention_version=v)
+            out[T, v] = graph_us(lambda i: kv.prefill_attention(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, kc[i],
+                                                                vc[i], pos, c.sliding_window, attn), n_layers)
+        del kc, vc, qkv, attn
+    return out
+
+
+def prefill_sweep() -> dict:
+    """prefill_us in fp16, printed as a table (with the 32 layers' total, what it adds to TTFT)."""
+    us = prefill_us(Kernels("float16"))
+    plain_table("prefill attention alone, Mistral-7B shape (32/8 heads, hd 128), fp16, µs a layer in a graph",
+                ["T", "v1 fp32 FMA", "v2 mma", "v1/v2", "32 layers v1 -> v2"],
+                [[T, f"{us[T, 1]:.1f}", f"{us[T, 2]:.1f}", f"{us[T, 1] / us[T, 2]:.1f}x",
+                  f"{32 * us[T, 1] / 1e3:.2f} -> {32 * us[T, 2] / 1e3:.2f} ms"] for T in sorted({T for T, _ in us})])
+    return us
+
+
+def prefill_ttft(n_tokens: int = 512) -> dict:
+    """TTFT of a random Mistral-7B-shaped fp16 model, prefill v1 vs v2 (bench.prefill_ttft: median of 3), and
+    how far v2's last logits are from v1's (informational: 32 random layers, not a bound). -> {version: ms}"""
+    from minillm.cuda.dev.bench import prefill_ttft as ttft_s
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.model.config import PRESETS
+    base = GPUTransformer.random(PRESETS["mistral-7b"].config, "float16", seed=0)
+    cache = base.new_cache(n_tokens + 8)
+    prompt = np.random.default_rng(0).integers(0, base.config.vocab_size, n_tokens)
+    ms, logits = {}, {}
+    for v in (1, 2):
+        gpu = base.with_settings(prefill_attention_version=v)
+        ms[v] = ttft_s(gpu, cache, prompt) * 1e3
+        cache.reset()
+        logits[v] = gpu.prefill(prompt, cache)
+    same = int(np.argmax(logits[1])) == int(np.argmax(logits[2]))
+    say(f"\nTTFT {n_tokens} tokens, random Mistral-7B fp16: prefill v1 {ms[1]:.1f} ms, v2 {ms[2]:.1f} ms "
+        f"({ms[1] - ms[2]:+.1f}); last logits v2 vs v1: {rel_err(logits[2], logits[1]):.1e} of the largest, "
+        f"argmax {'the same' if same else 'differs'}")
+    return ms
+
+
 def main(argv=None) -> int:
     """`python -m minillm.cuda.dev.attention`: every check of this family in fp16 and bf16, then
-    decode attention alone, v2 vs v3, on a Mistral-7B shape."""
+    decode attention alone, v2 vs v3, on a Mistral-7B shape. --prefill: the prefill kernels' checks, then
+    prefill attention alone, v1 vs v2, and TTFT with each."""
     import argparse
     ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.attention", description=__doc__.split("\n")[0])
     ap.add_argument("--no-sweep", action="store_true", help="checks only")
+    ap.add_argument("--prefill", action="store_true", help="the prefill kernels only (v1 fp32, v2 tensor cores)")
     args = ap.parse_args(argv)
     if not require_gpu("attention"):
         return 2
-    run_cases(cases)
+    run_cases(prefill_cases if args.prefill else cases)
     if not args.no_sweep:
-        sweep()
+        if args.prefill:
+            prefill_sweep()
+            prefill_ttft()
+        else:
+            sweep()
     return finish("attention")
 
 

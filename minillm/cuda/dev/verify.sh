@@ -9,6 +9,7 @@
 #           smollm2: the suite's SmolLM2 tests alone;
 #           dev: each dev module's checks and sweep; full: the selfcheck without --quick;
 #           spec: speculative decoding's GPU tests and step costs; specbench: bench --speculative on SmolLM2;
+#           prefill: prefill attention v2's GPU tests, checks, v1 vs v2 µs a layer and TTFT;
 #           flashnorm: FlashNorm at every norm site of the decode step, --e2e table, its tests and lesson 15;
 #           pdl: programmatic dependent launch, its tests and tok/s on and off)
 set -u
@@ -63,6 +64,9 @@ dev)
     for m in elementwise gemv attention paged_attention "flashnorm --quick" qbench "small_m --quick"; do
         TAIL=6 step dev 150 python3 -m minillm.cuda.dev.$m
     done ;;
+prefill)   # prefill attention v2 (tensor cores): its GPU tests, then checks + v1/v2 µs a layer + TTFT
+    step prefill 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k prefill_attention tests/test_cuda.py
+    TAIL=40 step prefill 150 python3 -m minillm.cuda.dev.attention --prefill ;;
 full)
     TAIL=20 step full 240 python3 -m minillm.cuda.selfcheck --no-hf ;;
 flashnorm)
