@@ -180,7 +180,9 @@ def check_prefill_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int
     k.prefill_attention(cp.asarray(qkv), T, n_heads, n_kv, hd, cp.asarray(kc), cp.asarray(vc), pos, window, out)
     _sync()
     if against_model:
-        return rel_err(_host(out), want), 1e-4                      # the same roundings: ex2.approx, sum order
+        # the same roundings, up to ex2.approx's last bit and the sum order: such a difference can flip
+        # one 16-bit rounding of P, a step of 2^-11 (fp16) or 2^-8 (bf16) of that weight (H200: bf16 1.9e-4)
+        return rel_err(_host(out), want), (1e-4 if k.dtype == "float16" else 5e-4)
     # v1: same K/V values, fp32 math only; v2: Q and P rounded to 16 bits for the tensor cores
     return rel_err(_host(out), want), (TOL[k.dtype] if mma else 1e-4)
 

@@ -81,8 +81,8 @@ def main(argv=None) -> int:
                          f"{100 * per_token * tps[pdl] / bw:.0f}%", f"{tps[pdl] / tps[False]:.3f}x"])
         del gpu
         cp.get_default_memory_pool().free_all_blocks()
-    say(f"\ndecode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating rounds")
-    say(plain_table(["weights", "PDL", "tok/s", "GB/s", "% of copy", "vs off"], rows))
+    plain_table(f"\ndecode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating "
+                "rounds", ["weights", "PDL", "tok/s", "GB/s", "% of copy", "vs off"], rows)
     return finish(ap.prog)
 
 
