@@ -222,23 +222,38 @@ __device__ void mla_v_up(const float* __restrict__ o_lat, const u16* __restrict_
     if (lane == 0) o[row] = sum;
 }
 
-#define MLA_KERNELS(sfx, F)                                                                                         \
-extern "C" __global__ void mla_kv_append_##sfx(const float* kv, const float* gain, int has_norm, float eps, int r,   \
-        int rope, const int* pos, const float* inv_freq, float rope_gain, int interleave, u16* cache) {             \
-    mla_kv_append<F>(kv, gain, has_norm, eps, r, rope, pos, inv_freq, rope_gain, interleave, cache);                \
-}                                                                                                                   \
-extern "C" __global__ void mla_q_absorb_##sfx(const float* q, const u16* wkv_b, int nope, int rope, int v, int r,  \
-        const int* pos, const float* inv_freq, float rope_gain, int interleave, float* q_cat) {                     \
-    mla_q_absorb<F>(q, wkv_b, nope, rope, v, r, pos, inv_freq, rope_gain, interleave, q_cat);                       \
-}                                                                                                                   \
-extern "C" __global__ void mla_attention_##sfx(const float* q_cat, const u16* cache, int H, int r, int W,           \
-        const int* pos, float scale, float* part_m, float* part_l, float* part_acc) {                               \
-    mla_attention<F>(q_cat, cache, H, r, W, pos, scale, part_m, part_l, part_acc);                                  \
-}                                                                                                                   \
-extern "C" __global__ void mla_v_up_##sfx(const float* o_lat, const u16* wkv_b, int H, int nope, int v, int r,      \
-        float* o) {                                                                                                 \
-    mla_v_up<F>(o_lat, wkv_b, H, nope, v, r, o);                                                                    \
+// The entry points, one per weight dtype (F16: fp16 bits, BF16: bf16 bits); mla_combine has no weights.
+// grid (1), block (256)
+extern "C" __global__ void mla_kv_append_f16(const float* kv, const float* gain, int has_norm, float eps, int r, int rope,
+        const int* pos, const float* inv_freq, float rope_gain, int interleave, u16* cache) {
+    mla_kv_append<F16>(kv, gain, has_norm, eps, r, rope, pos, inv_freq, rope_gain, interleave, cache);
 }
-
-MLA_KERNELS(f16, F16)
-MLA_KERNELS(bf16, BF16)
+extern "C" __global__ void mla_kv_append_bf16(const float* kv, const float* gain, int has_norm, float eps, int r, int rope,
+        const int* pos, const float* inv_freq, float rope_gain, int interleave, u16* cache) {
+    mla_kv_append<BF16>(kv, gain, has_norm, eps, r, rope, pos, inv_freq, rope_gain, interleave, cache);
+}
+// grid (H, ceil(r / 256)), block (256)
+extern "C" __global__ void mla_q_absorb_f16(const float* q, const u16* wkv_b, int nope, int rope, int v, int r,
+        const int* pos, const float* inv_freq, float rope_gain, int interleave, float* q_cat) {
+    mla_q_absorb<F16>(q, wkv_b, nope, rope, v, r, pos, inv_freq, rope_gain, interleave, q_cat);
+}
+extern "C" __global__ void mla_q_absorb_bf16(const float* q, const u16* wkv_b, int nope, int rope, int v, int r,
+        const int* pos, const float* inv_freq, float rope_gain, int interleave, float* q_cat) {
+    mla_q_absorb<BF16>(q, wkv_b, nope, rope, v, r, pos, inv_freq, rope_gain, interleave, q_cat);
+}
+// grid (ceil(H / MLA_HEADS), S), block (32 * MLA_HEADS)
+extern "C" __global__ void mla_attention_f16(const float* q_cat, const u16* cache, int H, int r, int W, const int* pos,
+        float scale, float* part_m, float* part_l, float* part_acc) {
+    mla_attention<F16>(q_cat, cache, H, r, W, pos, scale, part_m, part_l, part_acc);
+}
+extern "C" __global__ void mla_attention_bf16(const float* q_cat, const u16* cache, int H, int r, int W, const int* pos,
+        float scale, float* part_m, float* part_l, float* part_acc) {
+    mla_attention<BF16>(q_cat, cache, H, r, W, pos, scale, part_m, part_l, part_acc);
+}
+// grid (ceil(H * v / 8)), block (256)
+extern "C" __global__ void mla_v_up_f16(const float* o_lat, const u16* wkv_b, int H, int nope, int v, int r, float* o) {
+    mla_v_up<F16>(o_lat, wkv_b, H, nope, v, r, o);
+}
+extern "C" __global__ void mla_v_up_bf16(const float* o_lat, const u16* wkv_b, int H, int nope, int v, int r, float* o) {
+    mla_v_up<BF16>(o_lat, wkv_b, H, nope, v, r, o);
+}
