@@ -241,7 +241,7 @@ extern "C" __global__ void mla_q_absorb_bf16(const float* q, const u16* wkv_b, i
         const int* pos, const float* inv_freq, float rope_gain, int interleave, float* q_cat) {
     mla_q_absorb<BF16>(q, wkv_b, nope, rope, v, r, pos, inv_freq, rope_gain, interleave, q_cat);
 }
-// grid (ceil(H / MLA_HEADS), S), block (32 * MLA_HEADS)
+// grid (ceil(H / MLA_HEADS), S), block (32 * MLA_HEADS): 512 threads, so at most 128 registers (nvcc sm_90: 90)
 extern "C" __global__ void mla_attention_f16(const float* q_cat, const u16* cache, int H, int r, int W, const int* pos,
         float scale, float* part_m, float* part_l, float* part_acc) {
     mla_attention<F16>(q_cat, cache, H, r, W, pos, scale, part_m, part_l, part_acc);
