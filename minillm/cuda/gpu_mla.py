@@ -66,6 +66,9 @@ class MLAKernels:
         self.fn = {key: module(SOURCE).get_function(name.format(sfx=sfx)) for key, name in KERNELS.items()}
         for f in self.fn.values():
             getattr(f, "attributes", None)          # NVRTC + module load now
+        most = self.fn["attention"].attributes.get("max_threads_per_block", 32 * MLA_HEADS)
+        if most < 32 * MLA_HEADS:                   # the compiler took > 128 registers a thread: say so, not a launch error
+            raise RuntimeError(f"mla_attention compiled for at most {most} threads a block, needs {32 * MLA_HEADS}")
         self._nil_f32 = _cp().zeros(8, _cp().float32)
         self.timer = None
 
