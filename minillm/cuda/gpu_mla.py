@@ -22,9 +22,10 @@ captured once per cache replays for every position (as gpu_model.GPUTransformer 
 Weights: 16-bit on the device (fp16, or bf16 as uint16 bits), HF [out, in] layout; norm gains fp32. All
 activations and accumulations are fp32; the latent cache is 16-bit.
 
-Prefill runs the prompt one token at a time through the same decode graph: exact (the same kernels as
-decode) and simple, but T graph replays for T tokens, not a compute-bound GEMM pass. device_model (the
-engine's Transformer on CuPy) stays the path for long prompts until MLA has a GEMM prefill here.
+Prefill: a model made by `from_cpu` runs the prompt through device_model's path (the engine's Transformer on
+CuPy: cuBLAS GEMMs, naive-prefill attention) built over these very device arrays (`prefill_transformer`: views,
+no second copy), writing the same latent cache (`GPUMLACache.append` is MLACache's); a `random` model, or
+`prefill(..., by_step=True)`, runs it one token at a time through the decode graph (exact, but T replays).
 
 Not supported (refused at construction): MoE layers, FlashNorm, int8/int4 weights, and shapes the kernels
 cannot take: kv_lora_rank % 8 or (kv_lora_rank + rope) % 8 != 0, kv_lora_rank > 512, a cache row wider than 640,
@@ -177,19 +178,59 @@ def host_layer(L, dtype: str) -> MLALayer:
 
 class GPUMLACache(CacheBase):
     """The latent cache on the device: latent [n_layers, capacity, r + rope] 16-bit, each row
-    [c_kv | k_rope] (one layer's slice is what mla_attention reads). Holds the decode graph captured for it."""
+    [c_kv | k_rope] (one layer's slice is what mla_attention reads). Holds the decode graph captured for it.
+    `append` is MLACache's, so the engine's Transformer on CuPy (device_model) can prefill into it."""
 
     def __init__(self, config: ModelConfig, capacity: int, dtype: str):
         W = config.kv_lora_rank + config.qk_rope_head_dim
         self.latent = _cp().zeros((config.n_layers, capacity, W), dtype=device_dtype(dtype))
+        self.r = config.kv_lora_rank
         self.max_seq_len = capacity
         self.length = 0
         self.graph = None
         self.graph_key = None
 
+    def append(self, layer: int, c_kv_new, k_rope_new):
+        """MLACache.append on the device: [T, r] and [T, rope] fp32 into rows length .. length + T - 1.
+        -> the layer's [length + T, r] and [length + T, rope] so far (16-bit views)"""
+        start, end = self.length, self.end_of_write(c_kv_new.shape[0])
+        rows, r = self.latent[layer, start:end], self.r
+        rows[:, :r], rows[:, r:] = self._narrow(c_kv_new), self._narrow(k_rope_new)
+        return self.latent[layer, :end, :r], self.latent[layer, :end, r:]
+
+    def _narrow(self, a):
+        """fp32 -> the cache's 16 bits: fp16, or bf16 bits rounded half to even (NaN payloads not kept)."""
+        cp = _cp()
+        if self.latent.dtype != cp.uint16:
+            return a.astype(self.latent.dtype)
+        bits = cp.ascontiguousarray(a, dtype=cp.float32).view(cp.uint32)
+        return ((bits + (cp.uint32(0x7FFF) + ((bits >> 16) & cp.uint32(1)))) >> 16).astype(cp.uint16)
+
     def clear(self, start: int, stop: int) -> None:
         self.latent[:, start:stop] = 0
         _cp().cuda.get_current_stream().synchronize()
+
+
+def prefill_transformer(model, layers: list[MLALayer], embed, final_norm, lm_head, dtype: str):
+    """The engine's Transformer over the fast path's own device arrays (device_model's path; nothing
+    copied: q_a and kv_a, gate and up are row views of the stacks): prefill's cuBLAS GEMMs, writing
+    the same latent cache. model: the CPU Transformer these were made from."""
+    from dataclasses import replace
+    cp, c = _cp(), model.config
+    q_in = c.q_lora_rank or c.n_heads * c.head_dim
+    gpu = model.with_options(mla_mode="naive-prefill")   # expanded K and V for T > 1 queries (mla.py)
+
+    def shared(L, d: MLALayer):
+        q = dict(wq_a=d.w_in[:q_in], q_norm=d.q_norm, wq_b=d.wq_b) if c.q_lora_rank else dict(wq=d.w_in[:q_in])
+        mla = replace(L.mla, **q, wkv_a=d.w_in[q_in:], kv_norm=d.kv_norm, wkv_b=d.wkv_b, wo=d.wo)
+        return replace(L, attn_norm=d.attn_norm, mla=mla, mlp_norm=d.mlp_norm, w_gate_up=d.w_gate_up,
+                       w_gate=d.w_gate_up[:c.ffn_dim], w_up=d.w_gate_up[c.ffn_dim:], w_down=d.w_down)
+
+    gpu.layers = [shared(L, d) for L, d in zip(model.layers, layers)]
+    gpu.embed, gpu.final_norm, gpu.lm_head = embed, final_norm, lm_head
+    gpu.inv_freq = cp.asarray(model.inv_freq)
+    gpu.cache_dtype, gpu.dtype = cp.float16, dtype
+    return gpu
 
 
 # ---- the model -------------------------------------------------------------------------------------
@@ -223,6 +264,7 @@ class GPUMLATransformer:
         self.act = cp.zeros(c.ffn_dim, f32)
         self.logits = cp.zeros(c.vocab_size, f32)
         self._parts: dict[int, tuple] = {}
+        self.prefill_model = None      # from_cpu: the engine's Transformer on these arrays (GEMM prefill)
         cp.cuda.Device().synchronize()
 
     @classmethod
@@ -239,8 +281,10 @@ class GPUMLATransformer:
             layers.append(MLALayer(**{name: dev(getattr(h, name)) for name in vars(h)}))
         embed = cp.asarray(to_dtype(np.asarray(model.embed), dtype))
         lm_head = embed if model.lm_head is model.embed else cp.asarray(to_dtype(np.asarray(model.lm_head), dtype))
-        return cls(model.config, layers, embed, cp.asarray(to_dtype(np.asarray(model.final_norm), "float32")),
-                   lm_head, dtype=dtype, **kw)
+        final_norm = cp.asarray(to_dtype(np.asarray(model.final_norm), "float32"))
+        gpu = cls(model.config, layers, embed, final_norm, lm_head, dtype=dtype, **kw)
+        gpu.prefill_model = prefill_transformer(model, layers, embed, final_norm, lm_head, dtype)
+        return gpu
 
     @classmethod
     def random(cls, config: ModelConfig, dtype: str = "float16", seed: int = 0, **kw) -> "GPUMLATransformer":
@@ -282,11 +326,17 @@ class GPUMLATransformer:
             return GPUMLACache(self.config, max_seq_len or self.config.max_seq_len, self.dtype)
 
     # ---- the two phases --------------------------------------------------------------------------
-    def prefill(self, tokens, cache: GPUMLACache, all_logits: bool = False) -> np.ndarray:
-        """The prompt one token at a time through the decode step (see the module docstring).
-        -> logits [T, vocab] if all_logits else [vocab] (host fp32)"""
+    def prefill(self, tokens, cache: GPUMLACache, all_logits: bool = False, by_step: bool = False) -> np.ndarray:
+        """Run the prompt, filling the latent cache: by device_model's path on these weights (cuBLAS GEMMs)
+        when built by from_cpu and T > 1, else (random models, by_step) one token at a time through the
+        decode graph.  -> logits [T, vocab] if all_logits else [vocab] (host fp32)"""
         tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
         cache.end_of_write(len(tokens))
+        if self.prefill_model is not None and len(tokens) > 1 and not by_step:
+            with self.stream:                     # CuPy's cuBLAS calls on our stream, ordered with the graph
+                logits = self.prefill_model.prefill(tokens.astype(np.int64), cache, all_logits=all_logits)
+                self.stream.synchronize()
+            return logits
         rows = []
         for i, t in enumerate(tokens):
             want = all_logits or i == len(tokens) - 1
