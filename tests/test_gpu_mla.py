@@ -81,6 +81,33 @@ def test_a_wrong_reference_is_caught():
     assert right <= MODEL_TOL["float16"] < wrong and wrong > 10 * right, errors
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_prefill_writes_the_cache_the_kernels_read(model_dir, dtype, monkeypatch):
+    """The fast path's prefill (device_model's Transformer over its arrays, prefill_transformer) fills the
+    GPUMLACache; decode steps of the kernels' references, reading that cache, then continue the CPU
+    engine's logits. Run on NumPy: the cache and the prefill model only use the array module."""
+    from minillm.backend import to_dtype
+    from minillm.cuda import gpu_kv_cache, gpu_mla
+    monkeypatch.setattr(gpu_mla, "_cp", lambda: np)
+    monkeypatch.setattr(gpu_kv_cache, "_cp", lambda: np)
+    cpu = minillm.load(str(model_dir), dtype=dtype).model
+    layers = [gpu_mla.host_layer(L, dtype) for L in cpu.layers]
+    narrow = lambda a: to_dtype(np.asarray(a), dtype)
+    prefill = gpu_mla.prefill_transformer(cpu, layers, narrow(cpu.embed), to_dtype(cpu.final_norm, "float32"),
+                                          narrow(cpu.lm_head), dtype)
+    cache = gpu_mla.GPUMLACache(cpu.config, 32, dtype)
+    ids = _ids(16)
+    got = [prefill.prefill(ids[:10], cache, all_logits=True)]
+    assert cache.length == 10 and cache.latent.dtype == (np.float16 if dtype == "float16" else np.uint16)
+    host = dev.HostMLA(cpu, dtype, capacity=32)
+    host.cache, host.length = cache.latent, cache.length
+    got += [dev.reference_step(host, int(t))[None] for t in ids[10:]]
+    cc = cpu.new_cache(32)
+    want = [cpu.prefill(ids[:10], cc, all_logits=True)] + [cpu.decode(int(t), cc)[None] for t in ids[10:]]
+    err = rel_err(np.concatenate(got), np.concatenate(want))
+    assert err <= MODEL_TOL[dtype], f"error {err:.2e}"
+
+
 def test_unsupported_shapes_are_refused():
     odd = dev.small_config(r=12)
     with pytest.raises(ValueError, match="multiples of 8.*kv_lora_rank=12.*device_model"):
