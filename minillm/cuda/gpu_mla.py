@@ -129,6 +129,27 @@ def check_shape(c: ModelConfig) -> None:
                          f"and an even rope dim, not {r} + {rope}: use device_model")
 
 
+def unsupported(model) -> str | None:
+    """Why the fast path cannot run this CPU Transformer (one line), or None: llm._to_gpu then falls back
+    to device_model. Needs no GPU."""
+    from minillm.model.quant import QuantizedWeight
+    try:
+        check_shape(model.config)
+    except ValueError as e:
+        return str(e)
+    if model.flashnorm:
+        return "the MLA fast path does not run FlashNorm models"
+    if model.comm is not None:
+        return "the MLA fast path runs on one GPU (no tensor parallelism)"
+    for L in model.layers:
+        if L.moe is not None:
+            return "the MLA fast path runs dense-MLP layers only (MoE)"
+        if any(isinstance(w, QuantizedWeight) for w in vars(L.mla).values()) or \
+                any(isinstance(w, QuantizedWeight) for w in (L.w_gate, L.w_up, L.w_down)):
+            return "the MLA fast path takes 16-bit weights, not int8/int4"
+    return None
+
+
 def n_splits_for(n_heads: int, capacity: int, n_sms: int = 132) -> int:
     """Flash-decoding splits (the scratch's S): about 2 blocks per SM over the head groups, at most 64, and
     no more than the capacity's tiles. The kernel uses fewer while the context is short."""
@@ -265,6 +286,7 @@ class GPUMLATransformer:
         self.logits = cp.zeros(c.vocab_size, f32)
         self._parts: dict[int, tuple] = {}
         self.prefill_model = None      # from_cpu: the engine's Transformer on these arrays (GEMM prefill)
+        self.comm = None               # (one GPU: no tensor parallelism)
         cp.cuda.Device().synchronize()
 
     @classmethod
@@ -314,6 +336,25 @@ class GPUMLATransformer:
         cp.cuda.Device().synchronize()
         return cls(config, layers, embed, ones(c.dim), lm_head, dtype=dtype, **kw)
 
+    def with_options(self, **options) -> "GPUMLATransformer":
+        """A copy run another way, sharing weights and buffers (run one at a time): use_graph, and the GEMM
+        prefill's mla_mode / prefill_chunk (Transformer.with_options); kv_cache only "auto"."""
+        import copy
+        unknown = set(options) - {"use_graph", "mla_mode", "prefill_chunk", "kv_cache"}
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
+        if options.pop("kv_cache", "auto") != "auto":
+            raise ValueError("the MLA fast path keeps a 16-bit latent cache: kv_cache='auto' only")
+        other = copy.copy(self)
+        other.use_graph = bool(options.pop("use_graph", self.use_graph))
+        if options and self.prefill_model is not None:
+            other.prefill_model = self.prefill_model.with_options(**options)
+        return other
+
+    def weights_read_per_token(self) -> list:
+        """Every array a decode step reads (each once): the layer matrices and gains, final norm, LM head."""
+        return [a for L in self.layers for a in L.matrices() + L.gains()] + [self.final_norm, self.lm_head]
+
     @property
     def weight_bytes(self) -> int:
         """Bytes a decode step reads from weights: every layer matrix and gain, the LM head (one embedding row
@@ -326,50 +367,54 @@ class GPUMLATransformer:
             return GPUMLACache(self.config, max_seq_len or self.config.max_seq_len, self.dtype)
 
     # ---- the two phases --------------------------------------------------------------------------
-    def prefill(self, tokens, cache: GPUMLACache, all_logits: bool = False, by_step: bool = False) -> np.ndarray:
+    def prefill(self, tokens, cache: GPUMLACache, all_logits: bool = False, n_layers: int | None = None,
+                by_step: bool = False) -> np.ndarray:
         """Run the prompt, filling the latent cache: by device_model's path on these weights (cuBLAS GEMMs)
         when built by from_cpu and T > 1, else (random models, by_step) one token at a time through the
-        decode graph.  -> logits [T, vocab] if all_logits else [vocab] (host fp32)"""
+        decode graph.  -> logits [T, vocab] if all_logits else [vocab] (host fp32)
+        n_layers: early exit (the first n_layers layers, then the final norm and head), as on the CPU."""
         tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
         cache.end_of_write(len(tokens))
         if self.prefill_model is not None and len(tokens) > 1 and not by_step:
             with self.stream:                     # CuPy's cuBLAS calls on our stream, ordered with the graph
-                logits = self.prefill_model.prefill(tokens.astype(np.int64), cache, all_logits=all_logits)
+                logits = self.prefill_model.prefill(tokens.astype(np.int64), cache, all_logits=all_logits,
+                                                    n_layers=n_layers)
                 self.stream.synchronize()
             return logits
         rows = []
         for i, t in enumerate(tokens):
             want = all_logits or i == len(tokens) - 1
-            logits = self._step(int(t), cache, want)
+            logits = self._step(int(t), cache, want, n_layers)
             if want:
                 rows.append(logits)
         return np.stack(rows) if all_logits else rows[-1]
 
-    def decode(self, token: int, cache: GPUMLACache) -> np.ndarray:
-        """Run one new position against the cache.  -> logits [vocab] (host fp32)"""
+    def decode(self, token: int, cache: GPUMLACache, n_layers: int | None = None) -> np.ndarray:
+        """Run one new position against the cache.  -> logits [vocab] (host fp32)
+        n_layers: early exit, as in prefill (its own graph: a cache is decoded at one depth)."""
         cache.end_of_write(1)
-        return self._step(token, cache, True)
+        return self._step(token, cache, True, n_layers)
 
-    def _step(self, token: int, cache: GPUMLACache, fetch: bool):
+    def _step(self, token: int, cache: GPUMLACache, fetch: bool, n_layers: int | None = None):
         with self.stream:
             self.step.set(np.array([token, cache.length], dtype=np.int32))
             if self.use_graph:
-                self._graph_for(cache).launch(self.stream)
+                self._graph_for(cache, n_layers).launch(self.stream)
             else:
-                self.decode_step(cache)
+                self.decode_step(cache, n_layers)
             logits = self.logits.get() if fetch else None
             self.stream.synchronize()
         cache.advance(1)
         return logits
 
-    def _graph_for(self, cache: GPUMLACache):
+    def _graph_for(self, cache: GPUMLACache, n_layers: int | None = None):
         """The decode step captured as a CUDA graph for this cache (on first use)."""
-        key = (id(self), self.k.settings)
+        key = (id(self), n_layers, self.k.settings)
         if cache.graph is None or cache.graph_key != key:
             self._decode_parts(cache)                    # allocate scratch before capturing
             self.stream.begin_capture()
             try:
-                self.decode_step(cache)
+                self.decode_step(cache, n_layers)
             finally:
                 graph = self.stream.end_capture()
             cache.graph, cache.graph_key = graph, key
@@ -386,14 +431,14 @@ class GPUMLATransformer:
         return self._parts[S]
 
     # ---- decode: one token, our kernels only ---------------------------------------------------
-    def decode_step(self, cache: GPUMLACache) -> None:
+    def decode_step(self, cache: GPUMLACache, n_layers: int | None = None) -> None:
         """Enqueue one decode step: token and position from `self.step`, logits into `self.logits`.
-        No allocation, no host sync, no cuBLAS: capturable."""
+        No allocation, no host sync, no cuBLAS: capturable. n_layers: only the first n_layers layers."""
         c, k = self.config, self.k
         parts = self._decode_parts(cache)
         x = self.x[0]
         k.embed(self.step_tokens, self.embed, self.x)                                     # [1, dim]
-        for i, L in enumerate(self.layers):
+        for i, L in enumerate(self.layers[:n_layers]):
             self.attention(i, L, cache.latent[i], parts)                                  # x += o_proj(mla(x))
             k.gemv_swiglu(L.w_gate_up, x, L.mlp_norm, c.norm_eps, self.act, "gate_up")    # [ffn]
             k.gemv(L.w_down, self.act, x, True, 4, "down")                                # x += down(act)
