@@ -344,11 +344,16 @@ def _folded(config: ModelConfig, tensors: dict):
 
 def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_cache: str):
     """The same weights on the GPU (fp16 or bf16; int8/int4 layer matrices stay quantized), decoding
-    through a captured CUDA graph; MLA models run the Transformer itself on CuPy arrays (cuBLAS, no graph)."""
+    through a captured CUDA graph. MLA models decode on gpu_mla's kernels in a graph (prefill: the
+    Transformer on CuPy over the same arrays); what that path does not run (gpu_mla.unsupported: MoE,
+    FlashNorm, odd latent widths, ...) and tp shards run the Transformer itself on CuPy (cuBLAS, no graph)."""
     from minillm.cuda.device_model import to_device
+    from minillm.cuda.gpu_mla import GPUMLATransformer, unsupported
     from minillm.cuda.gpu_model import GPUTransformer
     dtype = "bfloat16" if dtype == "bfloat16" else "float16"
     try:
+        if transformer.config.attention == "mla" and unsupported(transformer) is None:
+            return GPUMLATransformer.from_cpu(transformer, dtype=dtype)
         if transformer.config.attention == "mla" or transformer.comm is not None:   # MLA, or a tp shard (NCCL)
             return to_device(transformer, dtype)
         return GPUTransformer.from_cpu(transformer, dtype=dtype, kv_cache="int8" if kv_cache == "int8" else "auto")
@@ -359,11 +364,14 @@ def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_c
 def batching_for(model):
     """The backend's batching for a model: the GPU's paged pool and runner for a GPUTransformer
     (cuda/gpu_batched.py), else the CPU engine's (engine/batched.py). Importing them needs no GPU."""
+    from minillm.cuda.gpu_mla import GPUMLATransformer
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.engine.batched import CPUBatching
     if isinstance(model, GPUTransformer):
         from minillm.cuda.gpu_batched import GPUBatching
         return GPUBatching(model)
+    if isinstance(model, GPUMLATransformer) and model.prefill_model is not None:
+        return CPUBatching(model.prefill_model)         # the engine's Transformer on the same device arrays
     if getattr(model, "comm", None) is not None:         # tensor parallel: rank 0 leads, the others follow
         from minillm.engine.parallel.serving import TPBatching
         return TPBatching(model)

@@ -10,7 +10,7 @@ import pytest
 import minillm
 from hf_models import llama_config, save_random_model
 from minillm.cuda import available as gpu_available
-from minillm.cuda import device_model
+from minillm.cuda import device_model, gpu_mla
 from minillm.cuda.dev.common import rel_err
 from minillm.cuda.dev.model import MODEL_TOL, greedy
 from minillm.cuda.device_model import to_device
@@ -142,11 +142,22 @@ def test_gqa_models_run_the_same_way(tmp_path):
     assert logits_error(to_device(cpu, "float16", xp=np, cache_dtype="float32"), cpu) < 1e-5
 
 
-def test_to_gpu_sends_mla_models_to_the_transformer_on_device(model_dir, monkeypatch):
-    """llm._to_gpu's dispatch, with the device module swapped for NumPy (no GPU needed)."""
+def test_to_gpu_sends_mla_models_to_the_fast_path_or_the_transformer_on_device(model_dir, monkeypatch):
+    """llm._to_gpu's dispatch, with the device module swapped for NumPy and the fast path's constructor for a
+    stub (no GPU needed): gpu_mla where it runs the model, else (mla-convert's ranks of 12: not multiples of
+    8) the Transformer on the device."""
     monkeypatch.setattr(device_model, "_cupy", lambda: np)
+    built = []
+    monkeypatch.setattr(gpu_mla.GPUMLATransformer, "from_cpu",
+                        classmethod(lambda cls, model, dtype="float16": built.append((model, dtype)) or "fast path"))
     cpu_llm = minillm.load(str(model_dir))
     gpu = _to_gpu(cpu_llm.model, None, None, "auto")
+    if model_dir.name.startswith("mla-convert"):
+        assert "multiples of 8" in gpu_mla.unsupported(cpu_llm.model) and not built
+    else:
+        assert gpu_mla.unsupported(cpu_llm.model) is None
+        assert gpu == "fast path" and built == [(cpu_llm.model, "float16")]
+        return
     assert isinstance(gpu, Transformer) and gpu is not cpu_llm.model and gpu.dtype == "float16"
     assert gpu.mla_mode == "naive-prefill" and gpu.new_cache(4).c_kv.dtype == np.float16
     ids = _ids(10).tolist()
@@ -176,5 +187,7 @@ def test_load_on_cuda_matches_cpu_logits(model_dir):
     ids = _ids(24).tolist()
     cpu = minillm.load(str(model_dir)).logits(ids)
     llm = minillm.load(str(model_dir), device="cuda")
-    assert isinstance(llm.model, Transformer) and type(llm.model.embed).__module__.startswith("cupy")
+    fast = gpu_mla.unsupported(minillm.load(str(model_dir)).model) is None      # else device_model's path
+    assert isinstance(llm.model, gpu_mla.GPUMLATransformer if fast else Transformer)
+    assert type(llm.model.embed).__module__.startswith("cupy")
     assert rel_err(llm.logits(ids), cpu) <= MODEL_TOL["float16"]

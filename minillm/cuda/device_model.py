@@ -8,8 +8,9 @@
 Nothing here re-describes the model: the copy's forward pass is model/transformer.py's, line for line,
 and every layer function makes its masks, positions and buffers with `backend.array_module(x)`, so
 the same code runs on NumPy (`xp=numpy`: how the CPU tests run this very conversion) and on CuPy
-(every matmul a cuBLAS call). This is how DeepSeek-style MLA models run on the GPU; GQA models have
-the fast path (gpu_model.GPUTransformer: hand-written kernels and a CUDA-graph decode).
+(every matmul a cuBLAS call). This is how DeepSeek-style MLA models run on the GPU when loaded; GQA models
+have the fast path (gpu_model.GPUTransformer: hand-written kernels and a CUDA-graph decode), and MLA's
+decode has one beside it, not yet the loader's (gpu_mla.GPUMLATransformer, absorbed attention in a graph).
 
 What lives on the device: the matrices in 16 bits (fp16, or bf16 as its raw uint16 bits, as on the
 CPU: CuPy has no usable bfloat16 matmul), the norm gains in fp32, and the cache (`cache_dtype`, fp16

@@ -38,7 +38,8 @@ rotates, `k_cache=None`), decode attention reads the codes and scales directly (
 the 16-bit cache's bytes at hd 128), and prefill widens the layer's cached positions into a 16-bit scratch
 for its tiled kernel. Attention sees the quantized keys and values in both phases, as on the CPU.
 
-MLA models run on the device as the engine's own Transformer on CuPy arrays (device_model.to_device); many
+MLA models decode on their own kernels (gpu_mla.GPUMLATransformer), or, where that path cannot run them, as
+the engine's own Transformer on CuPy arrays (device_model.to_device); many
 sequences at once through the engine's GPU path (`gpu_batched.py`). Not here yet: a rolling KV buffer
 (sliding windows use a contiguous cache and a mask).
 """
