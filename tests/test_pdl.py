@@ -96,10 +96,11 @@ def test_every_pdl_kernel_waits_for_the_kernel_ahead():
 
 @pytest.mark.parametrize("kv_cache,plain", [("auto", set()), ("int8", {"kv_append_int8"})])
 def test_with_pdl_the_decode_step_launches_its_kernels_with_it(kv_cache, plain):
-    """Every launch of the step carries the attribute except kernels without the wait (launched plainly)."""
+    """Every launch of the step (captured into its graph) carries the attribute except kernels without the
+    wait, launched plainly."""
     settings = KernelSettings(pdl=True)
     launches = record_decode_launches(MISTRAL, kv_cache=kv_cache, settings=settings)
     model, _, _ = recording_model(MISTRAL, settings=settings)
     names = {entry.split()[0] for entry in launches}
     assert {n for n in names if not model.k.uses_pdl(n)} == plain
-    assert not any(model.k.with_settings(pdl=False).uses_pdl(n) for n in names)     # off by default
+    assert not any(model.k.with_settings(pdl=False).uses_pdl(n) for n in names)     # and none without it

@@ -136,12 +136,15 @@ class KernelSettings:
     # int8 KV cache: codes a lane reads per key, 16 (head_dim % 16 == 0; int8 vs 16-bit cache at 32k keys
     # 1.00x) or 8 (the first kernel: 0.96x).
     attention_int8_codes_per_lane: int = 16
-    # Prefill attention: 1 = prefill_attention.cu (fp32 FMAs, ~190 µs a layer at T = 512 on Mistral-7B);
-    # 2 = prefill_attention_mma.cu (tensor cores, head_dim 64 or 128; others keep 1). Not yet measured.
-    prefill_attention_version: int = 1
+    # Prefill attention: 2 = prefill_attention_mma.cu (tensor cores, head_dim 64 or 128; others keep 1):
+    # 29.3 vs 184.1 µs a layer at T = 512 on Mistral-7B, TTFT 512 19.5 -> 14.6 ms (H200, 2026-12-02);
+    # 1 = prefill_attention.cu (fp32 FMAs), kept to compare.
+    prefill_attention_version: int = 2
     # Programmatic dependent launch (minillm/cuda/pdl.py) for the kernels that allow it (PDL_KERNEL): each may
-    # start during the previous kernel's tail, its first weight loads issued before it waits for x.
-    pdl: bool = False
+    # start during the previous kernel's tail, its first weight loads issued before it waits for x. Decode
+    # with vs without, same run (H200, 2026-12-02): fp16 1.02x, int8 1.07x (341 -> 365 tok/s), int4 1.11x
+    # (416 -> 460); logits bit-identical.
+    pdl: bool = True
 
 
 class Kernels:
@@ -257,14 +260,18 @@ class Kernels:
         return f
 
     def uses_pdl(self, name: str) -> bool:
-        """Is kernel `name` launched with programmatic dependent launch under these settings?"""
+        """Is kernel `name` launched with programmatic dependent launch (while a graph is captured) under
+        these settings?"""
         return self.settings.pdl and PDL_KERNEL.fullmatch(name) is not None
 
     def _launch(self, name: str, grid, block, args, label: str = "", shared_mem: int = 0) -> None:
-        if self.uses_pdl(name):
-            launch = lambda: pdl.launch(self._function(name), grid, block, args, shared_mem)
-        else:
-            launch = lambda: self._function(name)(grid, block, args, shared_mem=shared_mem)
+        # PDL only into a CUDA graph: there a launch's cost is paid once; eagerly, the ctypes call would cost
+        # more host time than CuPy's launch (and eager steps are host-bound: lesson 13's comparison).
+        def launch():
+            if self.uses_pdl(name) and _capturing():
+                pdl.launch(self._function(name), grid, block, args, shared_mem)
+            else:
+                self._function(name)(grid, block, args, shared_mem=shared_mem)
         if self.timer is None:
             launch()
         else:
@@ -562,6 +569,12 @@ class Kernels:
         """out (narrow) = scale · uniform[-1, 1), from a hash of (seed, index): random weights on the device."""
         self._launch("fill_uniform", (_grid_for(out.size, cap=132 * 64),), (256,),
                      (out, np.uint64(out.size), np.uint32(seed), np.float32(scale)))
+
+
+def _capturing() -> bool:
+    """Is CuPy's current stream being captured into a CUDA graph?"""
+    import cupy
+    return cupy.cuda.get_current_stream().is_capturing()
 
 
 def n_splits_for(n_heads: int, capacity: int, n_sms: int = 132) -> int:

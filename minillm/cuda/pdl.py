@@ -12,8 +12,9 @@ weight loads (or L2 prefetches) there, so those bytes are already on their way w
 
 CuPy's kernel call has no way to pass launch attributes, so `launch` calls the driver's cuLaunchKernelEx
 through ctypes with the CUfunction CuPy loaded; inside a stream capture the attribute becomes a
-programmatic edge of the graph. Only kernels that call pdl_wait before reading their inputs may be
-launched this way (`Kernels` keeps that list): one that does not would race with the kernel ahead.
+programmatic edge of the graph. `Kernels` uses it only while a graph is captured (eager steps keep CuPy's
+cheaper launch), and only for kernels that call pdl_wait before reading their inputs (PDL_KERNEL): one that
+does not would race with the kernel ahead.
 """
 from __future__ import annotations
 
