@@ -44,6 +44,10 @@ MAX_FUSED_NORM = 12000                 # gemv_rmsnorm_v3 keeps in floats in shar
 QWARPS = 8                             # as #defined in gemv_quant.cu (row pairs per block)
 QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
+MMA_SOURCE = "gemv_quant_mma"          # the quantized GEMV v3 (tensor cores), loaded when settings ask for it
+MMA_BLOCKS_PER_SM = 3                  # its grid: blocks of 8 warps (~80 registers a thread: 3 fit an SM)
+MMA_VARIANTS = [f"gemv_{e}{m}" for m in ("int8", "int4") for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_",
+                                                                      "qkv_", "rmsnorm_qkv_")]
 
 
 def kernel_source(name: str) -> str:
@@ -103,7 +107,8 @@ class KernelSettings:
     quant_flags: int = 0
     # The quantized GEMV: 2 = x staged as fp16, HFMA2 products (inner loop int8 4.0 -> 2.8 instructions a
     # weight, int4 5.1 -> 2.9; with attention v3, int8 decode 285-303 -> 340 tok/s); 1 = x as fp32 (plain
-    # y = W·x only), kept to compare.
+    # y = W·x only), kept to compare; 3 = products on tensor cores (kernels/gemv_quant_mma.cu; int4 groups of
+    # 32 or 64 stay on v2), not yet measured.
     quant_version: int = 2
     # GPUTransformer's decode names each v4 GEMV's next weights (next_w), whose first bytes its last blocks
     # prefetch into L2 during the launch gap and the next kernel's ramp. Slower everywhere tried:
@@ -198,6 +203,8 @@ class Kernels:
             "gemv_int8_v1": lambda: get("gemv_quant", f"gemv_int8_v1_{sfx}"),   # v1 (fp32 x), plain only
             "gemv_int4_v1": lambda: get("gemv_quant", f"gemv_int4_v1_{sfx}"),
         }
+        for v in MMA_VARIANTS:   # v3: every variant of v2, on tensor cores
+            self.older[f"{v}_v3"] = lambda v=v: get(MMA_SOURCE, f"{v}_v3_{sfx}")
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
         import cupy as cp
@@ -214,13 +221,22 @@ class Kernels:
         self.max_quant_smem = optin - 1024                # 97: cudaDevAttrMaxSharedMemoryPerBlockOptin
         for name, f in self.fn.items():
             self._allow_quant_smem(name, f)
+        if settings.quant_version == 3:
+            self._load_v3()
 
     def with_settings(self, **changes) -> "Kernels":
         """These kernels launched with some settings changed (dataclasses.replace): a copy that shares the
         loaded functions, so nothing compiles again."""
         other = copy.copy(self)
         other.settings = replace(self.settings, **changes)
+        if other.settings.quant_version == 3:
+            other._load_v3()
         return other
+
+    def _load_v3(self) -> None:
+        """The v3 quantized GEMVs, loaded now (not in the middle of a graph capture that launches one)."""
+        for v in MMA_VARIANTS:
+            self._function(f"{v}_v3")
 
     def _allow_quant_smem(self, name: str, f) -> None:
         if name.startswith("gemv_") and ("int8" in name or "int4" in name):
@@ -292,7 +308,16 @@ class Kernels:
         if gain is not None:
             name = name.replace("gemv_", "gemv_rmsnorm_", 1)
         chunk, sums = QUANT_CHUNK[w.method], (4 * w.n_chunks if w.method == "int4" else 0)
-        if self.settings.quant_version == 1:          # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
+        cpg = max(1, w.group_size // 32)                       # 16-byte chunks per int4 group
+        grid = self.quant_grid(pairs)
+        if self.settings.quant_version == 3 and (w.method == "int8" or cpg % 4 == 0):
+            # v3: x as fp16 in the mma's k order, n_chunks rounded up to 8 (a warp step); int4: 80 bytes a
+            # chunk + (Z, X) per 4 chunks. int4 groups of 32 or 64 stay on v2 (a scale inside a quad).
+            name += "_v3"
+            n_pad = -(-w.n_chunks // 8) * 8
+            smem = n_pad * (82 if w.method == "int4" else 32)
+            grid = self.mma_grid(pairs)
+        elif self.settings.quant_version == 1:          # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
             if name != f"gemv_{w.method}":
                 raise ValueError(f"{name}: the v1 quantized GEMV is kept for plain y = W·x only")
             name += "_v1"
@@ -302,10 +327,9 @@ class Kernels:
         if smem > self.max_quant_smem:
             raise ValueError(f"{name}: a {n_in}-wide row needs {smem} bytes of shared memory for x "
                              f"(this device allows {self.max_quant_smem})")
-        cpg = max(1, w.group_size // 32)                       # 16-byte chunks per int4 group
         shift = cpg.bit_length() - 1 if cpg & (cpg - 1) == 0 else -1
         kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
-        self._launch(name, (self.quant_grid(pairs),), (32 * QWARPS,),
+        self._launch(name, (grid,), (32 * QWARPS,),
                      (w.qweight, w.scales, self._nil_u16 if w.mins is None else w.mins, np.int32(w.n_chunks),
                       np.int32(w.n_groups), np.int32(cpg), np.int32(shift), x,
                       self._nil_f32 if gain is None else gain, np.float32(eps), np.int32(n_in), np.int32(pairs), y,
@@ -351,6 +375,13 @@ class Kernels:
             return need
         per_warp = -(-need // (per_sm * self.n_sms))
         return -(-need // per_warp)
+
+    def mma_grid(self, pairs: int) -> int:
+        """Blocks for the v3 quantized GEMV: tiles of 8 row pairs, about MMA_BLOCKS_PER_SM blocks an SM, each
+        looping over the same number of tiles."""
+        tiles = -(-pairs // 8)
+        per_block = -(-tiles // (MMA_BLOCKS_PER_SM * self.n_sms))
+        return -(-tiles // per_block)
 
     def dequantize(self, w, out) -> None:
         """out [rows, in] (16-bit, the weight dtype) = the QuantMatrix w, widened for prefill's cuBLAS GEMM."""

@@ -1,0 +1,56 @@
+"""The quantized GEMV v3's data flow (kernels/gemv_quant_mma.cu), emulated in NumPy (minillm.cuda.dev.qmma):
+the k permutation, the mma.m16n8k16 fragment placement, the codes' bit tricks and offsets, int4's group fold
+and the row pairs must give W·x exactly (fp64) for the x the kernel multiplies. Catches layout bugs without
+a GPU; the GPU check of the kernel itself is `python -m minillm.cuda.dev.qmma`."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minillm.cuda.dev.common import QUANT_TOL
+from minillm.cuda.dev.qmma import dequantized, emulate, random_layout, x_used, stage
+
+
+SHAPES = [(1, 16), (13, 201), (16, 128), (37, 520), (64, 1000), (3, 2048), (130, 384)]
+
+
+@pytest.mark.parametrize("method,group", [("int8", 0), ("int4", 128), ("int4", 256)])
+@pytest.mark.parametrize("rows,n_in", SHAPES)
+def test_emulation_reproduces_w_times_x_exactly(method, group, rows, n_in):
+    rng = np.random.default_rng(rows * 1000 + n_in)
+    q, s, m = random_layout(method, rows, n_in, group or 128, rng)
+    x = (rng.standard_normal(n_in) * rng.uniform(0.01, 100)).astype(np.float32)
+    y, xh = emulate(method, q, s, m, group or 128, x)
+    want = dequantized(method, q, s, m, group or 128, n_in) @ xh
+    assert np.abs(y - want).max() <= 1e-12 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("method,group", [("int8", 0), ("int4", 128)])
+def test_emulation_with_fp32_sums_stays_within_the_quantized_tolerance(method, group):
+    """The kernel's roundings (x to fp16, fp32 sums and offsets) against exact x: the error budget."""
+    rng = np.random.default_rng(5)
+    rows, n_in = 48, 4096
+    q, s, m = random_layout(method, rows, n_in, group or 128, rng)
+    x = (rng.standard_normal(n_in) * 3 + 0.5).astype(np.float32)      # a mean: the offsets' worst case
+    x[7] = 300.0                                                       # and an outlier
+    y, _ = emulate(method, q, s, m, group or 128, x, exact=False)
+    want = dequantized(method, q, s, m, group or 128, n_in) @ x.astype(np.float64)
+    assert np.abs(y - want).max() <= QUANT_TOL / 3 * np.abs(want).max()
+
+
+def test_staged_x_is_what_the_kernel_multiplies():
+    """x_used undoes the staging's order and scale: fp16 rounding is all that is left."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(300) * 1e3).astype(np.float32)
+    for int4 in (False, True):
+        st = stage(x, None, 24, int4, exact=True)            # 24 chunks: >= 300 values
+        xh = x_used(st, 300, int4)
+        assert np.abs(xh - x).max() <= 2 ** -11 * np.abs(x).max()
+        assert 2 ** 14 <= np.abs(x).max() / st["down"] < 2 ** 15
+
+
+def test_int4_groups_of_32_are_refused():
+    rng = np.random.default_rng(0)
+    q, s, m = random_layout("int4", 4, 64, 32, rng)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        emulate("int4", q, s, m, 32, np.ones(64, np.float32))
