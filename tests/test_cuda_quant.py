@@ -20,6 +20,7 @@ cp = cupy_with_a_device()
 import minillm  # noqa: E402
 from minillm.cuda.dev.common import poisoned, rel_err, weights  # noqa: E402
 from minillm.cuda.dev.gemv import check_dequantize, check_gemv, check_gemv_qkv, check_gemv_rmsnorm  # noqa: E402
+from minillm.cuda.dev.qmma import CASE_LABELS, check_case  # noqa: E402
 from minillm.cuda.dev.model import (check_graph_equals_eager, check_greedy, check_model_logits,  # noqa: E402
                                     random_cpu_model, small_config)
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
@@ -276,3 +277,9 @@ def test_load_on_cuda_with_quant_matches_cpu(smollm2):
     err = rel_err(gpu_llm.logits(ids), cpu)
     print(f"error {err:.3e} (tolerance {QUANT_MODEL_TOL:.1e})")
     assert err <= QUANT_MODEL_TOL
+
+
+# ---- v3 (kernels/gemv_quant_mma.cu, tensor cores): every epilogue, odd widths, Mistral-7B's shapes -------
+@pytest.mark.parametrize("label", CASE_LABELS)
+def test_quantized_gemv_v3_matches_numpy(k, label):
+    ok_fp16_products(check_case(k, label))

@@ -317,7 +317,7 @@ class Kernels:
             n_pad = -(-w.n_chunks // 8) * 8
             smem = n_pad * (82 if w.method == "int4" else 32)
             grid = self.mma_grid(pairs)
-        elif self.settings.quant_version == 1:          # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
+        elif self.settings.quant_version == 1:   # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
             if name != f"gemv_{w.method}":
                 raise ValueError(f"{name}: the v1 quantized GEMV is kept for plain y = W·x only")
             name += "_v1"

@@ -164,8 +164,9 @@ def emulate(method: str, q: np.ndarray, scales: np.ndarray, mins, group: int, x:
                     la, lb = wa[..., w], wb[..., w]
                     for half in range(2):
                         sa, sb = la >> (8 * half), lb >> (8 * half)
+                        b = 4 * w + 2 * half                     # x words (v0, v4), (v1, v5)/16 or the next two
                         mmas.append(((_lop(sa, 0x000F000F), _lop(sb, 0x000F000F), _lop(sa, 0x00F000F0),
-                                      _lop(sb, 0x00F000F0)), (xl[..., 4 * w + 2 * half], xl[..., 4 * w + 2 * half + 1])))
+                                      _lop(sb, 0x00F000F0)), (xl[..., b], xl[..., b + 1])))
             for a, b in mmas:
                 prod = _a_matrix(*a).astype(dt) @ _b_matrix(*b).astype(dt)
                 D[u] = (D[u] + prod).astype(dt)
@@ -272,34 +273,47 @@ def check_large(k, method: str, rows: int, n_in: int, group: int = 128, seed: in
     return rel_err(cp.asnumpy(y), _device_reference(w, x)), QUANT_TOL
 
 
-def cases(k) -> list:
-    """(label, check) pairs for v3: gemv.py's checks with quant_version=3, then the Mistral-7B shapes."""
+def _cases() -> list:
+    """(label, check(k3)) pairs for v3 (k3: Kernels with quant_version=3): gemv.py's checks, then the
+    Mistral-7B shapes. Each check -> (error, tolerance)."""
     from minillm.cuda.dev.gemv import check_gemv, check_gemv_qkv, check_gemv_rmsnorm, check_gemv_swiglu
-    k3 = k.with_settings(quant_version=3)
     out = []
     for m in ("int8", "int4"):
         out += [
-            (f"v3 {m} 257x4096 accumulate", lambda m=m: check_gemv(k3, 257, 4096, 4, True, quant=m)),
-            (f"v3 {m} 13x201 (odd in, rows % 16)", lambda m=m: check_gemv(k3, 13, 201, 4, quant=m)),
-            (f"v3 {m} 1x16", lambda m=m: check_gemv(k3, 1, 16, 4, quant=m)),
-            (f"v3 {m} 77x1000", lambda m=m: check_gemv(k3, 77, 1000, 4, quant=m, seed=3)),
-            (f"v3 {m} 64x14336 accumulate", lambda m=m: check_gemv(k3, 64, 14336, 4, True, quant=m)),
-            (f"v3 {m} g256 40x1030", lambda m=m: check_gemv(k3, 40, 1030, 4, quant=m, group_size=256)),
-            (f"v3 {m} g32 (int4: v2) 33x300", lambda m=m: check_gemv(k3, 33, 300, 4, quant=m, group_size=32)),
-            (f"v3 {m} +rmsnorm 101x4096", lambda m=m: check_gemv_rmsnorm(k3, 101, 4096, version=4, quant=m)),
-            (f"v3 {m} +rmsnorm 7x14336", lambda m=m: check_gemv_rmsnorm(k3, 7, 14336, version=4, quant=m)),
-            (f"v3 {m} swiglu ffn 300 in 4096", lambda m=m: check_gemv_swiglu(k3, 300, 4096, False, quant=m)),
-            (f"v3 {m} +rmsnorm+swiglu ffn 1000 in 576",
-             lambda m=m: check_gemv_swiglu(k3, 1000, 576, True, quant=m)),
-            (f"v3 {m} +rmsnorm+qkv+rope+kv 32+8x128",
-             lambda m=m: check_gemv_qkv(k3, 32, 8, 128, 4096, 4000, 4100, True, quant=m)),
-            (f"v3 {m} qkv+rope+kv 9+3x64 in 576",
-             lambda m=m: check_gemv_qkv(k3, 9, 3, 64, 576, 17, 40, False, quant=m)),
+            (f"{m} 257x4096 accumulate", lambda k3, m=m: check_gemv(k3, 257, 4096, 4, True, quant=m)),
+            (f"{m} 13x201 (odd in, rows % 16)", lambda k3, m=m: check_gemv(k3, 13, 201, 4, quant=m)),
+            (f"{m} 1x16", lambda k3, m=m: check_gemv(k3, 1, 16, 4, quant=m)),
+            (f"{m} 77x1000", lambda k3, m=m: check_gemv(k3, 77, 1000, 4, quant=m, seed=3)),
+            (f"{m} 64x14336 accumulate", lambda k3, m=m: check_gemv(k3, 64, 14336, 4, True, quant=m)),
+            (f"{m} g256 40x1030", lambda k3, m=m: check_gemv(k3, 40, 1030, 4, quant=m, group_size=256)),
+            (f"{m} g32 (int4: v2) 33x300", lambda k3, m=m: check_gemv(k3, 33, 300, 4, quant=m, group_size=32)),
+            (f"{m} +rmsnorm 101x4096", lambda k3, m=m: check_gemv_rmsnorm(k3, 101, 4096, version=4, quant=m)),
+            (f"{m} +rmsnorm 7x14336", lambda k3, m=m: check_gemv_rmsnorm(k3, 7, 14336, version=4, quant=m)),
+            (f"{m} swiglu ffn 300 in 4096", lambda k3, m=m: check_gemv_swiglu(k3, 300, 4096, False, quant=m)),
+            (f"{m} +rmsnorm+swiglu ffn 1000 in 576",
+             lambda k3, m=m: check_gemv_swiglu(k3, 1000, 576, True, quant=m)),
+            (f"{m} +rmsnorm+qkv+rope+kv 32+8x128",
+             lambda k3, m=m: check_gemv_qkv(k3, 32, 8, 128, 4096, 4000, 4100, True, quant=m)),
+            (f"{m} qkv+rope+kv 9+3x64 in 576",
+             lambda k3, m=m: check_gemv_qkv(k3, 9, 3, 64, 576, 17, 40, False, quant=m)),
         ]
         for name, (rows, n_in) in _mistral_shapes().items():
-            out.append((f"v3 {m} Mistral-7B {name} {rows}x{n_in}",
-                        lambda m=m, rows=rows, n_in=n_in: check_large(k3, m, rows, n_in)))
+            out.append((f"{m} Mistral-7B {name} {rows}x{n_in}",
+                        lambda k3, m=m, rows=rows, n_in=n_in: check_large(k3, m, rows, n_in)))
     return out
+
+
+CASE_LABELS = [label for label, _ in _cases()]
+
+
+def check_case(k, label: str) -> tuple[float, float]:
+    """The v3 check named `label` (one of CASE_LABELS) on Kernels k. -> (error, tolerance)"""
+    return dict(_cases())[label](k.with_settings(quant_version=3))
+
+
+def cases(k) -> list:
+    """(label, check) pairs for dev.common.run_cases."""
+    return [(f"v3 {label}", lambda label=label: check_case(k, label)) for label in CASE_LABELS]
 
 
 def timings(group: int = 128) -> list[list]:
