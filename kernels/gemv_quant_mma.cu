@@ -107,11 +107,24 @@ __device__ __forceinline__ double block_sum_f64(double v) {
     return v;
 }
 
-// Element i of x (times gain when NORM), 0 past `in`.
+// Values i0 .. i0+7 of x (times gain when NORM) times `up`, zeros past `in` (float4 loads when whole: vec)
 template <bool NORM>
-__device__ __forceinline__ float x_at(const float* __restrict__ x, const float* __restrict__ gain, int i, int in) {
-    if (i >= in) return 0.0f;
-    return NORM ? x[i] * gain[i] : x[i];
+__device__ __forceinline__ void load8(const float* __restrict__ x, const float* __restrict__ gain, int i0, int in,
+                                      bool vec, float up, float (&v)[8]) {
+    if (vec && i0 + 8 <= in) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float4 a = reinterpret_cast<const float4*>(x + i0)[h];
+            if (NORM) {
+                float4 g = reinterpret_cast<const float4*>(gain + i0)[h];
+                a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
+            }
+            v[4 * h] = a.x * up; v[4 * h + 1] = a.y * up; v[4 * h + 2] = a.z * up; v[4 * h + 3] = a.w * up;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = i0 + k < in ? (NORM ? x[i0 + k] * gain[i0 + k] : x[i0 + k]) * up : 0.0f;
+    }
 }
 
 struct Staged {
@@ -132,11 +145,25 @@ __device__ Staged stage_x_mma(const float* __restrict__ x, const float* __restri
                               unsigned char* __restrict__ xs) {
     constexpr int C = INT4 ? 32 : 16;
     // pass 1: the largest |x·gain| (the scale) and Σ x² (the norm)
+    // (float4 loads when in % 4 == 0: x and gain are CuPy allocations, 16-byte aligned)
+    const bool vec = (in & 3) == 0;
     float mx = 0.0f, ss = 0.0f;
-    for (int i = threadIdx.x; i < in; i += blockDim.x) {
-        float v = x[i];
-        if (NORM) ss += v * v;
-        mx = fmaxf(mx, fabsf(NORM ? v * gain[i] : v));
+    if (vec) {
+#pragma unroll 2
+        for (int i4 = threadIdx.x; i4 < (in >> 2); i4 += blockDim.x) {
+            float4 v = reinterpret_cast<const float4*>(x)[i4], g = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            if (NORM) {
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                g = reinterpret_cast<const float4*>(gain)[i4];
+            }
+            mx = fmaxf(fmaxf(fmaxf(mx, fabsf(v.x * g.x)), fabsf(v.y * g.y)), fmaxf(fabsf(v.z * g.z), fabsf(v.w * g.w)));
+        }
+    } else {
+        for (int i = threadIdx.x; i < in; i += blockDim.x) {
+            float v = x[i];
+            if (NORM) ss += v * v;
+            mx = fmaxf(mx, fabsf(NORM ? v * gain[i] : v));
+        }
     }
     block_max_sum(mx, ss);
     int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
@@ -152,34 +179,25 @@ __device__ Staged stage_x_mma(const float* __restrict__ x, const float* __restri
         bool on = c < n_pad;
         double lo = 0.0, hi = 0.0;                               // Σ of the stored values (int4: low, high nibbles)
         if (on) {
-            float v[C];
 #pragma unroll
-            for (int k = 0; k < C; k++) v[k] = x_at<NORM>(x, gain, c * C + k, in) * up;
-            if (INT4) {
-                uint4* dst = reinterpret_cast<uint4*>(xs + (size_t)c * 80);
-#pragma unroll
-                for (int w = 0; w < 4; w++) {
-                    const float* e8 = v + 8 * w;
-                    uint4 q;
+            for (int w = 0; w < C / 8; w++) {                   // 8 values (an int4 code word) at a time
+                float e8[8];
+                load8<NORM>(x, gain, c * C + 8 * w, in, vec, up, e8);
+                uint4 q;
+                if (INT4) {                                      // (v0, v4), (v1/16, v5/16), (v2, v6), (v3/16, v7/16)
                     q.x = pack_half2(e8[0], e8[4]);
                     q.y = pack_half2(e8[1] * 0.0625f, e8[5] * 0.0625f);
                     q.z = pack_half2(e8[2], e8[6]);
                     q.w = pack_half2(e8[3] * 0.0625f, e8[7] * 0.0625f);
-                    dst[w] = q;
+                    reinterpret_cast<uint4*>(xs + (size_t)c * 80)[w] = q;
                     lo += (double)F16::lo(q.x) + (double)F16::hi(q.x) + (double)F16::lo(q.z) + (double)F16::hi(q.z);
                     hi += (double)F16::lo(q.y) + (double)F16::hi(q.y) + (double)F16::lo(q.w) + (double)F16::hi(q.w);
-                }
-            } else {
-                uint4* dst = reinterpret_cast<uint4*>(xs + (size_t)c * 32);
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const float* e8 = v + 8 * h;
-                    uint4 q;
+                } else {                                         // in order
                     q.x = pack_half2(e8[0], e8[1]);
                     q.y = pack_half2(e8[2], e8[3]);
                     q.z = pack_half2(e8[4], e8[5]);
                     q.w = pack_half2(e8[6], e8[7]);
-                    dst[h] = q;
+                    reinterpret_cast<uint4*>(xs + (size_t)c * 32)[w] = q;
                     lo += (double)F16::lo(q.x) + (double)F16::hi(q.x) + (double)F16::lo(q.y) + (double)F16::hi(q.y)
                         + (double)F16::lo(q.z) + (double)F16::hi(q.z) + (double)F16::lo(q.w) + (double)F16::hi(q.w);
                 }
