@@ -45,7 +45,7 @@ QWARPS = 8                             # as #defined in gemv_quant.cu (row pairs
 QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
 MMA_SOURCE = "gemv_quant_mma"          # the quantized GEMV v3 (tensor cores), loaded when settings ask for it
-MMA_BLOCKS_PER_SM = 3                  # its grid: blocks of 8 warps (~80 registers a thread: 3 fit an SM)
+MMA_BLOCKS_PER_SM = 3                  # its grid: blocks of 8 warps (<= 85 registers a thread: 3 fit an SM)
 MMA_VARIANTS = [f"gemv_{e}{m}" for m in ("int8", "int4") for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_",
                                                                       "qkv_", "rmsnorm_qkv_")]
 
@@ -110,6 +110,8 @@ class KernelSettings:
     # y = W·x only), kept to compare; 3 = products on tensor cores (kernels/gemv_quant_mma.cu; int4 groups of
     # 32 or 64 stay on v2), not yet measured.
     quant_version: int = 2
+    # v3's grid: about this many blocks per SM, each looping over tiles of 8 row pairs (0: one block a tile).
+    quant_mma_blocks_per_sm: int = MMA_BLOCKS_PER_SM
     # GPUTransformer's decode names each v4 GEMV's next weights (next_w), whose first bytes its last blocks
     # prefetch into L2 during the launch gap and the next kernel's ramp. Slower everywhere tried:
     # fp16 243.0 -> 232.1 tok/s, int8 284.5 -> 276.8, int4 313.2 -> 309.3.
@@ -377,10 +379,13 @@ class Kernels:
         return -(-need // per_warp)
 
     def mma_grid(self, pairs: int) -> int:
-        """Blocks for the v3 quantized GEMV: tiles of 8 row pairs, about MMA_BLOCKS_PER_SM blocks an SM, each
-        looping over the same number of tiles."""
+        """Blocks for the v3 quantized GEMV: tiles of 8 row pairs, about settings.quant_mma_blocks_per_sm
+        blocks an SM, each looping over the same number of tiles (0: one tile a block)."""
         tiles = -(-pairs // 8)
-        per_block = -(-tiles // (MMA_BLOCKS_PER_SM * self.n_sms))
+        per_sm = self.settings.quant_mma_blocks_per_sm
+        if not per_sm:
+            return tiles
+        per_block = -(-tiles // (per_sm * self.n_sms))
         return -(-tiles // per_block)
 
     def dequantize(self, w, out) -> None:

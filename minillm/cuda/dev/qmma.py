@@ -9,7 +9,8 @@
                    += residual, RMSNorm, SwiGLU, RoPE + KV append), odd widths, rows not a multiple of 16,
                    and Mistral-7B's four matrices; exits non-zero on an error over QUANT_TOL
     timings        each Mistral-7B matrix as a plain GEMV, v2 vs v3: µs a launch in a CUDA graph (over
-                   enough copies that none stays in L2), GB/s and % of the copy roofline
+                   enough copies that none stays in L2), GB/s and % of the copy roofline; v3 also with
+                   its other grids (one block a tile; 2 blocks an SM instead of 3)
 
     python -m minillm.cuda.dev.qmma [--no-timing]
 
@@ -324,7 +325,9 @@ def timings(group: int = 128) -> list[list]:
     from minillm.cuda.dev.timing import copy_bandwidth, graph_us
     from minillm.cuda.kernels import Kernels
     k = Kernels("float16")
-    versions = {2: k.with_settings(quant_version=2), 3: k.with_settings(quant_version=3)}
+    versions = {"v2": k.with_settings(quant_version=2), "v3": k.with_settings(quant_version=3),
+                "v3 1/tile": k.with_settings(quant_version=3, quant_mma_blocks_per_sm=0),   # grid variants
+                "v3 2/SM": k.with_settings(quant_version=3, quant_mma_blocks_per_sm=2)}
     bw = copy_bandwidth(1 << 30)
     table = []
     for method in ("int8", "int4"):
@@ -337,13 +340,14 @@ def timings(group: int = 128) -> list[list]:
             us = {v: graph_us(lambda i, kv=kv: kv.gemv(copies[i % len(copies)], x, y, version=4), 2 * len(copies))
                   for v, kv in versions.items()}
             gbs = {v: first.nbytes / (t * 1e-6) / 1e9 for v, t in us.items()}
-            table.append([method, name, f"{rows}x{n_in}", f"{first.nbytes / 1e6:.1f}", f"{us[2]:.1f}",
-                          f"{us[3]:.1f}", f"{gbs[2]:.0f}", f"{gbs[3]:.0f}", f"{gbs[3] / (bw / 1e9):.0%}",
-                          f"{us[2] / us[3]:.2f}x"])
+            table.append([method, name, f"{rows}x{n_in}", f"{first.nbytes / 1e6:.1f}", f"{us['v2']:.1f}",
+                          f"{us['v3']:.1f}", f"{gbs['v2']:.0f}", f"{gbs['v3']:.0f}", f"{gbs['v3'] / (bw / 1e9):.0%}",
+                          f"{us['v2'] / us['v3']:.2f}x", f"{us['v3 1/tile']:.1f}", f"{us['v3 2/SM']:.1f}"])
             del copies, first
             cp.get_default_memory_pool().free_all_blocks()
     plain_table(f"plain y = W·x, µs a launch in a CUDA graph; copy roofline {bw / 1e12:.2f} TB/s",
-                ["method", "matrix", "shape", "MB", "v2 µs", "v3 µs", "v2 GB/s", "v3 GB/s", "v3 % copy", "v2/v3"],
+                ["method", "matrix", "shape", "MB", "v2 µs", "v3 µs", "v2 GB/s", "v3 GB/s", "v3 % copy", "v2/v3",
+                 "v3 µs, a block a tile", "v3 µs, 2 blocks/SM"],
                 table)
     return table
 
