@@ -11,8 +11,9 @@
     timings        each Mistral-7B matrix as a plain GEMV, v2 vs v3: µs a launch in a CUDA graph (over
                    enough copies that none stays in L2), GB/s and % of the copy roofline; v3 also with
                    its other grids (one block a tile; 2 blocks an SM instead of 3)
+    decode         (--decode) tok/s of a random Mistral-7B, int8 and int4, v2 vs v3, with the CUDA graph
 
-    python -m minillm.cuda.dev.qmma [--no-timing]
+    python -m minillm.cuda.dev.qmma [--no-timing] [--decode]
 
 Importing this module does not import CuPy (tests/test_qmma_emulation.py runs `emulate` on the CPU).
 """
@@ -352,16 +353,45 @@ def timings(group: int = 128) -> list[list]:
     return table
 
 
+def decode(n_new: int = 128, prompt_len: int = 16) -> list[list]:
+    """Batch-1 decode of a random Mistral-7B (int8, int4) with the CUDA graph, v2 vs v3: tok/s, and how many
+    greedy tokens the two agree on (random weights: a near-tie may part them; a broken kernel parts at once)."""
+    import cupy as cp
+    from minillm.cuda.dev.bench import TARGETS, _decode_tok_s
+    from minillm.cuda.dev.common import plain_table
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.model.config import PRESETS
+    cfg = PRESETS["mistral-7b"].config
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
+    table = []
+    for method in ("int8", "int4"):
+        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
+        cache = gpu.new_cache(prompt_len + n_new + 8)
+        runs = {v: _decode_tok_s(gpu.with_settings(quant_version=v), cache, prompt, n_new) for v in (2, 3)}
+        (tps2, tok2), (tps3, tok3) = runs[2], runs[3]
+        same = next((i for i, (a, b) in enumerate(zip(tok2, tok3)) if a != b), len(tok2))
+        table.append([method, f"{tps2:.1f}", f"{tps3:.1f}", f"{tps3 / tps2:.2f}x", TARGETS[method],
+                      f"{same} of {len(tok2)}"])
+        del gpu, cache
+        cp.get_default_memory_pool().free_all_blocks()
+    plain_table(f"decode, random Mistral-7B, batch 1, {n_new} new tokens after {prompt_len}, CUDA graph",
+                ["method", "v2 tok/s", "v3 tok/s", "v3/v2", "target", "greedy tokens equal"], table)
+    return table
+
+
 def main(argv=None) -> int:
     from minillm.cuda.dev.common import finish, require_gpu, run_cases
     ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.qmma", description=__doc__.split("\n")[0])
     ap.add_argument("--no-timing", action="store_true", help="checks only")
+    ap.add_argument("--decode", action="store_true", help="also decode tok/s of a random Mistral-7B, v2 vs v3")
     args = ap.parse_args(argv)
     if not require_gpu("qmma"):
         return 2
     run_cases(cases, dtypes=("float16",))
     if not args.no_timing:
         timings()
+    if args.decode:
+        decode()
     return finish("qmma")
 
 

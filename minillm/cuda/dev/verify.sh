@@ -9,7 +9,8 @@
 #           smollm2: the suite's SmolLM2 tests alone;
 #           dev: each dev module's checks and sweep; full: the selfcheck without --quick;
 #           spec: speculative decoding's GPU tests and step costs; specbench: bench --speculative on SmolLM2;
-#           flashnorm: FlashNorm at every norm site of the decode step, --e2e table, its tests and lesson 15)
+#           flashnorm: FlashNorm at every norm site of the decode step, --e2e table, its tests and lesson 15;
+#           qmma: the quantized GEMV v3 (tensor cores): its checks, v2 vs v3 per matrix and in decode, its tests)
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
@@ -69,6 +70,10 @@ flashnorm)
         tests/test_flashnorm_e2e.py
     MINILLM_LESSON_QUICK=1 MINILLM_LESSON_MODEL=${MINILLM_TEST_SMOLLM2:-random:smollm2-135m} \
         TAIL=16 step flashnorm 150 python3 lessons/15_flashnorm.py ;;
+qmma)
+    TAIL=50 step qmma 240 python3 -m minillm.cuda.dev.qmma --decode
+    step qmma 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "v3 or mma" \
+        tests/test_cuda_quant.py tests/test_qmma_emulation.py tests/test_kernels_compile.py ;;
 bench)
     for q in "" int8 int4; do
         TAIL=22 step bench 150 python3 -m minillm bench --device cuda --random-weights -m mistral-7b --new-tokens 128 \
