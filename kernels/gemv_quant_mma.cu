@@ -35,13 +35,16 @@
 //
 // Precision: the codes and products are exact; x is rounded to fp16 once (2^-11 relative, as v2); sums are
 // fp32 (the tensor cores' accumulation, then fp32 adds once a step or a quad). v2 also rounded each HFMA2
-// partial; v3 should err less than v2 (expected ~1-3e-4 of the largest output, QUANT_TOL is 3e-3). The
-// offsets make the fp32 sums larger than the result (~40x for int8, ~200x for int4's quad partials), which
-// costs ~5-8 of fp32's 24 bits: still far under the fp16 rounding of x.
-// Expected (not yet measured): per weight ~0.9 instructions (int8) and ~0.9 (int4) in the inner loop against
-// v2's 2.8 / 2.9, so the loads, not the issue slots, should set the time: gate_up/down near the copy
-// roofline; qkv/o keep their launch + staging floor. minillm/cuda/dev/qmma.py checks and times it against v2
-// and holds the NumPy emulation of this exact data flow (tests/test_qmma_emulation.py runs it on the CPU).
+// partial. The offsets make the fp32 sums larger than the result (~40x for int8, ~200x for int4's quad
+// partials), which costs ~5-8 of fp32's 24 bits: still far under the fp16 rounding of x. The NumPy emulation
+// with fp32 sums (minillm/cuda/dev/qmma.py) errs 1.3-2.5e-4 of the largest output at 4096 and 14336 wide
+// (v2 measured 3-8e-4 on the H200; QUANT_TOL is 3e-3).
+// Expected (not yet measured on a GPU): a warp step is 8 mma and, in the compiled PTX, 52 instructions
+// (int8: 64 weights a lane) or 16 mma and 102 (int4: 128 codes a lane), ~0.8 a weight plus the loads and
+// int4's fold, against v2's 2.8 / 2.9 in SASS; so the loads, not the issue slots, should set the time:
+// gate_up/down near the copy roofline, qkv/o still with their launch + staging floor. minillm/cuda/dev/qmma.py
+// checks and times it against v2, and holds the NumPy emulation of this data flow (the k order, the fragment
+// placement, the bit tricks, the offsets, the fold), which tests/test_qmma_emulation.py runs on the CPU.
 #include "gemv_epilogue.cuh"
 
 #define M_WARPS 8            // warps a block, all on one tile's k range
@@ -420,7 +423,7 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
 // The arguments are gemv_quant.cu's (GEMV_QUANT_KERNEL), so one launcher serves v2 and v3; flags and next_*
 // (the L2 prefetches v2 measured slower) are accepted and unused. int4 needs cpg % 4 == 0 (g % 128 == 0).
 #define GEMV_MMA_KERNEL(NAME, W, INT4, NORM, EPI)                                                                \
-    extern "C" __global__ void __launch_bounds__(32 * M_WARPS, 3) NAME(                                           \
+    extern "C" __global__ void __launch_bounds__(32 * M_WARPS, 3) NAME(                                          \
         const uint4* qw, const void* scales, const u16* mins, int n_chunks, int n_groups, int cpg, int cpg_shift,\
         const float* x, const float* gain, float eps, int in, int pairs, float* y, int rows, int accumulate,     \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,            \
