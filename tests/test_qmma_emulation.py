@@ -54,3 +54,39 @@ def test_int4_groups_of_32_are_refused():
     q, s, m = random_layout("int4", 4, 64, 32, rng)
     with pytest.raises(ValueError, match="multiple of 128"):
         emulate("int4", q, s, m, 32, np.ones(64, np.float32))
+
+
+def _launches(method: str, group: int, n_in: int, version: int, name: str = "gemv_v4") -> list:
+    """What Kernels._quant launches for a quantized matrix (no GPU: the launch is recorded, not run)."""
+    from minillm.cuda.kernels import KernelSettings, Kernels
+    from minillm.cuda.qweights import QuantMatrix
+    k = object.__new__(Kernels)                       # no __init__: nothing is compiled or loaded
+    k.settings = KernelSettings(quant_version=version)
+    k.n_sms, k.max_quant_smem = 132, 227 * 1024
+    k._nil_f32 = k._nil_u16 = k._nil_i32 = object()
+    calls = []
+    k._launch = lambda name, grid, block, args, label="", shared_mem=0: calls.append((name, grid, block, shared_mem))
+    q, s, m = random_layout(method, 2, n_in, group or 128, np.random.default_rng(0))
+    rows = 4096
+    w = QuantMatrix(method, np.zeros((rows, q.shape[1]), q.dtype), s, m, n_in, group)
+    k._quant(name, w, None, None, 0.0, None, rows // 2)
+    return calls
+
+
+def test_quant_version_3_launches_the_mma_kernels():
+    """int8 and int4 in groups of 128: v3's kernel, grid (tiles of 8 pairs, ~3 blocks an SM), shared memory
+    (x in 32 or 82 bytes a chunk, chunks rounded up to 8); int4 in groups of 32: v2's."""
+    (name, grid, block, smem), = _launches("int8", 0, 4096, 3)
+    assert (name, grid, block, smem) == ("gemv_int8_v3", (256,), (256,), 256 * 32)
+    (name, grid, _, smem), = _launches("int4", 128, 14336, 3, "gemv_swiglu_v4")
+    assert (name, grid, smem) == ("gemv_swiglu_int4_v3", (256,), 448 * 82)
+    (name, _, _, _), = _launches("int4", 32, 4096, 3)
+    assert name == "gemv_int4"
+    (name, _, _, _), = _launches("int8", 0, 4096, 2)
+    assert name == "gemv_int8"
+
+
+def test_the_launcher_and_the_dev_module_name_the_same_kernels():
+    from minillm.cuda.dev.qmma import KERNELS
+    from minillm.cuda.kernels import MMA_VARIANTS
+    assert {f"{v}_v3_{{sfx}}" for v in MMA_VARIANTS} == set(KERNELS.values())
