@@ -48,7 +48,8 @@
 #include "gemv_epilogue.cuh"
 
 #define M_WARPS 8            // warps a block, all on one tile's k range
-#define M_STEP 8             // chunks of each row per warp step: 2 sub-steps (u) x 4 lanes (t)
+// A warp step: U sub-steps (u) of 4 lanes (t) a row, 4 U chunks of each row (U = 2: the decode kernels;
+// U = 4, plain y = W·x only, to measure whether more bytes in flight a warp pay for the registers)
 #define M_X_TOP 14           // x scaled so that its largest |value| lies in [2^M_X_TOP, 2^(M_X_TOP + 1))
 
 // ---- the tensor-core product and the code widening ------------------------------------------------------
@@ -159,7 +160,8 @@ __device__ Staged stage_x_mma(const float* __restrict__ x, const float* __restri
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
                 g = reinterpret_cast<const float4*>(gain)[i4];
             }
-            mx = fmaxf(fmaxf(fmaxf(mx, fabsf(v.x * g.x)), fabsf(v.y * g.y)), fmaxf(fabsf(v.z * g.z), fabsf(v.w * g.w)));
+            mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v.x * g.x), fabsf(v.y * g.y))),
+                       fmaxf(fabsf(v.z * g.z), fabsf(v.w * g.w)));
         }
     } else {
         for (int i = threadIdx.x; i < in; i += blockDim.x) {
@@ -226,11 +228,12 @@ __device__ Staged stage_x_mma(const float* __restrict__ x, const float* __restri
 }
 
 // ---- one warp's steps ------------------------------------------------------------------------------------
-// A step's loads for one lane: chunks 4u + t (u = 0, 1) of its two rows; int4 also the scale and min of its
-// (row, quad) pair, row a for even t, b for odd, quad t >> 1.
+// A step's loads for one lane: chunks 4u + t (u < U) of its two rows; int4 also the scales and mins of its
+// (row, quad) pairs: row a for even t, b for odd; quads u = t >> 1, t >> 1 + 2, ...
+template <int U>
 struct StepLoads {
-    uint4 a[2], b[2];
-    u16 s, m;
+    uint4 a[U], b[U];
+    u16 s[U / 2], m[U / 2];
 };
 
 // The lane's rows for a tile: pair 8·tile + g (rows ra -> A row g, rb -> A row g + 8)
@@ -255,13 +258,13 @@ __device__ __forceinline__ LaneRows lane_rows(int tile, int pairs, int rows, int
     return lr;
 }
 
-template <bool INT4>
+template <bool INT4, int U>
 __device__ __forceinline__ void load_step(const LaneRows& lr, int s, int n_chunks, const u16* S, const u16* M,
-                                          int cpg, int cpg_shift, StepLoads& L) {
+                                          int cpg, int cpg_shift, StepLoads<U>& L) {
     int t = threadIdx.x & 3;
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
-        int c = s * M_STEP + 4 * u + t;
+    for (int u = 0; u < U; u++) {
+        int c = s * 4 * U + 4 * u + t;
         if (c < n_chunks) {
             L.a[u] = ld_stream(lr.a + c);
             L.b[u] = ld_stream(lr.b + c);
@@ -271,26 +274,30 @@ __device__ __forceinline__ void load_step(const LaneRows& lr, int s, int n_chunk
         }
     }
     if (INT4) {
-        int cq = s * M_STEP + 4 * (t >> 1);                      // the first chunk of this lane's quad
-        L.s = 0;
-        L.m = 0;
-        if (cq < n_chunks) {
-            unsigned int grp = cpg_shift >= 0 ? (unsigned int)cq >> cpg_shift : (unsigned int)(cq / cpg);
-            unsigned int off = ((t & 1) ? lr.gb : lr.ga) + grp;
-            L.s = S[off];
-            L.m = M[off];
+#pragma unroll
+        for (int i = 0; i < U / 2; i++) {
+            int cq = s * 4 * U + 4 * ((t >> 1) + 2 * i);          // the first chunk of this lane's quad
+            L.s[i] = 0;
+            L.m[i] = 0;
+            if (cq < n_chunks) {
+                unsigned int grp = cpg_shift >= 0 ? (unsigned int)cq >> cpg_shift : (unsigned int)(cq / cpg);
+                unsigned int off = ((t & 1) ? lr.gb : lr.ga) + grp;
+                L.s[i] = S[off];
+                L.m[i] = M[off];
+            }
         }
     }
 }
 
-// int8: acc_a, acc_b += Σ (1152 + b)·x_h over the step's 128 codes of rows a and b
-__device__ __forceinline__ void step_int8(const StepLoads& L, int s, const unsigned char* xs, float& acc_a,
+// int8: acc_a, acc_b += Σ (1152 + b)·x_h over the step's 64 U codes of rows a and b
+template <int U>
+__device__ __forceinline__ void step_int8(const StepLoads<U>& L, int s, const unsigned char* xs, float& acc_a,
                                           float& acc_b) {
     int t = threadIdx.x & 3;
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const uint4* xp = reinterpret_cast<const uint4*>(xs + (size_t)(s * M_STEP + 4 * u + t) * 32);
+    for (int u = 0; u < U; u++) {
+        const uint4* xp = reinterpret_cast<const uint4*>(xs + (size_t)(s * 4 * U + 4 * u + t) * 32);
         uint4 x0 = xp[0], x1 = xp[1];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -305,14 +312,16 @@ __device__ __forceinline__ void step_int8(const StepLoads& L, int s, const unsig
     acc_b += d[2];             // row g + 8
 }
 
-// int4: acc += s·(D - Z) + m·X for this lane's (row, quad); D = Σ codes·x_h of the quad's 128 codes
-__device__ __forceinline__ void step_int4(const StepLoads& L, int s, const unsigned char* xs, const float2* quad,
+// int4: acc += s·(D - Z) + m·X for this lane's (row, quad) pairs; D = Σ codes·x_h of a quad's 128 codes
+template <int U>
+__device__ __forceinline__ void step_int4(const StepLoads<U>& L, int s, const unsigned char* xs, const float2* quad,
                                           float& acc) {
     int t = threadIdx.x & 3;
-    float d[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    float d[U][4];
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const uint4* xp = reinterpret_cast<const uint4*>(xs + (size_t)(s * M_STEP + 4 * u + t) * 80);
+    for (int u = 0; u < U; u++) {
+        d[u][0] = d[u][1] = d[u][2] = d[u][3] = 0.0f;
+        const uint4* xp = reinterpret_cast<const uint4*>(xs + (size_t)(s * 4 * U + 4 * u + t) * 80);
 #pragma unroll
         for (int w = 0; w < 4; w++) {
             uint4 xq = xp[w];
@@ -326,14 +335,18 @@ __device__ __forceinline__ void step_int4(const StepLoads& L, int s, const unsig
                      lop_1024<0x00F000F0u>(lb), xq.z, xq.w);
         }
     }
-    float v0 = (t & 1) ? d[0][2] : d[0][0], v1 = (t & 1) ? d[1][2] : d[1][0];   // rows a, b: D rows g, g + 8
-    float v = (t >> 1) ? v1 : v0;
-    float2 zx = quad[s * 2 + (t >> 1)];
-    acc = fmaf(F16::to_float(L.s), v - zx.x, fmaf(F16::to_float(L.m), zx.y, acc));
+#pragma unroll
+    for (int i = 0; i < U / 2; i++) {                           // quads 2i and 2i + 1: this lane takes one
+        float v0 = (t & 1) ? d[2 * i][2] : d[2 * i][0];           // rows a, b: D rows g, g + 8
+        float v1 = (t & 1) ? d[2 * i + 1][2] : d[2 * i + 1][0];
+        float v = (t >> 1) ? v1 : v0;
+        float2 zx = quad[s * U + 2 * i + (t >> 1)];
+        acc = fmaf(F16::to_float(L.s[i]), v - zx.x, fmaf(F16::to_float(L.m[i]), zx.y, acc));
+    }
 }
 
 // ---- the kernel -----------------------------------------------------------------------------------------
-template <class W, bool INT4, bool NORM, int EPI>
+template <class W, bool INT4, bool NORM, int EPI, int U>
 __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const void* __restrict__ scales,
                                          const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
                                          int cpg_shift, const float* __restrict__ x, const float* __restrict__ gain,
@@ -342,8 +355,8 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
     unsigned char* xs = reinterpret_cast<unsigned char*>(smem_mma);
     __shared__ float red[2][M_WARPS][16];                      // per tile parity: each warp's 16 row sums
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int n_steps = (n_chunks + M_STEP - 1) / M_STEP;        // of each row
-    const int n_pad = n_steps * M_STEP;                          // chunks of x staged (zeros past in)
+    const int n_steps = (n_chunks + 4 * U - 1) / (4 * U);        // of each row
+    const int n_pad = n_steps * 4 * U;                           // chunks of x staged (zeros past in)
     const int spw = (n_steps + M_WARPS - 1) / M_WARPS;          // step slots a warp takes in each tile
     const int n_tiles = (pairs + 7) >> 3;
     const u16* S = static_cast<const u16*>(scales);
@@ -352,8 +365,8 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
     // this warp's items: (tile, slot j) -> step warp + 8 j of the tile; the first one's loads go out now
     int tile = blockIdx.x, j = 0;
     LaneRows lr = lane_rows<EPI>(tile, pairs, rows, ep.hd, qw, n_chunks, n_groups);
-    StepLoads buf0, buf1;                                        // two register buffers, used in turn
-    if (tile < n_tiles && warp < n_steps) load_step<INT4>(lr, warp, n_chunks, S, mins, cpg, cpg_shift, buf0);
+    StepLoads<U> buf0, buf1;                                     // two register buffers, used in turn
+    if (tile < n_tiles && warp < n_steps) load_step<INT4, U>(lr, warp, n_chunks, S, mins, cpg, cpg_shift, buf0);
 
     Staged st = stage_x_mma<INT4, NORM>(x, gain, in, n_pad, xs);
     float inv_rms = NORM ? rsqrtf(st.mean_sq + eps) : 1.0f;
@@ -361,7 +374,7 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
     int parity = 0;
 
     // one item: the next item's loads into `nxt` first, then this step's mma from `cur`
-    auto item = [&](const StepLoads& cur, StepLoads& nxt) {
+    auto item = [&](const StepLoads<U>& cur, StepLoads<U>& nxt) {
         int ntile = tile, nj = j + 1;
         LaneRows nlr = lr;
         if (nj == spw) {
@@ -370,12 +383,12 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
             nlr = lane_rows<EPI>(ntile, pairs, rows, ep.hd, qw, n_chunks, n_groups);
         }
         int ns = warp + M_WARPS * nj;
-        if (ntile < n_tiles && ns < n_steps) load_step<INT4>(nlr, ns, n_chunks, S, mins, cpg, cpg_shift, nxt);
+        if (ntile < n_tiles && ns < n_steps) load_step<INT4, U>(nlr, ns, n_chunks, S, mins, cpg, cpg_shift, nxt);
 
         int s = warp + M_WARPS * j;
         if (s < n_steps) {
-            if (INT4) step_int4(cur, s, xs, quad, acc_a);
-            else step_int8(cur, s, xs, acc_a, acc_b);
+            if (INT4) step_int4<U>(cur, s, xs, quad, acc_a);
+            else step_int8<U>(cur, s, xs, acc_a, acc_b);
         }
         if (j == spw - 1) {                                      // this tile's last slot: add up the warps
             if (INT4) {
@@ -418,42 +431,48 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
     }
 }
 
-// grid (any; the launcher: a few blocks per SM, each looping over tiles of 8 row pairs), block 32 * M_WARPS,
-// dynamic shared memory n_pad * 32 bytes (int8) or n_pad * 82 (int4), n_pad = n_chunks rounded up to 8.
+// grid (any; the launcher: 3 blocks per SM (U = 2), each looping over tiles of 8 row pairs), block 32 * M_WARPS,
+// dynamic shared memory n_pad * 32 bytes (int8) or n_pad * 82 (int4), n_pad = n_chunks rounded up to 4 U.
 // The arguments are gemv_quant.cu's (GEMV_QUANT_KERNEL), so one launcher serves v2 and v3; flags and next_*
 // (the L2 prefetches v2 measured slower) are accepted and unused. int4 needs cpg % 4 == 0 (g % 128 == 0).
-#define GEMV_MMA_KERNEL(NAME, W, INT4, NORM, EPI)                                                                \
-    extern "C" __global__ void __launch_bounds__(32 * M_WARPS, 3) NAME(                                          \
+#define GEMV_MMA_KERNEL(NAME, W, INT4, NORM, EPI, U)                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * M_WARPS, (U) == 2 ? 3 : 2) NAME(                          \
         const uint4* qw, const void* scales, const u16* mins, int n_chunks, int n_groups, int cpg, int cpg_shift,\
         const float* x, const float* gain, float eps, int in, int pairs, float* y, int rows, int accumulate,     \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,            \
         int n_kv_heads, int hd, int flags, const unsigned char* next_a, unsigned long long next_bytes_a,         \
         const unsigned char* next_b, unsigned long long next_bytes_b, int next_tail) {                          \
         Epilogue<W> ep{y, accumulate, k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads, hd};       \
-        gemv_mma<W, INT4, NORM, EPI>(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in,   \
+        gemv_mma<W, INT4, NORM, EPI, U>(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in,   \
                                      pairs, rows, ep);                                                           \
     }
-GEMV_MMA_KERNEL(gemv_int8_v3_f16, F16, false, false, EPI_PLAIN)
-GEMV_MMA_KERNEL(gemv_int8_v3_bf16, BF16, false, false, EPI_PLAIN)
-GEMV_MMA_KERNEL(gemv_rmsnorm_int8_v3_f16, F16, false, true, EPI_PLAIN)
-GEMV_MMA_KERNEL(gemv_rmsnorm_int8_v3_bf16, BF16, false, true, EPI_PLAIN)
-GEMV_MMA_KERNEL(gemv_swiglu_int8_v3_f16, F16, false, false, EPI_SWIGLU)
-GEMV_MMA_KERNEL(gemv_swiglu_int8_v3_bf16, BF16, false, false, EPI_SWIGLU)
-GEMV_MMA_KERNEL(gemv_rmsnorm_swiglu_int8_v3_f16, F16, false, true, EPI_SWIGLU)
-GEMV_MMA_KERNEL(gemv_rmsnorm_swiglu_int8_v3_bf16, BF16, false, true, EPI_SWIGLU)
-GEMV_MMA_KERNEL(gemv_qkv_int8_v3_f16, F16, false, false, EPI_QKV)
-GEMV_MMA_KERNEL(gemv_qkv_int8_v3_bf16, BF16, false, false, EPI_QKV)
-GEMV_MMA_KERNEL(gemv_rmsnorm_qkv_int8_v3_f16, F16, false, true, EPI_QKV)
-GEMV_MMA_KERNEL(gemv_rmsnorm_qkv_int8_v3_bf16, BF16, false, true, EPI_QKV)
-GEMV_MMA_KERNEL(gemv_int4_v3_f16, F16, true, false, EPI_PLAIN)
-GEMV_MMA_KERNEL(gemv_int4_v3_bf16, BF16, true, false, EPI_PLAIN)
-GEMV_MMA_KERNEL(gemv_rmsnorm_int4_v3_f16, F16, true, true, EPI_PLAIN)
-GEMV_MMA_KERNEL(gemv_rmsnorm_int4_v3_bf16, BF16, true, true, EPI_PLAIN)
-GEMV_MMA_KERNEL(gemv_swiglu_int4_v3_f16, F16, true, false, EPI_SWIGLU)
-GEMV_MMA_KERNEL(gemv_swiglu_int4_v3_bf16, BF16, true, false, EPI_SWIGLU)
-GEMV_MMA_KERNEL(gemv_rmsnorm_swiglu_int4_v3_f16, F16, true, true, EPI_SWIGLU)
-GEMV_MMA_KERNEL(gemv_rmsnorm_swiglu_int4_v3_bf16, BF16, true, true, EPI_SWIGLU)
-GEMV_MMA_KERNEL(gemv_qkv_int4_v3_f16, F16, true, false, EPI_QKV)
-GEMV_MMA_KERNEL(gemv_qkv_int4_v3_bf16, BF16, true, false, EPI_QKV)
-GEMV_MMA_KERNEL(gemv_rmsnorm_qkv_int4_v3_f16, F16, true, true, EPI_QKV)
-GEMV_MMA_KERNEL(gemv_rmsnorm_qkv_int4_v3_bf16, BF16, true, true, EPI_QKV)
+GEMV_MMA_KERNEL(gemv_int8_v3_f16, F16, false, false, EPI_PLAIN, 2)
+GEMV_MMA_KERNEL(gemv_int8_v3_bf16, BF16, false, false, EPI_PLAIN, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_int8_v3_f16, F16, false, true, EPI_PLAIN, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_int8_v3_bf16, BF16, false, true, EPI_PLAIN, 2)
+GEMV_MMA_KERNEL(gemv_swiglu_int8_v3_f16, F16, false, false, EPI_SWIGLU, 2)
+GEMV_MMA_KERNEL(gemv_swiglu_int8_v3_bf16, BF16, false, false, EPI_SWIGLU, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_swiglu_int8_v3_f16, F16, false, true, EPI_SWIGLU, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_swiglu_int8_v3_bf16, BF16, false, true, EPI_SWIGLU, 2)
+GEMV_MMA_KERNEL(gemv_qkv_int8_v3_f16, F16, false, false, EPI_QKV, 2)
+GEMV_MMA_KERNEL(gemv_qkv_int8_v3_bf16, BF16, false, false, EPI_QKV, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_qkv_int8_v3_f16, F16, false, true, EPI_QKV, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_qkv_int8_v3_bf16, BF16, false, true, EPI_QKV, 2)
+GEMV_MMA_KERNEL(gemv_int4_v3_f16, F16, true, false, EPI_PLAIN, 2)
+GEMV_MMA_KERNEL(gemv_int4_v3_bf16, BF16, true, false, EPI_PLAIN, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_int4_v3_f16, F16, true, true, EPI_PLAIN, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_int4_v3_bf16, BF16, true, true, EPI_PLAIN, 2)
+GEMV_MMA_KERNEL(gemv_swiglu_int4_v3_f16, F16, true, false, EPI_SWIGLU, 2)
+GEMV_MMA_KERNEL(gemv_swiglu_int4_v3_bf16, BF16, true, false, EPI_SWIGLU, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_swiglu_int4_v3_f16, F16, true, true, EPI_SWIGLU, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_swiglu_int4_v3_bf16, BF16, true, true, EPI_SWIGLU, 2)
+GEMV_MMA_KERNEL(gemv_qkv_int4_v3_f16, F16, true, false, EPI_QKV, 2)
+GEMV_MMA_KERNEL(gemv_qkv_int4_v3_bf16, BF16, true, false, EPI_QKV, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_qkv_int4_v3_f16, F16, true, true, EPI_QKV, 2)
+GEMV_MMA_KERNEL(gemv_rmsnorm_qkv_int4_v3_bf16, BF16, true, true, EPI_QKV, 2)
+// U = 4 (two sub-steps more a warp step: 128 bytes of each row a lane in flight instead of 64; ~100 registers,
+// 2 blocks an SM), plain y (+)= W·x only: an experiment (KernelSettings.quant_mma_substeps)
+GEMV_MMA_KERNEL(gemv_int8_v3u4_f16, F16, false, false, EPI_PLAIN, 4)
+GEMV_MMA_KERNEL(gemv_int8_v3u4_bf16, BF16, false, false, EPI_PLAIN, 4)
+GEMV_MMA_KERNEL(gemv_int4_v3u4_f16, F16, true, false, EPI_PLAIN, 4)
+GEMV_MMA_KERNEL(gemv_int4_v3u4_bf16, BF16, true, false, EPI_PLAIN, 4)

@@ -16,11 +16,12 @@ SHAPES = [(1, 16), (13, 201), (16, 128), (37, 520), (64, 1000), (3, 2048), (130,
 
 @pytest.mark.parametrize("method,group", [("int8", 0), ("int4", 128), ("int4", 256)])
 @pytest.mark.parametrize("rows,n_in", SHAPES)
-def test_emulation_reproduces_w_times_x_exactly(method, group, rows, n_in):
+@pytest.mark.parametrize("U", [2, 4])
+def test_emulation_reproduces_w_times_x_exactly(method, group, rows, n_in, U):
     rng = np.random.default_rng(rows * 1000 + n_in)
     q, s, m = random_layout(method, rows, n_in, group or 128, rng)
     x = (rng.standard_normal(n_in) * rng.uniform(0.01, 100)).astype(np.float32)
-    y, xh = emulate(method, q, s, m, group or 128, x)
+    y, xh = emulate(method, q, s, m, group or 128, x, U=U)
     want = dequantized(method, q, s, m, group or 128, n_in) @ xh
     assert np.abs(y - want).max() <= 1e-12 * np.abs(want).max()
 
@@ -56,12 +57,12 @@ def test_int4_groups_of_32_are_refused():
         emulate("int4", q, s, m, 32, np.ones(64, np.float32))
 
 
-def _launches(method: str, group: int, n_in: int, version: int, name: str = "gemv_v4") -> list:
+def _launches(method: str, group: int, n_in: int, version: int, name: str = "gemv_v4", **settings) -> list:
     """What Kernels._quant launches for a quantized matrix (no GPU: the launch is recorded, not run)."""
     from minillm.cuda.kernels import KernelSettings, Kernels
     from minillm.cuda.qweights import QuantMatrix
     k = object.__new__(Kernels)                       # no __init__: nothing is compiled or loaded
-    k.settings = KernelSettings(quant_version=version)
+    k.settings = KernelSettings(quant_version=version, **settings)
     k.n_sms, k.max_quant_smem = 132, 227 * 1024
     k._nil_f32 = k._nil_u16 = k._nil_i32 = object()
     calls = []
@@ -84,9 +85,14 @@ def test_quant_version_3_launches_the_mma_kernels():
     assert name == "gemv_int4"
     (name, _, _, _), = _launches("int8", 0, 4096, 2)
     assert name == "gemv_int8"
+    (name, _, _, smem), = _launches("int4", 128, 4200, 3, quant_mma_substeps=4)       # 132 chunks -> 144
+    assert (name, smem) == ("gemv_int4_v3u4", 144 * 82)
+    with pytest.raises(ValueError, match="plain"):
+        _launches("int8", 0, 4096, 3, "gemv_swiglu_v4", quant_mma_substeps=4)
 
 
 def test_the_launcher_and_the_dev_module_name_the_same_kernels():
     from minillm.cuda.dev.qmma import KERNELS
     from minillm.cuda.kernels import MMA_VARIANTS
-    assert {f"{v}_v3_{{sfx}}" for v in MMA_VARIANTS} == set(KERNELS.values())
+    assert ({f"{v}_v3_{{sfx}}" for v in MMA_VARIANTS} | {f"gemv_{m}_v3u4_{{sfx}}" for m in ("int8", "int4")}
+            == set(KERNELS.values()))

@@ -112,6 +112,9 @@ class KernelSettings:
     quant_version: int = 2
     # v3's grid: about this many blocks per SM, each looping over tiles of 8 row pairs (0: one block a tile).
     quant_mma_blocks_per_sm: int = MMA_BLOCKS_PER_SM
+    # v3's sub-steps a warp step (4 chunks of each row each): 2, or 4 (plain y = W·x only, ~100 registers: for
+    # 2 blocks an SM), twice the bytes in flight a warp.
+    quant_mma_substeps: int = 2
     # GPUTransformer's decode names each v4 GEMV's next weights (next_w), whose first bytes its last blocks
     # prefetch into L2 during the launch gap and the next kernel's ramp. Slower everywhere tried:
     # fp16 243.0 -> 232.1 tok/s, int8 284.5 -> 276.8, int4 313.2 -> 309.3.
@@ -207,6 +210,8 @@ class Kernels:
         }
         for v in MMA_VARIANTS:   # v3: every variant of v2, on tensor cores
             self.older[f"{v}_v3"] = lambda v=v: get(MMA_SOURCE, f"{v}_v3_{sfx}")
+        for m in ("int8", "int4"):   # v3 with 4 sub-steps a warp step, plain only
+            self.older[f"gemv_{m}_v3u4"] = lambda m=m: get(MMA_SOURCE, f"gemv_{m}_v3u4_{sfx}")
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
         import cupy as cp
@@ -239,6 +244,9 @@ class Kernels:
         """The v3 quantized GEMVs, loaded now (not in the middle of a graph capture that launches one)."""
         for v in MMA_VARIANTS:
             self._function(f"{v}_v3")
+        if self.settings.quant_mma_substeps == 4:
+            for m in ("int8", "int4"):
+                self._function(f"gemv_{m}_v3u4")
 
     def _allow_quant_smem(self, name: str, f) -> None:
         if name.startswith("gemv_") and ("int8" in name or "int4" in name):
@@ -313,10 +321,13 @@ class Kernels:
         cpg = max(1, w.group_size // 32)                       # 16-byte chunks per int4 group
         grid = self.quant_grid(pairs)
         if self.settings.quant_version == 3 and (w.method == "int8" or cpg % 4 == 0):
-            # v3: x as fp16 in the mma's k order, n_chunks rounded up to 8 (a warp step); int4: 80 bytes a
-            # chunk + (Z, X) per 4 chunks. int4 groups of 32 or 64 stay on v2 (a scale inside a quad).
-            name += "_v3"
-            n_pad = -(-w.n_chunks // 8) * 8
+            # v3: x as fp16 in the mma's k order, n_chunks rounded up to a warp step (4 chunks a sub-step); int4:
+            # 80 bytes a chunk + (Z, X) per 4 chunks. int4 groups of 32 or 64 stay on v2 (a scale inside a quad).
+            substeps = self.settings.quant_mma_substeps
+            if substeps == 4 and name != f"gemv_{w.method}":
+                raise ValueError(f"{name}: v3 with 4 sub-steps a warp step is kept for plain y = W·x only")
+            name += "_v3" if substeps == 2 else "_v3u4"
+            n_pad = -(-w.n_chunks // (4 * substeps)) * 4 * substeps
             smem = n_pad * (82 if w.method == "int4" else 32)
             grid = self.mma_grid(pairs)
         elif self.settings.quant_version == 1:   # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)

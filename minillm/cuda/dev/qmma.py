@@ -10,7 +10,8 @@
                    and Mistral-7B's four matrices; exits non-zero on an error over QUANT_TOL
     timings        each Mistral-7B matrix as a plain GEMV, v2 vs v3: µs a launch in a CUDA graph (over
                    enough copies that none stays in L2), GB/s and % of the copy roofline; v3 also with
-                   its other grids (one block a tile; 2 blocks an SM instead of 3)
+                   its other grids (one block a tile; 2 blocks an SM instead of 3) and with 4 sub-steps
+                   a warp step instead of 2 (twice the bytes in flight, 2 blocks an SM)
     decode         (--decode) tok/s of a random Mistral-7B, int8 and int4, v2 vs v3, with the CUDA graph
 
     python -m minillm.cuda.dev.qmma [--no-timing] [--decode]
@@ -28,7 +29,8 @@ import numpy as np
 SOURCE = "gemv_quant_mma"                          # kernels/gemv_quant_mma.cu
 KERNELS = {f"{e}{m}": f"gemv_{e}{m}_v3_{{sfx}}" for m in ("int8", "int4")
            for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_", "qkv_", "rmsnorm_qkv_")}
-STEP, X_TOP = 8, 14                                # as #defined there: chunks a warp step, x's top exponent
+KERNELS.update({f"{m} u4": f"gemv_{m}_v3u4_{{sfx}}" for m in ("int8", "int4")})   # U = 4: plain only
+X_TOP = 14                                         # as #defined there (M_X_TOP): x's top exponent
 
 
 # ---- the NumPy emulation ---------------------------------------------------------------------------------
@@ -125,14 +127,16 @@ def _lop(w: np.ndarray, mask: int) -> np.ndarray:
 
 
 def emulate(method: str, q: np.ndarray, scales: np.ndarray, mins, group: int, x: np.ndarray, gain=None,
-            exact: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """y = W·x as gemv_{method}_v3 computes it (plain epilogue, rows in pairs (2p, 2p+1)).
+            exact: bool = True, U: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """y = W·x as gemv_{method}_v3 computes it (plain epilogue, rows in pairs (2p, 2p+1)), U sub-steps a
+    warp step (4 U chunks of each row: U = 2, or 4 for the _v3u4 kernels).
     q: int8 [rows, in16] or uint8 [rows, in_pad / 2] (the device layouts); scales fp32 [rows] or fp16
     [rows, groups]; mins fp16 [rows, groups]; x [in]. -> (y [rows] float64, x_used [in]: what it multiplied)"""
     int4 = method == "int4"
     rows, n_in = q.shape[0], x.shape[0]
     words = _words(q)
     n_chunks = words.shape[1]
+    STEP = 4 * U
     n_steps = -(-n_chunks // STEP)
     cpg = group // 32 if int4 else 1
     if int4 and cpg % 4:
@@ -148,8 +152,8 @@ def emulate(method: str, q: np.ndarray, scales: np.ndarray, mins, group: int, x:
     acc_ab = np.zeros((tiles, 16))                               # int8: D's column 0, rows g and g + 8
     acc4 = np.zeros((tiles, 8, 4))                               # int4: lane (g, t)'s fold
     for s in range(n_steps):
-        D = [np.zeros((tiles, 16, 8), dt), np.zeros((tiles, 16, 8), dt)]
-        for u in range(2):
+        D = [np.zeros((tiles, 16, 8), dt) for _ in range(U)]
+        for u in range(U):
             c = s * STEP + 4 * u + np.arange(4)                  # lane t's chunk
             ok = c < n_chunks
             wa = np.where(ok[None, None, :, None], words[ra[:, :, None], np.minimum(c, n_chunks - 1)], 0)
@@ -173,11 +177,12 @@ def emulate(method: str, q: np.ndarray, scales: np.ndarray, mins, group: int, x:
                 prod = _a_matrix(*a).astype(dt) @ _b_matrix(*b).astype(dt)
                 D[u] = (D[u] + prod).astype(dt)
         if not int4:
-            acc_ab += np.concatenate([D[0][:, :8, 0] + D[1][:, :8, 0], D[0][:, 8:, 0] + D[1][:, 8:, 0]], 1)
+            acc_ab += np.concatenate([sum(d[:, :8, 0] for d in D), sum(d[:, 8:, 0] for d in D)], 1)
             continue
-        # the fold: lane (g, t) takes quad t >> 1 of the step and row (t & 1 ? b : a); it reads column 2t
-        for t in range(4):
-            quad, rsel = t >> 1, t & 1
+        # the fold: lane (g, t) takes quads t >> 1, t >> 1 + 2, ... of the step and row (t & 1 ? b : a); it
+        # reads column 2t
+        for t, i in ((t, i) for t in range(4) for i in range(U // 2)):
+            quad, rsel = (t >> 1) + 2 * i, t & 1
             cq = s * STEP + 4 * quad
             if cq >= n_chunks:
                 continue
@@ -185,7 +190,7 @@ def emulate(method: str, q: np.ndarray, scales: np.ndarray, mins, group: int, x:
             row = rb if rsel else ra
             sc = scales[row, cq // cpg].astype(np.float64)
             mn = mins[row, cq // cpg].astype(np.float64)
-            z, xs = st["quad"][s * 2 + quad]
+            z, xs = st["quad"][s * U + quad]
             acc4[:, :, t] += sc * (v - z) + mn * xs
     if int4:
         both = acc4 + acc4[:, :, [2, 3, 0, 1]]                   # lanes t and t ^ 2: the row's two quads
@@ -302,6 +307,9 @@ def _cases() -> list:
         for name, (rows, n_in) in _mistral_shapes().items():
             out.append((f"{m} Mistral-7B {name} {rows}x{n_in}",
                         lambda k3, m=m, rows=rows, n_in=n_in: check_large(k3, m, rows, n_in)))
+        u4 = lambda k3: k3.with_settings(quant_mma_substeps=4)
+        out += [(f"{m} U=4 257x4200 accumulate", lambda k3, m=m: check_gemv(u4(k3), 257, 4200, 4, True, quant=m)),
+                (f"{m} U=4 Mistral-7B down", lambda k3, m=m: check_large(u4(k3), m, 4096, 14336))]
     return out
 
 
@@ -328,7 +336,8 @@ def timings(group: int = 128) -> list[list]:
     k = Kernels("float16")
     versions = {"v2": k.with_settings(quant_version=2), "v3": k.with_settings(quant_version=3),
                 "v3 1/tile": k.with_settings(quant_version=3, quant_mma_blocks_per_sm=0),   # grid variants
-                "v3 2/SM": k.with_settings(quant_version=3, quant_mma_blocks_per_sm=2)}
+                "v3 2/SM": k.with_settings(quant_version=3, quant_mma_blocks_per_sm=2),
+                "v3 U=4": k.with_settings(quant_version=3, quant_mma_substeps=4, quant_mma_blocks_per_sm=2)}
     bw = copy_bandwidth(1 << 30)
     table = []
     for method in ("int8", "int4"):
@@ -343,12 +352,13 @@ def timings(group: int = 128) -> list[list]:
             gbs = {v: first.nbytes / (t * 1e-6) / 1e9 for v, t in us.items()}
             table.append([method, name, f"{rows}x{n_in}", f"{first.nbytes / 1e6:.1f}", f"{us['v2']:.1f}",
                           f"{us['v3']:.1f}", f"{gbs['v2']:.0f}", f"{gbs['v3']:.0f}", f"{gbs['v3'] / (bw / 1e9):.0%}",
-                          f"{us['v2'] / us['v3']:.2f}x", f"{us['v3 1/tile']:.1f}", f"{us['v3 2/SM']:.1f}"])
+                          f"{us['v2'] / us['v3']:.2f}x", f"{us['v3 1/tile']:.1f}", f"{us['v3 2/SM']:.1f}",
+                          f"{us['v3 U=4']:.1f}"])
             del copies, first
             cp.get_default_memory_pool().free_all_blocks()
     plain_table(f"plain y = W·x, µs a launch in a CUDA graph; copy roofline {bw / 1e12:.2f} TB/s",
                 ["method", "matrix", "shape", "MB", "v2 µs", "v3 µs", "v2 GB/s", "v3 GB/s", "v3 % copy", "v2/v3",
-                 "v3 µs, a block a tile", "v3 µs, 2 blocks/SM"],
+                 "v3 µs, a block a tile", "v3 µs, 2 blocks/SM", "v3 U=4 µs (2 blocks/SM)"],
                 table)
     return table
 
