@@ -22,8 +22,9 @@
 //  - A tile is 8 row pairs (the v2 pairs of gemv_epilogue.cuh: rows ra of the 8 pairs are A rows 0-7, rows
 //    rb A rows 8-15), so lane (g, t) ends holding both sums of pair g, and every v2 epilogue (plain,
 //    += residual, SwiGLU, RoPE + KV append; RMSNorm prologue) is reused as it is.
-//  - The 8 warps of a block split one tile's k range (warp w: steps w, w + 8, ...: 8 chunks = 128 int8 or
-//    256 int4 weights of each of the 16 rows a step), then add their sums in shared memory; the block
+//  - The 8 warps of a block split one tile's k range (warp w: steps w, w + 8, ...; a step is U sub-steps of
+//    4 chunks, U = 2: 128 int8 or 256 int4 weights of each of the 16 rows), then add their sums in shared
+//    memory (a fixed order: the result does not depend on the grid); the block
 //    loops over tiles (the grid: a few blocks per SM), staging x once. A warp's loads of its next step,
 //    possibly in the next tile, are issued before this step's mma (two register buffers): the load
 //    latency hides behind the arithmetic and the block's barrier at each tile end.
