@@ -24,10 +24,10 @@
 //    += residual, SwiGLU, RoPE + KV append; RMSNorm prologue) is reused as it is.
 //  - The 8 warps of a block split one tile's k range (warp w: steps w, w + 8, ...; a step is U sub-steps of
 //    4 chunks, U = 2: 128 int8 or 256 int4 weights of each of the 16 rows), then add their sums in shared
-//    memory (a fixed order: the result does not depend on the grid); the block
-//    loops over tiles (the grid: a few blocks per SM), staging x once. A warp's loads of its next step,
-//    possibly in the next tile, are issued before this step's mma (two register buffers): the load
-//    latency hides behind the arithmetic and the block's barrier at each tile end.
+//    memory (a fixed order: the result does not depend on the grid); the block loops over tiles (the grid:
+//    a few blocks per SM), staging x once. A warp's loads of its next step, possibly in the next tile, are
+//    issued before this step's mma (two register buffers): the load latency hides behind the arithmetic
+//    and the block's barrier at each tile end.
 //  - int4: one fresh accumulator per quad (4 chunks: 128 codes, a whole group for g % 128 == 0), folded in
 //    fp32 as s·(D - Z) + m·Σx, by one lane per (row, quad): lane t takes row (t & 1 ? b : a) of quad t >> 1.
 //    Groups of 32 or 64 would need a scale inside a quad: the launcher keeps v2 for those.
