@@ -17,7 +17,8 @@ are one frozen `KernelSettings`, passed to `Kernels(dtype, settings)`; a sweep t
 
 `Kernels` loads what the engine launches when it is built. The earlier versions (gemv v1/v2, the v3 fused
 norm, the fp32-x quantized GEMV v1) stay here to compare and to teach (lessons 12-14, minillm/cuda/dev,
-the tests), but load only the first time a launch names one, or all at once by `load_older()`.
+the tests), but load only the first time a launch names one, or all at once by `load_older()`; so does the
+quantized GEMV v3 (tensor cores, kernels/gemv_quant_mma.cu), loaded when the settings choose it.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ QWARPS = 8                             # as #defined in gemv_quant.cu (row pairs
 QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
 MMA_SOURCE = "gemv_quant_mma"          # the quantized GEMV v3 (tensor cores), loaded when settings ask for it
+MMA_WARPS = 8                          # as #defined there (M_WARPS): warps a block, on one tile's k range
 MMA_BLOCKS_PER_SM = 3                  # its grid: blocks of 8 warps (<= 85 registers a thread: 3 fit an SM)
 MMA_VARIANTS = [f"gemv_{e}{m}" for m in ("int8", "int4") for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_",
                                                                       "qkv_", "rmsnorm_qkv_")]
@@ -342,7 +344,8 @@ class Kernels:
                              f"(this device allows {self.max_quant_smem})")
         shift = cpg.bit_length() - 1 if cpg & (cpg - 1) == 0 else -1
         kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
-        self._launch(name, (grid,), (32 * QWARPS,),
+        block = 32 * (MMA_WARPS if "_v3" in name else QWARPS)
+        self._launch(name, (grid,), (block,),
                      (w.qweight, w.scales, self._nil_u16 if w.mins is None else w.mins, np.int32(w.n_chunks),
                       np.int32(w.n_groups), np.int32(cpg), np.int32(shift), x,
                       self._nil_f32 if gain is None else gain, np.float32(eps), np.int32(n_in), np.int32(pairs), y,
