@@ -11,9 +11,10 @@
 //    copies are free and leave every lane holding its rows' sums). No per-weight FMA or widening at all.
 //  - The codes are not centred: a byte under the fp16 exponent of 1024, its sign bit flipped, reads as
 //    1152 + b; a low nibble reads 1024 + n, a high one 1024 + 16 n (x is staged divided by 16 there). The
-//    offsets are Σ of x times constants, taken off once in fp32: 1152·Σx per row (int8), and per 128-code
-//    quad Z = 1024·Σx_lo + 64·Σx_hi (int4), sums of the very fp16 values the tensor cores saw (in fp64 while
-//    staging), so they cancel to fp32 rounding. The subtraction v2 did per code pair (HSUB2) is gone.
+//    offsets are Σ of x times constants, taken off in fp32 once a warp step (int8: 1152·Σx of the step's
+//    chunks) or a 128-code quad (int4: Z = 1024·Σx_lo + 64·Σx_hi), sums of the very fp16 values the tensor
+//    cores saw (in fp64 while staging), so they cancel to fp32 rounding. The subtraction v2 did per code
+//    pair (HSUB2) is gone. int8's row scales are applied by each lane before the warps' sums are added.
 //  - The k order inside an mma is free as long as x follows it. Lane l (group g = l / 4, t = l % 4) owns A
 //    rows g and g + 8 and loads whole 16-byte chunks of those rows: chunk 4u + t of the step. Its 4 codes of
 //    one mma are 4 consecutive bytes (int8) or 4 nibbles of one word (int4) of its own chunk, so B's rows
@@ -100,18 +101,6 @@ __device__ __forceinline__ void block_max_sum(float& mx, float& ss) {
     __syncthreads();                                     // the parts may be reused by a later call
 }
 
-__device__ __forceinline__ double block_sum_f64(double v) {
-    __shared__ double part[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    v = 0.0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) v += part[w];
-    __syncthreads();
-    return v;
-}
-
 // Values i0 .. i0+7 of x (times gain when NORM) times `up`, zeros past `in` (float4 loads when whole: vec)
 template <bool NORM>
 __device__ __forceinline__ void load8(const float* __restrict__ x, const float* __restrict__ gain, int i0, int in,
@@ -135,17 +124,17 @@ __device__ __forceinline__ void load8(const float* __restrict__ x, const float* 
 struct Staged {
     float mean_sq;       // Σ x² / in (NORM)
     float down;          // 2^-e: undoes x's scaling
-    float offset;        // int8: 1152 · Σ x_h (the codes' offset, in scaled units)
 };
 
-// x -> shared memory in fp16, scaled by 2^e, n_pad chunks (zeros past `in`):
+// x -> shared memory in fp16, scaled by 2^e, n_pad chunks (zeros past `in`), a warp step = STEP chunks:
 //   int8: chunk c at xs + 32 c: its 16 values in order (8 f16x2 words: word 2j, 2j+1 are mma j's b0, b1);
+//         after the n_pad chunks, per warp step: float 1152·Σ of its stored values (the codes' offset);
 //   int4: chunk c at xs + 80 c: per code word w (8 values v0..v7), 4 words (v0, v4), (v1/16, v5/16),
 //         (v2, v6), (v3/16, v7/16) = b0, b1 of the word's two mmas; then 16 bytes of padding;
 //         after the n_pad chunks, per quad of 4 chunks: float2 (Z, X), Z = 1024·Σ of the quad's stored values
 //         (the codes' offset: 1024·x against a low code, 1024·x/16 against a high one), X = Σ x (the min's).
 // Every thread must call (block barriers inside).
-template <bool INT4, bool NORM>
+template <bool INT4, bool NORM, int STEP>
 __device__ Staged stage_x_mma(const float* __restrict__ x, const float* __restrict__ gain, int in, int n_pad,
                               unsigned char* __restrict__ xs) {
     constexpr int C = INT4 ? 32 : 16;
@@ -179,7 +168,6 @@ __device__ Staged stage_x_mma(const float* __restrict__ x, const float* __restri
     st.down = __uint_as_float((unsigned int)(127 - e) << 23);
     st.mean_sq = ss / (float)in;
     // pass 2 (x is in L1 now): convert, store, and sum what was stored
-    double total = 0.0;
     for (int c0 = 0; c0 < n_pad; c0 += blockDim.x) {             // uniform trip count: the quad shuffles below
         int c = c0 + threadIdx.x;
         bool on = c < n_pad;
@@ -209,7 +197,8 @@ __device__ Staged stage_x_mma(const float* __restrict__ x, const float* __restri
                 }
             }
         }
-        if (INT4) {                   // quad sums: 4 consecutive chunks sit in 4 consecutive lanes
+        // the sums of 4 (int4: a quad) or STEP (int8: a warp step) chunks: consecutive chunks, consecutive lanes
+        if (INT4) {
             for (int o = 1; o < 4; o <<= 1) {
                 lo += __shfl_xor_sync(0xffffffffu, lo, o);
                 hi += __shfl_xor_sync(0xffffffffu, hi, o);
@@ -220,10 +209,11 @@ __device__ Staged stage_x_mma(const float* __restrict__ x, const float* __restri
                 quad[c >> 2] = make_float2((float)(1024.0 * (lo + hi)), (float)(lo + 16.0 * hi));
             }
         } else {
-            total += lo;
+            for (int o = 1; o < STEP; o <<= 1) lo += __shfl_xor_sync(0xffffffffu, lo, o);
+            float* offsets = reinterpret_cast<float*>(xs + (size_t)n_pad * 32);
+            if (on && c % STEP == 0) offsets[c / STEP] = (float)(1152.0 * lo);
         }
     }
-    st.offset = INT4 ? 0.0f : (float)(1152.0 * block_sum_f64(total));   // barrier inside (int8)
     __syncthreads();
     return st;
 }
@@ -242,11 +232,12 @@ struct LaneRows {
     const uint4* a;
     const uint4* b;
     unsigned int ga, gb;     // int4: the rows' first scale/min element
+    float sa, sb;            // int8: the rows' scales
 };
 
-template <int EPI>
+template <int EPI, bool INT4>
 __device__ __forceinline__ LaneRows lane_rows(int tile, int pairs, int rows, int hd, const uint4* qw, int n_chunks,
-                                              int n_groups) {
+                                              int n_groups, const void* scales) {
     int g = (threadIdx.x & 31) >> 2;
     RowPair r;
     int p = tile * 8 + g;
@@ -256,6 +247,11 @@ __device__ __forceinline__ LaneRows lane_rows(int tile, int pairs, int rows, int
     lr.b = qw + (size_t)r.rb * n_chunks;
     lr.ga = (unsigned int)r.ra * n_groups;
     lr.gb = (unsigned int)r.rb * n_groups;
+    lr.sa = lr.sb = 0.0f;
+    if (!INT4 && (threadIdx.x & 3) == 0) {                      // a tile ahead: the latency hides
+        lr.sa = static_cast<const float*>(scales)[r.ra];
+        lr.sb = static_cast<const float*>(scales)[r.rb];
+    }
     return lr;
 }
 
@@ -290,10 +286,11 @@ __device__ __forceinline__ void load_step(const LaneRows& lr, int s, int n_chunk
     }
 }
 
-// int8: acc_a, acc_b += Σ (1152 + b)·x_h over the step's 64 U codes of rows a and b
+// int8: acc_a, acc_b += Σ b·x_h over the step's 64 U codes of rows a and b: the mma's Σ (1152 + b)·x_h, less
+// the step's offset
 template <int U>
-__device__ __forceinline__ void step_int8(const StepLoads<U>& L, int s, const unsigned char* xs, float& acc_a,
-                                          float& acc_b) {
+__device__ __forceinline__ void step_int8(const StepLoads<U>& L, int s, const unsigned char* xs,
+                                          const float* offsets, float& acc_a, float& acc_b) {
     int t = threadIdx.x & 3;
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -309,8 +306,9 @@ __device__ __forceinline__ void step_int8(const StepLoads<U>& L, int s, const un
                      b0, b1);
         }
     }
-    acc_a += d[0];             // column 2t of row g (every column holds the same sums)
-    acc_b += d[2];             // row g + 8
+    float off = offsets[s];
+    acc_a += d[0] - off;       // column 2t of row g (every column holds the same sums)
+    acc_b += d[2] - off;       // row g + 8
 }
 
 // int4: acc += s·(D - Z) + m·X for this lane's (row, quad) pairs; D = Σ codes·x_h of a quad's 128 codes
@@ -361,15 +359,16 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
     const int spw = (n_steps + M_WARPS - 1) / M_WARPS;          // step slots a warp takes in each tile
     const int n_tiles = (pairs + 7) >> 3;
     const u16* S = static_cast<const u16*>(scales);
-    const float2* quad = reinterpret_cast<const float2*>(xs + (size_t)n_pad * 80);
+    const float2* quad = reinterpret_cast<const float2*>(xs + (size_t)n_pad * 80);    // int4
+    const float* offsets = reinterpret_cast<const float*>(xs + (size_t)n_pad * 32);    // int8
 
     // this warp's items: (tile, slot j) -> step warp + 8 j of the tile; the first one's loads go out now
     int tile = blockIdx.x, j = 0;
-    LaneRows lr = lane_rows<EPI>(tile, pairs, rows, ep.hd, qw, n_chunks, n_groups);
+    LaneRows lr = lane_rows<EPI, INT4>(tile, pairs, rows, ep.hd, qw, n_chunks, n_groups, scales);
     StepLoads<U> buf0, buf1;                                     // two register buffers, used in turn
     if (tile < n_tiles && warp < n_steps) load_step<INT4, U>(lr, warp, n_chunks, S, mins, cpg, cpg_shift, buf0);
 
-    Staged st = stage_x_mma<INT4, NORM>(x, gain, in, n_pad, xs);
+    Staged st = stage_x_mma<INT4, NORM, 4 * U>(x, gain, in, n_pad, xs);
     float inv_rms = NORM ? rsqrtf(st.mean_sq + eps) : 1.0f;
     float acc_a = 0.0f, acc_b = 0.0f;                            // int4: acc_a only (this lane's row and quads)
     int parity = 0;
@@ -381,7 +380,7 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
         if (nj == spw) {
             nj = 0;
             ntile += gridDim.x;
-            nlr = lane_rows<EPI>(ntile, pairs, rows, ep.hd, qw, n_chunks, n_groups);
+            nlr = lane_rows<EPI, INT4>(ntile, pairs, rows, ep.hd, qw, n_chunks, n_groups, scales);
         }
         int ns = warp + M_WARPS * nj;
         if (ntile < n_tiles && ns < n_steps) load_step<INT4, U>(nlr, ns, n_chunks, S, mins, cpg, cpg_shift, nxt);
@@ -389,15 +388,15 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
         int s = warp + M_WARPS * j;
         if (s < n_steps) {
             if (INT4) step_int4<U>(cur, s, xs, quad, acc_a);
-            else step_int8<U>(cur, s, xs, acc_a, acc_b);
+            else step_int8<U>(cur, s, xs, offsets, acc_a, acc_b);
         }
         if (j == spw - 1) {                                      // this tile's last slot: add up the warps
             if (INT4) {
                 acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 2);  // quads 0 and 1 of the same row
                 if (t < 2) red[parity][warp][g + 8 * t] = acc_a;
-            } else if (t == 0) {
-                red[parity][warp][g] = acc_a;
-                red[parity][warp][g + 8] = acc_b;
+            } else if (t == 0) {                                 // the row scales now (linear: fewer loads later)
+                red[parity][warp][g] = acc_a * lr.sa;
+                red[parity][warp][g + 8] = acc_b * lr.sb;
             }
             __syncthreads();
             if (warp == 0 && lane < 8) {
@@ -407,14 +406,8 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
                 RowPair r;
                 int p = tile * 8 + lane;
                 if (p < pairs && row_pair<EPI>(p, rows, ep.hd, r)) {
-                    float ka = st.down * inv_rms, kb = ka;
-                    if (!INT4) {                                  // take the codes' offset off, then the row scales
-                        sa -= st.offset;
-                        sb -= st.offset;
-                        ka *= static_cast<const float*>(scales)[r.ra];
-                        kb *= static_cast<const float*>(scales)[r.rb];
-                    }
-                    ep.template store<EPI>(r, p, sa * ka, sb * kb);
+                    float k = st.down * inv_rms;
+                    ep.template store<EPI>(r, p, sa * k, sb * k);
                 }
             }
             acc_a = 0.0f;
@@ -433,7 +426,8 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
 }
 
 // grid (any; the launcher: 3 blocks per SM (U = 2), each looping over tiles of 8 row pairs), block 32 * M_WARPS,
-// dynamic shared memory n_pad * 32 bytes (int8) or n_pad * 82 (int4), n_pad = n_chunks rounded up to 4 U.
+// dynamic shared memory n_pad * 32 + n_pad / U bytes (int8) or n_pad * 82 (int4), n_pad = n_chunks rounded
+// up to 4 U.
 // The arguments are gemv_quant.cu's (GEMV_QUANT_KERNEL), so one launcher serves v2 and v3; flags and next_*
 // (the L2 prefetches v2 measured slower) are accepted and unused. int4 needs cpg % 4 == 0 (g % 128 == 0).
 #define GEMV_MMA_KERNEL(NAME, W, INT4, NORM, EPI, U)                                                                \

@@ -76,9 +76,10 @@ def _launches(method: str, group: int, n_in: int, version: int, name: str = "gem
 
 def test_quant_version_3_launches_the_mma_kernels():
     """int8 and int4 in groups of 128: v3's kernel, grid (tiles of 8 pairs, ~3 blocks an SM), shared memory
-    (x in 32 or 82 bytes a chunk, chunks rounded up to 8); int4 in groups of 32: v2's."""
+    (x in 32 bytes a chunk + 4 a step of 8 chunks, or 82 a chunk; chunks rounded up to 8); int4 in groups of
+    32: v2's."""
     (name, grid, block, smem), = _launches("int8", 0, 4096, 3)
-    assert (name, grid, block, smem) == ("gemv_int8_v3", (256,), (256,), 256 * 32)
+    assert (name, grid, block, smem) == ("gemv_int8_v3", (256,), (256,), 256 * 32 + 32 * 4)
     (name, grid, _, smem), = _launches("int4", 128, 14336, 3, "gemv_swiglu_v4")
     assert (name, grid, smem) == ("gemv_swiglu_int4_v3", (256,), 448 * 82)
     (name, _, _, _), = _launches("int4", 32, 4096, 3)

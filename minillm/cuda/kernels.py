@@ -323,14 +323,15 @@ class Kernels:
         cpg = max(1, w.group_size // 32)                       # 16-byte chunks per int4 group
         grid = self.quant_grid(pairs)
         if self.settings.quant_version == 3 and (w.method == "int8" or cpg % 4 == 0):
-            # v3: x as fp16 in the mma's k order, n_chunks rounded up to a warp step (4 chunks a sub-step); int4:
-            # 80 bytes a chunk + (Z, X) per 4 chunks. int4 groups of 32 or 64 stay on v2 (a scale inside a quad).
+            # v3: x as fp16 in the mma's k order, n_chunks rounded up to a warp step (4 chunks a sub-step); int8:
+            # 32 bytes a chunk + an offset a step; int4: 80 bytes a chunk + (Z, X) per 4 chunks. int4 groups of
+            # 32 or 64 stay on v2 (a scale inside a quad).
             substeps = self.settings.quant_mma_substeps
             if substeps == 4 and name != f"gemv_{w.method}":
                 raise ValueError(f"{name}: v3 with 4 sub-steps a warp step is kept for plain y = W·x only")
             name += "_v3" if substeps == 2 else "_v3u4"
             n_pad = -(-w.n_chunks // (4 * substeps)) * 4 * substeps
-            smem = n_pad * (82 if w.method == "int4" else 32)
+            smem = n_pad * 82 if w.method == "int4" else n_pad * 32 + 4 * n_pad // (4 * substeps)
             grid = self.mma_grid(pairs)
         elif self.settings.quant_version == 1:   # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
             if name != f"gemv_{w.method}":

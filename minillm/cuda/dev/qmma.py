@@ -48,9 +48,10 @@ def _pack(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return bits(lo) | (bits(hi) << 16)
 
 
-def stage(x: np.ndarray, gain, n_pad: int, int4: bool, exact: bool) -> dict:
+def stage(x: np.ndarray, gain, n_pad: int, int4: bool, exact: bool, step: int = 8) -> dict:
     """stage_x_mma: x (times gain) scaled by 2^e, in fp16, in the k order of the mma fragments.
-    -> {"words": uint32 [n_pad, 8 or 16], "down": 2^-e, "offset" (int8), "quad": [n_pad / 4, 2] (int4)}"""
+    -> {"words": uint32 [n_pad, 8 or 16], "down": 2^-e, "offsets": [n_pad / step] (int8: 1152·Σ of a warp
+    step's values), "quad": [n_pad / 4, 2] (int4: Z, X of 4 chunks)}"""
     C = 32 if int4 else 16
     v = np.asarray(x, np.float32) * (np.float32(1) if gain is None else np.asarray(gain, np.float32))
     mx = float(np.abs(v).max()) if v.size else 0.0
@@ -70,8 +71,8 @@ def stage(x: np.ndarray, gain, n_pad: int, int4: bool, exact: bool) -> dict:
         out["quad"] = quad if exact else quad.astype(np.float32).astype(np.float64)
     else:                                                        # natural order, two values a word
         words = _pack(ch[..., 0::2], ch[..., 1::2])
-        total = 1152.0 * sum(_halves(words)).sum()
-        out["offset"] = total if exact else float(np.float32(total))
+        offsets = 1152.0 * sum(_halves(words)).reshape(n_pad // step, -1).sum(1)
+        out["offsets"] = offsets if exact else offsets.astype(np.float32).astype(np.float64)
     out["words"] = words.reshape(n_pad, -1)
     return out
 
@@ -141,7 +142,7 @@ def emulate(method: str, q: np.ndarray, scales: np.ndarray, mins, group: int, x:
     cpg = group // 32 if int4 else 1
     if int4 and cpg % 4:
         raise ValueError(f"v3 needs int4 groups of a multiple of 128 (got {group})")
-    st = stage(x, gain, n_steps * STEP, int4, exact)
+    st = stage(x, gain, n_steps * STEP, int4, exact, STEP)
     xw = st["words"]
     pairs = -(-rows // 2)
     tiles = -(-pairs // 8)
@@ -176,8 +177,8 @@ def emulate(method: str, q: np.ndarray, scales: np.ndarray, mins, group: int, x:
             for a, b in mmas:
                 prod = _a_matrix(*a).astype(dt) @ _b_matrix(*b).astype(dt)
                 D[u] = (D[u] + prod).astype(dt)
-        if not int4:
-            acc_ab += np.concatenate([sum(d[:, :8, 0] for d in D), sum(d[:, 8:, 0] for d in D)], 1)
+        if not int4:             # less the step's offset, as the lanes do after the step's mma
+            acc_ab += np.concatenate([sum(d[:, :8, 0] for d in D), sum(d[:, 8:, 0] for d in D)], 1) - st["offsets"][s]
             continue
         # the fold: lane (g, t) takes quads t >> 1, t >> 1 + 2, ... of the step and row (t & 1 ? b : a); it
         # reads column 2t
@@ -196,8 +197,8 @@ def emulate(method: str, q: np.ndarray, scales: np.ndarray, mins, group: int, x:
         both = acc4 + acc4[:, :, [2, 3, 0, 1]]                   # lanes t and t ^ 2: the row's two quads
         ya, yb = both[:, :, 0], both[:, :, 1]
     else:
-        ya = (acc_ab[:, :8] - st["offset"]) * scales[ra]
-        yb = (acc_ab[:, 8:] - st["offset"]) * scales[rb]
+        ya = acc_ab[:, :8] * scales[ra]
+        yb = acc_ab[:, 8:] * scales[rb]
     y = np.zeros(2 * tiles * 8)
     y[2 * p + 1] = yb * st["down"]                               # rb = ra for a missing row b: a wins below
     y[2 * p] = ya * st["down"]
