@@ -20,9 +20,9 @@ cp = cupy_with_a_device()
 import minillm  # noqa: E402
 from minillm.cuda.dev.common import poisoned, rel_err, weights  # noqa: E402
 from minillm.cuda.dev.gemv import check_dequantize, check_gemv, check_gemv_qkv, check_gemv_rmsnorm  # noqa: E402
-from minillm.cuda.dev.qmma import CASE_LABELS, check_case  # noqa: E402
 from minillm.cuda.dev.model import (check_graph_equals_eager, check_greedy, check_model_logits,  # noqa: E402
                                     random_cpu_model, small_config)
+from minillm.cuda.dev.qmma import CASE_LABELS, check_case  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
 from minillm.cuda.qweights import QuantMatrix  # noqa: E402
