@@ -80,6 +80,8 @@
 // and one HBM round trip whatever their bytes, and a warp's steps still load, then compute, in turn (int4
 // down: 448 chunks a row in 4 sequential steps of 4). Next: register double-buffering of the steps,
 // and fewer, larger launches (o_proj in attention's epilogue; a persistent per-layer kernel).
+// v3 (gemv_quant_mma.cu, KernelSettings.quant_version = 3) tries the first: tensor-core products and loads
+// one step ahead, same arguments and epilogues.
 #include "gemv_epilogue.cuh"
 
 #define Q_WARPS 8           // row pairs in flight per block (block = 256 threads)

@@ -22,6 +22,7 @@ from minillm.cuda.dev.common import poisoned, rel_err, weights  # noqa: E402
 from minillm.cuda.dev.gemv import check_dequantize, check_gemv, check_gemv_qkv, check_gemv_rmsnorm  # noqa: E402
 from minillm.cuda.dev.model import (check_graph_equals_eager, check_greedy, check_model_logits,  # noqa: E402
                                     random_cpu_model, small_config)
+from minillm.cuda.dev.qmma import CASE_LABELS, check_case  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
 from minillm.cuda.qweights import QuantMatrix  # noqa: E402
@@ -276,3 +277,25 @@ def test_load_on_cuda_with_quant_matches_cpu(smollm2):
     err = rel_err(gpu_llm.logits(ids), cpu)
     print(f"error {err:.3e} (tolerance {QUANT_MODEL_TOL:.1e})")
     assert err <= QUANT_MODEL_TOL
+
+
+# ---- v3 (kernels/gemv_quant_mma.cu, tensor cores): every epilogue, odd widths, Mistral-7B's shapes -------
+@pytest.mark.parametrize("label", CASE_LABELS)
+def test_quantized_gemv_v3_matches_numpy(k, label):
+    ok_fp16_products(check_case(k, label))
+
+
+@pytest.mark.parametrize("method,group", [("int8", 0), ("int4", 128)], ids=["int8", "int4-g128"])
+def test_quantized_gemv_v3_is_the_same_for_any_grid(method, group):
+    """v3's blocks loop over tiles; each row's sum runs in the same order (8 warps, then their sum in warp
+    order) whichever block takes the tile: bit-identical outputs."""
+    k = Kernels("float16").with_settings(quant_version=3)
+    rng = np.random.default_rng(4)
+    _, w = weights(k, 3001, 4096, rng, method, group or 128)
+    x = cp.asarray(rng.standard_normal(4096).astype(np.float32))
+    outs = []
+    for b in (0, 1, 3):
+        y = poisoned(3001, np.float32)
+        k.with_settings(quant_mma_blocks_per_sm=b).gemv(w, x, y)
+        outs.append(cp.asnumpy(y))
+    assert all(np.array_equal(o, outs[0]) for o in outs) and not np.isnan(outs[0]).any()

@@ -79,7 +79,7 @@ def defined_kernels() -> dict[str, str]:
         text = path.read_text()
         for name in re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(', text):
             names[name] = text
-        for name in re.findall(r"^(?:GEMV_V4|GEMV_QUANT|ATTENTION_GQA(?:_INT8)?)_KERNEL\((\w+),", text, re.M):
+        for name in re.findall(r"^(?:GEMV_V4|GEMV_QUANT|GEMV_MMA|ATTENTION_GQA(?:_INT8)?)_KERNEL\((\w+),", text, re.M):
             names[name] = text
     return names
 
@@ -88,7 +88,7 @@ def test_every_pdl_kernel_waits_for_the_kernel_ahead():
     """A kernel given the attribute without calling pdl_wait would read its inputs while they are written."""
     kernels = defined_kernels()
     pdl_ones = {n for n in kernels if PDL_KERNEL.fullmatch(re.sub(r"_(f16|bf16)$", "", n))}
-    assert len(pdl_ones) >= 40                           # embed, the GEMVs, attention v3, both dtypes
+    assert len(pdl_ones) >= 70                           # embed, the GEMVs (v4, v1-v3), attention v3, both dtypes
     for name in pdl_ones:
         assert "pdl_wait_then_trigger();" in kernels[name], name
     assert not PDL_KERNEL.fullmatch("kv_append_int8") and not PDL_KERNEL.fullmatch("attention_fused")

@@ -17,7 +17,8 @@ are one frozen `KernelSettings`, passed to `Kernels(dtype, settings)`; a sweep t
 
 `Kernels` loads what the engine launches when it is built. The earlier versions (gemv v1/v2, the v3 fused
 norm, the fp32-x quantized GEMV v1) stay here to compare and to teach (lessons 12-14, minillm/cuda/dev,
-the tests), but load only the first time a launch names one, or all at once by `load_older()`.
+the tests), but load only the first time a launch names one, or all at once by `load_older()`; so does the
+quantized GEMV v3 (tensor cores, kernels/gemv_quant_mma.cu), loaded when the settings choose it.
 """
 from __future__ import annotations
 
@@ -50,8 +51,14 @@ QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x 
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
 # The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
 # may be launched with programmatic dependent launch (settings.pdl): the decode step's embed, GEMVs (16-bit v4
-# and every gemv_quant.cu kernel) and attention v3. Any other kernel launched that way would race.
-PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4)(_v1)?|attention_gqa[124](_int8(x16)?)?")
+# and every gemv_quant.cu / gemv_quant_mma.cu kernel) and attention v3. Any other kernel launched that way would race.
+PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4)(_v1|_v3|_v3u4)?"
+                        r"|attention_gqa[124](_int8(x16)?)?")
+MMA_SOURCE = "gemv_quant_mma"          # the quantized GEMV v3 (tensor cores), loaded when settings ask for it
+MMA_WARPS = 8                          # as #defined there (M_WARPS): warps a block, on one tile's k range
+MMA_BLOCKS_PER_SM = 3                  # its grid: blocks of 8 warps (<= 85 registers a thread: 3 fit an SM)
+MMA_VARIANTS = [f"gemv_{e}{m}" for m in ("int8", "int4") for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_",
+                                                                      "qkv_", "rmsnorm_qkv_")]
 
 
 def kernel_source(name: str) -> str:
@@ -111,8 +118,14 @@ class KernelSettings:
     quant_flags: int = 0
     # The quantized GEMV: 2 = x staged as fp16, HFMA2 products (inner loop int8 4.0 -> 2.8 instructions a
     # weight, int4 5.1 -> 2.9; with attention v3, int8 decode 285-303 -> 340 tok/s); 1 = x as fp32 (plain
-    # y = W·x only), kept to compare.
+    # y = W·x only), kept to compare; 3 = products on tensor cores (kernels/gemv_quant_mma.cu; int4 groups of
+    # 32 or 64 stay on v2), not yet measured.
     quant_version: int = 2
+    # v3's grid: about this many blocks per SM, each looping over tiles of 8 row pairs (0: one block a tile).
+    quant_mma_blocks_per_sm: int = MMA_BLOCKS_PER_SM
+    # v3's sub-steps a warp step (4 chunks of each row each): 2, or 4 (plain y = W·x only, ~100 registers: for
+    # 2 blocks an SM), twice the bytes in flight a warp.
+    quant_mma_substeps: int = 2
     # GPUTransformer's decode names each v4 GEMV's next weights (next_w), whose first bytes its last blocks
     # prefetch into L2 during the launch gap and the next kernel's ramp. Slower everywhere tried:
     # fp16 243.0 -> 232.1 tok/s, int8 284.5 -> 276.8, int4 313.2 -> 309.3.
@@ -217,6 +230,10 @@ class Kernels:
             "gemv_int8_v1": lambda: get("gemv_quant", f"gemv_int8_v1_{sfx}"),   # v1 (fp32 x), plain only
             "gemv_int4_v1": lambda: get("gemv_quant", f"gemv_int4_v1_{sfx}"),
         }
+        for v in MMA_VARIANTS:   # v3: every variant of v2, on tensor cores
+            self.older[f"{v}_v3"] = lambda v=v: get(MMA_SOURCE, f"{v}_v3_{sfx}")
+        for m in ("int8", "int4"):   # v3 with 4 sub-steps a warp step, plain only
+            self.older[f"gemv_{m}_v3u4"] = lambda m=m: get(MMA_SOURCE, f"gemv_{m}_v3u4_{sfx}")
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
         import cupy as cp
@@ -233,13 +250,25 @@ class Kernels:
         self.max_quant_smem = optin - 1024                # 97: cudaDevAttrMaxSharedMemoryPerBlockOptin
         for name, f in self.fn.items():
             self._allow_quant_smem(name, f)
+        if settings.quant_version == 3:
+            self._load_v3()
 
     def with_settings(self, **changes) -> "Kernels":
         """These kernels launched with some settings changed (dataclasses.replace): a copy that shares the
         loaded functions, so nothing compiles again."""
         other = copy.copy(self)
         other.settings = replace(self.settings, **changes)
+        if other.settings.quant_version == 3:
+            other._load_v3()
         return other
+
+    def _load_v3(self) -> None:
+        """The v3 quantized GEMVs, loaded now (not in the middle of a graph capture that launches one)."""
+        for v in MMA_VARIANTS:
+            self._function(f"{v}_v3")
+        if self.settings.quant_mma_substeps == 4:
+            for m in ("int8", "int4"):
+                self._function(f"gemv_{m}_v3u4")
 
     def _allow_quant_smem(self, name: str, f) -> None:
         if name.startswith("gemv_") and ("int8" in name or "int4" in name):
@@ -322,7 +351,20 @@ class Kernels:
         if gain is not None:
             name = name.replace("gemv_", "gemv_rmsnorm_", 1)
         chunk, sums = QUANT_CHUNK[w.method], (4 * w.n_chunks if w.method == "int4" else 0)
-        if self.settings.quant_version == 1:          # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
+        cpg = max(1, w.group_size // 32)                       # 16-byte chunks per int4 group
+        grid = self.quant_grid(pairs)
+        if self.settings.quant_version == 3 and (w.method == "int8" or cpg % 4 == 0):
+            # v3: x as fp16 in the mma's k order, n_chunks rounded up to a warp step (4 chunks a sub-step); int8:
+            # 32 bytes a chunk + an offset a step; int4: 80 bytes a chunk + (Z, X) per 4 chunks. int4 groups of
+            # 32 or 64 stay on v2 (a scale inside a quad).
+            substeps = self.settings.quant_mma_substeps
+            if substeps == 4 and name != f"gemv_{w.method}":
+                raise ValueError(f"{name}: v3 with 4 sub-steps a warp step is kept for plain y = W·x only")
+            name += "_v3" if substeps == 2 else "_v3u4"
+            n_pad = -(-w.n_chunks // (4 * substeps)) * 4 * substeps
+            smem = n_pad * 82 if w.method == "int4" else n_pad * 32 + 4 * n_pad // (4 * substeps)
+            grid = self.mma_grid(pairs)
+        elif self.settings.quant_version == 1:   # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
             if name != f"gemv_{w.method}":
                 raise ValueError(f"{name}: the v1 quantized GEMV is kept for plain y = W·x only")
             name += "_v1"
@@ -332,10 +374,10 @@ class Kernels:
         if smem > self.max_quant_smem:
             raise ValueError(f"{name}: a {n_in}-wide row needs {smem} bytes of shared memory for x "
                              f"(this device allows {self.max_quant_smem})")
-        cpg = max(1, w.group_size // 32)                       # 16-byte chunks per int4 group
         shift = cpg.bit_length() - 1 if cpg & (cpg - 1) == 0 else -1
         kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
-        self._launch(name, (self.quant_grid(pairs),), (32 * QWARPS,),
+        block = 32 * (MMA_WARPS if "_v3" in name else QWARPS)
+        self._launch(name, (grid,), (block,),
                      (w.qweight, w.scales, self._nil_u16 if w.mins is None else w.mins, np.int32(w.n_chunks),
                       np.int32(w.n_groups), np.int32(cpg), np.int32(shift), x,
                       self._nil_f32 if gain is None else gain, np.float32(eps), np.int32(n_in), np.int32(pairs), y,
@@ -381,6 +423,16 @@ class Kernels:
             return need
         per_warp = -(-need // (per_sm * self.n_sms))
         return -(-need // per_warp)
+
+    def mma_grid(self, pairs: int) -> int:
+        """Blocks for the v3 quantized GEMV: tiles of 8 row pairs, about settings.quant_mma_blocks_per_sm
+        blocks an SM, each looping over the same number of tiles (0: one tile a block)."""
+        tiles = -(-pairs // 8)
+        per_sm = self.settings.quant_mma_blocks_per_sm
+        if not per_sm:
+            return tiles
+        per_block = -(-tiles // (per_sm * self.n_sms))
+        return -(-tiles // per_block)
 
     def dequantize(self, w, out) -> None:
         """out [rows, in] (16-bit, the weight dtype) = the QuantMatrix w, widened for prefill's cuBLAS GEMM."""

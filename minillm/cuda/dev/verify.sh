@@ -11,7 +11,8 @@
 #           spec: speculative decoding's GPU tests and step costs; specbench: bench --speculative on SmolLM2;
 #           prefill: prefill attention v2's GPU tests, checks, v1 vs v2 µs a layer and TTFT;
 #           flashnorm: FlashNorm at every norm site of the decode step, --e2e table, its tests and lesson 15;
-#           pdl: programmatic dependent launch, its tests and tok/s on and off)
+#           pdl: programmatic dependent launch, its tests and tok/s on and off;
+#           qmma: the quantized GEMV v3 (tensor cores): its checks, v2 vs v3 per matrix and in decode, its tests)
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
@@ -78,6 +79,10 @@ flashnorm)
 pdl)       # programmatic dependent launch: its tests, then decode tok/s with and without it (all formats)
     step pdl 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda_pdl.py tests/test_pdl.py
     TAIL=14 step pdl 300 python3 -m minillm.cuda.dev.pdl ;;
+qmma)
+    TAIL=50 step qmma 240 python3 -m minillm.cuda.dev.qmma --decode
+    step qmma 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "v3 or mma" \
+        tests/test_cuda_quant.py tests/test_qmma_emulation.py tests/test_kernels_compile.py ;;
 bench)
     for q in "" int8 int4; do
         TAIL=22 step bench 150 python3 -m minillm bench --device cuda --random-weights -m mistral-7b --new-tokens 128 \
