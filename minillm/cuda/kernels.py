@@ -51,7 +51,7 @@ QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x 
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
 # The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
 # may be launched with programmatic dependent launch (settings.pdl): the decode step's embed, GEMVs (16-bit v4
-# and every gemv_quant.cu / gemv_quant_mma.cu kernel) and attention v3. Any other kernel launched that way would race.
+# and every gemv_quant.cu / gemv_quant_mma.cu kernel) and attention v3. Any other kernel launched so would race.
 PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4)(_v1|_v3|_v3u4)?"
                         r"|attention_gqa[124](_int8(x16)?)?")
 MMA_SOURCE = "gemv_quant_mma"          # the quantized GEMV v3 (tensor cores), loaded when settings ask for it
@@ -247,7 +247,9 @@ class Kernels:
         # gemv_quant.cu stages x in dynamic shared memory: a 14336-wide int8 row needs 72 KB (> the 48 KB
         # default), so allow each quantized GEMV the device's opt-in maximum once, here, not mid-capture.
         optin = props.get("sharedMemPerBlockOptin") or cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
-        self.max_quant_smem = optin - 1024                # 97: cudaDevAttrMaxSharedMemoryPerBlockOptin
+        # 97: cudaDevAttrMaxSharedMemoryPerBlockOptin. Static + dynamic must fit under it: the kernels' own
+        # __shared__ arrays are <= 1.2 KB (v3: two tiles' row sums), so 4 KB is left for them.
+        self.max_quant_smem = optin - 4096
         for name, f in self.fn.items():
             self._allow_quant_smem(name, f)
         if settings.quant_version == 3:

@@ -264,7 +264,7 @@ def _device_reference(w, x):
     xp[:w.in_features] = x64
     codes_x = cp.zeros((rows, w.n_groups * g), cp.float64)
     codes_x[:, :w.in_features] = codes
-    per_group = (codes_x.reshape(rows, w.n_groups, g) @ xp.reshape(w.n_groups, g, 1))[..., 0]
+    per_group = cp.einsum("rgk,gk->rg", codes_x.reshape(rows, w.n_groups, g), xp.reshape(w.n_groups, g))
     sums = xp.reshape(w.n_groups, g).sum(1)
     return cp.asnumpy((per_group * w.scales.astype(cp.float64)).sum(1) + w.mins.astype(cp.float64) @ sums)
 
