@@ -119,7 +119,7 @@ class KernelSettings:
     # The quantized GEMV: 2 = x staged as fp16, HFMA2 products (inner loop int8 4.0 -> 2.8 instructions a
     # weight, int4 5.1 -> 2.9; with attention v3, int8 decode 285-303 -> 340 tok/s); 1 = x as fp32 (plain
     # y = W·x only), kept to compare; 3 = products on tensor cores (kernels/gemv_quant_mma.cu; int4 groups of
-    # 32 or 64 stay on v2), not yet measured.
+    # 32 or 64 stay on v2): right but slower, decode int8 356 -> 318 tok/s, int4 443 -> 380 (H200, 2026-12-02).
     quant_version: int = 2
     # v3's grid: about this many blocks per SM, each looping over tiles of 8 row pairs (0: one block a tile).
     quant_mma_blocks_per_sm: int = MMA_BLOCKS_PER_SM
