@@ -26,7 +26,8 @@ from minillm.cuda.dev.common import narrow
 from minillm.cuda.dev.model import MODEL_TOL, random_cpu_model, small_config
 from minillm.cuda.dev.paged_attention import (paged_attention_reference, paged_kv_write_reference,
                                               rope_at_positions_reference)
-from minillm.cuda.gpu_batched import CPUOps, DevicePagedKV, GPUBatchedRunner, batch_meta
+from minillm.cuda.gpu_batched import (CPUOps, DevicePagedKV, GPUBatchedRunner, batch_meta, bucket_for,
+                                      decode_meta_into, meta_size, meta_views)
 from minillm.engine.engine import Engine
 from minillm.llm import LLM
 from minillm.engine.paged_kv import PagedKVCache
@@ -107,10 +108,11 @@ def test_the_kernels_gpu_batched_launches_are_defined():
     defined = set(re.findall(r'extern "C" __global__ void (\w+)\(', (KERNEL_DIR / "paged_attention.cu").read_text()))
     defined |= set(re.findall(r'^PAGED_\w+_KERNEL\((\w+),', (KERNEL_DIR / "paged_attention.cu").read_text(), re.M))
     source = (Path(__file__).parents[1] / "minillm" / "cuda" / "gpu_batched.py").read_text()
-    wanted = re.findall(r'get_function\(f?"([\w{}]+)"\)', source)
-    assert len(wanted) == 5
+    wanted = re.findall(r'get_function\(f?"([\w{}.]+)"\)', source)
+    assert len(wanted) == 7
     for sfx in ("f16", "bf16"):
-        assert {w.replace("{sfx}", sfx) for w in wanted} <= defined
+        for group in (1, 2, 4, 8):
+            assert {w.replace("{sfx}", sfx).replace("{self.group}", str(group)) for w in wanted} <= defined
 
 
 def test_batch_meta_points_each_row_at_its_own_slot():
@@ -142,9 +144,52 @@ def test_paged_attention_reference_equals_the_cpu_gather(window):
         np.testing.assert_allclose(got[rows], grouped_attention(q[rows], k, v, window), rtol=1e-5, atol=1e-5)
 
 
-def _on_numpy(cpu, pool: PagedKVCache) -> GPUBatchedRunner:
-    """The GPU's batched runner over the CPU model and a CPU pool, its steps done by the CPU engine's ops."""
-    return GPUBatchedRunner(cpu, pool, CPUOps(cpu, pool))
+def _on_numpy(cpu, pool: PagedKVCache, use_graph: bool = False) -> GPUBatchedRunner:
+    """The GPU's batched runner over the CPU model and a CPU pool, its steps done by the CPU engine's ops
+    (use_graph: decode steps through the bucket path, its "graph" a rerun over the same static buffers)."""
+    return GPUBatchedRunner(cpu, pool, CPUOps(cpu, pool), use_graph=use_graph)
+
+
+def test_decode_meta_pads_to_the_bucket_with_slots_that_write_nothing():
+    assert [bucket_for(b) for b in (1, 3, 5, 17, 64, 65, 256)] == [1, 4, 8, 24, 64, 96, 256]
+    assert bucket_for(257) is None
+    chunks = [SeqChunk([5], 17, [4, 0, 3]), SeqChunk([8], 2, [9])]                 # block size 8
+    flat = np.full(meta_size(4, 5), 77, np.int32)                                  # stale contents
+    decode_meta_into(flat, chunks, 8, 4, 5)
+    m = meta_views(flat, 4, 5)
+    assert m.tokens.tolist() == [5, 8, 0, 0] and m.positions.tolist() == [17, 2, 0, 0]
+    assert m.slots.tolist() == [3 * 8 + 1, 9 * 8 + 2, -1, -1]
+    assert m.seq_of_row.tolist() == m.last_rows.tolist() == [0, 1, 2, 3]
+    assert m.block_tables.tolist() == [[4, 0, 3, 0, 0], [9, 0, 0, 0, 0]] + [[0] * 5] * 2
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+@pytest.mark.parametrize("kind", ["gqa", "mistral"])
+def test_a_padded_decode_step_gives_the_real_rows_logits_and_writes_nothing_else(kind, kv):
+    """3 decodes padded to bucket 4 (the graph path, its "replay" rerun on NumPy) against the same 3
+    unpadded (the eager path): the same logits, and the same pool bytes afterwards, so the padded row's
+    slot -1 wrote nowhere (the pools start poisoned with random values, so a write to block 0 would show)."""
+    config = small(kind)
+    cpu = random_cpu_model(config, "float16")
+    storage = "int8" if kv == "int8" else "float32"
+    pools = [PagedKVCache(config, 24, 4, storage) for _ in range(2)]
+    rng = np.random.default_rng(4)
+    for name in ("k", "v", "k_scale", "v_scale"):
+        if hasattr(pools[0], name):
+            a = getattr(pools[0], name)
+            a[...] = rng.integers(-100, 100, a.shape) if a.dtype == np.int8 else rng.random(a.shape)
+            getattr(pools[1], name)[...] = a
+    eager, padded = _on_numpy(cpu, pools[0]), _on_numpy(cpu, pools[1], use_graph=True)
+    prefill, decode, _ = schedule_by_hand(4, 24)
+    eager.forward(prefill), padded.forward(prefill)                    # mixed: eager on both
+    step = decode[:1] + [SeqChunk([7], 3, prefill[1].block_table), SeqChunk([9], 6, prefill[1].block_table)]
+    want, got = eager.forward(step), padded.forward(step)
+    assert list(padded.graphs) == [4] and padded.graph_error is None and not eager.graphs
+    assert got.shape == want.shape == (3, config.vocab_size)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    for name in ("k", "v", "k_scale", "v_scale"):
+        if hasattr(pools[0], name):
+            np.testing.assert_array_equal(getattr(pools[1], name), getattr(pools[0], name))
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])
@@ -190,28 +235,36 @@ def test_the_int8_pool_holds_what_the_cpu_int8_pool_holds():
 
 class OnNumpy(CPUBatching):
     """The CPU pool, but the GPU's batched runner over it (through CPUOps): what an Engine gets handed."""
+    use_graph = False
+
     def new_runner(self, pool):
-        return _on_numpy(self.model, pool)
+        return _on_numpy(self.model, pool, self.use_graph)
 
 
-def _numpy_engine(cpu, **options) -> Engine:
+class OnNumpyGraphs(OnNumpy):
+    use_graph = True
+
+
+def _numpy_engine(cpu, graphs: bool = False, **options) -> Engine:
     """An Engine on the CPU model whose runner is the GPU's, handed over by the LLM (as load does on cuda)."""
-    engine = Engine(LLM(cpu.config, cpu, batching=OnNumpy(cpu)), **options)
+    engine = Engine(LLM(cpu.config, cpu, batching=(OnNumpyGraphs if graphs else OnNumpy)(cpu)), **options)
     assert isinstance(engine.runner, GPUBatchedRunner)
     return engine
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "buckets"])
 @pytest.mark.parametrize("kind,kv", [("gqa", "auto"), ("mistral", "auto"), ("gqa", "int8")])
-def test_the_engine_with_the_gpu_runner_on_numpy_greedy_through_preemption(kind, kv):
+def test_the_engine_with_the_gpu_runner_on_numpy_greedy_through_preemption(kind, kv, graphs):
     """mistral (window 6): the scheduler gives back the blocks behind the window (FREED table entries),
     which the device block tables carry and paged attention never reads. int8: the int8 pool, checked
     against the CPU model with the int8 KV cache."""
     cpu = random_cpu_model(small(kind), "float16").with_options(kv_cache=kv)   # int8: the reference too
     options = dict(num_blocks=16, block_size=4) if kind == "gqa" else dict(num_blocks=4, block_size=4,
                                                                            max_batch_tokens=4)
-    engine = _numpy_engine(cpu, **options)
+    engine = _numpy_engine(cpu, graphs, **options)
     assert engine.pool.dtype == ("int8" if kv == "int8" else "float32")
     results = engine.generate(prompts(), max_tokens=16)
+    assert bool(engine.runner.graphs) == graphs                  # buckets: decode steps took the padded path
     assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
     assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)
     assert_teacher_forced_greedy(cpu, prompts(), results)

@@ -41,6 +41,7 @@ from minillm.model.kv_cache import int8_kv_bytes_per_token
 from minillm.model.layers import apply_rope, linear, rmsnorm, rope_tables, silu
 
 PA_WARPS, PA_MAX_HD = 4, 256            # as #defined in paged_attention.cu
+PA_GROUPS = (1, 2, 4, 8)                # GQA group sizes paged_attention_g{G} is compiled for
 
 
 def _cp():
@@ -138,39 +139,170 @@ def batch_meta(chunks: list[SeqChunk], block_size: int, upload) -> BatchMeta:
     return BatchMeta(*views[:5], views[5].reshape(tables.shape))
 
 
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)   # decode batch sizes a graph is captured for
+
+
+def bucket_for(batch: int, buckets=GRAPH_BUCKETS) -> int | None:
+    """The smallest bucket that holds `batch` rows (None: more rows than the largest bucket)."""
+    return next((b for b in buckets if b >= batch), None)
+
+
+def meta_size(bucket: int, width: int) -> int:
+    """int32s in a bucket's metadata: five per row (token, position, slot, seq_of_row, last_row) + its table row."""
+    return bucket * (5 + width)
+
+
+def meta_views(flat, bucket: int, width: int) -> BatchMeta:
+    """BatchMeta over a flat int32 buffer of meta_size(bucket, width) (host or device): views, no copies."""
+    rows = [flat[i * bucket:(i + 1) * bucket] for i in range(5)]
+    return BatchMeta(*rows, flat[5 * bucket:].reshape(bucket, width))
+
+
+def decode_meta_into(flat: np.ndarray, chunks: list[SeqChunk], block_size: int, bucket: int, width: int) -> None:
+    """A decode-only batch (one token per chunk) as metadata padded to `bucket` rows, written into the host
+    buffer `flat` [meta_size(bucket, width)] int32. Row b < B is chunk b; a padded row has token 0 at position
+    0, its own all-zero table row, and slot -1: the write kernels skip it, so it changes no real KV (its
+    attention reads block 0's first key, whatever is there, and its logits are dropped)."""
+    B = len(chunks)
+    m = meta_views(flat, bucket, width)
+    flat[:] = 0
+    m.tokens[:B] = [c.token_ids[0] for c in chunks]
+    m.positions[:B] = [c.start for c in chunks]
+    for b, c in enumerate(chunks):
+        n = -(-c.end // block_size)                                             # blocks in use
+        m.block_tables[b, :n] = c.block_table[:n]
+    pos = m.positions[:B]
+    m.slots[:B] = m.block_tables[np.arange(B), pos // block_size] * block_size + pos % block_size
+    m.slots[B:] = -1
+    m.seq_of_row[:] = np.arange(bucket)                                        # row b reads table row b
+    m.last_rows[:] = np.arange(bucket)                                         # one row per chunk
+
+
+@dataclass
+class StepBuffers:
+    """A forward pass's activations, allocated before a capture so the graph's pointers stay valid
+    (the eager path passes NO_BUFFERS: every op allocates its own output)."""
+    x: object = None        # [R, dim]         fp32 residual stream
+    h: object = None        # [R, dim]         16-bit, normalized
+    qkv: object = None      # [R, qkv_width]   fp32
+    attn: object = None     # [R, n_heads*hd]  fp32
+    attn16: object = None   # [R, n_heads*hd]  16-bit
+    gu: object = None       # [R, 2*ffn]       fp32
+    act: object = None      # [R, ffn]         16-bit
+    logits: object = None   # [R, vocab]       fp32
+
+    @classmethod
+    def allocate(cls, ops, config, rows: int) -> "StepBuffers":
+        c, hd = config, config.head_dim
+        f32, narrow = ops.zeros_f32, ops.zeros_narrow
+        return cls(f32((rows, c.dim)), narrow((rows, c.dim)), f32((rows, (c.n_heads + 2 * c.n_kv_heads) * hd)),
+                   f32((rows, c.n_heads * hd)), narrow((rows, c.n_heads * hd)), f32((rows, 2 * c.ffn_dim)),
+                   narrow((rows, c.ffn_dim)), f32((rows, c.vocab_size)))
+
+
+NO_BUFFERS = StepBuffers()
+
+
+@dataclass
+class DecodeGraph:
+    """One bucket's captured decode step: replay() runs it over `meta` (upload into it first), -> logits."""
+    replay: object          # () -> logits [bucket, vocab] on the device (its static buffer)
+    host: np.ndarray        # [meta_size] int32 host staging (pinned on the device)
+    flat: object            # [meta_size] int32: the metadata the graph reads
+    buffers: StepBuffers
+
+
 class GPUBatchedRunner:
     """Runs a GPUTransformer's weights over many sequences at once, their KV in a DevicePagedKV.
-    Same contract as batched.BatchedRunner: forward(chunks) -> logits [B, vocab] fp32 on the host."""
+    Same contract as batched.BatchedRunner: forward(chunks) -> logits [B, vocab] fp32 on the host.
 
-    def __init__(self, model, pool: DevicePagedKV, ops=None):
+    A decode-only step (every chunk one token) replays a CUDA graph captured once per bucket of batch sizes
+    (GRAPH_BUCKETS), the batch padded to its bucket; mixed and prefill steps run eagerly. use_graph=False
+    (or a failed capture: graph_error says why) runs every step eagerly."""
+
+    def __init__(self, model, pool: DevicePagedKV, ops=None, use_graph: bool | None = None,
+                 attention: str = "head"):
         """ops: DeviceOps(model, pool) by default; CPUOps(model, pool) runs it over a CPU Transformer and a
-        PagedKVCache."""
+        PagedKVCache. use_graph: default the model's own (GPUTransformer.use_graph; off for a CPU model).
+        attention: "head" (a block per query head) or "group" (a block per GQA group: each K/V row read once)."""
         c = model.config
         if c.head_dim > PA_MAX_HD or c.n_heads % c.n_kv_heads:
             raise ValueError(f"paged attention needs head_dim <= {PA_MAX_HD} and n_heads % n_kv_heads == 0")
         self.model, self.pool = model, pool
-        self.ops = ops or DeviceOps(model, pool)
+        self.ops = ops or DeviceOps(model, pool, attention=attention)
+        self.use_graph = getattr(model, "use_graph", False) if use_graph is None else use_graph
+        # the widest block table a sequence can need: the graphs' tables have this many columns
+        self.table_width = min(-(-c.max_seq_len // pool.block_size), pool.num_blocks)
+        self.graphs: dict[int, DecodeGraph] = {}
+        self.graph_error = None          # why a decode step could not be captured (then steps run eagerly)
 
-    def forward(self, chunks: list[SeqChunk], all_logits: bool = False) -> np.ndarray:
+    def forward(self, chunks: list[SeqChunk], all_logits: bool = False, rows=None) -> np.ndarray:
         """Run every chunk; -> logits [len(chunks), vocab] at each chunk's last token (all_logits:
-        [N, vocab], every token, in chunk order). Host fp32."""
-        m, ops = self.model, self.ops
+        [N, vocab], every token, in chunk order; rows: those rows of the N). Host fp32."""
+        if not all_logits and rows is None and self._graphable(chunks):
+            return self.forward_graph(chunks)
+        ops = self.ops
         with ops.stream():
             meta = batch_meta(chunks, self.pool.block_size, ops.upload)
-            x = ops.embed(meta.tokens)                                                    # [N, dim] fp32
-            for i, layer in enumerate(m.layers):
-                h = ops.rmsnorm(x, layer.attn_norm)                                       # [N, dim] 16-bit
-                qkv = ops.gemm(h, layer.wqkv)                                             # [N, qkv_width] fp32
-                ops.rope(qkv, meta.positions)                                             # q and k heads, in place
-                ops.kv_write(i, qkv, meta)                                                # new K/V into their slots
-                attn = ops.attention(i, qkv, meta)                                        # [N, n_heads * hd] fp32
-                ops.gemm(ops.cast(attn), layer.wo, out=x, accumulate=True)                # x += o_proj(attn)
-                h = ops.rmsnorm(x, layer.mlp_norm)                                        # [N, dim] 16-bit
-                gu = ops.gemm(h, layer.w_gate_up)                                         # [N, 2 * ffn] fp32
-                ops.gemm(ops.swiglu(gu), layer.w_down, out=x, accumulate=True)            # x += down(act)
-            if not all_logits:
+            x = self._layers(meta, ops.embed(meta.tokens))                               # [N, dim] fp32
+            if rows is not None:
+                x = x[ops.upload(np.asarray(rows, np.int32))]                            # [len(rows), dim]
+            elif not all_logits:
                 x = x[meta.last_rows]                                                     # [B, dim]
-            return ops.head(x)                                                            # [B or N, vocab] host
+            return ops.download(ops.logits(x))                                            # [B or N, vocab] host
+
+    def _layers(self, meta: BatchMeta, x, buf: StepBuffers = NO_BUFFERS):
+        """Every layer over the packed rows, x [N, dim] fp32 updated in place; buf: preallocated outputs."""
+        ops = self.ops
+        for i, layer in enumerate(self.model.layers):
+            h = ops.rmsnorm(x, layer.attn_norm, out=buf.h)                                # [N, dim] 16-bit
+            qkv = ops.gemm(h, layer.wqkv, out=buf.qkv)                                    # [N, qkv_width] fp32
+            ops.rope(qkv, meta.positions)                                                 # q and k heads, in place
+            ops.kv_write(i, qkv, meta)                                                    # new K/V into their slots
+            attn = ops.attention(i, qkv, meta, out=buf.attn)                              # [N, n_heads * hd] fp32
+            ops.gemm(ops.cast(attn, out=buf.attn16), layer.wo, out=x, accumulate=True)    # x += o_proj(attn)
+            h = ops.rmsnorm(x, layer.mlp_norm, out=buf.h)                                 # [N, dim] 16-bit
+            gu = ops.gemm(h, layer.w_gate_up, out=buf.gu)                                 # [N, 2 * ffn] fp32
+            ops.gemm(ops.swiglu(gu, out=buf.act), layer.w_down, out=x, accumulate=True)   # x += down(act)
+        return x
+
+    # ---- decode steps as CUDA graphs, one per bucket of batch sizes ------------------------------------
+    def _graphable(self, chunks: list[SeqChunk]) -> bool:
+        return (self.use_graph and self.graph_error is None and bucket_for(len(chunks)) is not None
+                and all(len(c.token_ids) == 1 for c in chunks)
+                and max(c.end for c in chunks) <= self.table_width * self.pool.block_size)
+
+    def forward_graph(self, chunks: list[SeqChunk]) -> np.ndarray:
+        """A decode-only step by its bucket's graph (captured on first use; eager if that fails).
+        -> logits [B, vocab] fp32 on the host, only the real rows copied back."""
+        B, bucket = len(chunks), bucket_for(len(chunks))
+        g = self.graph_for(bucket)
+        if g is None:                                        # graph_error is set: eager from now on
+            return self.forward(chunks)
+        with self.ops.stream():
+            decode_meta_into(g.host, chunks, self.pool.block_size, bucket, self.table_width)
+            self.ops.copy_in(g.flat, g.host)
+            logits = g.replay()                                                           # [bucket, vocab]
+            return self.ops.download(logits[:B])                                          # [B, vocab] host
+
+    def graph_for(self, bucket: int) -> DecodeGraph | None:
+        """The bucket's DecodeGraph, captured on first use (None if the capture failed: graph_error says why)."""
+        if bucket not in self.graphs:
+            ops, width = self.ops, self.table_width
+            flat = ops.zeros_i32(meta_size(bucket, width))
+            buf = StepBuffers.allocate(ops, self.model.config, bucket)
+            meta = meta_views(flat, bucket, width)
+
+            def step():                                      # embed -> layers -> final norm + LM head
+                x = self._layers(meta, ops.embed(meta.tokens, out=buf.x), buf)
+                return ops.logits(x, out=buf.logits, norm_out=buf.h)   # h is free by now
+            with ops.stream():
+                replay, error = ops.capture(step)
+            if error is not None:
+                self.graph_error = error
+                return None
+            self.graphs[bucket] = DecodeGraph(replay, ops.host_i32(meta_size(bucket, width)), flat, buf)
+        return self.graphs[bucket]
 
 
 class DeviceOps:
@@ -178,12 +310,20 @@ class DeviceOps:
     single-sequence path already has, paged_attention.cu for the three paged steps, cuBLAS for GEMMs.
     kv_write and attention take a layer of `pool` (a DevicePagedKV); write_kv and attend, any pool arrays."""
 
-    def __init__(self, model, pool: DevicePagedKV | None = None):
+    def __init__(self, model, pool: DevicePagedKV | None = None, attention: str = "head"):
+        """attention: "head", paged_attention (a block per query row and head), or "group",
+        paged_attention_group (a block per query row and KV head: the GQA group's heads share each K/V read)."""
         from minillm.cuda.kernels import module, suffix
         from minillm.cuda.gpu_kv_cache import device_dtype
         cp = _cp()
+        if attention not in ("head", "group"):
+            raise ValueError(f"attention is 'head' or 'group', not {attention!r}")
         self.xp, self.model, self.k, self.pool = cp, model, model.k, pool
         self.narrow = device_dtype(model.dtype)
+        c = model.config
+        group = c.n_heads // c.n_kv_heads
+        # the group kernel is compiled for groups of 1, 2, 4 and 8 query heads; others use the per-head one
+        self.group = group if attention == "group" and group in PA_GROUPS else None
         sfx = suffix(model.dtype)
         mod = module("paged_attention")
         self.fn = {"attention": mod.get_function(f"paged_attention_{sfx}"),
@@ -191,6 +331,9 @@ class DeviceOps:
                    "attention_int8": mod.get_function("paged_attention_int8"),      # over the int8 pool
                    "kv_write_int8": mod.get_function("paged_kv_write_int8"),
                    "rope": mod.get_function("rope_at_positions")}
+        if self.group:
+            self.fn["attention"] = mod.get_function(f"paged_attention_g{self.group}_{sfx}")
+            self.fn["attention_int8"] = mod.get_function(f"paged_attention_g{self.group}_int8")
 
     def stream(self):
         return self.model.stream
@@ -198,13 +341,30 @@ class DeviceOps:
     def upload(self, a: np.ndarray):
         return self.xp.asarray(a)
 
-    def embed(self, tokens):
-        x = self.xp.empty((tokens.shape[0], self.model.config.dim), self.xp.float32)
+    def zeros_f32(self, shape):
+        return self.xp.zeros(shape, self.xp.float32)
+
+    def zeros_narrow(self, shape):
+        return self.xp.zeros(shape, self.narrow)
+
+    def zeros_i32(self, n: int):
+        return self.xp.zeros(n, self.xp.int32)
+
+    def host_i32(self, n: int) -> np.ndarray:
+        """A pinned host buffer: its upload is one async copy on the stream."""
+        import cupyx
+        return cupyx.zeros_pinned(n, np.int32)
+
+    def copy_in(self, dst, host: np.ndarray) -> None:
+        dst.set(host, stream=self.model.stream)
+
+    def embed(self, tokens, out=None):
+        x = self.xp.empty((tokens.shape[0], self.model.config.dim), self.xp.float32) if out is None else out
         self.k.embed(tokens, self.model.embed, x)
         return x
 
-    def rmsnorm(self, x, gain):
-        out = self.xp.empty(x.shape, self.narrow)
+    def rmsnorm(self, x, gain, out=None):
+        out = self.xp.empty(x.shape, self.narrow) if out is None else out
         self.k.rmsnorm(x, gain, out, self.model.config.norm_eps)
         return out
 
@@ -249,7 +409,7 @@ class DeviceOps:
             out = self.xp.empty((N, c.n_heads * hd), self.xp.float32)
         pools = (k_pool, v_pool) + (tuple(scales) if scales is not None else ())
         self.fn["attention" if scales is None else "attention_int8"](
-            (N, c.n_heads), (32 * PA_WARPS,),
+            (N, c.n_kv_heads if self.group else c.n_heads), (32 * PA_WARPS,),
             (qkv, np.int32(qkv.shape[1])) + pools + (np.int32(k_pool.shape[1]), np.int32(c.n_heads),
                                                      np.int32(c.n_kv_heads), np.int32(hd), meta.block_tables,
                                                      np.int32(meta.block_tables.shape[1]), meta.seq_of_row,
@@ -257,22 +417,57 @@ class DeviceOps:
                                                      np.float32(1.0 / math.sqrt(hd)), out))
         return out
 
-    def cast(self, x):
-        out = self.xp.empty(x.shape, self.narrow)
+    def cast(self, x, out=None):
+        out = self.xp.empty(x.shape, self.narrow) if out is None else out
         self.k.cast(x, out)
         return out
 
-    def swiglu(self, gu):
-        out = self.xp.empty((gu.shape[0], gu.shape[1] // 2), self.narrow)
+    def swiglu(self, gu, out=None):
+        out = self.xp.empty((gu.shape[0], gu.shape[1] // 2), self.narrow) if out is None else out
         self.k.swiglu(gu, out)
         return out
 
-    def head(self, x) -> np.ndarray:
-        """Final norm + LM head, then the one device-to-host copy of the step."""
-        logits = self.gemm(self.rmsnorm(x, self.model.final_norm), self.model.lm_head)   # [rows, vocab] fp32
+    def logits(self, x, out=None, norm_out=None):
+        """Final norm (into norm_out [rows, dim] 16-bit if given) + LM head: x [rows, dim] fp32 -> [rows, vocab]
+        fp32 on the device (into out if given)."""
+        hn = self.rmsnorm(x, self.model.final_norm, out=norm_out)
+        return self.gemm(hn, self.model.lm_head, out=out)
+
+    def download(self, logits) -> np.ndarray:
+        """The one device-to-host copy of the step (then wait for it)."""
         host = logits.get()
         self.model.stream.synchronize()
         return host
+
+    def capture(self, step):
+        """step()'s launches captured as a CUDA graph on the model's stream (GEMMs through cublas_raw: CuPy
+        refuses cuBLAS under capture). -> (replay, None), replay() launching it and returning step()'s
+        result, or (None, the reason) when capturing failed."""
+        from minillm.cuda import cublas_raw
+        try:
+            cublas_raw.prepare(self.xp.cuda.device.get_cublas_handle())    # its workspace, set before capturing
+        except (OSError, RuntimeError, AttributeError) as e:
+            return None, f"{type(e).__name__}: {e}"
+        stream, model, error, graph = self.model.stream, self.model, None, None
+        model._capturing = True
+        stream.begin_capture()
+        try:
+            result = step()
+        except Exception as e:                                   # CUDA errors, or cuBLAS refusing the capture
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            model._capturing = False
+            try:
+                graph = stream.end_capture()
+            except Exception as e:
+                error = error or f"{type(e).__name__}: {e}"
+        if error is not None:
+            return None, error
+
+        def replay():
+            graph.launch(stream)
+            return result
+        return replay, None
 
 
 class CPUOps:
@@ -290,10 +485,28 @@ class CPUOps:
     def upload(self, a: np.ndarray) -> np.ndarray:
         return a
 
-    def embed(self, tokens):
+    def zeros_f32(self, shape):
+        return np.zeros(shape, np.float32)
+
+    zeros_narrow = zeros_f32                     # fp32 throughout
+
+    def zeros_i32(self, n: int):
+        return np.zeros(n, np.int32)
+
+    host_i32 = zeros_i32
+
+    def copy_in(self, dst, host: np.ndarray) -> None:
+        dst[...] = host
+
+    def capture(self, step):
+        """No graphs on the host: the "replay" reruns step(), which reads the same static buffers a graph
+        would, so the bucket and padding logic runs here as on the device."""
+        return step, None
+
+    def embed(self, tokens, out=None):
         return as_f32(self.model.embed[tokens])                                            # [N, dim]
 
-    def rmsnorm(self, x, gain):
+    def rmsnorm(self, x, gain, out=None):
         return rmsnorm(x, gain, self.config.norm_eps)
 
     def gemm(self, a, w, out=None, accumulate: bool = False):
@@ -321,8 +534,12 @@ class CPUOps:
         return qkv[:, nq:nq + nkv].reshape(shape), qkv[:, nq + nkv:nq + 2 * nkv].reshape(shape)
 
     def kv_write(self, layer: int, qkv, meta: BatchMeta) -> None:
+        """As the kernels: a row whose slot is negative (a padded row) writes nothing."""
         slots = np.asarray(meta.slots, dtype=np.int64)
-        self.pool.write(layer, slots // self.pool.block_size, slots % self.pool.block_size, *self._kv(qkv))
+        real = slots >= 0
+        k, v = self._kv(qkv)
+        self.pool.write(layer, slots[real] // self.pool.block_size, slots[real] % self.pool.block_size, k[real],
+                        v[real])
 
     def attention(self, layer: int, qkv, meta: BatchMeta, out=None):
         """Each sequence's rows against its keys, read through its block table as the CPU engine reads them."""
@@ -337,15 +554,18 @@ class CPUOps:
             out[rows] = grouped_attention(q[rows], keys, values, c.sliding_window)
         return out
 
-    def cast(self, x):
+    def cast(self, x, out=None):
         return x
 
-    def swiglu(self, gu):
+    def swiglu(self, gu, out=None):
         ffn = gu.shape[1] // 2
         return silu(gu[:, :ffn]) * gu[:, ffn:]                                             # [N, ffn]
 
-    def head(self, x) -> np.ndarray:
+    def logits(self, x, out=None, norm_out=None):
         return self.model.head(x)                                                          # [rows, vocab]
+
+    def download(self, logits) -> np.ndarray:
+        return np.array(logits)                                                            # a copy, as .get()
 
 
 class GPUBatching:
