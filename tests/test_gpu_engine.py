@@ -288,15 +288,17 @@ def models():
 @pytest.mark.parametrize("shape", [dict(), dict(dim=512, n_heads=4, n_kv_heads=1), dict(n_kv_heads=8)],
                          ids=["gqa-hd16", "mqa-hd128", "mha-hd16"])
 @pytest.mark.parametrize("window", [0, 6])
-def test_paged_kernels_match_numpy(dtype, shape, window):
-    """rope_at_positions, paged_kv_write and paged_attention against their references, on a mixed batch with
-    scattered block tables; every output poisoned (NaN) before the kernels run."""
+@pytest.mark.parametrize("attention", ["head", "group"])
+def test_paged_kernels_match_numpy(dtype, shape, window, attention):
+    """rope_at_positions, paged_kv_write and paged_attention (a block per head, or per GQA group) against their
+    references, on a mixed batch with scattered block tables; every output poisoned (NaN) before the kernels run."""
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.cuda.gpu_batched import DeviceOps
     config = small("gqa", sliding_window=window or None, **shape)
     gpu = GPUTransformer.from_cpu(random_cpu_model(config, dtype), dtype)
     c, inv_freq = config, cp.asnumpy(gpu.inv_freq)
-    dev = DeviceOps(gpu)
+    dev = DeviceOps(gpu, attention=attention)
+    assert (dev.group is not None) == (attention == "group")
     steps = schedule_by_hand(4, 24, seed=1)
     chunks = steps[2]                                          # decodes and a prefill chunk, together
     rng = np.random.default_rng(5)
@@ -335,7 +337,8 @@ def test_paged_kernels_match_numpy(dtype, shape, window):
 @pytest.mark.parametrize("shape", [dict(), dict(dim=512, n_heads=4, n_kv_heads=1), dict(n_kv_heads=8)],
                          ids=["gqa-hd16", "mqa-hd128", "mha-hd16"])
 @pytest.mark.parametrize("window", [0, 6])
-def test_paged_int8_kernels_match_numpy(shape, window):
+@pytest.mark.parametrize("attention", ["head", "group"])
+def test_paged_int8_kernels_match_numpy(shape, window, attention):
     """paged_kv_write_int8: the codes and scales its reference (quantize_int8, as the CPU's int8 pool) makes from
     the same rotated qkv, exactly; paged_attention_int8 against the reference over code · scale. Every
     output poisoned first (pool codes 99, scales NaN; attention NaN)."""
@@ -344,7 +347,7 @@ def test_paged_int8_kernels_match_numpy(shape, window):
     config = small("gqa", sliding_window=window or None, **shape)
     gpu = GPUTransformer.from_cpu(random_cpu_model(config, "float16"), "float16")
     c = config
-    dev = DeviceOps(gpu)
+    dev = DeviceOps(gpu, attention=attention)
     chunks = schedule_by_hand(4, 24, seed=1)[2]                # decodes and a prefill chunk, together
     rng = np.random.default_rng(5)
     pool_d = DevicePagedKV(config, 24, 4, "int8")
@@ -398,6 +401,42 @@ def test_gpu_forward_of_a_mixed_batch_matches_the_cpu_and_the_same_runner_on_num
 
 
 @needs_gpu
+@pytest.mark.parametrize("kv", ["float16", "int8"])
+@pytest.mark.parametrize("kind", ["gqa", "mistral"])
+@pytest.mark.parametrize("attention", ["head", "group"])
+def test_gpu_decode_graph_gives_the_eager_logits_and_pool(models, kind, kv, attention):
+    """The same steps through two device runners, one replaying bucket graphs (3 decodes padded to 4, then 1),
+    one eager: the same logits up to cuBLAS's choice of kernels for 3 vs 4 rows, the same pool afterwards
+    (the padded row wrote nothing)."""
+    cpu, gpu = models[kind]
+    config = cpu.config
+    eager = GPUBatchedRunner(gpu, DevicePagedKV(config, 24, 4, kv), use_graph=False, attention=attention)
+    graph = GPUBatchedRunner(gpu, DevicePagedKV(config, 24, 4, kv), use_graph=True, attention=attention)
+    prefill, decode, _ = schedule_by_hand(4, 24)
+    ta, tb = prefill[0].block_table, prefill[1].block_table
+    steps = [prefill, [SeqChunk([11], 20, ta), SeqChunk([12], 7, tb), SeqChunk([13], 3, tb)],
+             [SeqChunk([14], 21, ta)], [SeqChunk([15], 22, ta), SeqChunk([16], 8, tb), SeqChunk([17], 4, tb)]]
+    for step in steps:
+        want, got = eager.forward(step), graph.forward(step)
+        assert got.shape == want.shape == (len(step), config.vocab_size) and np.isfinite(got).all()
+        assert rel(got, want) < LOGITS_TOL / 2
+    assert graph.graph_error is None and sorted(graph.graphs) == [1, 4] and not eager.graphs
+    for name in ("k", "v", "k_scale", "v_scale"):
+        if hasattr(eager.pool, name):
+            a, b = (to_f32(cp.asnumpy(getattr(r.pool, name))) if kv != "int8" else cp.asnumpy(getattr(r.pool, name))
+                    for r in (eager, graph))
+            if a.dtype == np.int8:                  # a code may round the other way: off by one at most
+                assert np.abs(a.astype(int) - b).max() <= 1
+            else:
+                np.testing.assert_allclose(b, a, rtol=2e-3, atol=2e-3)
+
+
+def _assert_graphs_ran(engine) -> None:
+    """The engine's decode steps replayed bucket graphs (with graphs on, the default), none failed."""
+    assert engine.runner.use_graph and engine.runner.graphs and engine.runner.graph_error is None
+
+
+@needs_gpu
 @pytest.mark.parametrize("options", [dict(), dict(max_batch_tokens=8), dict(num_blocks=16, block_size=4)],
                          ids=["default", "chunked-prefill", "tiny-pool-preempts"])
 def test_gpu_engine_greedy_equals_cpu_greedy(models, options):
@@ -409,6 +448,17 @@ def test_gpu_engine_greedy_equals_cpu_greedy(models, options):
     assert engine.stats()["blocks_used"] == 0
     if "num_blocks" in options:
         assert engine.stats()["preemptions"] > 0
+    _assert_graphs_ran(engine)
+    assert_teacher_forced_greedy(cpu, prompts(), results)
+
+
+@needs_gpu
+def test_gpu_engine_greedy_with_graphs_off_equals_the_cpu_too(models):
+    """use_graph=False: every step eager (the comparison `serve_step` measures), same greedy outputs."""
+    cpu, gpu = models["gqa"]
+    engine = Engine(LLM(gpu.config, gpu.with_options(use_graph=False)), num_blocks=16, block_size=4)
+    results = engine.generate(prompts(), max_tokens=16)
+    assert not engine.runner.graphs and engine.stats()["preemptions"] > 0
     assert_teacher_forced_greedy(cpu, prompts(), results)
 
 
@@ -424,6 +474,7 @@ def test_gpu_engine_prefix_caching_skips_the_prefix_and_keeps_the_outputs(models
     after = engine.stats()
     assert after["prefix_hit_tokens"] - before["prefix_hit_tokens"] == 2 * 32
     assert after["prompt_tokens_computed"] - before["prompt_tokens_computed"] == sum(map(len, ps[1:])) - 2 * 32
+    _assert_graphs_ran(engine)
     assert_teacher_forced_greedy(cpu, ps, first + rest)
 
 
@@ -437,6 +488,7 @@ def test_gpu_engine_with_the_int8_pool_decodes_like_the_cpu_with_int8_kv(models)
     assert engine.pool.dtype == "int8"
     results = engine.generate(prompts(), max_tokens=16)
     assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
+    _assert_graphs_ran(engine)
     assert_teacher_forced_greedy(cpu.with_options(kv_cache="int8"), prompts(), results)   # quantizes K/V too
     int8_model = GPUTransformer.from_cpu(cpu, "float16", kv_cache="int8")
     assert Engine(LLM(gpu.config, int8_model)).pool.dtype == "int8"

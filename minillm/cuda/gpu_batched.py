@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from minillm.backend import as_f32, to_dtype
 from minillm.engine.batched import SeqChunk, pack
+from minillm.errors import MiniLLMError
 from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache, first_needed_block
 from minillm.model.attention import grouped_attention
 from minillm.model.kv_cache import int8_kv_bytes_per_token
@@ -575,8 +577,17 @@ class GPUBatching:
     default_kv_bytes = 8 << 30          # 64k tokens of a Mistral-7B (128 KB each)
     cap_to_max_batch = True             # by default no more than max_batch full contexts (small models)
 
-    def __init__(self, model):
+    def __init__(self, model, use_graph: bool | None = None, attention: str | None = None):
+        """use_graph: decode steps as bucket graphs (default: the model's use_graph, unless MINILLM_BATCH_GRAPHS=0);
+        attention: "head" or "group" (default: MINILLM_PAGED_ATTENTION, else "head"). The environment lets a
+        benchmark (`minillm bench serve --device cuda`) compare them without new flags."""
+        env_graphs = os.environ.get("MINILLM_BATCH_GRAPHS", "1") != "0"
         self.model = model
+        self.use_graph = (model.use_graph and env_graphs) if use_graph is None else use_graph
+        self.attention = attention or os.environ.get("MINILLM_PAGED_ATTENTION", "head")
+        if self.attention not in ("head", "group"):
+            raise MiniLLMError(f"paged attention is 'head' or 'group', not {self.attention!r} "
+                               "(MINILLM_PAGED_ATTENTION)")
 
     def storage(self, kv_cache: str) -> str:
         """The pool's storage for a kv_cache format: int8 codes, or the weights' 16 bits for "auto"."""
@@ -589,4 +600,4 @@ class GPUBatching:
         return DevicePagedKV(config, num_blocks, block_size, self.storage(kv_cache))
 
     def new_runner(self, pool: DevicePagedKV) -> GPUBatchedRunner:
-        return GPUBatchedRunner(self.model, pool)
+        return GPUBatchedRunner(self.model, pool, use_graph=self.use_graph, attention=self.attention)
