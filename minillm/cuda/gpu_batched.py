@@ -21,9 +21,19 @@ runs on the CPU over a CPU Transformer and checks the plumbing (packing, slots, 
 positions) against the CPU engine's BatchedRunner, without a GPU. The kernels' NumPy references are
 in dev/paged_attention.py. `GPUBatching` is how the Engine gets this runner and its pool (llm.py hands it over).
 
-Not here yet: a paged attention kernel that serves a whole GQA group from
-one block (v1 re-reads each K/V row once per query head, from L2); CUDA graphs (a step's ~11 launches a
-layer run eagerly: with 64 sequences a step is bound by the GEMMs' weight reads, not by the launches).
+Decode steps as CUDA graphs: a step whose chunks are all single decode tokens is padded to a bucket of
+batch sizes (GRAPH_BUCKETS) and replays that bucket's graph, captured on first use: embed -> layers ->
+final norm -> LM head over static buffers (StepBuffers), the metadata uploaded into a static int32 buffer
+whose block tables have a fixed width (the most blocks a sequence can have). Padded rows get slot -1 (the
+KV write kernels skip negative slots, so they touch no real block) and their logits stay on the device.
+GEMMs inside the capture go through cublas_raw (CuPy refuses cuBLAS under capture). Prefill and mixed steps
+run eagerly (their shapes vary), as does everything when use_graph is off or a capture failed (graph_error).
+
+Attention: "head" (paged_attention, a block per query head: a GQA group's heads re-read each K/V row from
+L2) or "group" (paged_attention_g{G}: a block per KV head serves its G query heads from one read).
+
+Not here yet: sampling on the device (the logits [B, vocab] still come back to the host); graphs for
+prefill chunks.
 """
 from __future__ import annotations
 
