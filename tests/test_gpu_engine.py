@@ -24,8 +24,8 @@ from minillm.backend import to_dtype
 from minillm.engine.batched import BatchedRunner, CPUBatching, SeqChunk
 from minillm.cuda.dev.common import narrow
 from minillm.cuda.dev.model import MODEL_TOL, random_cpu_model, small_config
-from minillm.cuda.dev.paged_attention import (paged_attention_reference, paged_kv_write_reference,
-                                              rope_at_positions_reference)
+from minillm.cuda.dev.paged_attention import (paged_attention_group_reference, paged_attention_reference,
+                                              paged_kv_write_reference, rope_at_positions_reference)
 from minillm.cuda.gpu_batched import (CPUOps, DevicePagedKV, GPUBatchedRunner, batch_meta, bucket_for,
                                       decode_meta_into, meta_size, meta_views)
 from minillm.engine.engine import Engine
@@ -142,6 +142,22 @@ def test_paged_attention_reference_equals_the_cpu_gather(window):
     for rows, c in ((slice(0, 6), chunks[0]), (slice(6, 7), chunks[1])):
         k, v = pool.read(0, c.block_table, c.end)
         np.testing.assert_allclose(got[rows], grouped_attention(q[rows], k, v, window), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(dim=512, n_heads=4, n_kv_heads=1), dict(n_kv_heads=8)],
+                         ids=["gqa", "mqa", "mha"])
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_group_reference_equals_the_per_head_reference(shape, window):
+    """paged_attention_g{G}'s reference (one K/V gather per group) gives the per-head reference's numbers."""
+    config = small("gqa", **shape)
+    rng = np.random.default_rng(6)
+    pool = PagedKVCache(config, 12, 4)
+    pool.k[0], pool.v[0] = rng.standard_normal(pool.k[0].shape), rng.standard_normal(pool.v[0].shape)
+    m = batch_meta([SeqChunk([1] * 6, 3, [7, 2, 11]), SeqChunk([1], 9, [0, 5, 8])], 4, np.asarray)
+    qkv = rng.standard_normal((7, (config.n_heads + 2 * config.n_kv_heads) * config.head_dim)).astype(np.float32)
+    args = (qkv, pool.k[0], pool.v[0], m.block_tables, m.seq_of_row, m.positions, config.n_heads, window)
+    np.testing.assert_allclose(paged_attention_group_reference(*args), paged_attention_reference(*args),
+                               rtol=1e-5, atol=1e-5)
 
 
 def _on_numpy(cpu, pool: PagedKVCache, use_graph: bool = False) -> GPUBatchedRunner:
