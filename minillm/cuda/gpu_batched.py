@@ -308,12 +308,17 @@ class GPUBatchedRunner:
             def step():                                      # embed -> layers -> final norm + LM head
                 x = self._layers(meta, ops.embed(meta.tokens, out=buf.x), buf)
                 return ops.logits(x, out=buf.logits, norm_out=buf.h)   # h is free by now
+            host = ops.host_i32(meta_size(bucket, width))
+            decode_meta_into(host, [], self.pool.block_size, bucket, width)   # every row padded: slot -1
             with ops.stream():
+                ops.copy_in(flat, host)
+                step()           # once eagerly, writing no KV: modules and cuBLAS kernels load outside the capture
+                ops.synchronize()                # and the pinned `host` is free to rewrite
                 replay, error = ops.capture(step)
             if error is not None:
                 self.graph_error = error
                 return None
-            self.graphs[bucket] = DecodeGraph(replay, ops.host_i32(meta_size(bucket, width)), flat, buf)
+            self.graphs[bucket] = DecodeGraph(replay, host, flat, buf)
         return self.graphs[bucket]
 
 
@@ -445,6 +450,9 @@ class DeviceOps:
         hn = self.rmsnorm(x, self.model.final_norm, out=norm_out)
         return self.gemm(hn, self.model.lm_head, out=out)
 
+    def synchronize(self) -> None:
+        self.model.stream.synchronize()
+
     def download(self, logits) -> np.ndarray:
         """The one device-to-host copy of the step (then wait for it)."""
         host = logits.get()
@@ -575,6 +583,9 @@ class CPUOps:
 
     def logits(self, x, out=None, norm_out=None):
         return self.model.head(x)                                                          # [rows, vocab]
+
+    def synchronize(self) -> None:
+        pass
 
     def download(self, logits) -> np.ndarray:
         return np.array(logits)                                                            # a copy, as .get()
