@@ -509,3 +509,26 @@ def test_gpu_engine_with_the_int8_pool_decodes_like_the_cpu_with_int8_kv(models)
     int8_model = GPUTransformer.from_cpu(cpu, "float16", kv_cache="int8")
     assert Engine(LLM(gpu.config, int8_model)).pool.dtype == "int8"
     assert Engine(LLM(gpu.config, gpu)).pool.dtype == "float16"
+
+
+@needs_gpu
+def test_a_new_engine_recycles_a_dead_engines_pool_and_graphs_but_never_a_live_ones(models):
+    """GPUBatching keeps one spare pool per geometry: the next engine (serve benchmarks build one per run)
+    takes its device memory and decode graphs once the last engine is gone, and decodes as well with them;
+    an engine still alive keeps its pool to itself."""
+    import gc
+    cpu, gpu = models["gqa"]
+    llm = LLM(gpu.config, gpu)
+    first = Engine(llm, num_blocks=16, block_size=4)
+    first.generate(prompts()[:3], max_tokens=4)
+    k, buckets = first.pool.k, set(first.runner.graphs)
+    assert buckets
+    del first
+    gc.collect()
+    second = Engine(llm, num_blocks=16, block_size=4)
+    assert second.pool.k is k and set(second.runner.graphs) == buckets    # the dead engine's memory and graphs
+    third = Engine(llm, num_blocks=16, block_size=4)
+    assert third.pool.k is not k and not third.runner.graphs              # `second` still holds its pool
+    results = second.generate(prompts(), max_tokens=16)
+    _assert_graphs_ran(second)
+    assert_teacher_forced_greedy(cpu, prompts(), results)

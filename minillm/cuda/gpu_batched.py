@@ -38,8 +38,10 @@ prefill chunks.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,10 +70,16 @@ class DevicePagedKV(PagedKVCache):
     position and KV head (half the bytes at hd 128). Same layout and `slots` as PagedKVCache."""
 
     def __init__(self, config, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, dtype: str = "float16",
-                 xp=None):
+                 xp=None, arrays: dict | None = None):
+        """arrays: another (dead) pool's `arrays()` of this geometry, taken over as they are (GPUBatching
+        recycles them: stale values are harmless, a sequence reads only positions it wrote)."""
         xp = xp or _cp()
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        self.decode_graphs: dict = {}    # bucket -> DecodeGraph over these arrays (GPUBatchedRunner fills it)
+        if arrays is not None:
+            self.__dict__.update(arrays)
+            return
         storage = {"float16": xp.float16, "bfloat16": xp.uint16, "int8": xp.int8}[dtype]
         self.k = xp.zeros(shape, dtype=storage)          # [layers, blocks, bs, n_kv, hd]
         self.v = xp.zeros(shape, dtype=storage)
@@ -80,6 +88,11 @@ class DevicePagedKV(PagedKVCache):
             self.v_scale = xp.zeros(shape[:4], dtype=xp.float32)
         if xp is not np:     # the fill ran on the current stream; the model's stream does not wait for it
             xp.cuda.Device().synchronize()
+
+    def arrays(self) -> dict:
+        """The device memory another pool of this geometry can take over, with the graphs captured over it."""
+        names = ("k", "v", "k_scale", "v_scale", "decode_graphs")
+        return {name: getattr(self, name) for name in names if hasattr(self, name)}
 
     @staticmethod
     def bytes_per_block_for(config, block_size: int, dtype: str = "float16") -> int:
@@ -245,7 +258,11 @@ class GPUBatchedRunner:
         self.use_graph = getattr(model, "use_graph", False) if use_graph is None else use_graph
         # the widest block table a sequence can need: the graphs' tables have this many columns
         self.table_width = min(-(-c.max_seq_len // pool.block_size), pool.num_blocks)
-        self.graphs: dict[int, DecodeGraph] = {}
+        # bucket -> DecodeGraph. A DevicePagedKV keeps them, per model and attention kernel: captured over its
+        # arrays, they serve whichever runner recycles those (GPUBatching.new_pool)
+        shared = getattr(pool, "decode_graphs", None)
+        self.graphs: dict[int, DecodeGraph] = ({} if shared is None else
+                                               shared.setdefault((model, getattr(self.ops, "group", None)), {}))
         self.graph_error = None          # why a decode step could not be captured (then steps run eagerly)
 
     def forward(self, chunks: list[SeqChunk], all_logits: bool = False, rows=None) -> np.ndarray:
@@ -604,6 +621,7 @@ class GPUBatching:
         benchmark (`minillm bench serve --device cuda`) compare them without new flags."""
         env_graphs = os.environ.get("MINILLM_BATCH_GRAPHS", "1") != "0"
         self.model = model
+        self._spares: dict[tuple, tuple] = {}     # (blocks, block_size, storage) -> (weakref to the pool, its arrays)
         self.use_graph = (model.use_graph and env_graphs) if use_graph is None else use_graph
         self.attention = attention or os.environ.get("MINILLM_PAGED_ATTENTION", "head")
         if self.attention not in ("head", "group"):
@@ -618,7 +636,19 @@ class GPUBatching:
         return DevicePagedKV.bytes_per_block_for(config, block_size, self.storage(kv_cache))
 
     def new_pool(self, config, num_blocks: int, block_size: int, kv_cache: str) -> DevicePagedKV:
-        return DevicePagedKV(config, num_blocks, block_size, self.storage(kv_cache))
+        """A pool; the device memory (and decode graphs) of an earlier one of the same geometry if its engine is
+        gone: `minillm bench serve` builds an engine per run, and re-capturing every bucket (~0.1 s each) and
+        re-zeroing gigabytes each time would be measured as serving time. One spare per geometry is kept."""
+        key = (num_blocks, block_size, self.storage(kv_cache))
+        spare = self._spares.get(key)
+        if spare is not None and spare[0]() is not None:
+            gc.collect()                     # an engine in a reference cycle may be unreachable but not yet freed
+        if spare is not None and spare[0]() is None:
+            pool = DevicePagedKV(config, num_blocks, block_size, key[2], arrays=spare[1])
+        else:
+            pool = DevicePagedKV(config, num_blocks, block_size, key[2])
+        self._spares[key] = (weakref.ref(pool), pool.arrays())
+        return pool
 
     def new_runner(self, pool: DevicePagedKV) -> GPUBatchedRunner:
         return GPUBatchedRunner(self.model, pool, use_graph=self.use_graph, attention=self.attention)
