@@ -529,6 +529,8 @@ def test_a_new_engine_recycles_a_dead_engines_pool_and_graphs_but_never_a_live_o
     assert second.pool.k is k and set(second.runner.graphs) == buckets    # the dead engine's memory and graphs
     third = Engine(llm, num_blocks=16, block_size=4)
     assert third.pool.k is not k and not third.runner.graphs              # `second` still holds its pool
+    second.runner.capture_buckets(6)                                     # a warm-up: every bucket up to 6 rows
+    assert set(second.runner.graphs) == {1, 2, 4, 8} and second.runner.graph_error is None
     results = second.generate(prompts(), max_tokens=16)
     _assert_graphs_ran(second)
     assert_teacher_forced_greedy(cpu, prompts(), results)

@@ -314,6 +314,13 @@ class GPUBatchedRunner:
             logits = g.replay()                                                           # [bucket, vocab]
             return self.ops.download(logits[:B])                                          # [B, vocab] host
 
+    def capture_buckets(self, max_batch: int) -> None:
+        """Capture every bucket up to max_batch rows now rather than on first use (a benchmark's warm-up)."""
+        top = bucket_for(max_batch) or GRAPH_BUCKETS[-1]
+        for bucket in GRAPH_BUCKETS:
+            if not self.use_graph or bucket > top or self.graph_for(bucket) is None:
+                return
+
     def graph_for(self, bucket: int) -> DecodeGraph | None:
         """The bucket's DecodeGraph, captured on first use (None if the capture failed: graph_error says why)."""
         if bucket not in self.graphs:
