@@ -160,6 +160,31 @@ def test_the_group_reference_equals_the_per_head_reference(shape, window):
                                rtol=1e-5, atol=1e-5)
 
 
+def test_gpu_batching_switches_come_from_the_model_and_the_environment(monkeypatch):
+    """Graphs on when the model decodes by graph, unless MINILLM_BATCH_GRAPHS=0; MINILLM_PAGED_ATTENTION picks
+    the kernel, and a wrong value is one clear error."""
+    from types import SimpleNamespace
+    from minillm.cuda.gpu_batched import GPUBatching
+    from minillm.errors import MiniLLMError
+    on, off = SimpleNamespace(use_graph=True), SimpleNamespace(use_graph=False)
+    assert GPUBatching(on).use_graph and not GPUBatching(off).use_graph and GPUBatching(on).attention == "head"
+    monkeypatch.setenv("MINILLM_BATCH_GRAPHS", "0")
+    monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "group")
+    assert not GPUBatching(on).use_graph and GPUBatching(on).attention == "group"
+    monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "grp")
+    with pytest.raises(MiniLLMError, match="'head' or 'group'"):
+        GPUBatching(on)
+
+
+def test_the_host_overhead_probe_times_each_part_of_a_step():
+    """python -m minillm.tools.serve_host on a few steps: every part timed, the parts within the whole step."""
+    from minillm.tools.serve_host import measure
+    for temperature in (0.0, 0.8):
+        ms = measure(users=8, steps=4, temperature=temperature, prompt_len=16, tokenizer=None)
+        assert set(ms) == {"schedule", "pack", "sample", "detokenize", "step"}
+        assert all(v > 0 for v in ms.values()) and ms["schedule"] + ms["pack"] + ms["sample"] < ms["step"]
+
+
 def _on_numpy(cpu, pool: PagedKVCache, use_graph: bool = False) -> GPUBatchedRunner:
     """The GPU's batched runner over the CPU model and a CPU pool, its steps done by the CPU engine's ops
     (use_graph: decode steps through the bucket path, its "graph" a rerun over the same static buffers)."""
