@@ -24,9 +24,10 @@ from minillm.backend import to_dtype
 from minillm.engine.batched import BatchedRunner, CPUBatching, SeqChunk
 from minillm.cuda.dev.common import narrow
 from minillm.cuda.dev.model import MODEL_TOL, random_cpu_model, small_config
-from minillm.cuda.dev.paged_attention import (paged_attention_reference, paged_kv_write_reference,
-                                              rope_at_positions_reference)
-from minillm.cuda.gpu_batched import CPUOps, DevicePagedKV, GPUBatchedRunner, batch_meta
+from minillm.cuda.dev.paged_attention import (paged_attention_group_reference, paged_attention_reference,
+                                              paged_kv_write_reference, rope_at_positions_reference)
+from minillm.cuda.gpu_batched import (CPUOps, DevicePagedKV, GPUBatchedRunner, batch_meta, bucket_for,
+                                      decode_meta_into, meta_size, meta_views)
 from minillm.engine.engine import Engine
 from minillm.llm import LLM
 from minillm.engine.paged_kv import PagedKVCache
@@ -107,10 +108,11 @@ def test_the_kernels_gpu_batched_launches_are_defined():
     defined = set(re.findall(r'extern "C" __global__ void (\w+)\(', (KERNEL_DIR / "paged_attention.cu").read_text()))
     defined |= set(re.findall(r'^PAGED_\w+_KERNEL\((\w+),', (KERNEL_DIR / "paged_attention.cu").read_text(), re.M))
     source = (Path(__file__).parents[1] / "minillm" / "cuda" / "gpu_batched.py").read_text()
-    wanted = re.findall(r'get_function\(f?"([\w{}]+)"\)', source)
-    assert len(wanted) == 5
+    wanted = re.findall(r'get_function\(f?"([\w{}.]+)"\)', source)
+    assert len(wanted) == 7
     for sfx in ("f16", "bf16"):
-        assert {w.replace("{sfx}", sfx) for w in wanted} <= defined
+        for group in (1, 2, 4, 8):
+            assert {w.replace("{sfx}", sfx).replace("{self.group}", str(group)) for w in wanted} <= defined
 
 
 def test_batch_meta_points_each_row_at_its_own_slot():
@@ -142,9 +144,93 @@ def test_paged_attention_reference_equals_the_cpu_gather(window):
         np.testing.assert_allclose(got[rows], grouped_attention(q[rows], k, v, window), rtol=1e-5, atol=1e-5)
 
 
-def _on_numpy(cpu, pool: PagedKVCache) -> GPUBatchedRunner:
-    """The GPU's batched runner over the CPU model and a CPU pool, its steps done by the CPU engine's ops."""
-    return GPUBatchedRunner(cpu, pool, CPUOps(cpu, pool))
+@pytest.mark.parametrize("shape", [dict(), dict(dim=512, n_heads=4, n_kv_heads=1), dict(n_kv_heads=8)],
+                         ids=["gqa", "mqa", "mha"])
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_group_reference_equals_the_per_head_reference(shape, window):
+    """paged_attention_g{G}'s reference (one K/V gather per group) gives the per-head reference's numbers."""
+    config = small("gqa", **shape)
+    rng = np.random.default_rng(6)
+    pool = PagedKVCache(config, 12, 4)
+    pool.k[0], pool.v[0] = rng.standard_normal(pool.k[0].shape), rng.standard_normal(pool.v[0].shape)
+    m = batch_meta([SeqChunk([1] * 6, 3, [7, 2, 11]), SeqChunk([1], 9, [0, 5, 8])], 4, np.asarray)
+    qkv = rng.standard_normal((7, (config.n_heads + 2 * config.n_kv_heads) * config.head_dim)).astype(np.float32)
+    args = (qkv, pool.k[0], pool.v[0], m.block_tables, m.seq_of_row, m.positions, config.n_heads, window)
+    np.testing.assert_allclose(paged_attention_group_reference(*args), paged_attention_reference(*args),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_gpu_batching_switches_come_from_the_model_and_the_environment(monkeypatch):
+    """Graphs on when the model decodes by graph, unless MINILLM_BATCH_GRAPHS=0; MINILLM_PAGED_ATTENTION picks
+    the kernel, and a wrong value is one clear error."""
+    from types import SimpleNamespace
+    from minillm.cuda.gpu_batched import GPUBatching
+    from minillm.errors import MiniLLMError
+    on, off = SimpleNamespace(use_graph=True), SimpleNamespace(use_graph=False)
+    assert GPUBatching(on).use_graph and not GPUBatching(off).use_graph and GPUBatching(on).attention == "head"
+    monkeypatch.setenv("MINILLM_BATCH_GRAPHS", "0")
+    monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "group")
+    assert not GPUBatching(on).use_graph and GPUBatching(on).attention == "group"
+    monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "grp")
+    with pytest.raises(MiniLLMError, match="'head' or 'group'"):
+        GPUBatching(on)
+
+
+def test_the_host_overhead_probe_times_each_part_of_a_step():
+    """python -m minillm.tools.serve_host on a few steps: every part timed, the parts within the whole step."""
+    from minillm.tools.serve_host import measure
+    for temperature in (0.0, 0.8):
+        ms = measure(users=8, steps=4, temperature=temperature, prompt_len=16, tokenizer=None)
+        assert set(ms) == {"schedule", "pack", "sample", "detokenize", "step"}
+        assert all(v > 0 for v in ms.values()) and ms["schedule"] + ms["pack"] + ms["sample"] < ms["step"]
+
+
+def _on_numpy(cpu, pool: PagedKVCache, use_graph: bool = False) -> GPUBatchedRunner:
+    """The GPU's batched runner over the CPU model and a CPU pool, its steps done by the CPU engine's ops
+    (use_graph: decode steps through the bucket path, its "graph" a rerun over the same static buffers)."""
+    return GPUBatchedRunner(cpu, pool, CPUOps(cpu, pool), use_graph=use_graph)
+
+
+def test_decode_meta_pads_to_the_bucket_with_slots_that_write_nothing():
+    assert [bucket_for(b) for b in (1, 3, 5, 17, 64, 65, 256)] == [1, 4, 8, 24, 64, 96, 256]
+    assert bucket_for(257) is None
+    chunks = [SeqChunk([5], 17, [4, 0, 3]), SeqChunk([8], 2, [9])]                 # block size 8
+    flat = np.full(meta_size(4, 5), 77, np.int32)                                  # stale contents
+    decode_meta_into(flat, chunks, 8, 4, 5)
+    m = meta_views(flat, 4, 5)
+    assert m.tokens.tolist() == [5, 8, 0, 0] and m.positions.tolist() == [17, 2, 0, 0]
+    assert m.slots.tolist() == [3 * 8 + 1, 9 * 8 + 2, -1, -1]
+    assert m.seq_of_row.tolist() == m.last_rows.tolist() == [0, 1, 2, 3]
+    assert m.block_tables.tolist() == [[4, 0, 3, 0, 0], [9, 0, 0, 0, 0]] + [[0] * 5] * 2
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+@pytest.mark.parametrize("kind", ["gqa", "mistral"])
+def test_a_padded_decode_step_gives_the_real_rows_logits_and_writes_nothing_else(kind, kv):
+    """3 decodes padded to bucket 4 (the graph path, its "replay" rerun on NumPy) against the same 3
+    unpadded (the eager path): the same logits, and the same pool bytes afterwards, so the padded row's
+    slot -1 wrote nowhere (the pools start poisoned with random values, so a write to block 0 would show)."""
+    config = small(kind)
+    cpu = random_cpu_model(config, "float16")
+    storage = "int8" if kv == "int8" else "float32"
+    pools = [PagedKVCache(config, 24, 4, storage) for _ in range(2)]
+    rng = np.random.default_rng(4)
+    for name in ("k", "v", "k_scale", "v_scale"):
+        if hasattr(pools[0], name):
+            a = getattr(pools[0], name)
+            a[...] = rng.integers(-100, 100, a.shape) if a.dtype == np.int8 else rng.random(a.shape)
+            getattr(pools[1], name)[...] = a
+    eager, padded = _on_numpy(cpu, pools[0]), _on_numpy(cpu, pools[1], use_graph=True)
+    prefill, decode, _ = schedule_by_hand(4, 24)
+    eager.forward(prefill), padded.forward(prefill)                    # mixed: eager on both
+    step = decode[:1] + [SeqChunk([7], 3, prefill[1].block_table), SeqChunk([9], 6, prefill[1].block_table)]
+    want, got = eager.forward(step), padded.forward(step)
+    assert list(padded.graphs) == [4] and padded.graph_error is None and not eager.graphs
+    assert got.shape == want.shape == (3, config.vocab_size)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    for name in ("k", "v", "k_scale", "v_scale"):
+        if hasattr(pools[0], name):
+            np.testing.assert_array_equal(getattr(pools[1], name), getattr(pools[0], name))
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])
@@ -190,28 +276,36 @@ def test_the_int8_pool_holds_what_the_cpu_int8_pool_holds():
 
 class OnNumpy(CPUBatching):
     """The CPU pool, but the GPU's batched runner over it (through CPUOps): what an Engine gets handed."""
+    use_graph = False
+
     def new_runner(self, pool):
-        return _on_numpy(self.model, pool)
+        return _on_numpy(self.model, pool, self.use_graph)
 
 
-def _numpy_engine(cpu, **options) -> Engine:
+class OnNumpyGraphs(OnNumpy):
+    use_graph = True
+
+
+def _numpy_engine(cpu, graphs: bool = False, **options) -> Engine:
     """An Engine on the CPU model whose runner is the GPU's, handed over by the LLM (as load does on cuda)."""
-    engine = Engine(LLM(cpu.config, cpu, batching=OnNumpy(cpu)), **options)
+    engine = Engine(LLM(cpu.config, cpu, batching=(OnNumpyGraphs if graphs else OnNumpy)(cpu)), **options)
     assert isinstance(engine.runner, GPUBatchedRunner)
     return engine
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "buckets"])
 @pytest.mark.parametrize("kind,kv", [("gqa", "auto"), ("mistral", "auto"), ("gqa", "int8")])
-def test_the_engine_with_the_gpu_runner_on_numpy_greedy_through_preemption(kind, kv):
+def test_the_engine_with_the_gpu_runner_on_numpy_greedy_through_preemption(kind, kv, graphs):
     """mistral (window 6): the scheduler gives back the blocks behind the window (FREED table entries),
     which the device block tables carry and paged attention never reads. int8: the int8 pool, checked
     against the CPU model with the int8 KV cache."""
     cpu = random_cpu_model(small(kind), "float16").with_options(kv_cache=kv)   # int8: the reference too
     options = dict(num_blocks=16, block_size=4) if kind == "gqa" else dict(num_blocks=4, block_size=4,
                                                                            max_batch_tokens=4)
-    engine = _numpy_engine(cpu, **options)
+    engine = _numpy_engine(cpu, graphs, **options)
     assert engine.pool.dtype == ("int8" if kv == "int8" else "float32")
     results = engine.generate(prompts(), max_tokens=16)
+    assert bool(engine.runner.graphs) == graphs                  # buckets: decode steps took the padded path
     assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
     assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)
     assert_teacher_forced_greedy(cpu, prompts(), results)
@@ -235,15 +329,17 @@ def models():
 @pytest.mark.parametrize("shape", [dict(), dict(dim=512, n_heads=4, n_kv_heads=1), dict(n_kv_heads=8)],
                          ids=["gqa-hd16", "mqa-hd128", "mha-hd16"])
 @pytest.mark.parametrize("window", [0, 6])
-def test_paged_kernels_match_numpy(dtype, shape, window):
-    """rope_at_positions, paged_kv_write and paged_attention against their references, on a mixed batch with
-    scattered block tables; every output poisoned (NaN) before the kernels run."""
+@pytest.mark.parametrize("attention", ["head", "group"])
+def test_paged_kernels_match_numpy(dtype, shape, window, attention):
+    """rope_at_positions, paged_kv_write and paged_attention (a block per head, or per GQA group) against their
+    references, on a mixed batch with scattered block tables; every output poisoned (NaN) before the kernels run."""
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.cuda.gpu_batched import DeviceOps
     config = small("gqa", sliding_window=window or None, **shape)
     gpu = GPUTransformer.from_cpu(random_cpu_model(config, dtype), dtype)
     c, inv_freq = config, cp.asnumpy(gpu.inv_freq)
-    dev = DeviceOps(gpu)
+    dev = DeviceOps(gpu, attention=attention)
+    assert (dev.group is not None) == (attention == "group")
     steps = schedule_by_hand(4, 24, seed=1)
     chunks = steps[2]                                          # decodes and a prefill chunk, together
     rng = np.random.default_rng(5)
@@ -282,7 +378,8 @@ def test_paged_kernels_match_numpy(dtype, shape, window):
 @pytest.mark.parametrize("shape", [dict(), dict(dim=512, n_heads=4, n_kv_heads=1), dict(n_kv_heads=8)],
                          ids=["gqa-hd16", "mqa-hd128", "mha-hd16"])
 @pytest.mark.parametrize("window", [0, 6])
-def test_paged_int8_kernels_match_numpy(shape, window):
+@pytest.mark.parametrize("attention", ["head", "group"])
+def test_paged_int8_kernels_match_numpy(shape, window, attention):
     """paged_kv_write_int8: the codes and scales its reference (quantize_int8, as the CPU's int8 pool) makes from
     the same rotated qkv, exactly; paged_attention_int8 against the reference over code · scale. Every
     output poisoned first (pool codes 99, scales NaN; attention NaN)."""
@@ -291,7 +388,7 @@ def test_paged_int8_kernels_match_numpy(shape, window):
     config = small("gqa", sliding_window=window or None, **shape)
     gpu = GPUTransformer.from_cpu(random_cpu_model(config, "float16"), "float16")
     c = config
-    dev = DeviceOps(gpu)
+    dev = DeviceOps(gpu, attention=attention)
     chunks = schedule_by_hand(4, 24, seed=1)[2]                # decodes and a prefill chunk, together
     rng = np.random.default_rng(5)
     pool_d = DevicePagedKV(config, 24, 4, "int8")
@@ -345,6 +442,42 @@ def test_gpu_forward_of_a_mixed_batch_matches_the_cpu_and_the_same_runner_on_num
 
 
 @needs_gpu
+@pytest.mark.parametrize("kv", ["float16", "int8"])
+@pytest.mark.parametrize("kind", ["gqa", "mistral"])
+@pytest.mark.parametrize("attention", ["head", "group"])
+def test_gpu_decode_graph_gives_the_eager_logits_and_pool(models, kind, kv, attention):
+    """The same steps through two device runners, one replaying bucket graphs (3 decodes padded to 4, then 1),
+    one eager: the same logits up to cuBLAS's choice of kernels for 3 vs 4 rows, the same pool afterwards
+    (the padded row wrote nothing)."""
+    cpu, gpu = models[kind]
+    config = cpu.config
+    eager = GPUBatchedRunner(gpu, DevicePagedKV(config, 24, 4, kv), use_graph=False, attention=attention)
+    graph = GPUBatchedRunner(gpu, DevicePagedKV(config, 24, 4, kv), use_graph=True, attention=attention)
+    prefill, decode, _ = schedule_by_hand(4, 24)
+    ta, tb = prefill[0].block_table, prefill[1].block_table
+    steps = [prefill, [SeqChunk([11], 20, ta), SeqChunk([12], 7, tb), SeqChunk([13], 3, tb)],
+             [SeqChunk([14], 21, ta)], [SeqChunk([15], 22, ta), SeqChunk([16], 8, tb), SeqChunk([17], 4, tb)]]
+    for step in steps:
+        want, got = eager.forward(step), graph.forward(step)
+        assert got.shape == want.shape == (len(step), config.vocab_size) and np.isfinite(got).all()
+        assert rel(got, want) < LOGITS_TOL / 2
+    assert graph.graph_error is None and sorted(graph.graphs) == [1, 4] and not eager.graphs
+    for name in ("k", "v", "k_scale", "v_scale"):
+        if hasattr(eager.pool, name):
+            a, b = (to_f32(cp.asnumpy(getattr(r.pool, name))) if kv != "int8" else cp.asnumpy(getattr(r.pool, name))
+                    for r in (eager, graph))
+            if a.dtype == np.int8:                  # a code may round the other way: off by one at most
+                assert np.abs(a.astype(int) - b).max() <= 1
+            else:
+                np.testing.assert_allclose(b, a, rtol=2e-3, atol=2e-3)
+
+
+def _assert_graphs_ran(engine) -> None:
+    """The engine's decode steps replayed bucket graphs (with graphs on, the default), none failed."""
+    assert engine.runner.use_graph and engine.runner.graphs and engine.runner.graph_error is None
+
+
+@needs_gpu
 @pytest.mark.parametrize("options", [dict(), dict(max_batch_tokens=8), dict(num_blocks=16, block_size=4)],
                          ids=["default", "chunked-prefill", "tiny-pool-preempts"])
 def test_gpu_engine_greedy_equals_cpu_greedy(models, options):
@@ -356,6 +489,17 @@ def test_gpu_engine_greedy_equals_cpu_greedy(models, options):
     assert engine.stats()["blocks_used"] == 0
     if "num_blocks" in options:
         assert engine.stats()["preemptions"] > 0
+    _assert_graphs_ran(engine)
+    assert_teacher_forced_greedy(cpu, prompts(), results)
+
+
+@needs_gpu
+def test_gpu_engine_greedy_with_graphs_off_equals_the_cpu_too(models):
+    """use_graph=False: every step eager (the comparison `serve_step` measures), same greedy outputs."""
+    cpu, gpu = models["gqa"]
+    engine = Engine(LLM(gpu.config, gpu.with_options(use_graph=False)), num_blocks=16, block_size=4)
+    results = engine.generate(prompts(), max_tokens=16)
+    assert not engine.runner.graphs and engine.stats()["preemptions"] > 0
     assert_teacher_forced_greedy(cpu, prompts(), results)
 
 
@@ -371,6 +515,7 @@ def test_gpu_engine_prefix_caching_skips_the_prefix_and_keeps_the_outputs(models
     after = engine.stats()
     assert after["prefix_hit_tokens"] - before["prefix_hit_tokens"] == 2 * 32
     assert after["prompt_tokens_computed"] - before["prompt_tokens_computed"] == sum(map(len, ps[1:])) - 2 * 32
+    _assert_graphs_ran(engine)
     assert_teacher_forced_greedy(cpu, ps, first + rest)
 
 
@@ -384,7 +529,33 @@ def test_gpu_engine_with_the_int8_pool_decodes_like_the_cpu_with_int8_kv(models)
     assert engine.pool.dtype == "int8"
     results = engine.generate(prompts(), max_tokens=16)
     assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
+    _assert_graphs_ran(engine)
     assert_teacher_forced_greedy(cpu.with_options(kv_cache="int8"), prompts(), results)   # quantizes K/V too
     int8_model = GPUTransformer.from_cpu(cpu, "float16", kv_cache="int8")
     assert Engine(LLM(gpu.config, int8_model)).pool.dtype == "int8"
     assert Engine(LLM(gpu.config, gpu)).pool.dtype == "float16"
+
+
+@needs_gpu
+def test_a_new_engine_recycles_a_dead_engines_pool_and_graphs_but_never_a_live_ones(models):
+    """GPUBatching keeps one spare pool per geometry: the next engine (serve benchmarks build one per run)
+    takes its device memory and decode graphs once the last engine is gone, and decodes as well with them;
+    an engine still alive keeps its pool to itself."""
+    import gc
+    cpu, gpu = models["gqa"]
+    llm = LLM(gpu.config, gpu)
+    first = Engine(llm, num_blocks=16, block_size=4)
+    first.generate(prompts()[:3], max_tokens=4)
+    k, buckets = first.pool.k, set(first.runner.graphs)
+    assert buckets
+    del first
+    gc.collect()
+    second = Engine(llm, num_blocks=16, block_size=4)
+    assert second.pool.k is k and set(second.runner.graphs) == buckets    # the dead engine's memory and graphs
+    third = Engine(llm, num_blocks=16, block_size=4)
+    assert third.pool.k is not k and not third.runner.graphs              # `second` still holds its pool
+    second.runner.capture_buckets(6)                                     # a warm-up: every bucket up to 6 rows
+    assert set(second.runner.graphs) == {1, 2, 4, 8} and second.runner.graph_error is None
+    results = second.generate(prompts(), max_tokens=16)
+    _assert_graphs_ran(second)
+    assert_teacher_forced_greedy(cpu, prompts(), results)

@@ -60,3 +60,20 @@ def test_sampling_frequencies_follow_the_distribution():
 def test_bad_values_are_rejected(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_inverse_cdf_pick_picks_what_rng_choice_picks_for_the_same_uniform():
+    """The sampler's fast path (two-level CDF, float32 exponentials) against rng.choice over the float64
+    distribution, drawing the same uniforms: the same token every time, -inf (filtered) tokens never, and u
+    at the very ends of [0, 1) still lands on a real token."""
+    from minillm.engine.sampling import inverse_cdf_pick, next_token_distribution
+    rng = np.random.default_rng(3)
+    for vocab, temperature in ((32000, 0.8), (1000, 1.3), (300, 0.5)):     # 300: a ragged last chunk
+        logits = (rng.standard_normal(vocab) * 3).astype(np.float32)
+        logits[rng.choice(vocab, vocab // 3, replace=False)] = -np.inf
+        p = next_token_distribution(logits, SamplingParams(temperature))
+        a, b = np.random.default_rng(9), np.random.default_rng(9)
+        picks = [inverse_cdf_pick(logits, temperature, b.random()) for _ in range(500)]
+        assert picks == [int(a.choice(vocab, p=p)) for _ in range(500)]
+        for u in (0.0, np.nextafter(1.0, 0.0)):
+            assert np.isfinite(logits[inverse_cdf_pick(logits, temperature, u)])

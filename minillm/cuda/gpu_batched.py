@@ -21,26 +21,41 @@ runs on the CPU over a CPU Transformer and checks the plumbing (packing, slots, 
 positions) against the CPU engine's BatchedRunner, without a GPU. The kernels' NumPy references are
 in dev/paged_attention.py. `GPUBatching` is how the Engine gets this runner and its pool (llm.py hands it over).
 
-Not here yet: a paged attention kernel that serves a whole GQA group from
-one block (v1 re-reads each K/V row once per query head, from L2); CUDA graphs (a step's ~11 launches a
-layer run eagerly: with 64 sequences a step is bound by the GEMMs' weight reads, not by the launches).
+Decode steps as CUDA graphs: a step whose chunks are all single decode tokens is padded to a bucket of
+batch sizes (GRAPH_BUCKETS) and replays that bucket's graph, captured on first use: embed -> layers ->
+final norm -> LM head over static buffers (StepBuffers), the metadata uploaded into a static int32 buffer
+whose block tables have a fixed width (the most blocks a sequence can have). Padded rows get slot -1 (the
+KV write kernels skip negative slots, so they touch no real block) and their logits stay on the device.
+GEMMs inside the capture go through cublas_raw (CuPy refuses cuBLAS under capture). Prefill and mixed steps
+run eagerly (their shapes vary), as does everything when use_graph is off or a capture failed (graph_error).
+
+Attention: "head" (paged_attention, a block per query head: a GQA group's heads re-read each K/V row from
+L2) or "group" (paged_attention_g{G}: a block per KV head serves its G query heads from one read).
+
+Not here yet: sampling on the device (the logits [B, vocab] still come back to the host); graphs for
+prefill chunks.
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
+import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from minillm.backend import as_f32, to_dtype
 from minillm.engine.batched import SeqChunk, pack
+from minillm.errors import MiniLLMError
 from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache, first_needed_block
 from minillm.model.attention import grouped_attention
 from minillm.model.kv_cache import int8_kv_bytes_per_token
 from minillm.model.layers import apply_rope, linear, rmsnorm, rope_tables, silu
 
 PA_WARPS, PA_MAX_HD = 4, 256            # as #defined in paged_attention.cu
+PA_GROUPS = (1, 2, 4, 8)                # GQA group sizes paged_attention_g{G} is compiled for
 
 
 def _cp():
@@ -55,10 +70,16 @@ class DevicePagedKV(PagedKVCache):
     position and KV head (half the bytes at hd 128). Same layout and `slots` as PagedKVCache."""
 
     def __init__(self, config, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, dtype: str = "float16",
-                 xp=None):
+                 xp=None, arrays: dict | None = None):
+        """arrays: another (dead) pool's `arrays()` of this geometry, taken over as they are (GPUBatching
+        recycles them: stale values are harmless, a sequence reads only positions it wrote)."""
         xp = xp or _cp()
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        self.decode_graphs: dict = {}    # bucket -> DecodeGraph over these arrays (GPUBatchedRunner fills it)
+        if arrays is not None:
+            self.__dict__.update(arrays)
+            return
         storage = {"float16": xp.float16, "bfloat16": xp.uint16, "int8": xp.int8}[dtype]
         self.k = xp.zeros(shape, dtype=storage)          # [layers, blocks, bs, n_kv, hd]
         self.v = xp.zeros(shape, dtype=storage)
@@ -67,6 +88,11 @@ class DevicePagedKV(PagedKVCache):
             self.v_scale = xp.zeros(shape[:4], dtype=xp.float32)
         if xp is not np:     # the fill ran on the current stream; the model's stream does not wait for it
             xp.cuda.Device().synchronize()
+
+    def arrays(self) -> dict:
+        """The device memory another pool of this geometry can take over, with the graphs captured over it."""
+        names = ("k", "v", "k_scale", "v_scale", "decode_graphs")
+        return {name: getattr(self, name) for name in names if hasattr(self, name)}
 
     @staticmethod
     def bytes_per_block_for(config, block_size: int, dtype: str = "float16") -> int:
@@ -138,39 +164,186 @@ def batch_meta(chunks: list[SeqChunk], block_size: int, upload) -> BatchMeta:
     return BatchMeta(*views[:5], views[5].reshape(tables.shape))
 
 
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)   # decode batch sizes a graph is captured for
+
+
+def bucket_for(batch: int, buckets=GRAPH_BUCKETS) -> int | None:
+    """The smallest bucket that holds `batch` rows (None: more rows than the largest bucket)."""
+    return next((b for b in buckets if b >= batch), None)
+
+
+def meta_size(bucket: int, width: int) -> int:
+    """int32s in a bucket's metadata: five per row (token, position, slot, seq_of_row, last_row) + its table row."""
+    return bucket * (5 + width)
+
+
+def meta_views(flat, bucket: int, width: int) -> BatchMeta:
+    """BatchMeta over a flat int32 buffer of meta_size(bucket, width) (host or device): views, no copies."""
+    rows = [flat[i * bucket:(i + 1) * bucket] for i in range(5)]
+    return BatchMeta(*rows, flat[5 * bucket:].reshape(bucket, width))
+
+
+def decode_meta_into(flat: np.ndarray, chunks: list[SeqChunk], block_size: int, bucket: int, width: int) -> None:
+    """A decode-only batch (one token per chunk) as metadata padded to `bucket` rows, written into the host
+    buffer `flat` [meta_size(bucket, width)] int32. Row b < B is chunk b; a padded row has token 0 at position
+    0, its own all-zero table row, and slot -1: the write kernels skip it, so it changes no real KV (its
+    attention reads block 0's first key, whatever is there, and its logits are dropped)."""
+    B = len(chunks)
+    m = meta_views(flat, bucket, width)
+    flat[:] = 0
+    m.tokens[:B] = [c.token_ids[0] for c in chunks]
+    m.positions[:B] = [c.start for c in chunks]
+    for b, c in enumerate(chunks):
+        n = -(-c.end // block_size)                                             # blocks in use
+        m.block_tables[b, :n] = c.block_table[:n]
+    pos = m.positions[:B]
+    m.slots[:B] = m.block_tables[np.arange(B), pos // block_size] * block_size + pos % block_size
+    m.slots[B:] = -1
+    m.seq_of_row[:] = np.arange(bucket)                                        # row b reads table row b
+    m.last_rows[:] = np.arange(bucket)                                         # one row per chunk
+
+
+@dataclass
+class StepBuffers:
+    """A forward pass's activations, allocated before a capture so the graph's pointers stay valid
+    (the eager path passes NO_BUFFERS: every op allocates its own output)."""
+    x: object = None        # [R, dim]         fp32 residual stream
+    h: object = None        # [R, dim]         16-bit, normalized
+    qkv: object = None      # [R, qkv_width]   fp32
+    attn: object = None     # [R, n_heads*hd]  fp32
+    attn16: object = None   # [R, n_heads*hd]  16-bit
+    gu: object = None       # [R, 2*ffn]       fp32
+    act: object = None      # [R, ffn]         16-bit
+    logits: object = None   # [R, vocab]       fp32
+
+    @classmethod
+    def allocate(cls, ops, config, rows: int) -> "StepBuffers":
+        c, hd = config, config.head_dim
+        f32, narrow = ops.zeros_f32, ops.zeros_narrow
+        return cls(f32((rows, c.dim)), narrow((rows, c.dim)), f32((rows, (c.n_heads + 2 * c.n_kv_heads) * hd)),
+                   f32((rows, c.n_heads * hd)), narrow((rows, c.n_heads * hd)), f32((rows, 2 * c.ffn_dim)),
+                   narrow((rows, c.ffn_dim)), f32((rows, c.vocab_size)))
+
+
+NO_BUFFERS = StepBuffers()
+
+
+@dataclass
+class DecodeGraph:
+    """One bucket's captured decode step: replay() runs it over `meta` (upload into it first), -> logits."""
+    replay: object          # () -> logits [bucket, vocab] on the device (its static buffer)
+    host: np.ndarray        # [meta_size] int32 host staging (pinned on the device)
+    flat: object            # [meta_size] int32: the metadata the graph reads
+    buffers: StepBuffers
+
+
 class GPUBatchedRunner:
     """Runs a GPUTransformer's weights over many sequences at once, their KV in a DevicePagedKV.
-    Same contract as batched.BatchedRunner: forward(chunks) -> logits [B, vocab] fp32 on the host."""
+    Same contract as batched.BatchedRunner: forward(chunks) -> logits [B, vocab] fp32 on the host.
 
-    def __init__(self, model, pool: DevicePagedKV, ops=None):
+    A decode-only step (every chunk one token) replays a CUDA graph captured once per bucket of batch sizes
+    (GRAPH_BUCKETS), the batch padded to its bucket; mixed and prefill steps run eagerly. use_graph=False
+    (or a failed capture: graph_error says why) runs every step eagerly."""
+
+    def __init__(self, model, pool: DevicePagedKV, ops=None, use_graph: bool | None = None,
+                 attention: str = "head"):
         """ops: DeviceOps(model, pool) by default; CPUOps(model, pool) runs it over a CPU Transformer and a
-        PagedKVCache."""
+        PagedKVCache. use_graph: default the model's own (GPUTransformer.use_graph; off for a CPU model).
+        attention: "head" (a block per query head) or "group" (a block per GQA group: each K/V row read once)."""
         c = model.config
         if c.head_dim > PA_MAX_HD or c.n_heads % c.n_kv_heads:
             raise ValueError(f"paged attention needs head_dim <= {PA_MAX_HD} and n_heads % n_kv_heads == 0")
         self.model, self.pool = model, pool
-        self.ops = ops or DeviceOps(model, pool)
+        self.ops = ops or DeviceOps(model, pool, attention=attention)
+        self.use_graph = getattr(model, "use_graph", False) if use_graph is None else use_graph
+        # the widest block table a sequence can need: the graphs' tables have this many columns
+        self.table_width = min(-(-c.max_seq_len // pool.block_size), pool.num_blocks)
+        # bucket -> DecodeGraph. A DevicePagedKV keeps them, per model and attention kernel: captured over its
+        # arrays, they serve whichever runner recycles those (GPUBatching.new_pool)
+        shared = getattr(pool, "decode_graphs", None)
+        self.graphs: dict[int, DecodeGraph] = ({} if shared is None else
+                                               shared.setdefault((model, getattr(self.ops, "group", None)), {}))
+        self.graph_error = None          # why a decode step could not be captured (then steps run eagerly)
 
-    def forward(self, chunks: list[SeqChunk], all_logits: bool = False) -> np.ndarray:
+    def forward(self, chunks: list[SeqChunk], all_logits: bool = False, rows=None) -> np.ndarray:
         """Run every chunk; -> logits [len(chunks), vocab] at each chunk's last token (all_logits:
-        [N, vocab], every token, in chunk order). Host fp32."""
-        m, ops = self.model, self.ops
+        [N, vocab], every token, in chunk order; rows: those rows of the N). Host fp32."""
+        if not all_logits and rows is None and self._graphable(chunks):
+            return self.forward_graph(chunks)
+        ops = self.ops
         with ops.stream():
             meta = batch_meta(chunks, self.pool.block_size, ops.upload)
-            x = ops.embed(meta.tokens)                                                    # [N, dim] fp32
-            for i, layer in enumerate(m.layers):
-                h = ops.rmsnorm(x, layer.attn_norm)                                       # [N, dim] 16-bit
-                qkv = ops.gemm(h, layer.wqkv)                                             # [N, qkv_width] fp32
-                ops.rope(qkv, meta.positions)                                             # q and k heads, in place
-                ops.kv_write(i, qkv, meta)                                                # new K/V into their slots
-                attn = ops.attention(i, qkv, meta)                                        # [N, n_heads * hd] fp32
-                ops.gemm(ops.cast(attn), layer.wo, out=x, accumulate=True)                # x += o_proj(attn)
-                h = ops.rmsnorm(x, layer.mlp_norm)                                        # [N, dim] 16-bit
-                gu = ops.gemm(h, layer.w_gate_up)                                         # [N, 2 * ffn] fp32
-                ops.gemm(ops.swiglu(gu), layer.w_down, out=x, accumulate=True)            # x += down(act)
-            if not all_logits:
+            x = self._layers(meta, ops.embed(meta.tokens))                               # [N, dim] fp32
+            if rows is not None:
+                x = x[ops.upload(np.asarray(rows, np.int32))]                            # [len(rows), dim]
+            elif not all_logits:
                 x = x[meta.last_rows]                                                     # [B, dim]
-            return ops.head(x)                                                            # [B or N, vocab] host
+            return ops.download(ops.logits(x))                                            # [B or N, vocab] host
+
+    def _layers(self, meta: BatchMeta, x, buf: StepBuffers = NO_BUFFERS):
+        """Every layer over the packed rows, x [N, dim] fp32 updated in place; buf: preallocated outputs."""
+        ops = self.ops
+        for i, layer in enumerate(self.model.layers):
+            h = ops.rmsnorm(x, layer.attn_norm, out=buf.h)                                # [N, dim] 16-bit
+            qkv = ops.gemm(h, layer.wqkv, out=buf.qkv)                                    # [N, qkv_width] fp32
+            ops.rope(qkv, meta.positions)                                                 # q and k heads, in place
+            ops.kv_write(i, qkv, meta)                                                    # new K/V into their slots
+            attn = ops.attention(i, qkv, meta, out=buf.attn)                              # [N, n_heads * hd] fp32
+            ops.gemm(ops.cast(attn, out=buf.attn16), layer.wo, out=x, accumulate=True)    # x += o_proj(attn)
+            h = ops.rmsnorm(x, layer.mlp_norm, out=buf.h)                                 # [N, dim] 16-bit
+            gu = ops.gemm(h, layer.w_gate_up, out=buf.gu)                                 # [N, 2 * ffn] fp32
+            ops.gemm(ops.swiglu(gu, out=buf.act), layer.w_down, out=x, accumulate=True)   # x += down(act)
+        return x
+
+    # ---- decode steps as CUDA graphs, one per bucket of batch sizes ------------------------------------
+    def _graphable(self, chunks: list[SeqChunk]) -> bool:
+        return (self.use_graph and self.graph_error is None and bucket_for(len(chunks)) is not None
+                and all(len(c.token_ids) == 1 for c in chunks)
+                and max(c.end for c in chunks) <= self.table_width * self.pool.block_size)
+
+    def forward_graph(self, chunks: list[SeqChunk]) -> np.ndarray:
+        """A decode-only step by its bucket's graph (captured on first use; eager if that fails).
+        -> logits [B, vocab] fp32 on the host, only the real rows copied back."""
+        B, bucket = len(chunks), bucket_for(len(chunks))
+        g = self.graph_for(bucket)
+        if g is None:                                        # graph_error is set: eager from now on
+            return self.forward(chunks)
+        with self.ops.stream():
+            decode_meta_into(g.host, chunks, self.pool.block_size, bucket, self.table_width)
+            self.ops.copy_in(g.flat, g.host)
+            logits = g.replay()                                                           # [bucket, vocab]
+            return self.ops.download(logits[:B])                                          # [B, vocab] host
+
+    def capture_buckets(self, max_batch: int) -> None:
+        """Capture every bucket up to max_batch rows now rather than on first use (a benchmark's warm-up)."""
+        top = bucket_for(max_batch) or GRAPH_BUCKETS[-1]
+        for bucket in GRAPH_BUCKETS:
+            if not self.use_graph or bucket > top or self.graph_for(bucket) is None:
+                return
+
+    def graph_for(self, bucket: int) -> DecodeGraph | None:
+        """The bucket's DecodeGraph, captured on first use (None if the capture failed: graph_error says why)."""
+        if bucket not in self.graphs:
+            ops, width = self.ops, self.table_width
+            flat = ops.zeros_i32(meta_size(bucket, width))
+            buf = StepBuffers.allocate(ops, self.model.config, bucket)
+            meta = meta_views(flat, bucket, width)
+
+            def step():                                      # embed -> layers -> final norm + LM head
+                x = self._layers(meta, ops.embed(meta.tokens, out=buf.x), buf)
+                return ops.logits(x, out=buf.logits, norm_out=buf.h)   # h is free by now
+            host = ops.host_i32(meta_size(bucket, width))
+            decode_meta_into(host, [], self.pool.block_size, bucket, width)   # every row padded: slot -1
+            with ops.stream():
+                ops.copy_in(flat, host)
+                step()           # once eagerly, writing no KV: modules and cuBLAS kernels load outside the capture
+                ops.synchronize()                # and the pinned `host` is free to rewrite
+                replay, error = ops.capture(step)
+            if error is not None:
+                self.graph_error = error
+                return None
+            self.graphs[bucket] = DecodeGraph(replay, host, flat, buf)
+        return self.graphs[bucket]
 
 
 class DeviceOps:
@@ -178,12 +351,20 @@ class DeviceOps:
     single-sequence path already has, paged_attention.cu for the three paged steps, cuBLAS for GEMMs.
     kv_write and attention take a layer of `pool` (a DevicePagedKV); write_kv and attend, any pool arrays."""
 
-    def __init__(self, model, pool: DevicePagedKV | None = None):
+    def __init__(self, model, pool: DevicePagedKV | None = None, attention: str = "head"):
+        """attention: "head", paged_attention (a block per query row and head), or "group",
+        paged_attention_group (a block per query row and KV head: the GQA group's heads share each K/V read)."""
         from minillm.cuda.kernels import module, suffix
         from minillm.cuda.gpu_kv_cache import device_dtype
         cp = _cp()
+        if attention not in ("head", "group"):
+            raise ValueError(f"attention is 'head' or 'group', not {attention!r}")
         self.xp, self.model, self.k, self.pool = cp, model, model.k, pool
         self.narrow = device_dtype(model.dtype)
+        c = model.config
+        group = c.n_heads // c.n_kv_heads
+        # the group kernel is compiled for groups of 1, 2, 4 and 8 query heads; others use the per-head one
+        self.group = group if attention == "group" and group in PA_GROUPS else None
         sfx = suffix(model.dtype)
         mod = module("paged_attention")
         self.fn = {"attention": mod.get_function(f"paged_attention_{sfx}"),
@@ -191,6 +372,9 @@ class DeviceOps:
                    "attention_int8": mod.get_function("paged_attention_int8"),      # over the int8 pool
                    "kv_write_int8": mod.get_function("paged_kv_write_int8"),
                    "rope": mod.get_function("rope_at_positions")}
+        if self.group:
+            self.fn["attention"] = mod.get_function(f"paged_attention_g{self.group}_{sfx}")
+            self.fn["attention_int8"] = mod.get_function(f"paged_attention_g{self.group}_int8")
 
     def stream(self):
         return self.model.stream
@@ -198,13 +382,30 @@ class DeviceOps:
     def upload(self, a: np.ndarray):
         return self.xp.asarray(a)
 
-    def embed(self, tokens):
-        x = self.xp.empty((tokens.shape[0], self.model.config.dim), self.xp.float32)
+    def zeros_f32(self, shape):
+        return self.xp.zeros(shape, self.xp.float32)
+
+    def zeros_narrow(self, shape):
+        return self.xp.zeros(shape, self.narrow)
+
+    def zeros_i32(self, n: int):
+        return self.xp.zeros(n, self.xp.int32)
+
+    def host_i32(self, n: int) -> np.ndarray:
+        """A pinned host buffer: its upload is one async copy on the stream."""
+        import cupyx
+        return cupyx.zeros_pinned(n, np.int32)
+
+    def copy_in(self, dst, host: np.ndarray) -> None:
+        dst.set(host, stream=self.model.stream)
+
+    def embed(self, tokens, out=None):
+        x = self.xp.empty((tokens.shape[0], self.model.config.dim), self.xp.float32) if out is None else out
         self.k.embed(tokens, self.model.embed, x)
         return x
 
-    def rmsnorm(self, x, gain):
-        out = self.xp.empty(x.shape, self.narrow)
+    def rmsnorm(self, x, gain, out=None):
+        out = self.xp.empty(x.shape, self.narrow) if out is None else out
         self.k.rmsnorm(x, gain, out, self.model.config.norm_eps)
         return out
 
@@ -249,7 +450,7 @@ class DeviceOps:
             out = self.xp.empty((N, c.n_heads * hd), self.xp.float32)
         pools = (k_pool, v_pool) + (tuple(scales) if scales is not None else ())
         self.fn["attention" if scales is None else "attention_int8"](
-            (N, c.n_heads), (32 * PA_WARPS,),
+            (N, c.n_kv_heads if self.group else c.n_heads), (32 * PA_WARPS,),
             (qkv, np.int32(qkv.shape[1])) + pools + (np.int32(k_pool.shape[1]), np.int32(c.n_heads),
                                                      np.int32(c.n_kv_heads), np.int32(hd), meta.block_tables,
                                                      np.int32(meta.block_tables.shape[1]), meta.seq_of_row,
@@ -257,22 +458,64 @@ class DeviceOps:
                                                      np.float32(1.0 / math.sqrt(hd)), out))
         return out
 
-    def cast(self, x):
-        out = self.xp.empty(x.shape, self.narrow)
+    def cast(self, x, out=None):
+        out = self.xp.empty(x.shape, self.narrow) if out is None else out
         self.k.cast(x, out)
         return out
 
-    def swiglu(self, gu):
-        out = self.xp.empty((gu.shape[0], gu.shape[1] // 2), self.narrow)
+    def swiglu(self, gu, out=None):
+        out = self.xp.empty((gu.shape[0], gu.shape[1] // 2), self.narrow) if out is None else out
         self.k.swiglu(gu, out)
         return out
 
-    def head(self, x) -> np.ndarray:
-        """Final norm + LM head, then the one device-to-host copy of the step."""
-        logits = self.gemm(self.rmsnorm(x, self.model.final_norm), self.model.lm_head)   # [rows, vocab] fp32
-        host = logits.get()
+    def logits(self, x, out=None, norm_out=None):
+        """Final norm (into norm_out [rows, dim] 16-bit if given) + LM head: x [rows, dim] fp32 -> [rows, vocab]
+        fp32 on the device (into out if given)."""
+        hn = self.rmsnorm(x, self.model.final_norm, out=norm_out)
+        return self.gemm(hn, self.model.lm_head, out=out)
+
+    def synchronize(self) -> None:
+        self.model.stream.synchronize()
+
+    def download(self, logits) -> np.ndarray:
+        """The one device-to-host copy of the step (then wait for it), into pinned memory: [64, 32000] fp32 is
+        8 MB, which a pageable copy moves several times slower (staged by the driver). A new array each
+        step (CuPy's pinned pool recycles the memory), so a caller may keep it."""
+        import cupyx
+        host = cupyx.empty_pinned(logits.shape, np.float32)
+        logits.get(out=host)
         self.model.stream.synchronize()
         return host
+
+    def capture(self, step):
+        """step()'s launches captured as a CUDA graph on the model's stream (GEMMs through cublas_raw: CuPy
+        refuses cuBLAS under capture). -> (replay, None), replay() launching it and returning step()'s
+        result, or (None, the reason) when capturing failed."""
+        from minillm.cuda import cublas_raw
+        try:
+            cublas_raw.prepare(self.xp.cuda.device.get_cublas_handle())    # its workspace, set before capturing
+        except (OSError, RuntimeError, AttributeError) as e:
+            return None, f"{type(e).__name__}: {e}"
+        stream, model, error, graph = self.model.stream, self.model, None, None
+        model._capturing = True
+        stream.begin_capture()
+        try:
+            result = step()
+        except Exception as e:                                   # CUDA errors, or cuBLAS refusing the capture
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            model._capturing = False
+            try:
+                graph = stream.end_capture()
+            except Exception as e:
+                error = error or f"{type(e).__name__}: {e}"
+        if error is not None:
+            return None, error
+
+        def replay():
+            graph.launch(stream)
+            return result
+        return replay, None
 
 
 class CPUOps:
@@ -290,10 +533,28 @@ class CPUOps:
     def upload(self, a: np.ndarray) -> np.ndarray:
         return a
 
-    def embed(self, tokens):
+    def zeros_f32(self, shape):
+        return np.zeros(shape, np.float32)
+
+    zeros_narrow = zeros_f32                     # fp32 throughout
+
+    def zeros_i32(self, n: int):
+        return np.zeros(n, np.int32)
+
+    host_i32 = zeros_i32
+
+    def copy_in(self, dst, host: np.ndarray) -> None:
+        dst[...] = host
+
+    def capture(self, step):
+        """No graphs on the host: the "replay" reruns step(), which reads the same static buffers a graph
+        would, so the bucket and padding logic runs here as on the device."""
+        return step, None
+
+    def embed(self, tokens, out=None):
         return as_f32(self.model.embed[tokens])                                            # [N, dim]
 
-    def rmsnorm(self, x, gain):
+    def rmsnorm(self, x, gain, out=None):
         return rmsnorm(x, gain, self.config.norm_eps)
 
     def gemm(self, a, w, out=None, accumulate: bool = False):
@@ -321,8 +582,12 @@ class CPUOps:
         return qkv[:, nq:nq + nkv].reshape(shape), qkv[:, nq + nkv:nq + 2 * nkv].reshape(shape)
 
     def kv_write(self, layer: int, qkv, meta: BatchMeta) -> None:
+        """As the kernels: a row whose slot is negative (a padded row) writes nothing."""
         slots = np.asarray(meta.slots, dtype=np.int64)
-        self.pool.write(layer, slots // self.pool.block_size, slots % self.pool.block_size, *self._kv(qkv))
+        real = slots >= 0
+        k, v = self._kv(qkv)
+        self.pool.write(layer, slots[real] // self.pool.block_size, slots[real] % self.pool.block_size, k[real],
+                        v[real])
 
     def attention(self, layer: int, qkv, meta: BatchMeta, out=None):
         """Each sequence's rows against its keys, read through its block table as the CPU engine reads them."""
@@ -337,15 +602,21 @@ class CPUOps:
             out[rows] = grouped_attention(q[rows], keys, values, c.sliding_window)
         return out
 
-    def cast(self, x):
+    def cast(self, x, out=None):
         return x
 
-    def swiglu(self, gu):
+    def swiglu(self, gu, out=None):
         ffn = gu.shape[1] // 2
         return silu(gu[:, :ffn]) * gu[:, ffn:]                                             # [N, ffn]
 
-    def head(self, x) -> np.ndarray:
+    def logits(self, x, out=None, norm_out=None):
         return self.model.head(x)                                                          # [rows, vocab]
+
+    def synchronize(self) -> None:
+        pass
+
+    def download(self, logits) -> np.ndarray:
+        return np.array(logits)                                                            # a copy, as .get()
 
 
 class GPUBatching:
@@ -355,8 +626,18 @@ class GPUBatching:
     default_kv_bytes = 8 << 30          # 64k tokens of a Mistral-7B (128 KB each)
     cap_to_max_batch = True             # by default no more than max_batch full contexts (small models)
 
-    def __init__(self, model):
+    def __init__(self, model, use_graph: bool | None = None, attention: str | None = None):
+        """use_graph: decode steps as bucket graphs (default: the model's use_graph, unless MINILLM_BATCH_GRAPHS=0);
+        attention: "head" or "group" (default: MINILLM_PAGED_ATTENTION, else "head"). The environment lets a
+        benchmark (`minillm bench serve --device cuda`) compare them without new flags."""
+        env_graphs = os.environ.get("MINILLM_BATCH_GRAPHS", "1") != "0"
         self.model = model
+        self._spares: dict[tuple, tuple] = {}     # (blocks, block_size, storage) -> (weakref to the pool, its arrays)
+        self.use_graph = (model.use_graph and env_graphs) if use_graph is None else use_graph
+        self.attention = attention or os.environ.get("MINILLM_PAGED_ATTENTION", "head")
+        if self.attention not in ("head", "group"):
+            raise MiniLLMError(f"paged attention is 'head' or 'group', not {self.attention!r} "
+                               "(MINILLM_PAGED_ATTENTION)")
 
     def storage(self, kv_cache: str) -> str:
         """The pool's storage for a kv_cache format: int8 codes, or the weights' 16 bits for "auto"."""
@@ -366,7 +647,19 @@ class GPUBatching:
         return DevicePagedKV.bytes_per_block_for(config, block_size, self.storage(kv_cache))
 
     def new_pool(self, config, num_blocks: int, block_size: int, kv_cache: str) -> DevicePagedKV:
-        return DevicePagedKV(config, num_blocks, block_size, self.storage(kv_cache))
+        """A pool; the device memory (and decode graphs) of an earlier one of the same geometry if its engine is
+        gone: `minillm bench serve` builds an engine per run, and re-capturing every bucket (~0.1 s each) and
+        re-zeroing gigabytes each time would be measured as serving time. One spare per geometry is kept."""
+        key = (num_blocks, block_size, self.storage(kv_cache))
+        spare = self._spares.get(key)
+        if spare is not None and spare[0]() is not None:
+            gc.collect()                     # an engine in a reference cycle may be unreachable but not yet freed
+        if spare is not None and spare[0]() is None:
+            pool = DevicePagedKV(config, num_blocks, block_size, key[2], arrays=spare[1])
+        else:
+            pool = DevicePagedKV(config, num_blocks, block_size, key[2])
+        self._spares[key] = (weakref.ref(pool), pool.arrays())
+        return pool
 
     def new_runner(self, pool: DevicePagedKV) -> GPUBatchedRunner:
-        return GPUBatchedRunner(self.model, pool)
+        return GPUBatchedRunner(self.model, pool, use_graph=self.use_graph, attention=self.attention)

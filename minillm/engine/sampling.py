@@ -78,6 +78,28 @@ def next_token_distribution(logits: np.ndarray, params: SamplingParams) -> np.nd
     return softmax(logits)
 
 
+CDF_CHUNK = 256      # inverse_cdf_pick's first level: one partial sum per this many tokens
+
+
+def inverse_cdf_pick(logits: np.ndarray, temperature: float, u: float) -> int:
+    """The token whose interval of the softmax(logits / temperature) CDF holds u in [0, 1): what
+    rng.choice(vocab, p=probs) picks for the same uniform u, without a cumsum over the whole vocabulary
+    (a sequential scan: ~0.1 ms at 32k tokens on a laptop core, most of a sampled step's host time).
+    Two levels instead: a sum per CDF_CHUNK tokens, the cumsum of those sums to find u's chunk, then
+    the cumsum inside that one chunk. -inf logits (filtered out) weigh 0 and are never picked.  logits: [vocab]"""
+    top = logits.max()
+    e = np.exp((logits - top) * np.float32(1.0 / temperature), dtype=np.float32)      # [vocab], max 1
+    starts = np.arange(0, len(e), CDF_CHUNK)
+    cum = np.cumsum(np.add.reduceat(e, starts, dtype=np.float64))                      # [chunks]
+    target = u * cum[-1]
+    c = min(int(np.searchsorted(cum, target, side="right")), len(cum) - 1)
+    inside = np.cumsum(e[starts[c]:starts[c] + CDF_CHUNK], dtype=np.float64) + (cum[c - 1] if c else 0.0)
+    i = min(int(np.searchsorted(inside, target, side="right")), len(inside) - 1)
+    while e[starts[c] + i] == 0.0:             # rounding put target past the chunk's last real token
+        i -= 1
+    return int(starts[c] + i)
+
+
 class Sampler:
     """Holds the random state, so a seeded generation is reproducible token for token."""
 
@@ -86,7 +108,12 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
 
     def __call__(self, logits: np.ndarray) -> int:
-        if self.params.temperature == 0.0:
+        p = self.params
+        if p.temperature == 0.0:
             return int(np.argmax(logits))
-        probs = next_token_distribution(logits, self.params)
+        if p.top_p is None or p.top_p >= 1.0:      # temperature (and top-k): the fast pick, one uniform draw
+            if p.top_k is not None:
+                logits = top_k_filter(logits, p.top_k)
+            return inverse_cdf_pick(logits, p.temperature, self.rng.random())
+        probs = next_token_distribution(logits, p)
         return int(self.rng.choice(len(probs), p=probs))

@@ -166,10 +166,13 @@ def run(llm, workloads: list[Workload], concurrency: int, rounds: int = 3, echo=
     check_supported(llm.model)
     on_gpu = _on_gpu(llm)
     generate_ids(llm.model, workloads[0].prompts[0][:8], 2, SamplingParams())   # warm up: first calls are slow
-    if on_gpu:      # and the engine's first step compiles paged_attention.cu: keep that out of the timings
-        Engine(llm, num_blocks=64).generate([p[:40] for p in workloads[0].prompts[:4]], max_tokens=2)
     modes = [m for m, options in MODES.items()   # the GPU engine has no speculative step yet (issue 23)
              if not (on_gpu and options and "speculative" in options)]
+    if on_gpu:      # and the engine's first step compiles paged_attention.cu: keep that out of the timings
+        Engine(llm, num_blocks=64).generate([p[:40] for p in workloads[0].prompts[:4]], max_tokens=2)
+        for mode in modes:     # each pool geometry's decode graphs, captured once: the runs' engines recycle them
+            if MODES[mode] is not None:
+                Engine(llm, max_batch=concurrency, **MODES[mode]).runner.capture_buckets(concurrency)
     load_start = load_average()
     echo(f"load average (1 min): {_load(load_start)} on {os.cpu_count()} cores; {rounds} interleaved rounds")
     results = []

@@ -3,6 +3,7 @@
     rope_at_positions     RoPE on the q and k heads of each packed row, at that row's own position
     paged_kv_write(_int8) each row's new key and value into its pool slot (int8: codes + a scale per vector)
     paged_attention(_int8) each row's queries against its sequence's keys, read through its block table
+    paged_attention_g{G}  the same, a GQA group's G query heads served by one read of each K/V row
 
 The references below compute what the kernels compute, one row at a time and in fp32, from the same
 arrays the kernels read; tests/test_gpu_engine.py holds the kernels to them on random mixed batches.
@@ -71,8 +72,35 @@ def paged_attention_reference(qkv: np.ndarray, k_pool: np.ndarray, v_pool: np.nd
     return out
 
 
+def paged_attention_group_reference(qkv: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray,
+                                    block_tables: np.ndarray, seq_of_row: np.ndarray, positions: np.ndarray,
+                                    n_heads: int, window: int | None = None, scales=None) -> np.ndarray:
+    """What paged_attention_g{G} computes, organized as it is: per (row, KV head), one gather of that head's
+    keys and values [L, hd] serving the group's G adjacent query heads (a [G, L] score matrix). Equal to
+    paged_attention_reference (tests/test_gpu_engine.py checks it), which gathers per query head.
+    -> [N, n_heads * hd] fp32"""
+    if scales is not None:
+        k_pool, v_pool = (p.astype(np.float32) * s[..., None] for p, s in zip((k_pool, v_pool), scales))
+    _, block_size, n_kv, hd = k_pool.shape
+    G = n_heads // n_kv
+    out = np.empty((qkv.shape[0], n_heads * hd), np.float32)
+    for t in range(qkv.shape[0]):
+        p = int(positions[t])
+        keys = np.arange(max(0, p - window + 1) if window else 0, p + 1)
+        blocks = np.asarray(block_tables[seq_of_row[t]])[keys // block_size]
+        for kvh in range(n_kv):
+            K = to_dtype(k_pool[blocks, keys % block_size, kvh], "float32")                 # [L, hd], read once
+            V = to_dtype(v_pool[blocks, keys % block_size, kvh], "float32")
+            q = qkv[t, kvh * G * hd:(kvh + 1) * G * hd].reshape(G, hd)                      # [G, hd]
+            scores = q @ K.T / math.sqrt(hd)                                                # [G, L]
+            w = np.exp(scores - scores.max(axis=1, keepdims=True))
+            out[t, kvh * G * hd:(kvh + 1) * G * hd] = ((w / w.sum(axis=1, keepdims=True)) @ V).reshape(-1)
+    return out
+
+
 # ---- the check ------------------------------------------------------------------------------------
-def check_paged(dtype: str = "float16", window: int = 0, int8: bool = False, seed: int = 0) -> tuple[float, float]:
+def check_paged(dtype: str = "float16", window: int = 0, int8: bool = False, seed: int = 0,
+                attention: str = "head") -> tuple[float, float]:
     """The three paged kernels on a mixed batch (two decodes and a prefill chunk, block tables scattered over
     the pool, earlier positions random), each output NaN-poisoned first, against the references above.
     -> (largest error relative to each reference's largest value, tolerance)"""
@@ -96,7 +124,7 @@ def check_paged(dtype: str = "float16", window: int = 0, int8: bool = False, see
             a[0] = cp.asarray((0.01 + rng.random(a[0].shape) / 20).astype(np.float32))
     meta_h, meta_d = batch_meta(chunks, 4, np.asarray), batch_meta(chunks, 4, cp.asarray)
     qkv_h = rng.standard_normal((len(meta_h.tokens), gpu.qkv_width)).astype(np.float32)
-    qkv_d, dev = cp.asarray(qkv_h), DeviceOps(gpu, pool)
+    qkv_d, dev = cp.asarray(qkv_h), DeviceOps(gpu, pool, attention=attention)
     cp.cuda.Device().synchronize()                                         # the copies ran on the default stream
     with gpu.stream:
         dev.rope(qkv_d, meta_d.positions)
@@ -118,8 +146,9 @@ def check_paged(dtype: str = "float16", window: int = 0, int8: bool = False, see
         err = max(err, rel_err(to_dtype(cp.asnumpy(getattr(pool, name)[0]), "float32") if a.dtype == np.uint16
                                else cp.asnumpy(getattr(pool, name)[0]).astype(np.float32),
                                to_dtype(a, "float32") if a.dtype == np.uint16 else a.astype(np.float32)))
-    ref = paged_attention_reference(qkv_h, want["k"], want["v"], meta_h.block_tables, meta_h.seq_of_row,
-                                    meta_h.positions, c.n_heads, window, scales)
+    reference = paged_attention_group_reference if attention == "group" else paged_attention_reference
+    ref = reference(qkv_h, want["k"], want["v"], meta_h.block_tables, meta_h.seq_of_row, meta_h.positions,
+                    c.n_heads, window, scales)
     return max(err, rel_err(cp.asnumpy(out), ref)), TOL[dtype]
 
 
@@ -129,11 +158,12 @@ def main() -> int:
     if not require_gpu("paged_attention"):
         return 2
     for dtype, int8 in (("float16", False), ("bfloat16", False), ("float16", True)):
-        for window in (0, 6):
-            label = f"{SHORT[dtype]} paged rope + kv write + attention{' int8 pool' if int8 else ''} window {window}"
+        for window, attention in ((0, "head"), (6, "head"), (0, "group"), (6, "group")):
+            label = (f"{SHORT[dtype]} paged rope + kv write + attention ({attention}){' int8 pool' if int8 else ''} "
+                     f"window {window}")
 
-            def one(dtype=dtype, int8=int8, window=window, label=label):
-                err, tol = check_paged(dtype, window, int8)
+            def one(dtype=dtype, int8=int8, window=window, attention=attention, label=label):
+                err, tol = check_paged(dtype, window, int8, attention=attention)
                 verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
             guarded(label, one)
     return finish("paged_attention")
