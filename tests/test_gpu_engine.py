@@ -167,10 +167,10 @@ def test_gpu_batching_switches_come_from_the_model_and_the_environment(monkeypat
     from minillm.cuda.gpu_batched import GPUBatching
     from minillm.errors import MiniLLMError
     on, off = SimpleNamespace(use_graph=True), SimpleNamespace(use_graph=False)
-    assert GPUBatching(on).use_graph and not GPUBatching(off).use_graph and GPUBatching(on).attention == "head"
+    assert GPUBatching(on).use_graph and not GPUBatching(off).use_graph and GPUBatching(on).attention == "group"
     monkeypatch.setenv("MINILLM_BATCH_GRAPHS", "0")
-    monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "group")
-    assert not GPUBatching(on).use_graph and GPUBatching(on).attention == "group"
+    monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "head")
+    assert not GPUBatching(on).use_graph and GPUBatching(on).attention == "head"
     monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "grp")
     with pytest.raises(MiniLLMError, match="'head' or 'group'"):
         GPUBatching(on)
