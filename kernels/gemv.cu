@@ -182,22 +182,18 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
     int n8 = in >> 3;                                                  // 16-byte chunks per row
     float acc_a = 0.0f, acc_b = 0.0f, ss = 0.0f;
     int base = 0;
-    uint4 va[V4_U], vb[V4_U];
-    if (32 * V4_U <= n8) {                   // the first step's weights: on their way before x is ready (PDL)
-#pragma unroll
-        for (int u = 0; u < V4_U; u++) {
-            va[u] = ld_stream(wa + 32 * u + lane);
-            vb[u] = ld_stream(wb + 32 * u + lane);
-        }
+    if (lane == 0) {          // the first step's bytes of both rows on their way to L2 before x is ready (PDL);
+        unsigned int first = (unsigned int)min(n8, 32 * V4_U) * 16u;   // (L2, not registers: the loop is as before)
+        prefetch_l2(wa, first);
+        if (rb != ra) prefetch_l2(wb, first);
     }
     pdl_wait_then_trigger();                                           // x, y and the cache: the last kernel's
     for (; base + 32 * V4_U <= n8; base += 32 * V4_U) {
-        if (base > 0) {
+        uint4 va[V4_U], vb[V4_U];
 #pragma unroll
-            for (int u = 0; u < V4_U; u++) {                           // 2 x V4_U loads in flight
-                va[u] = ld_stream(wa + base + 32 * u + lane);
-                vb[u] = ld_stream(wb + base + 32 * u + lane);
-            }
+        for (int u = 0; u < V4_U; u++) {                               // 2 x V4_U loads in flight
+            va[u] = ld_stream(wa + base + 32 * u + lane);
+            vb[u] = ld_stream(wb + base + 32 * u + lane);
         }
 #pragma unroll
         for (int u = 0; u < V4_U; u++) {
@@ -208,6 +204,7 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
         }
     }
     if (base < n8) {                                                   // the ragged end (in % 2048 != 0)
+        uint4 va[V4_U], vb[V4_U];
 #pragma unroll
         for (int u = 0; u < V4_U; u++) {
             int i = base + 32 * u + lane;
