@@ -106,6 +106,7 @@ class CPUBatching:
     BatchedRunner; kv_cache "auto" stores fp32, "int8" codes and scales."""
     device = "cpu"
     default_kv_bytes = 512 << 20        # the pool when neither num_blocks nor max_kv_bytes is given
+    default_batch_tokens = 512          # tokens a step computes at most: a 512-row step is ~0.1-1 s on a CPU
     cap_to_max_batch = False            # a CPU pool is host memory: no cap by max_batch
 
     def __init__(self, model):

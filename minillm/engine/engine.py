@@ -76,7 +76,7 @@ class Engine:
     """Continuous batching for one model: many requests, one batched forward pass per step."""
 
     def __init__(self, llm, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
-                 max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int = 512,
+                 max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int | None = None,
                  prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True,
                  speculative=None, draft_tokens: int | None = None):
         """kv_cache: "auto" (the model's float type: fp32 here, the weights' 16 bits on the GPU) or "int8"
@@ -86,11 +86,14 @@ class Engine:
         GPU's for an llm loaded with device="cuda"); the engine never imports a backend. speculative:
         a drafter or its name, as llm.generate takes it ("ngram", "int4", "layers:N", a draft model), with
         `draft_tokens` drafts per request and step (default: the drafter's; engine/speculative/pooled.py; a draft model's KV
-        takes a share of every block)."""
-        if block_size < 1 or max_batch < 1 or max_batch_tokens < 1:
-            raise MiniLLMError("block_size, max_batch and max_batch_tokens must be >= 1")
+        takes a share of every block). max_batch_tokens: the tokens one step computes at most (prompt chunks
+        and decodes together); default: the backend's (512 on the CPU, 2048 on the GPU)."""
         self.llm, self.config = llm, llm.config
         backend = llm.batching                           # checks the model: GQA, a model it can batch
+        if max_batch_tokens is None:
+            max_batch_tokens = backend.default_batch_tokens
+        if block_size < 1 or max_batch < 1 or max_batch_tokens < 1:
+            raise MiniLLMError("block_size, max_batch and max_batch_tokens must be >= 1")
         if kv_cache is None:                             # as the model was loaded
             kv_cache = llm.model.kv_cache if llm.model.kv_cache in ("int8", "fp8") else "auto"
         try:
