@@ -7,7 +7,8 @@ small RoPE key shared by every head; each head's key and value are linear images
 latents at every step, "absorbed" folds W_UK into the query and W_UV after the weighted sum, so all
 heads read the one [L, kv_lora_rank + rope] cache. We check the two agree, time them as the context
 grows, compare cache sizes, then convert SmolLM2 (GQA) to MLA by SVD (`minillm.checkpoints.mla_convert`) and
-measure what each rank costs in perplexity.
+measure what each rank costs in perplexity. On a GPU it times the absorbed decode on hand-written kernels in
+a CUDA graph (minillm/cuda/gpu_mla.py) against cuBLAS through CuPy and a GQA model of the same size.
 
 Run: python lessons/06_mla.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm.model.config import ModelConfig
-from minillm.course import hf_tensors, lesson_model, print_table, quick, save_plot
+from minillm.course import hf_tensors, lesson_model, print_table, quick, run_gpu_parts, save_plot
 from minillm.tools.evaluate import eval_text, perplexity
 from minillm.llm import LLM
 from minillm.checkpoints.mla_convert import convert_to_mla
@@ -214,6 +215,11 @@ def main():
           "directions real activations use (a data-aware factorization, or fine-tuning as DeepSeek trains MLA "
           "from the start, would lose far less).")
 
+    # 4. On a GPU: the absorbed decode on hand-written kernels in one CUDA graph (minillm/cuda/gpu_mla.py) vs the
+    #    engine's Transformer on CuPy (cuBLAS, no graph), next to a GQA model of the same weight bytes.
+    failed = run_gpu_parts([("MLA decode on the GPU: kernels + CUDA graph vs cuBLAS through CuPy vs a GQA twin, "
+                             "DeepSeek-V3 shape", lambda: gpu_mla_decode(2 if small else 8))])
+
     def draw(ax):
         for key_rank in sorted({k for k, _, _ in points}, reverse=True):
             xs, ys = zip(*[(f, p) for k, f, p in points if k == key_rank])
@@ -222,7 +228,19 @@ def main():
         ax.set_yscale("log"), ax.set_xlabel("KV cache vs GQA (%)"), ax.set_ylabel("perplexity")
         ax.set_title("Lesson 06: GQA -> MLA by weight SVD, quality vs cache size"), ax.legend(), ax.grid(alpha=0.3)
     save_plot("06_mla_svd_curve.png", draw)
+    return 1 if failed else 0
+
+
+def gpu_mla_decode(n_layers: int) -> None:
+    """minillm.cuda.dev.mla's benchmark: tok/s, GB/s and % of the copy roofline of the three paths at 128 and
+    4096 cached tokens, then one MLA layer's kernels (on the H200, 8 layers: 294 vs 46 (4 layers) vs 329 tok/s)."""
+    from minillm.cuda.dev.mla import benchmark
+    benchmark(n_layers)
+    print("The absorbed attention reads one [c_KV | k_rope] row per position for all 128 heads, so the cache is\n"
+          "small; the weights (1.17 GB a layer) set the time, as for GQA. Where MLA still trails its GQA twin is\n"
+          "the attention's arithmetic at long contexts: 128 heads x (512 + 576) multiply-adds per key, on fp32\n"
+          "FMAs here (lessons/BENCHMARKS.md: what tensor cores would change).")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
