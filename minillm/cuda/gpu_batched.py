@@ -7,9 +7,9 @@ attention is per sequence. Here attention is one launch per layer for the whole 
 kernels/paged_attention.cu gives every query row its sequence's block table and its position.
 
     weights      GPUTransformer's own (fused wqkv and gate|up, 16-bit, fp32 norms): nothing re-uploaded
-    pool         DevicePagedKV: k, v [layers, blocks, block_size, n_kv_heads, hd], 16-bit, on the device;
-                 or int8 codes with a scale per position and KV head (k_scale, v_scale [layers, blocks,
-                 block_size, n_kv_heads] fp32), paged_kv.PagedKVCache's int8 format
+    pool         DevicePagedKV (paged_pool.py): k, v [layers, blocks, block_size, n_kv_heads, hd], 16-bit, on
+                 the device; or int8 codes with a scale per position and KV head, PagedKVCache's int8 format
+    metadata     BatchMeta (batch_meta.py): each row's token, position, pool slot and block table, int32
     activations  the residual stream fp32; GEMM inputs narrowed to 16 bits, fp32 accumulation (as prefill)
     host         packing, block tables, the scheduler and the sampler stay on the host; one upload of
                  the batch's int32 metadata and one download of the logits [B, vocab] fp32 per step
@@ -46,12 +46,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minillm.backend import as_f32, to_dtype
-from minillm.engine.batched import SeqChunk, pack
+from minillm.backend import as_f32
+from minillm.cuda.batch_meta import (GRAPH_BUCKETS, BatchMeta, batch_meta, bucket_for,  # noqa: F401 (re-exported)
+                                     decode_meta_into, meta_size, meta_views)
+from minillm.cuda.paged_pool import DevicePagedKV
+from minillm.engine.batched import SeqChunk
 from minillm.errors import MiniLLMError
-from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache, first_needed_block
+from minillm.engine.paged_kv import PagedKVCache, first_needed_block
 from minillm.model.attention import grouped_attention
-from minillm.model.kv_cache import int8_kv_bytes_per_token
 from minillm.model.layers import apply_rope, linear, rmsnorm, rope_tables, silu
 
 PA_WARPS, PA_MAX_HD = 4, 256            # as #defined in paged_attention.cu
@@ -61,146 +63,6 @@ PA_GROUPS = (1, 2, 4, 8)                # GQA group sizes paged_attention_g{G} i
 def _cp():
     import cupy
     return cupy
-
-
-class DevicePagedKV(PagedKVCache):
-    """The paged pool on the device (xp = cupy), or on the host (xp = numpy: the kernels' format checked without
-    a GPU, dev/paged_attention.py's references writing it). dtype:
-    the model's 16 bits ("float16", or "bfloat16" as uint16 bits), or "int8": codes and a fp32 scale per
-    position and KV head (half the bytes at hd 128). Same layout and `slots` as PagedKVCache."""
-
-    def __init__(self, config, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, dtype: str = "float16",
-                 xp=None, arrays: dict | None = None):
-        """arrays: another (dead) pool's `arrays()` of this geometry, taken over as they are (GPUBatching
-        recycles them: stale values are harmless, a sequence reads only positions it wrote)."""
-        xp = xp or _cp()
-        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
-        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
-        self.decode_graphs: dict = {}    # bucket -> DecodeGraph over these arrays (GPUBatchedRunner fills it)
-        if arrays is not None:
-            self.__dict__.update(arrays)
-            return
-        storage = {"float16": xp.float16, "bfloat16": xp.uint16, "int8": xp.int8}[dtype]
-        self.k = xp.zeros(shape, dtype=storage)          # [layers, blocks, bs, n_kv, hd]
-        self.v = xp.zeros(shape, dtype=storage)
-        if dtype == "int8":
-            self.k_scale = xp.zeros(shape[:4], dtype=xp.float32)       # [layers, blocks, bs, n_kv]
-            self.v_scale = xp.zeros(shape[:4], dtype=xp.float32)
-        if xp is not np:     # the fill ran on the current stream; the model's stream does not wait for it
-            xp.cuda.Device().synchronize()
-
-    def arrays(self) -> dict:
-        """The device memory another pool of this geometry can take over, with the graphs captured over it."""
-        names = ("k", "v", "k_scale", "v_scale", "decode_graphs")
-        return {name: getattr(self, name) for name in names if hasattr(self, name)}
-
-    @staticmethod
-    def bytes_per_block_for(config, block_size: int, dtype: str = "float16") -> int:
-        """Keys + values of one block, every layer (2 bytes a value, or 1 and a 4-byte scale a vector for
-        int8): to size a pool before allocating it."""
-        return block_size * (int8_kv_bytes_per_token(config) if dtype == "int8" else config.kv_bytes_per_token(2))
-
-    @property
-    def nbytes(self) -> int:
-        scales = self.k_scale.nbytes + self.v_scale.nbytes if self.dtype == "int8" else 0
-        return self.k.nbytes + self.v.nbytes + scales
-
-    def layer(self, i: int) -> tuple:
-        """One layer's pool for the kernels: (k, v, scales), scales = (k_scale, v_scale) or None (16-bit)."""
-        return self.k[i], self.v[i], ((self.k_scale[i], self.v_scale[i]) if self.dtype == "int8" else None)
-
-    def write(self, *args, **kw):
-        raise NotImplementedError("the device pool is written by paged_kv_write (GPUBatchedRunner)")
-
-    def read(self, layer: int, block_table, length: int, first_block: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """PagedKVCache.read on the host in fp32 (tests, debugging): positions first_block * block_size ..
-        length - 1.   -> k, v: [n_kv, n, hd]"""
-        blocks = np.asarray(block_table[first_block:math.ceil(length / self.block_size)], dtype=np.int64)
-        n = length - first_block * self.block_size
-        k, v, scales = self.layer(layer)
-        out = []
-        for pool, scale in zip((k, v), scales or (None, None)):
-            x = _host(pool[blocks.tolist()])                            # [nb, bs, n_kv, hd]  the gather
-            x = x.reshape(-1, *x.shape[2:])[:n]                         # [n, n_kv, hd]
-            if scale is None:
-                x = to_dtype(x, "float32")
-            else:                                                       # code · scale
-                x = x.astype(np.float32) * _host(scale[blocks.tolist()]).reshape(-1, x.shape[1])[:n, :, None]
-            out.append(x.transpose(1, 0, 2))                            # [n_kv, n, hd]
-        return out[0], out[1]
-
-
-def _host(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else a
-
-
-@dataclass
-class BatchMeta:
-    """What the kernels need to know about a packed batch, as int32 (one upload for all of it)."""
-    tokens: object          # [N]   token ids
-    positions: object       # [N]   absolute position of each row
-    slots: object           # [N]   flat pool slot (block * block_size + offset) each row's K/V goes to
-    seq_of_row: object      # [N]   which chunk (row of block_tables) each row belongs to
-    last_rows: object       # [B]   each chunk's last row (its next-token logits)
-    block_tables: object    # [B, max_blocks]  padded with 0 past each sequence's last block
-
-
-def batch_meta(chunks: list[SeqChunk], block_size: int, upload) -> BatchMeta:
-    """Pack the chunks on the host (batched.pack) and upload the int32 metadata in one copy."""
-    tokens, positions, last_rows = pack(chunks)                                          # [N], [N], [B]
-    lengths = [len(c.token_ids) for c in chunks]
-    table_len = [math.ceil(c.end / block_size) for c in chunks]                          # blocks in use
-    tables = np.zeros((len(chunks), max(table_len)), dtype=np.int32)                     # [B, max_blocks]
-    for b, (c, n) in enumerate(zip(chunks, table_len)):
-        tables[b, :n] = c.block_table[:n]
-    seq_of_row = np.repeat(np.arange(len(chunks)), lengths)                             # [N]
-    slots = tables[seq_of_row, positions // block_size].astype(np.int64) * block_size + positions % block_size
-    parts = [tokens, positions, slots, seq_of_row, last_rows, tables.reshape(-1)]
-    flat = upload(np.concatenate(parts).astype(np.int32))
-    views, start = [], 0
-    for p in parts:
-        views.append(flat[start:start + len(p)])
-        start += len(p)
-    return BatchMeta(*views[:5], views[5].reshape(tables.shape))
-
-
-GRAPH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)   # decode batch sizes a graph is captured for
-
-
-def bucket_for(batch: int, buckets=GRAPH_BUCKETS) -> int | None:
-    """The smallest bucket that holds `batch` rows (None: more rows than the largest bucket)."""
-    return next((b for b in buckets if b >= batch), None)
-
-
-def meta_size(bucket: int, width: int) -> int:
-    """int32s in a bucket's metadata: five per row (token, position, slot, seq_of_row, last_row) + its table row."""
-    return bucket * (5 + width)
-
-
-def meta_views(flat, bucket: int, width: int) -> BatchMeta:
-    """BatchMeta over a flat int32 buffer of meta_size(bucket, width) (host or device): views, no copies."""
-    rows = [flat[i * bucket:(i + 1) * bucket] for i in range(5)]
-    return BatchMeta(*rows, flat[5 * bucket:].reshape(bucket, width))
-
-
-def decode_meta_into(flat: np.ndarray, chunks: list[SeqChunk], block_size: int, bucket: int, width: int) -> None:
-    """A decode-only batch (one token per chunk) as metadata padded to `bucket` rows, written into the host
-    buffer `flat` [meta_size(bucket, width)] int32. Row b < B is chunk b; a padded row has token 0 at position
-    0, its own all-zero table row, and slot -1: the write kernels skip it, so it changes no real KV (its
-    attention reads block 0's first key, whatever is there, and its logits are dropped)."""
-    B = len(chunks)
-    m = meta_views(flat, bucket, width)
-    flat[:] = 0
-    m.tokens[:B] = [c.token_ids[0] for c in chunks]
-    m.positions[:B] = [c.start for c in chunks]
-    for b, c in enumerate(chunks):
-        n = -(-c.end // block_size)                                             # blocks in use
-        m.block_tables[b, :n] = c.block_table[:n]
-    pos = m.positions[:B]
-    m.slots[:B] = m.block_tables[np.arange(B), pos // block_size] * block_size + pos % block_size
-    m.slots[B:] = -1
-    m.seq_of_row[:] = np.arange(bucket)                                        # row b reads table row b
-    m.last_rows[:] = np.arange(bucket)                                         # one row per chunk
 
 
 @dataclass

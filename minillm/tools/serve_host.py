@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from minillm.cuda.gpu_batched import batch_meta, bucket_for, decode_meta_into, meta_size
+from minillm.cuda.batch_meta import batch_meta, bucket_for, decode_meta_into, meta_size
 from minillm.engine import engine as engine_module
 from minillm.engine.batched import CPUBatching
 from minillm.engine.engine import Engine

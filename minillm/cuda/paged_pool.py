@@ -1,0 +1,95 @@
+"""The paged KV pool on the device: gpu_batched.py's blocks, in the CPU engine's PagedKVCache layout.
+
+    k, v       [layers, blocks, block_size, n_kv_heads, hd], 16-bit (the weights' dtype), or int8 codes
+    k_scale,   [layers, blocks, block_size, n_kv_heads] fp32 (the int8 pool only: paged_kv.PagedKVCache's
+    v_scale    int8 format)
+
+kernels/paged_attention.cu writes and reads it through each sequence's block table (GPUBatchedRunner);
+`read` widens a sequence's positions back to fp32 on the host, for tests and debugging. With xp=numpy
+the same arrays live on the host (the kernels' format checked without a GPU).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from minillm.backend import to_dtype
+from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache
+from minillm.model.kv_cache import int8_kv_bytes_per_token
+
+
+def _cp():
+    import cupy
+    return cupy
+
+
+class DevicePagedKV(PagedKVCache):
+    """The paged pool on the device (xp = cupy), or on the host (xp = numpy: the kernels' format checked without
+    a GPU, dev/paged_attention.py's references writing it). dtype:
+    the model's 16 bits ("float16", or "bfloat16" as uint16 bits), or "int8": codes and a fp32 scale per
+    position and KV head (half the bytes at hd 128). Same layout and `slots` as PagedKVCache."""
+
+    def __init__(self, config, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, dtype: str = "float16",
+                 xp=None, arrays: dict | None = None):
+        """arrays: another (dead) pool's `arrays()` of this geometry, taken over as they are (GPUBatching
+        recycles them: stale values are harmless, a sequence reads only positions it wrote)."""
+        xp = xp or _cp()
+        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        self.decode_graphs: dict = {}    # bucket -> DecodeGraph over these arrays (GPUBatchedRunner fills it)
+        if arrays is not None:
+            self.__dict__.update(arrays)
+            return
+        storage = {"float16": xp.float16, "bfloat16": xp.uint16, "int8": xp.int8}[dtype]
+        self.k = xp.zeros(shape, dtype=storage)          # [layers, blocks, bs, n_kv, hd]
+        self.v = xp.zeros(shape, dtype=storage)
+        if dtype == "int8":
+            self.k_scale = xp.zeros(shape[:4], dtype=xp.float32)       # [layers, blocks, bs, n_kv]
+            self.v_scale = xp.zeros(shape[:4], dtype=xp.float32)
+        if xp is not np:     # the fill ran on the current stream; the model's stream does not wait for it
+            xp.cuda.Device().synchronize()
+
+    def arrays(self) -> dict:
+        """The device memory another pool of this geometry can take over, with the graphs captured over it."""
+        names = ("k", "v", "k_scale", "v_scale", "decode_graphs")
+        return {name: getattr(self, name) for name in names if hasattr(self, name)}
+
+    @staticmethod
+    def bytes_per_block_for(config, block_size: int, dtype: str = "float16") -> int:
+        """Keys + values of one block, every layer (2 bytes a value, or 1 and a 4-byte scale a vector for
+        int8): to size a pool before allocating it."""
+        return block_size * (int8_kv_bytes_per_token(config) if dtype == "int8" else config.kv_bytes_per_token(2))
+
+    @property
+    def nbytes(self) -> int:
+        scales = self.k_scale.nbytes + self.v_scale.nbytes if self.dtype == "int8" else 0
+        return self.k.nbytes + self.v.nbytes + scales
+
+    def layer(self, i: int) -> tuple:
+        """One layer's pool for the kernels: (k, v, scales), scales = (k_scale, v_scale) or None (16-bit)."""
+        return self.k[i], self.v[i], ((self.k_scale[i], self.v_scale[i]) if self.dtype == "int8" else None)
+
+    def write(self, *args, **kw):
+        raise NotImplementedError("the device pool is written by paged_kv_write (GPUBatchedRunner)")
+
+    def read(self, layer: int, block_table, length: int, first_block: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """PagedKVCache.read on the host in fp32 (tests, debugging): positions first_block * block_size ..
+        length - 1.   -> k, v: [n_kv, n, hd]"""
+        blocks = np.asarray(block_table[first_block:math.ceil(length / self.block_size)], dtype=np.int64)
+        n = length - first_block * self.block_size
+        k, v, scales = self.layer(layer)
+        out = []
+        for pool, scale in zip((k, v), scales or (None, None)):
+            x = _host(pool[blocks.tolist()])                            # [nb, bs, n_kv, hd]  the gather
+            x = x.reshape(-1, *x.shape[2:])[:n]                         # [n, n_kv, hd]
+            if scale is None:
+                x = to_dtype(x, "float32")
+            else:                                                       # code · scale
+                x = x.astype(np.float32) * _host(scale[blocks.tolist()]).reshape(-1, x.shape[1])[:n, :, None]
+            out.append(x.transpose(1, 0, 2))                            # [n_kv, n, hd]
+        return out[0], out[1]
+
+
+def _host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else a
