@@ -559,3 +559,75 @@ def test_a_new_engine_recycles_a_dead_engines_pool_and_graphs_but_never_a_live_o
     results = second.generate(prompts(), max_tokens=16)
     _assert_graphs_ran(second)
     assert_teacher_forced_greedy(cpu, prompts(), results)
+
+
+class FakeStream:
+    """begin_capture / end_capture recorded; end_capture returns a graph whose launches are counted."""
+    def __init__(self, fail_end: bool = False):
+        self.events, self.fail_end = [], fail_end
+
+    def begin_capture(self):
+        self.events.append("begin")
+
+    def end_capture(self):
+        self.events.append("end")
+        if self.fail_end:
+            raise RuntimeError("capture invalidated")
+        stream = self
+
+        class Graph:
+            def launch(self, on):
+                stream.events.append(("launch", on is stream))
+        return Graph()
+
+
+def _capturing_model(monkeypatch, stream, prepare=None):
+    """A GPUTransformer shell (no GPU) whose capture_with_cublas runs against a fake stream and cuBLAS."""
+    from types import SimpleNamespace
+    from minillm.cuda import cublas_raw, gpu_model
+    handles = []
+    monkeypatch.setattr(gpu_model, "_cp", lambda: SimpleNamespace(
+        cuda=SimpleNamespace(device=SimpleNamespace(get_cublas_handle=lambda: 7))))
+    monkeypatch.setattr(cublas_raw, "prepare", prepare or handles.append)
+    m = gpu_model.GPUTransformer.__new__(gpu_model.GPUTransformer)
+    m.stream, m._capturing = stream, False
+    return m, handles
+
+
+def test_capture_with_cublas_routes_gemms_to_cublas_raw_only_while_capturing(monkeypatch):
+    stream = FakeStream()
+    m, handles = _capturing_model(monkeypatch, stream)
+    seen = []
+    graph, result, error = m.capture_with_cublas(lambda: seen.append(m._capturing) or 42)
+    assert (result, error, seen, handles, m._capturing) == (42, None, [True], [7], False)
+    assert stream.events == ["begin", "end"] and graph is not None
+
+
+@pytest.mark.parametrize("fail", ["step", "end", "prepare"])
+def test_capture_with_cublas_reports_why_it_failed(monkeypatch, fail):
+    def refuse(handle):
+        raise OSError("no libcublas")
+    stream = FakeStream(fail_end=fail == "end")
+    m, _ = _capturing_model(monkeypatch, stream, refuse if fail == "prepare" else None)
+
+    def step():
+        if fail == "step":
+            raise RuntimeError("boom")
+    graph, result, error = m.capture_with_cublas(step)
+    assert graph is None and result is None and m._capturing is False
+    assert error == {"step": "RuntimeError: boom", "end": "RuntimeError: capture invalidated",
+                     "prepare": "OSError: no libcublas"}[fail]
+    assert stream.events == ([] if fail == "prepare" else ["begin", "end"])      # a capture begun always ends
+
+
+def test_the_batching_graphs_replay_what_the_model_captured(monkeypatch):
+    from minillm.cuda.gpu_batched import DeviceOps
+    stream = FakeStream()
+    m, _ = _capturing_model(monkeypatch, stream)
+    ops = DeviceOps.__new__(DeviceOps)
+    ops.model = m
+    replay, error = ops.capture(lambda: "logits")
+    assert error is None and replay() == "logits" and stream.events == ["begin", "end", ("launch", True)]
+    m2, _ = _capturing_model(monkeypatch, FakeStream(fail_end=True))
+    ops.model = m2
+    assert ops.capture(lambda: None) == (None, "RuntimeError: capture invalidated")

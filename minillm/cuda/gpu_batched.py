@@ -350,29 +350,13 @@ class DeviceOps:
         return host
 
     def capture(self, step):
-        """step()'s launches captured as a CUDA graph on the model's stream (GEMMs through cublas_raw: CuPy
-        refuses cuBLAS under capture). -> (replay, None), replay() launching it and returning step()'s
-        result, or (None, the reason) when capturing failed."""
-        from minillm.cuda import cublas_raw
-        try:
-            cublas_raw.prepare(self.xp.cuda.device.get_cublas_handle())    # its workspace, set before capturing
-        except (OSError, RuntimeError, AttributeError) as e:
-            return None, f"{type(e).__name__}: {e}"
-        stream, model, error, graph = self.model.stream, self.model, None, None
-        model._capturing = True
-        stream.begin_capture()
-        try:
-            result = step()
-        except Exception as e:                                   # CUDA errors, or cuBLAS refusing the capture
-            error = f"{type(e).__name__}: {e}"
-        finally:
-            model._capturing = False
-            try:
-                graph = stream.end_capture()
-            except Exception as e:
-                error = error or f"{type(e).__name__}: {e}"
+        """step()'s launches captured as a CUDA graph on the model's stream (GPUTransformer.capture_with_cublas:
+        its GEMMs through cublas_raw). -> (replay, None), replay() launching it and returning step()'s result,
+        or (None, the reason) when capturing failed."""
+        graph, result, error = self.model.capture_with_cublas(step)
         if error is not None:
             return None, error
+        stream = self.model.stream
 
         def replay():
             graph.launch(stream)

@@ -526,28 +526,37 @@ class GPUTransformer:
             b = self._prefill_buffers(T)
             hn = cp.empty((T, self.config.dim), device_dtype(self.dtype))
             logits = cp.empty((T, self.config.vocab_size), cp.float32)
-            try:
-                cublas_raw.prepare(cp.cuda.device.get_cublas_handle())   # its own workspace, set before capturing
-            except (OSError, RuntimeError, AttributeError) as e:
-                self.rows_graph_error = f"{type(e).__name__}: {e}"
-                return None
-            self._capturing = True
-            self.stream.begin_capture()
-            try:
-                x = self._prefill_layers(b, cache, self.layers)
-                self._head_all(x, hn, logits)
-            except Exception as e:                                # CUDA errors, or cuBLAS refusing the capture
-                self.rows_graph_error = f"{type(e).__name__}: {e}"
-            finally:
-                self._capturing = False
-                try:
-                    graph = self.stream.end_capture()
-                except Exception as e:
-                    self.rows_graph_error = self.rows_graph_error or f"{type(e).__name__}: {e}"
-            if self.rows_graph_error is not None:
+            graph, _, error = self.capture_with_cublas(
+                lambda: self._head_all(self._prefill_layers(b, cache, self.layers), hn, logits))
+            if error is not None:
+                self.rows_graph_error = error
                 return None
             graphs[T] = (graph, b, logits)
         return graphs[T]
+
+    def capture_with_cublas(self, step):
+        """step()'s launches captured as a CUDA graph on this model's stream, cuBLAS's GEMMs among them (through
+        cublas_raw while `_capturing`: CuPy's binding refuses cuBLAS under capture). The verify pass's graph
+        (above) and the batching engine's decode graphs (gpu_batched.DeviceOps.capture) are made here.
+        -> (graph, step()'s result, None), or (None, None, why capturing failed)."""
+        try:
+            cublas_raw.prepare(_cp().cuda.device.get_cublas_handle())   # its own workspace, set before capturing
+        except (OSError, RuntimeError, AttributeError) as e:
+            return None, None, f"{type(e).__name__}: {e}"
+        graph, result, error = None, None, None
+        self._capturing = True
+        self.stream.begin_capture()
+        try:
+            result = step()
+        except Exception as e:                                   # CUDA errors, or cuBLAS refusing the capture
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            self._capturing = False
+            try:
+                graph = self.stream.end_capture()
+            except Exception as e:
+                error = error or f"{type(e).__name__}: {e}"
+        return (None, None, error) if error is not None else (graph, result, None)
 
     def _prefill_kv(self, i: int, cache, T: int):
         """Layer i's keys and values in 16 bits for the tiled prefill kernel: the cache's own arrays, or
