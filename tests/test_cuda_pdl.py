@@ -8,6 +8,7 @@ from gpu_skip import cupy_with_a_device
 
 cp = cupy_with_a_device()
 
+from minillm.cuda.dev.model import greedy  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.model.config import ModelConfig  # noqa: E402
 
@@ -16,13 +17,9 @@ CONFIG = ModelConfig(vocab_size=512, dim=256, n_layers=3, n_heads=8, n_kv_heads=
 
 
 def greedy_run(model, prompt, n_new: int):
-    cache = model.new_cache(len(prompt) + n_new + 4)
-    logits, tokens, steps = model.prefill(prompt, cache), [], []
-    for _ in range(n_new):
-        tokens.append(int(np.argmax(logits)))
-        logits = model.decode(tokens[-1], cache)
-        steps.append(logits)
-    return tokens, np.stack(steps)
+    """Tokens and every step's logits (the prefill's and n_new decodes'), stacked."""
+    tokens, logits = greedy(model, prompt, n_new + 1, model.new_cache(len(prompt) + n_new + 4))
+    return tokens, np.stack(logits)
 
 
 @pytest.mark.parametrize("quant", [None, "int8", "int4"])

@@ -19,6 +19,7 @@ import numpy as np
 
 from minillm.cuda.dev.bench import bench_config, decode_bytes, decode_tok_s
 from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
+from minillm.cuda.dev.model import greedy
 
 FORMATS = ("float16", "int8", "int4")
 
@@ -28,15 +29,8 @@ def check(gpu, prompt, n_new: int, label: str) -> None:
     runs = {}
     for pdl in (False, True):
         model = gpu.with_settings(pdl=pdl)
-        cache = model.new_cache(len(prompt) + n_new + 8)
-        logits = model.prefill(prompt, cache)
-        tokens, steps = [], []
-        for _ in range(n_new):
-            tokens.append(int(np.argmax(logits)))
-            logits = model.decode(tokens[-1], cache)
-            steps.append(logits)
-        runs[pdl] = tokens, np.stack(steps)
-        del cache
+        tokens, logits = greedy(model, prompt, n_new + 1, model.new_cache(len(prompt) + n_new + 8))
+        runs[pdl] = tokens, np.stack(logits)                    # the prefill's logits and n_new decodes'
     same_tokens = runs[False][0] == runs[True][0]
     diff = float(np.max(np.abs(runs[False][1] - runs[True][1])))
     verdict(f"pdl {label}", same_tokens and diff == 0.0, f"tokens equal {same_tokens}, largest logit change {diff:g}")
