@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU verification of a checkout in one command, for one call on the GPU machine (10 minutes):
 #   the GPU test suite (+ the real SmolLM2 cut when .smollm2/pieces.npz came along), the selfcheck driver,
-#   lessons 11-15 (quick), `minillm bench --device cuda` for fp16/int8/int4 and `minillm bench serve`.
+#   lessons 06, 10-15, 17, 24 (quick), `minillm bench --device cuda` for fp16/int8/int4 and `minillm bench serve`.
 # Each step has its own time limit and log in $OUT; the last lines of each are printed.
 #   here:   (cd tests && python -c "from pathlib import Path; import smollm2_pieces as s;
 #            s.pack(Path('<smollm2 dir>'), Path('../.smollm2/pieces.npz'), 8, tokenizer=True)")
@@ -57,7 +57,7 @@ specbench) # minillm bench --speculative on the real SmolLM2 (needs it): each dr
 selfcheck)
     step selfcheck 150 python3 -m minillm.cuda.selfcheck --quick ;;
 lessons)
-    for n in 10 11 12 13 14 15 24; do
+    for n in 06 10 11 12 13 14 15 17 24; do
         MINILLM_LESSON_QUICK=1 MINILLM_LESSON_MODEL=${MINILLM_TEST_SMOLLM2:-random:smollm2-135m} \
             TAIL=4 step lessons 120 python3 lessons/${n}_*.py
     done ;;
