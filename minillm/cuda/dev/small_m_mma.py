@@ -1,0 +1,158 @@
+"""The batched decode step's products on the tensor cores, Y [T, rows] = X [T, in] · Wᵀ for T <= 64
+(kernels/gemm_small_m_mma.cu, launched by minillm/cuda/gemm_mma.py), against NumPy and cuBLAS.
+
+    check   the kernel vs float64 NumPy over the same 16-bit values: fresh random inputs, NaN-poisoned output,
+            with and without accumulate, T = 1 .. 64, shapes with a partial row tile, a partial k stage, a
+            k range shorter than a stage, and every cluster size (1, 2, 4, 8); and two runs bit-identical
+            (the split-k partials meet in a fixed order)
+    sweep   one Mistral-7B layer's four matrices (q|k|v, o, gate|up, down: 436 MB) at T = 1 .. 64: µs a layer,
+            GB/s and % of the copy roofline, next to cuBLAS (GPUTransformer.gemm: what the engine used), and
+            per matrix at the largest T
+
+    python -m minillm.cuda.dev.small_m_mma [--quick]
+
+Importing this module does not import CuPy.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from minillm.cuda.dev.common import gemv_tol, narrow, plain_table, poisoned, rel_err, require_gpu
+from minillm.cuda.dev.small_m import _cublas_gemm, reference
+from minillm.cuda.dev.timing import copy_bandwidth, time_gpu
+from minillm.cuda.gemm_mma import MAX_T, BatchGemm, Variant, split_for
+
+# (rows, in, accumulate): a partial row tile and a partial k stage; k shorter than a stage; splits 2, 4, 8
+SHAPES = ((77, 520, False), (300, 1024, True), (130, 8, False), (512, 4096, True), (1024, 2048, False),
+          (4096, 4096, True))
+
+
+def _cp():
+    import cupy
+    return cupy
+
+
+def check_one(gemm: BatchGemm, dtype: str, T: int, rows: int, n_in: int, accumulate: bool, seed: int):
+    """(error, tolerance, bit-identical on a second run) of the kernel against `reference`."""
+    cp = _cp()
+    rng = np.random.default_rng(seed)
+    w16 = narrow(rng.standard_normal((rows, n_in)) / np.sqrt(n_in), dtype)
+    x16 = narrow(rng.standard_normal((T, n_in)), dtype)
+    y0 = rng.standard_normal((T, rows)).astype(np.float32)
+    w, x = cp.asarray(w16), cp.asarray(x16)
+    runs = []
+    for _ in range(2):
+        y = cp.asarray(y0) if accumulate else poisoned((T, rows), np.float32)
+        gemm(x, w, y, accumulate)
+        runs.append(cp.asnumpy(y))
+    from minillm.backend import as_f32
+    want = reference(w16, as_f32(x16), y0 if accumulate else None)
+    return rel_err(runs[0], want), gemv_tol(n_in, None), np.array_equal(runs[0], runs[1])
+
+
+def checks(dtypes=("float16", "bfloat16"), ts=(1, 3, 8, 13, 16, 24, 33, 48, 64)) -> list[tuple[str, float, float]]:
+    out = []
+    for dtype in dtypes:
+        gemm = BatchGemm(dtype)
+        for T in ts:
+            for rows, n_in, acc in SHAPES:
+                err, tol, same = check_one(gemm, dtype, T, rows, n_in, acc, seed=T * 1000 + rows)
+                name = f"{dtype} T={T} [{rows}, {n_in}] S={split_for(rows, n_in, gemm.sms)}{' +=' if acc else ''}"
+                out.append((name, err, tol))
+                out.append((name + " deterministic", 0.0 if same else 1.0, 0.0))
+    return out
+
+
+def sweep(ts=(1, 8, 16, 32, 48, 64), dtype: str = "float16", reps: int = 20) -> list[list]:
+    from minillm.model.config import PRESETS
+    cp = _cp()
+    c = PRESETS["mistral-7b"].config
+    names = ["q|k|v", "o", "gate|up", "down"]
+    shapes = [((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, c.dim), (c.dim, c.n_heads * c.head_dim),
+              (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)]
+    ws = [cp.asarray(narrow(np.random.default_rng(i).standard_normal((r, n)).astype(np.float32) * 0.02, dtype))
+          for i, (r, n) in enumerate(shapes)]
+    nbytes = sum(w.nbytes for w in ws)
+    bw = copy_bandwidth(1 << 30)
+    gemm = BatchGemm(dtype)
+    gbs = lambda us, b=nbytes: b / (us * 1e-6) / 1e9
+    rows_out, per_matrix = [], []
+    for T in ts:
+        xs = [cp.asarray(narrow(np.random.default_rng(T).standard_normal((T, n)), dtype)) for _, n in shapes]
+        ys = [cp.empty((T, r), cp.float32) for r, _ in shapes]
+        ours = time_gpu(lambda: [gemm(x, w, y) for w, x, y in zip(ws, xs, ys)], reps) * 1e3
+        blas = time_gpu(lambda: [_cublas_gemm(w, x, y) for w, x, y in zip(ws, xs, ys)], reps) * 1e3
+        rows_out.append([T, f"{ours:.0f}", f"{gbs(ours):.0f}", f"{gbs(ours) / (bw / 1e9):.0%}", f"{blas:.0f}",
+                         f"{gbs(blas):.0f}", f"{blas / ours:.2f}x"])
+        if T == ts[-1]:
+            for name, w, x, y in zip(names, ws, xs, ys):
+                a = time_gpu(lambda: gemm(x, w, y), reps) * 1e3
+                b = time_gpu(lambda: _cublas_gemm(w, x, y), reps) * 1e3
+                per_matrix.append([name, f"{w.shape[0]}x{w.shape[1]}", split_for(*w.shape, gemm.sms), f"{a:.1f}",
+                                   f"{gbs(a, w.nbytes) / (bw / 1e9):.0%}", f"{b:.1f}", f"{gbs(b, w.nbytes) / (bw / 1e9):.0%}"])
+    plain_table(f"one Mistral-7B layer's q|k|v, o, gate|up, down ({nbytes / 1e6:.0f} MB, {dtype}); copy roofline "
+                f"{bw / 1e12:.2f} TB/s", ["T", "mma µs", "GB/s", "% copy", "cuBLAS µs", "cuBLAS GB/s", "vs cuBLAS"],
+                rows_out)
+    plain_table(f"per matrix at T = {ts[-1]}", ["matrix", "shape", "S", "mma µs", "% copy", "cuBLAS µs", "% copy"],
+                per_matrix)
+    return rows_out
+
+
+VARIANTS = (Variant(), Variant(stages=6), Variant(stages=8), Variant(warps=8), Variant(warps=8, stages=5),
+            Variant(bk=128, stages=3), Variant(bk=128, stages=4))
+
+
+def variants(ts=(1, 16, 64), dtype: str = "float16", reps: int = 10) -> None:
+    """Each compile-time shape: µs for one Mistral-7B layer at a few T, and per matrix at the largest."""
+    from minillm.model.config import PRESETS
+    cp = _cp()
+    c = PRESETS["mistral-7b"].config
+    shapes = [((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, c.dim), (c.dim, c.n_heads * c.head_dim),
+              (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)]
+    ws = [cp.asarray(narrow(np.random.default_rng(i).standard_normal((r, n)).astype(np.float32) * 0.02, dtype))
+          for i, (r, n) in enumerate(shapes)]
+    nbytes = sum(w.nbytes for w in ws)
+    bw = copy_bandwidth(1 << 30) / 1e9
+    rows = []
+    for v in VARIANTS:
+        gemm = BatchGemm(dtype, v)
+        row = [f"warps {v.warps} bk {v.bk} stages {v.stages} ({v.smem // 1024} KB, {v.blocks_per_sm}/SM)"]
+        for T in ts:
+            xs = [cp.asarray(narrow(np.random.default_rng(T).standard_normal((T, n)), dtype)) for _, n in shapes]
+            ys = [cp.empty((T, r), cp.float32) for r, _ in shapes]
+            us = time_gpu(lambda: [gemm(x, w, y) for w, x, y in zip(ws, xs, ys)], reps) * 1e3
+            row.append(f"{us:.0f} ({nbytes / us / 1e3 / bw:.0%})")
+        for w, x, y in zip(ws, xs, ys):
+            us = time_gpu(lambda: gemm(x, w, y), reps) * 1e3
+            row.append(f"{us:.1f} ({w.nbytes / us / 1e3 / bw:.0%})")
+        rows.append(row)
+    plain_table(f"compile-time shapes, one Mistral-7B layer (µs, % of {bw:.0f} GB/s copy)",
+                ["variant"] + [f"T={T}" for T in ts] + [f"{n} T={ts[-1]}" for n in ("qkv", "o", "gate_up", "down")],
+                rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=f"few-row products on the tensor cores (T <= {MAX_T}): check, sweep")
+    parser.add_argument("--quick", action="store_true", help="float16 checks only, fewer repeats")
+    parser.add_argument("--variants", action="store_true", help="time each compile-time shape (VARIANTS) instead")
+    args = parser.parse_args(argv)
+    if not require_gpu("minillm.cuda.dev.small_m_mma"):
+        return 1
+    if args.variants:
+        variants()
+        return 0
+    results = checks(("float16",) if args.quick else ("float16", "bfloat16"))
+    failed = [(name, err, tol) for name, err, tol in results if not err <= tol]
+    for name, err, tol in failed[:20]:
+        print(f"FAIL {name}: error {err:.3e} > {tol:.1e}")
+    print(f"{len(results) - len(failed)} of {len(results)} checks passed "
+          f"(largest error {max(e for _, e, _ in results):.2e})")
+    sweep(reps=5 if args.quick else 20)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
