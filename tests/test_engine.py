@@ -174,6 +174,68 @@ def test_seeded_sampling_in_a_batch_equals_the_same_seed_alone(llm):
     assert len({tuple(w) for w in want}) == len(want)
 
 
+def _counting_greedy_calls(engine) -> list:
+    """Wrap the engine's runner.forward_greedy; -> the list each call appends its batch size to."""
+    calls, forward_greedy = [], engine.runner.forward_greedy
+
+    def counted(chunks):
+        calls.append(len(chunks))
+        return forward_greedy(chunks)
+    engine.runner.forward_greedy = counted
+    return calls
+
+
+def _run(engine, prompts, stop_token=None, **first) -> list:
+    """Every prompt through engine.step() (one request each; stop_token: a stop id for the first, `first`: its
+    add_request options) -> (token ids, finish reason, streamed text) per request."""
+    rids = [engine.add_request(p, **(dict(max_tokens=MAX_TOKENS) | (first if i == 0 else {})))
+            for i, p in enumerate(prompts)]
+    if stop_token is not None:
+        engine.requests[rids[0]].stop_ids = {stop_token}
+    out = {rid: ([], None, []) for rid in rids}
+    while engine.has_unfinished():
+        for e in engine.step():
+            out[e.request_id][0].extend(e.token_ids)
+            out[e.request_id][2].append(e.text)
+            if e.finished:
+                out[e.request_id] = (out[e.request_id][0], e.finish_reason, out[e.request_id][2])
+    return [(ids, reason, "".join(text)) for ids, reason, text in out.values()]
+
+
+@pytest.mark.parametrize("options", [dict(), dict(max_batch_tokens=8), dict(num_blocks=8, block_size=8)],
+                         ids=["default", "chunked-prefill", "tiny-pool-preempts"])
+def test_greedy_steps_take_token_ids_from_the_runner_and_emit_the_same_tokens(llm, expected, options):
+    """device_greedy (the default): every step of an all-greedy batch asks the runner for ids (forward_greedy),
+    never for logits, and the streams, stops and texts are those of the logits path (device_greedy=False),
+    which never asks for ids. A stop token met midway stops both at the same place."""
+    assert Engine(llm).device_greedy
+    on, off = Engine(llm, **options), Engine(llm, device_greedy=False, **options)
+    on_calls, off_calls = _counting_greedy_calls(on), _counting_greedy_calls(off)
+    stop = expected[0][5]                                     # request 0's sixth greedy token
+    got, want = _run(on, _prompts(), stop), _run(off, _prompts(), stop)
+    assert got == want and not off_calls
+    assert len(on_calls) == on.stats()["steps"] - (on.stats()["batch_size"] == 0)   # the last step may be empty
+    assert want[0][1] == "stop" and want[0][0] == expected[0][:expected[0].index(stop)]
+    assert [ids for ids, _, _ in want[1:]] == expected[1:]
+
+
+def test_a_step_with_a_sampled_request_stays_on_the_logits(llm, monkeypatch):
+    """One request with a temperature among greedy ones: its 4 steps take logits (the sampler draws from them),
+    the all-greedy steps after it finished take ids; the seeded outputs equal the logits path's all along.
+    MINILLM_DEVICE_GREEDY=0 turns the ids path off, an explicit option wins over it."""
+    on = Engine(llm)
+    calls = _counting_greedy_calls(on)
+    sampled = dict(temperature=0.9, seed=5, max_tokens=4)
+    prompts = _prompts()
+    got = _run(on, prompts, **sampled)
+    monkeypatch.setenv("MINILLM_DEVICE_GREEDY", "0")
+    off = Engine(llm)
+    assert not off.device_greedy and Engine(llm, device_greedy=True).device_greedy
+    assert got == _run(off, prompts, **sampled)
+    assert [ids for ids, _, _ in got[1:]] == [_alone(llm, p) for p in prompts[1:]]
+    assert calls == [len(prompts) - 1] * (MAX_TOKENS - 4)         # every step after the sampled request's 4
+
+
 def test_abort_frees_the_blocks_at_once_and_reports_it_next_step(llm):
     engine = Engine(llm)
     keep, drop = (engine.add_request(p, max_tokens=10) for p in _prompts([20, 40]))

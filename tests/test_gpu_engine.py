@@ -26,11 +26,13 @@ from minillm.cuda.dev.common import narrow
 from minillm.cuda.dev.model import MODEL_TOL, random_cpu_model, small_config
 from minillm.cuda.dev.paged_attention import (paged_attention_group_reference, paged_attention_reference,
                                               paged_kv_write_reference, rope_at_positions_reference)
+from minillm.cuda.dev.sampling import argmax_rows_reference, tricky_logits
 from minillm.cuda.gpu_batched import (CPUOps, DevicePagedKV, GPUBatchedRunner, batch_meta, bucket_for,
                                       decode_meta_into, meta_size, meta_views)
 from minillm.engine.engine import Engine
 from minillm.llm import LLM
 from minillm.engine.paged_kv import PagedKVCache
+from minillm.engine.sampling import Sampler, SamplingParams
 
 try:
     import cupy as cp
@@ -104,12 +106,15 @@ def test_the_kernels_gpu_batched_launches_are_defined():
     import re
     from pathlib import Path
     from minillm.cuda.kernels import KERNEL_DIR, SOURCES
-    assert "paged_attention" in SOURCES                         # so test_kernels_compile builds it
-    defined = set(re.findall(r'extern "C" __global__ void (\w+)\(', (KERNEL_DIR / "paged_attention.cu").read_text()))
-    defined |= set(re.findall(r'^PAGED_\w+_KERNEL\((\w+),', (KERNEL_DIR / "paged_attention.cu").read_text(), re.M))
+    assert {"paged_attention", "sampling"} <= set(SOURCES)     # so test_kernels_compile builds them
+    defined = set()
+    for name in ("paged_attention", "sampling"):
+        text = (KERNEL_DIR / f"{name}.cu").read_text()
+        defined |= set(re.findall(r'extern "C" __global__ void (\w+)\(', text))
+        defined |= set(re.findall(r'^PAGED_\w+_KERNEL\((\w+),', text, re.M))
     source = (Path(__file__).parents[1] / "minillm" / "cuda" / "gpu_batched.py").read_text()
     wanted = re.findall(r'get_function\(f?"([\w{}.]+)"\)', source)
-    assert len(wanted) == 7
+    assert len(wanted) == 8 and "argmax_rows" in wanted
     for sfx in ("f16", "bf16"):
         for group in (1, 2, 4, 8):
             assert {w.replace("{sfx}", sfx).replace("{self.group}", str(group)) for w in wanted} <= defined
@@ -181,8 +186,9 @@ def test_the_host_overhead_probe_times_each_part_of_a_step():
     from minillm.tools.serve_host import measure
     for temperature in (0.0, 0.8):
         ms = measure(users=8, steps=4, temperature=temperature, prompt_len=16, tokenizer=None)
-        assert set(ms) == {"schedule", "pack", "sample", "detokenize", "step"}
-        assert all(v > 0 for v in ms.values()) and ms["schedule"] + ms["pack"] + ms["sample"] < ms["step"]
+        # greedy: no sampler runs, the runner hands back token ids (forward_greedy)
+        assert set(ms) == {"schedule", "pack", "detokenize", "step"} | ({"sample"} if temperature else set())
+        assert all(v > 0 for v in ms.values()) and ms["schedule"] + ms["pack"] + ms.get("sample", 0) < ms["step"]
 
 
 def _on_numpy(cpu, pool: PagedKVCache, use_graph: bool = False) -> GPUBatchedRunner:
@@ -309,6 +315,65 @@ def test_the_engine_with_the_gpu_runner_on_numpy_greedy_through_preemption(kind,
     assert engine.stats()["preemptions"] > 0 and engine.stats()["blocks_used"] == 0
     assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)
     assert_teacher_forced_greedy(cpu, prompts(), results)
+
+
+# ---- greedy steps: token ids from the runner (argmax_rows on the device) -----------------------------
+
+@pytest.mark.parametrize("vocab", [1, 31, 100, 1000, 4099])
+@pytest.mark.parametrize("threads", [32, 96, 1024])
+def test_the_argmax_kernels_order_is_np_argmax_on_ties_and_nans(vocab, threads):
+    """argmax_rows' scan and reduction (its NumPy model) under its one order (NaN first, then the larger value,
+    then the lower index) pick what np.argmax and the greedy Sampler pick, on rows whose maximum is tied
+    across threads and warps, rows with NaNs, all NaN, all -inf, +inf ties and -0.0 == 0.0; so does CPUOps."""
+    x = tricky_logits(np.random.default_rng(vocab + threads), 40, vocab)
+    want = np.array([Sampler(SamplingParams())(row) for row in x])
+    assert (argmax_rows_reference(x, threads) == want).all()
+    ops = CPUOps.__new__(CPUOps)                             # its argmax needs no model
+    assert ops.argmax(x).dtype == np.int32 and (ops.argmax(x) == want).all()
+    if vocab >= 100:                                         # the rows do poison: first and last maximum differ
+        ties = [r for r in x if not np.isnan(r).any() and np.flatnonzero(r == r.max()).size > 1]
+        assert ties and any(np.isnan(r).sum() > 1 for r in x)
+
+
+def test_a_reduction_without_the_index_rule_would_be_caught(monkeypatch):
+    """The tricky rows tell a wrong order apart: "the larger value wins, ties keep what you hold" (the reduction
+    then returns whichever tied entry reached lane 0 first) differs from np.argmax on them."""
+    from minillm.cuda.dev import sampling
+    x = tricky_logits(np.random.default_rng(0), 40, 1000)
+    right = argmax_rows_reference(x, 64)
+    monkeypatch.setattr(sampling, "beats", lambda a, ia, b, ib: (a > b) | (np.isnan(a) & ~np.isnan(b)))
+    assert (argmax_rows_reference(x, 64) != right).any()
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "buckets"])
+def test_forward_greedy_on_numpy_is_the_argmax_of_forward(graphs):
+    """Two GPU runners on NumPy, one asked for ids, one for logits, over the same steps (mixed, then decodes
+    padded to buckets): int32 ids, each the argmax of the other's row."""
+    config = small("gqa")
+    cpu = random_cpu_model(config, "float16")
+    ids_runner = _on_numpy(cpu, PagedKVCache(config, 24, 4), use_graph=graphs)
+    logits_runner = _on_numpy(cpu, PagedKVCache(config, 24, 4), use_graph=graphs)
+    prefill, decode, _ = schedule_by_hand(4, 24)
+    ta, tb = prefill[0].block_table, prefill[1].block_table
+    for step in [prefill, [SeqChunk([11], 20, ta), SeqChunk([12], 7, tb), SeqChunk([13], 3, tb)]]:
+        ids, logits = ids_runner.forward_greedy(step), logits_runner.forward(step)
+        assert ids.dtype == np.int32 and ids.shape == (len(step),)
+        assert ids.tolist() == logits.argmax(axis=1).tolist()
+    assert sorted(ids_runner.graphs) == sorted(logits_runner.graphs) == ([4] if graphs else [])
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "buckets"])
+def test_the_engine_on_numpy_emits_the_same_greedy_tokens_with_ids_or_logits(graphs):
+    """The Engine over the GPU runner on NumPy, greedy through preemption: device_greedy (ids from
+    forward_greedy, from the graph's ids buffer when bucketed) and the logits path give the same streams."""
+    cpu = random_cpu_model(small("gqa"), "float16")
+    on, off = (_numpy_engine(cpu, graphs, num_blocks=16, block_size=4, device_greedy=d) for d in (True, False))
+    called = []
+    forward_greedy = on.runner.forward_greedy
+    on.runner.forward_greedy = lambda chunks: called.append(len(chunks)) or forward_greedy(chunks)
+    got, want = on.generate(prompts(), max_tokens=16), off.generate(prompts(), max_tokens=16)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert called and on.stats()["preemptions"] > 0 and bool(on.runner.graphs) == graphs
 
 
 # ---- on the device ---------------------------------------------------------------------------------
@@ -559,6 +624,62 @@ def test_a_new_engine_recycles_a_dead_engines_pool_and_graphs_but_never_a_live_o
     results = second.generate(prompts(), max_tokens=16)
     _assert_graphs_ran(second)
     assert_teacher_forced_greedy(cpu, prompts(), results)
+
+
+@needs_gpu
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (3, 31), (64, 32000), (17, 49155), (5, 128256)])
+def test_the_argmax_kernel_is_np_argmax_on_ties_and_nans(models, rows, vocab):
+    """argmax_rows (kernels/sampling.cu) through DeviceOps.argmax: np.argmax of every row, ties, NaN-poisoned
+    rows and all; the same ids on a second launch (deterministic); into a larger ids buffer, its rows only."""
+    from minillm.cuda.gpu_batched import DeviceOps
+    ops = DeviceOps(models["gqa"][1])
+    x = tricky_logits(np.random.default_rng(rows), rows, vocab)
+    d = cp.asarray(x)
+    first, second = cp.asnumpy(ops.argmax(d)), cp.asnumpy(ops.argmax(d))
+    assert first.dtype == np.int32 and first.tolist() == second.tolist() == np.argmax(x, axis=1).tolist()
+    ids = cp.full(rows + 3, -7, cp.int32)
+    ops.argmax(d, out=ids[:rows])
+    assert cp.asnumpy(ids).tolist() == first.tolist() + [-7] * 3
+
+
+@needs_gpu
+@pytest.mark.parametrize("kv", ["float16", "int8"])
+def test_gpu_forward_greedy_is_the_argmax_of_the_downloaded_logits(models, kv):
+    """Two device runners over the same steps (a mixed one eager, then decodes by bucket graph, 3 padded to 4):
+    the ids one copies back are the argmax of the logits the other copies back, exactly."""
+    cpu, gpu = models["gqa"]
+    ids_runner, logits_runner = (GPUBatchedRunner(gpu, DevicePagedKV(cpu.config, 24, 4, kv), use_graph=True)
+                                 for _ in range(2))
+    prefill, decode, _ = schedule_by_hand(4, 24)
+    ta, tb = prefill[0].block_table, prefill[1].block_table
+    for step in [prefill, [SeqChunk([11], 20, ta), SeqChunk([12], 7, tb), SeqChunk([13], 3, tb)],
+                 [SeqChunk([14], 21, ta)]]:
+        ids, logits = ids_runner.forward_greedy(step), logits_runner.forward(step)
+        assert ids.dtype == np.int32 and ids.tolist() == logits.argmax(axis=1).tolist()
+    assert ids_runner.graph_error is None and sorted(ids_runner.graphs) == [1, 4]
+
+
+@needs_gpu
+@pytest.mark.parametrize("kind,options", [("mistral", dict()),
+                                          ("gqa", dict(num_blocks=16, block_size=4, kv_cache="int8"))],
+                         ids=["mistral", "gqa-int8-tiny-pool"])
+def test_gpu_engine_greedy_tokens_by_ids_equal_the_logits_path(models, kind, options):
+    """The engine on the device, greedy: ids picked on the device (the default) and logits copied back and
+    argmaxed on the host (device_greedy=False) give the same token streams, graphs and preemption included."""
+    cpu, gpu = models[kind]
+    llm = LLM(gpu.config, gpu)
+    on = Engine(llm, **options)
+    called = []
+    forward_greedy = on.runner.forward_greedy
+    on.runner.forward_greedy = lambda chunks: called.append(len(chunks)) or forward_greedy(chunks)
+    got = on.generate(prompts(), max_tokens=16)
+    want = Engine(llm, device_greedy=False, **options).generate(prompts(), max_tokens=16)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert called and [len(r.token_ids) for r in got] == [16] * len(LENGTHS)
+    if "num_blocks" in options:
+        assert on.stats()["preemptions"] > 0
+    _assert_graphs_ran(on)
+    assert_teacher_forced_greedy(cpu.with_options(kv_cache=options.get("kv_cache", "auto")), prompts(), got)
 
 
 class FakeStream:

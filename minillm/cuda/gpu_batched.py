@@ -12,7 +12,8 @@ kernels/paged_attention.cu gives every query row its sequence's block table and 
     metadata     BatchMeta (batch_meta.py): each row's token, position, pool slot and block table, int32
     activations  the residual stream fp32; GEMM inputs narrowed to 16 bits, fp32 accumulation (as prefill)
     host         packing, block tables, the scheduler and the sampler stay on the host; one upload of
-                 the batch's int32 metadata and one download of the logits [B, vocab] fp32 per step
+                 the batch's int32 metadata and one download per step: the logits [B, vocab] fp32, or for a
+                 greedy step (forward_greedy) only B int32 token ids, each row's argmax picked on the device
 
 Every step goes through an `ops` object, one interface over two array modules: `DeviceOps` launches the
 kernels on CuPy arrays; `CPUOps` does the same steps with the CPU engine's own functions (layers.rmsnorm,
@@ -26,14 +27,18 @@ batch sizes (GRAPH_BUCKETS) and replays that bucket's graph, captured on first u
 final norm -> LM head over static buffers (StepBuffers), the metadata uploaded into a static int32 buffer
 whose block tables have a fixed width (the most blocks a sequence can have). Padded rows get slot -1 (the
 KV write kernels skip negative slots, so they touch no real block) and their logits stay on the device.
+The graph ends with argmax_rows (kernels/sampling.cu) over every row into a static ids buffer, so a greedy step
+copies back B int32 and a sampled step B logit rows, from the one replay (the argmax is a few µs of the step).
 GEMMs inside the capture go through cublas_raw (CuPy refuses cuBLAS under capture). Prefill and mixed steps
 run eagerly (their shapes vary), as does everything when use_graph is off or a capture failed (graph_error).
 
 Attention: "head" (paged_attention, a block per query head: a GQA group's heads re-read each K/V row from
 L2) or "group" (paged_attention_g{G}: a block per KV head serves its G query heads from one read).
 
-Not here yet: sampling on the device (the logits [B, vocab] still come back to the host); graphs for
-prefill chunks.
+Greedy sampling on the device: forward_greedy(chunks) -> int32 [B], np.argmax of each chunk's logits row
+exactly (the first maximum; a row's first NaN if it has one), picked by argmax_rows after the eager LM head
+or inside the graph; the Engine takes it when every request of a step is greedy. Not here yet: sampling
+with a temperature on the device (those steps still copy the logits back); graphs for prefill chunks.
 """
 from __future__ import annotations
 
@@ -59,6 +64,7 @@ from minillm.model.layers import apply_rope, linear, rmsnorm, rope_tables, silu
 PA_WARPS, PA_MAX_HD = 4, 256            # as #defined in paged_attention.cu
 PA_GROUPS = (1, 2, 4, 8)                # GQA group sizes paged_attention_g{G} is compiled for
 GEMMS = ("cublas", "mma")               # the products' kernels: cuBLAS, or gemm_small_m_mma.cu up to 64 rows
+ARGMAX_THREADS = 1024                   # argmax_rows' block (sampling.cu: one block per row)
 
 
 def _cp():
@@ -78,6 +84,7 @@ class StepBuffers:
     gu: object = None       # [R, 2*ffn]       fp32
     act: object = None      # [R, ffn]         16-bit
     logits: object = None   # [R, vocab]       fp32
+    ids: object = None      # [R]              int32, each row's argmax (greedy steps copy back only these)
 
     @classmethod
     def allocate(cls, ops, config, rows: int) -> "StepBuffers":
@@ -85,7 +92,7 @@ class StepBuffers:
         f32, narrow = ops.zeros_f32, ops.zeros_narrow
         return cls(f32((rows, c.dim)), narrow((rows, c.dim)), f32((rows, (c.n_heads + 2 * c.n_kv_heads) * hd)),
                    f32((rows, c.n_heads * hd)), narrow((rows, c.n_heads * hd)), f32((rows, 2 * c.ffn_dim)),
-                   narrow((rows, c.ffn_dim)), f32((rows, c.vocab_size)))
+                   narrow((rows, c.ffn_dim)), f32((rows, c.vocab_size)), ops.zeros_i32(rows))
 
 
 NO_BUFFERS = StepBuffers()
@@ -93,8 +100,8 @@ NO_BUFFERS = StepBuffers()
 
 @dataclass
 class DecodeGraph:
-    """One bucket's captured decode step: replay() runs it over `meta` (upload into it first), -> logits."""
-    replay: object          # () -> logits [bucket, vocab] on the device (its static buffer)
+    """One bucket's captured decode step: replay() runs it over `meta` (upload into it first), -> logits, ids."""
+    replay: object          # () -> (logits [bucket, vocab] fp32, ids [bucket] int32) on the device (its buffers)
     host: np.ndarray        # [meta_size] int32 host staging (pinned on the device)
     flat: object            # [meta_size] int32: the metadata the graph reads
     buffers: StepBuffers
@@ -135,15 +142,27 @@ class GPUBatchedRunner:
         [N, vocab], every token, in chunk order; rows: those rows of the N). Host fp32."""
         if not all_logits and rows is None and self._graphable(chunks):
             return self.forward_graph(chunks)
+        with self.ops.stream():
+            return self.ops.download(self._eager(chunks, all_logits, rows))              # [B or N, vocab] host
+
+    def forward_greedy(self, chunks: list[SeqChunk]) -> np.ndarray:
+        """Run every chunk; -> int32 [len(chunks)] on the host: each chunk's next token by greedy sampling,
+        np.argmax of the row forward() would return, picked on the device so only these ids come back."""
+        if self._graphable(chunks):
+            return self.forward_graph(chunks, greedy=True)
+        with self.ops.stream():
+            return self.ops.download(self.ops.argmax(self._eager(chunks)))                # [B] host
+
+    def _eager(self, chunks: list[SeqChunk], all_logits: bool = False, rows=None):
+        """The step without a graph (inside ops.stream()); -> logits [B or N, vocab] fp32 on the device."""
         ops = self.ops
-        with ops.stream():
-            meta = batch_meta(chunks, self.pool.block_size, ops.upload)
-            x = self._layers(meta, ops.embed(meta.tokens))                               # [N, dim] fp32
-            if rows is not None:
-                x = x[ops.upload(np.asarray(rows, np.int32))]                            # [len(rows), dim]
-            elif not all_logits:
-                x = x[meta.last_rows]                                                     # [B, dim]
-            return ops.download(ops.logits(x))                                            # [B or N, vocab] host
+        meta = batch_meta(chunks, self.pool.block_size, ops.upload)
+        x = self._layers(meta, ops.embed(meta.tokens))                                   # [N, dim] fp32
+        if rows is not None:
+            x = x[ops.upload(np.asarray(rows, np.int32))]                                # [len(rows), dim]
+        elif not all_logits:
+            x = x[meta.last_rows]                                                         # [B, dim]
+        return ops.logits(x)
 
     def _layers(self, meta: BatchMeta, x, buf: StepBuffers = NO_BUFFERS):
         """Every layer over the packed rows, x [N, dim] fp32 updated in place; buf: preallocated outputs."""
@@ -166,18 +185,19 @@ class GPUBatchedRunner:
                 and all(len(c.token_ids) == 1 for c in chunks)
                 and max(c.end for c in chunks) <= self.table_width * self.pool.block_size)
 
-    def forward_graph(self, chunks: list[SeqChunk]) -> np.ndarray:
+    def forward_graph(self, chunks: list[SeqChunk], greedy: bool = False) -> np.ndarray:
         """A decode-only step by its bucket's graph (captured on first use; eager if that fails).
-        -> logits [B, vocab] fp32 on the host, only the real rows copied back."""
+        -> logits [B, vocab] fp32 on the host, only the real rows copied back; greedy: their argmax,
+        int32 [B] (the graph computed every row's; the padded rows' stay on the device)."""
         B, bucket = len(chunks), bucket_for(len(chunks))
         g = self.graph_for(bucket)
         if g is None:                                        # graph_error is set: eager from now on
-            return self.forward(chunks)
+            return self.forward_greedy(chunks) if greedy else self.forward(chunks)
         with self.ops.stream():
             decode_meta_into(g.host, chunks, self.pool.block_size, bucket, self.table_width)
             self.ops.copy_in(g.flat, g.host)
-            logits = g.replay()                                                           # [bucket, vocab]
-            return self.ops.download(logits[:B])                                          # [B, vocab] host
+            logits, ids = g.replay()                                      # [bucket, vocab] fp32, [bucket] int32
+            return self.ops.download(ids[:B] if greedy else logits[:B])   # [B] int32 or [B, vocab] fp32, host
 
     def capture_buckets(self, max_batch: int) -> None:
         """Capture every bucket up to max_batch rows now rather than on first use (a benchmark's warm-up)."""
@@ -194,9 +214,10 @@ class GPUBatchedRunner:
             buf = StepBuffers.allocate(ops, self.model.config, bucket)
             meta = meta_views(flat, bucket, width)
 
-            def step():                                      # embed -> layers -> final norm + LM head
+            def step():                                      # embed -> layers -> final norm + LM head -> argmax
                 x = self._layers(meta, ops.embed(meta.tokens, out=buf.x), buf)
-                return ops.logits(x, out=buf.logits, norm_out=buf.h)   # h is free by now
+                logits = ops.logits(x, out=buf.logits, norm_out=buf.h)  # h is free by now
+                return logits, ops.argmax(logits, out=buf.ids)
             host = ops.host_i32(meta_size(bucket, width))
             decode_meta_into(host, [], self.pool.block_size, bucket, width)   # every row padded: slot -1
             with ops.stream():
@@ -249,6 +270,7 @@ class DeviceOps:
         if gemm == "mma":
             from minillm.cuda.gemm_mma import BatchGemm
             self.small_m = BatchGemm(model.dtype)
+        self.fn["argmax"] = module("sampling").get_function("argmax_rows")             # greedy steps' pick
 
     def stream(self):
         return self.model.stream
@@ -352,16 +374,26 @@ class DeviceOps:
         hn = self.rmsnorm(x, self.model.final_norm, out=norm_out)
         return self.gemm(hn, self.model.lm_head, out=out)
 
+    def argmax(self, logits, out=None):
+        """Each row's argmax as np.argmax picks it (the first maximum; the first NaN in a row with one):
+        logits [rows, vocab] fp32 -> int32 [rows] on the device (into out if given). kernels/sampling.cu."""
+        rows, vocab = logits.shape
+        out = self.xp.empty(rows, self.xp.int32) if out is None else out
+        if rows:
+            self.fn["argmax"]((rows,), (ARGMAX_THREADS,), (logits, np.int32(vocab), out))
+        return out
+
     def synchronize(self) -> None:
         self.model.stream.synchronize()
 
-    def download(self, logits) -> np.ndarray:
-        """The one device-to-host copy of the step (then wait for it), into pinned memory: [64, 32000] fp32 is
-        8 MB, which a pageable copy moves several times slower (staged by the driver). A new array each
-        step (CuPy's pinned pool recycles the memory), so a caller may keep it."""
+    def download(self, a) -> np.ndarray:
+        """The one device-to-host copy of the step (then wait for it), into pinned memory: logits [64, 32000]
+        fp32 are 8 MB, which a pageable copy moves several times slower (staged by the driver); a greedy step's
+        ids, int32 [64], are 256 bytes. A new array each step (CuPy's pinned pool recycles the memory), so a
+        caller may keep it."""
         import cupyx
-        host = cupyx.empty_pinned(logits.shape, np.float32)
-        logits.get(out=host)
+        host = cupyx.empty_pinned(a.shape, a.dtype)
+        a.get(out=host)
         self.model.stream.synchronize()
         return host
 
@@ -477,8 +509,16 @@ class CPUOps:
     def synchronize(self) -> None:
         pass
 
-    def download(self, logits) -> np.ndarray:
-        return np.array(logits)                                                            # a copy, as .get()
+    def argmax(self, logits, out=None):
+        """np.argmax of each row (what argmax_rows computes).   logits [rows, vocab] -> int32 [rows]"""
+        ids = np.argmax(logits, axis=-1).astype(np.int32)
+        if out is None:
+            return ids
+        out[:len(ids)] = ids
+        return out
+
+    def download(self, a) -> np.ndarray:
+        return np.array(a)                                                                 # a copy, as .get()
 
 
 class GPUBatching:

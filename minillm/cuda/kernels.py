@@ -37,7 +37,7 @@ from minillm.resources import data_dir
 KERNEL_DIR = data_dir("kernels")          # the checkout's kernels/, or an installed wheel's copy
 SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "kv_int8", "decode_attention", "prefill_attention",
            "prefill_attention_mma", "gemv", "embed", "gemv_quant",
-           "paged_attention"]   # paged_attention: loaded by gpu_batched.py (the batching engine)
+           "paged_attention", "sampling"]   # these two: loaded by gpu_batched.py (the batching engine)
 ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
 GQA_THREADS, GQA_MAX_SPLITS = 256, 64  # decode_attention.cu v3 (attention_gqa*): block size, most splits
 V4_WARPS = 4                           # as #defined in gemv.cu (row pairs per block)

@@ -68,6 +68,11 @@ class BatchedRunner:
             x = x[last_rows]                                                                # [B, dim]
         return m.head(x)                                                                    # [B or N, vocab]
 
+    def forward_greedy(self, chunks: list[SeqChunk]) -> np.ndarray:
+        """Run every chunk; -> int32 [B]: each chunk's next token by greedy sampling (np.argmax of its row,
+        as the Sampler picks it). The Engine's greedy steps call this; the GPU runner picks on the device."""
+        return np.argmax(self.forward(chunks), axis=-1).astype(np.int32)
+
     def attention(self, x, layer, i: int, chunks: list[SeqChunk], cos, sin, blocks, offsets) -> np.ndarray:
         """Projections for all N tokens at once; attention one sequence at a time.   x: [N, dim] -> [N, dim]"""
         q, k, v = self.model.qkv(x, layer, cos, sin)          # q [N, n_heads, hd], k, v [N, n_kv, hd]

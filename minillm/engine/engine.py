@@ -8,11 +8,18 @@
 
 The step loop is the whole engine: schedule (scheduler.py), run the batch (the runner `llm.batching`
 made: batched.py, or on the GPU cuda/gpu_batched.py, the pool on the device, logits [B, vocab] copied
-back once a step), sample each
-request with its own sampler, detokenize, finish the ones that are done (their blocks go back to the
-pool, or stay in the prefix cache). With a sliding window, a running request gives back the blocks its
-window has passed, so its KV memory stops growing at about the window's size. `generate(prompts)` runs the loop for a list of prompts and returns
-one `Generation` per prompt, like `llm.generate` does for one.
+back once a step), sample each request with its own sampler, detokenize, finish the ones that are done
+(their blocks go back to the pool, or stay in the prefix cache). With a sliding window, a running request
+gives back the blocks its window has passed, so its KV memory stops growing at about the window's size.
+`generate(prompts)` runs the loop for a list of prompts and returns one `Generation` per prompt, like
+`llm.generate` does for one.
+
+Greedy steps: when every request in a step samples greedily (temperature 0) and the step verifies no
+speculative drafts, the engine asks the runner for token ids instead of logits (`runner.forward_greedy`):
+the GPU runner takes each row's argmax on the device and copies back B int32 instead of [B, vocab] fp32.
+The tokens are the ones the Sampler would pick (np.argmax, NaN rule included), and go through the same
+stop / max_tokens / stop-string rules. Engine(device_greedy=False), or MINILLM_DEVICE_GREEDY=0 in the
+environment, sends every step through the logits and the samplers (to compare).
 
 Thread safety: `add_request`, `abort`, `step` and `stats` take one lock, so a server may run `step()`
 in a loop on one thread and call the others from its request handlers.
@@ -20,6 +27,7 @@ in a loop on one thread and call the others from its request handlers.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,6 +67,7 @@ class Request:
     arrival: float
     pieces: list[str] = field(default_factory=list)      # text produced since the last event
     sample_times: list[float] = field(default_factory=list)
+    greedy: bool = False                                 # temperature 0: its next token is its row's argmax
     finish_reason: str | None = None
     speculative: object | None = None                    # SpeculativeStats once finished, with speculation
 
@@ -78,7 +87,7 @@ class Engine:
     def __init__(self, llm, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
                  max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int | None = None,
                  prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True,
-                 speculative=None, draft_tokens: int | None = None):
+                 speculative=None, draft_tokens: int | None = None, device_greedy: bool | None = None):
         """kv_cache: "auto" (the model's float type: fp32 here, the weights' 16 bits on the GPU) or "int8"
         (codes with a scale per position and head); default: as the model was loaded. The pool holds
         `num_blocks` blocks of `block_size` tokens, or as many as fit in `max_kv_bytes`. The backend comes
@@ -87,7 +96,9 @@ class Engine:
         a drafter or its name, as llm.generate takes it ("ngram", "int4", "layers:N", a draft model), with
         `draft_tokens` drafts per request and step (default: the drafter's; engine/speculative/pooled.py; a draft model's KV
         takes a share of every block). max_batch_tokens: the tokens one step computes at most (prompt chunks
-        and decodes together); default: the backend's (512 on the CPU, 2048 on the GPU)."""
+        and decodes together); default: the backend's (512 on the CPU, 2048 on the GPU). device_greedy: a step
+        whose requests are all greedy takes token ids from the runner (picked on the device by the GPU's)
+        rather than logits; default on, unless MINILLM_DEVICE_GREEDY=0."""
         self.llm, self.config = llm, llm.config
         backend = llm.batching                           # checks the model: GQA, a model it can batch
         if max_batch_tokens is None:
@@ -119,6 +130,9 @@ class Engine:
             raise MiniLLMError(f"max_kv_bytes={max_kv_bytes} holds no KV block of {block_size} tokens")
         self.pool = backend.new_pool(self.config, num_blocks, block_size, kv_cache)
         self.runner = backend.new_runner(self.pool)
+        if device_greedy is None:
+            device_greedy = os.environ.get("MINILLM_DEVICE_GREEDY", "1") != "0"
+        self.device_greedy = device_greedy and hasattr(self.runner, "forward_greedy")
         self.spec = None if drafter is None else EngineSpeculation(drafter, draft_tokens, num_blocks, block_size,
                                                                    storage, self.config.sliding_window)
         self.prefix_cache = PrefixCache() if prefix_caching else None
@@ -169,7 +183,8 @@ class Engine:
             self._next_id += 1
             pieces: list[str] = []
             request = Request(Sequence(rid, list(ids), len(ids), max_tokens), Sampler(params), stop_ids,
-                              _TextCollector(tokenizer, list(stop), pieces.append), time.perf_counter(), pieces)
+                              _TextCollector(tokenizer, list(stop), pieces.append), time.perf_counter(), pieces,
+                              greedy=params.temperature == 0.0)
             self.requests[rid] = request
             self.scheduler.add(request.seq)
         return request
@@ -246,15 +261,32 @@ class Engine:
                     else:
                         self._advance_and_sample(seq, n, logits[rows][-1], events)
                 return events
+            if self.device_greedy and all(self.requests[seq.request_id].greedy for seq, _ in batch):
+                self._greedy_step(batch, chunks, events)             # token ids back, not logits
+                return events
             logits = self.runner.forward(chunks)                     # [len(batch), vocab]
             for (seq, n), row in zip(batch, logits):
                 self._advance_and_sample(seq, n, row, events)
             return events
 
-    def _advance_and_sample(self, seq, n: int, row: np.ndarray, events: list) -> None:
+    def _greedy_step(self, batch, chunks: list[SeqChunk], events: list) -> None:
+        """A step whose requests all sample greedily: the runner returns each row's argmax (on the GPU, picked
+        on the device: B int32 copied back, not [B, vocab] fp32), the token each Sampler would pick."""
+        ids = self.runner.forward_greedy(chunks)                     # [len(batch)] int32
+        for (seq, n), token in zip(batch, ids.tolist()):
+            request = self._advance(seq, n)
+            if request is not None:
+                events.append(self._emit(request, [token]))
+
+    def _advance(self, seq, n: int) -> Request | None:
+        """Count seq's n computed tokens; -> its request if its next token is due now (caught up), else None."""
         self.scheduler.advance(seq, n)
-        if seq.num_pending == 0:                                     # caught up: its next token is due
-            events.append(self._sample(self.requests[seq.request_id], row))
+        return self.requests[seq.request_id] if seq.num_pending == 0 else None
+
+    def _advance_and_sample(self, seq, n: int, row: np.ndarray, events: list) -> None:
+        request = self._advance(seq, n)
+        if request is not None:
+            events.append(self._sample(request, row))
 
     def _sample(self, request: Request, logits: np.ndarray) -> StepEvent:
         """The same rules as generate.generate_ids: EOS stops (and is not output), then stop strings,

@@ -5,7 +5,8 @@ The runner is a fake that returns ready-made logits at once, so a step's time is
     schedule     Scheduler.schedule: which sequences run, blocks for them
     pack         what GPUBatchedRunner does before its launches: batch_meta (eager) or decode_meta_into
                  (the padded metadata of a graph bucket), on the host
-    sample       the samplers, one per request, over [vocab] logits each
+    sample       the samplers, one per request, over [vocab] logits each (none at temperature 0: a greedy
+                 step takes token ids from the runner, forward_greedy, which the GPU picks on the device)
     detokenize   _TextCollector.push: the streaming decoder and stop strings
     step         Engine.step end to end (all of the above and the bookkeeping)
 
@@ -53,12 +54,13 @@ class Clock:
 
 class FakeRunner:
     """The runner's contract with no model: packs the batch's metadata as the GPU runner does (timed), then
-    returns random logits [B, vocab] made once."""
+    returns random logits [B, vocab] made once (forward_greedy: their argmax, int32 [B])."""
 
     def __init__(self, config, pool, clock: Clock):
         self.config, self.pool, self.clock = config, pool, clock
         self.width = min(-(-config.max_seq_len // pool.block_size), pool.num_blocks)
         self.logits = np.random.default_rng(0).standard_normal((512, config.vocab_size)).astype(np.float32)
+        self.ids = self.logits.argmax(axis=1).astype(np.int32)
         self.host = {}
 
     def forward(self, chunks, all_logits: bool = False, rows=None) -> np.ndarray:
@@ -71,6 +73,10 @@ class FakeRunner:
             batch_meta(chunks, self.pool.block_size, np.asarray)
         self.clock.now["pack"] = time.perf_counter() - t
         return self.logits[:len(chunks)]
+
+    def forward_greedy(self, chunks) -> np.ndarray:
+        self.forward(chunks)
+        return self.ids[:len(chunks)]
 
 
 def measure(users: int, steps: int, temperature: float, prompt_len: int, tokenizer) -> dict[str, float]:

@@ -5,7 +5,10 @@ For B decode rows (B in 1, 8, 32, 64), each with ~160 positions already in the p
     step ms      GPUBatchedRunner.forward of a decode-only batch: eager (every launch from Python) and graph
                  (the batch padded to its bucket, one replay), by CUDA events and by the wall clock (the
                  wall adds packing, the metadata upload and the logits download)
-    check        the graph's logits == the eager logits (fp tolerance); any mismatch exits non-zero
+    greedy wall  the graph step by forward_greedy: each row's argmax picked on the device, B int32 copied
+                 back instead of the logits [B, vocab] fp32 (what the Engine does when every request is greedy)
+    check        the graph's logits == the eager logits (fp tolerance), its greedy ids == their argmax (exactly);
+                 any mismatch exits non-zero
     attention    one layer's paged attention, µs: "head" (a block per query head) vs "group" (a block per
                  GQA group, each K/V row read once), and their outputs compared
     GB/s         (weights + the rows' K/V) / graph step time, against the device-to-device copy roofline
@@ -86,20 +89,24 @@ def one_batch(cp, gpu, pool, B: int, context: int, bw: float, reps: int) -> list
     got = graph.forward(chunks)                        # captures the bucket's graph
     if graph.graph_error is not None:
         verdict(f"B={B} capture", False, graph.graph_error)
-        return [B, bucket_for(B), "-", "-", "-", "-", "-", "-", "-"]
+        return [B, bucket_for(B), "-", "-", "-", "-", "-", "-", "-", "-"]
     err = rel_err(got, want)
     verdict(f"B={B} graph logits == eager logits", err <= LOGITS_TOL and np.isfinite(got).all(),
             f"err {err:.2e}  tol {LOGITS_TOL:.0e}")
+    ids = graph.forward_greedy(chunks)                 # the same step again: the same K/V, the same logits
+    same = int((ids == got.argmax(axis=1)).sum())
+    verdict(f"B={B} graph greedy ids == argmax of its logits", same == B, f"{same} of {B} rows")
     with gpu.stream:
         ev_eager = time_gpu(lambda: eager.forward(chunks), reps)
         ev_graph = time_gpu(lambda: graph.forward(chunks), reps)
     wall_eager, wall_graph = wall_ms(lambda: eager.forward(chunks), reps), wall_ms(lambda: graph.forward(chunks), reps)
+    wall_greedy = wall_ms(lambda: graph.forward_greedy(chunks), reps)
     head_us, group_us, attn_err = attention_us(cp, gpu, pool, chunks)
     verdict(f"B={B} group attention == head attention", attn_err <= 1e-4, f"err {attn_err:.2e}")
     kv_bytes = B * (context + 1) * gpu.config.kv_bytes_per_token(2)         # every row reads its keys + values
     gbs = (gpu.weight_bytes + kv_bytes) / (ev_graph / 1e3) / 1e9
     return [B, bucket_for(B), f"{ev_eager:.2f}", f"{ev_graph:.2f}", f"{wall_eager:.2f}", f"{wall_graph:.2f}",
-            f"{head_us:.1f}", f"{group_us:.1f}", f"{gbs:.0f} ({100 * gbs / (bw / 1e9):.0f}%)"]
+            f"{wall_greedy:.2f}", f"{head_us:.1f}", f"{group_us:.1f}", f"{gbs:.0f} ({100 * gbs / (bw / 1e9):.0f}%)"]
 
 
 def main(argv=None) -> int:
@@ -128,7 +135,7 @@ def main(argv=None) -> int:
         f"copy roofline {bw / 1e9:.0f} GB/s (setup {time.perf_counter() - t0:.0f} s)")
     rows = [one_batch(cp, gpu, pool, B, args.context, bw, args.reps) for B in batches]
     plain_table(f"decode step, {args.preset} shape (ms per step; attention µs for one layer)",
-                ["B", "bucket", "eager ev", "graph ev", "eager wall", "graph wall", "attn head µs",
+                ["B", "bucket", "eager ev", "graph ev", "eager wall", "graph wall", "greedy wall", "attn head µs",
                  "attn group µs", "graph GB/s (of roofline)"], rows)
     say(f"total {time.perf_counter() - t0:.0f} s")
     return finish("serve_step")

@@ -58,6 +58,11 @@ class LeaderRunner:
         self.comm.broadcast_object(("forward", _plain(chunks), all_logits, rows))
         return self.runner.forward(chunks, all_logits, rows)
 
+    def forward_greedy(self, chunks: list[SeqChunk]):
+        """The followers run the same forward pass (and drop its logits); only rank 0 picks the tokens."""
+        self.comm.broadcast_object(("forward", _plain(chunks), False, None))
+        return self.runner.forward_greedy(chunks)
+
     def release(self) -> None:
         """Tell the followers there is nothing more to run (once; also at this process's normal exit)."""
         if not self.released:
