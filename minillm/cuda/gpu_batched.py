@@ -545,7 +545,7 @@ class GPUBatching:
         if self.attention not in ("head", "group"):
             raise MiniLLMError(f"paged attention is 'head' or 'group', not {self.attention!r} "
                                "(MINILLM_PAGED_ATTENTION)")
-        self.gemm = gemm or os.environ.get("MINILLM_BATCH_GEMM", "mma")
+        self.gemm = gemm or os.environ.get("MINILLM_BATCH_GEMM", "cublas")
         if self.gemm not in GEMMS:
             raise MiniLLMError(f"the batched products are 'cublas' or 'mma', not {self.gemm!r} (MINILLM_BATCH_GEMM)")
 
