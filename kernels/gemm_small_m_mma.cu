@@ -43,7 +43,12 @@
 #ifndef GM_STAGES
 #define GM_STAGES 4
 #endif
-#define GM_ROWS (32 * GM_WARPS)               // W rows a block
+#ifndef GM_TW
+#define GM_TW 1                               // warps along X's rows: each takes 8 / GM_TW of the n8 tiles
+#endif
+#define GM_ROWS (32 * GM_WARPS)               // W rows a block (GM_WARPS warps along W's rows)
+#define GM_THREADS (32 * GM_WARPS * GM_TW)
+#define GM_NJ (8 / GM_TW)                     // n8 tiles a warp
 #define GM_CHUNKS (GM_BK / 8)                 // 16-byte chunks in a row of a stage
 #define GM_MAX_T 64                           // X rows: 8 n8 tiles
 #define GM_W_STAGE (GM_ROWS * GM_BK)          // 16-bit values
@@ -78,22 +83,22 @@ __device__ __forceinline__ int swizzled(int r, int c) { return r * GM_BK + ((c ^
 // One stage: W rows [r0, r0 + GM_ROWS) and X rows [0, 8 nt) at columns [k0, k0 + GM_BK), zero past the edges.
 __device__ __forceinline__ void load_stage(u16* ws, u16* xs, const u16* __restrict__ w, const u16* __restrict__ x,
                                            int r0, int k0, int rows, int in, int T, int nt) {
-    for (int i = threadIdx.x; i < GM_ROWS * GM_CHUNKS; i += 32 * GM_WARPS) {
+    for (int i = threadIdx.x; i < GM_ROWS * GM_CHUNKS; i += GM_THREADS) {
         int r = i / GM_CHUNKS, c = i % GM_CHUNKS, gr = r0 + r, gk = k0 + 8 * c;
         bool ok = gr < rows && gk < in;
         cp_async16(smem_u32(ws + swizzled(r, c)), w + (ok ? (size_t)gr * in + gk : 0), ok);
     }
-    for (int i = threadIdx.x; i < 8 * nt * GM_CHUNKS; i += 32 * GM_WARPS) {
+    for (int i = threadIdx.x; i < 8 * nt * GM_CHUNKS; i += GM_THREADS) {
         int t = i / GM_CHUNKS, c = i % GM_CHUNKS, gk = k0 + 8 * c;
         bool ok = t < T && gk < in;
         cp_async16(smem_u32(xs + swizzled(t, c)), x + (ok ? (size_t)t * in + gk : 0), ok);
     }
 }
 
-// A warp's product of one stage: its 32 W rows x the nt n8 tiles of X, 4 k-steps of 16.
+// A warp's product of one stage: its 32 W rows x its n8 tiles of X (j0 .. j0 + GM_NJ - 1, those < nt), 4 k-steps of 16.
 template <class W>
-__device__ __forceinline__ void mma_stage(float (&acc)[2][8][4], const u16* ws, const u16* xs, int warp, int lane,
-                                          int nt) {
+__device__ __forceinline__ void mma_stage(float (&acc)[2][GM_NJ][4], const u16* ws, const u16* xs, int warp, int lane,
+                                          int j0, int nt) {
 #pragma unroll
     for (int kk = 0; kk < GM_BK / 16; ++kk) {
         u32 a[2][4];
@@ -103,15 +108,15 @@ __device__ __forceinline__ void mma_stage(float (&acc)[2][8][4], const u16* ws, 
             ldmatrix_x4(a[m], smem_u32(ws + swizzled(r, 2 * kk + (lane >> 4))));
         }
 #pragma unroll
-        for (int jp = 0; jp < 4; ++jp) {    // n tiles 2jp and 2jp + 1: matrices (2jp, k 0-7), (2jp, k 8-15), (2jp+1, ...)
-            if (2 * jp < nt) {
+        for (int jp = 0; jp < GM_NJ / 2; ++jp) {   // n tiles 2jp, 2jp + 1: matrices (2jp, k 0-7), (2jp, k 8-15), (2jp+1, ...)
+            if (j0 + 2 * jp < nt) {
                 u32 b[4];
-                int t = 16 * jp + (lane & 7) + 8 * (lane >> 4);
+                int t = 8 * (j0 + 2 * jp) + (lane & 7) + 8 * (lane >> 4);
                 ldmatrix_x4(b, smem_u32(xs + swizzled(t, 2 * kk + ((lane >> 3) & 1))));
 #pragma unroll
                 for (int m = 0; m < 2; ++m) {
                     Mma<W>::mma(acc[m][2 * jp], a[m], b[0], b[1]);
-                    if (2 * jp + 1 < nt) Mma<W>::mma(acc[m][2 * jp + 1], a[m], b[2], b[3]);
+                    if (j0 + 2 * jp + 1 < nt) Mma<W>::mma(acc[m][2 * jp + 1], a[m], b[2], b[3]);
                 }
             }
         }
@@ -123,18 +128,18 @@ __device__ void gemm_small_m_mma(const u16* __restrict__ w, const u16* __restric
                                  int rows, int in, int T, int accumulate) {
     extern __shared__ uint4 smem4[];
     u16* smem = reinterpret_cast<u16*>(smem4);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % GM_WARPS, j0 = (threadIdx.x >> 5) / GM_WARPS * GM_NJ;
     const int split = S > 1 ? (int)cluster_rank() : 0;            // = blockIdx.x % S: a cluster is S blocks in x
     const int r0 = (blockIdx.x / S) * GM_ROWS;
     const int k_tiles = (in + GM_BK - 1) / GM_BK;
     const int kt0 = split * k_tiles / S, n_kt = (split + 1) * k_tiles / S - kt0;
     const int nt = (T + 7) >> 3;
 
-    float acc[2][8][4];
+    float acc[2][GM_NJ][4];
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < GM_NJ; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
 
@@ -154,7 +159,7 @@ __device__ void gemm_small_m_mma(const u16* __restrict__ w, const u16* __restric
         }
         cp_async_commit();
         const u16* ws = stage_w(i % GM_STAGES);
-        mma_stage<W>(acc, ws, ws + GM_W_STAGE, warp, lane, nt);
+        mma_stage<W>(acc, ws, ws + GM_W_STAGE, warp, lane, j0, nt);
     }
     cp_async_wait<0>();
     __syncthreads();                            // the stages are free: the partials take their place
@@ -165,9 +170,9 @@ __device__ void gemm_small_m_mma(const u16* __restrict__ w, const u16* __restric
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            if (j < nt) {
-                int r = 32 * warp + 16 * m + g, t = 8 * j + 2 * q;
+        for (int j = 0; j < GM_NJ; ++j) {
+            if (j0 + j < nt) {
+                int r = 32 * warp + 16 * m + g, t = 8 * (j0 + j) + 2 * q;
                 red[t * GM_RED_STRIDE + r] = acc[m][j][0];
                 red[(t + 1) * GM_RED_STRIDE + r] = acc[m][j][1];
                 red[t * GM_RED_STRIDE + r + 8] = acc[m][j][2];
@@ -178,7 +183,7 @@ __device__ void gemm_small_m_mma(const u16* __restrict__ w, const u16* __restric
 
     // block `split` finishes X rows [split T / S, (split + 1) T / S) of the tile, summing the S partials in rank order
     const int t_lo = split * T / S, t_hi = (split + 1) * T / S;
-    for (int i = threadIdx.x; i < (t_hi - t_lo) * GM_ROWS; i += 32 * GM_WARPS) {
+    for (int i = threadIdx.x; i < (t_hi - t_lo) * GM_ROWS; i += GM_THREADS) {
         int t = t_lo + i / GM_ROWS, r = i % GM_ROWS;
         float* own = red + t * GM_RED_STRIDE + r;
         float sum;
@@ -198,7 +203,7 @@ __device__ void gemm_small_m_mma(const u16* __restrict__ w, const u16* __restric
 }
 
 #define GEMM_MMA_KERNEL(name, W, S)                                                                            \
-    extern "C" __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(32 * GM_WARPS)                     \
+    extern "C" __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(GM_THREADS)                     \
     name(const u16* w, const u16* x, float* y, int rows, int in, int T, int accumulate) {                      \
         gemm_small_m_mma<W, S>(w, x, y, rows, in, T, accumulate);                                              \
     }

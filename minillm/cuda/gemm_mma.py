@@ -30,9 +30,14 @@ MIN_K_TILES = 4                                   # each block of a split keeps 
 @dataclass(frozen=True)
 class Variant:
     """The kernel's compile-time shape (GM_WARPS, GM_BK, GM_STAGES there); the default is what measured best."""
-    warps: int = 4
+    warps: int = 4          # warps along W's rows (32 rows each)
     bk: int = 64
     stages: int = 4
+    tw: int = 1             # warps along X's rows (each takes 8 / tw of the n8 tiles)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps * self.tw
 
     @property
     def rows(self) -> int:                        # W rows a block: 32 a warp
@@ -47,7 +52,7 @@ class Variant:
         return max(1, SM_SHARED // (self.smem + 1024))
 
     def options(self) -> tuple[str, ...]:
-        return (f"-DGM_WARPS={self.warps}", f"-DGM_BK={self.bk}", f"-DGM_STAGES={self.stages}")
+        return (f"-DGM_WARPS={self.warps}", f"-DGM_BK={self.bk}", f"-DGM_STAGES={self.stages}", f"-DGM_TW={self.tw}")
 
 
 DEFAULT = Variant()
@@ -94,5 +99,5 @@ class BatchGemm:
                              f"(T <= {MAX_T}, in % 8 == 0, contiguous)")
         s = split_for(rows, n_in, self.sms, self.v)
         grid = -(-rows // self.v.rows) * s
-        self.fn[s]((grid,), (32 * self.v.warps,), (w, x, out, np.int32(rows), np.int32(n_in), np.int32(T),
+        self.fn[s]((grid,), (self.v.threads,), (w, x, out, np.int32(rows), np.int32(n_in), np.int32(T),
                                                   np.int32(accumulate)), shared_mem=self.v.smem)
