@@ -8,8 +8,15 @@ a weight byte), where cuBLAS reaches 50-60% of the copy bandwidth on the H200. T
 few 128-row tiles is split along k over a thread block cluster of S blocks (S = 1, 2, 4, 8), whose partials
 meet in shared memory in a fixed order (deterministic). `split_for` picks S so the grid fills the GPU once.
 
-`BatchGemm(dtype).usable(x, w)` says whether a product fits the kernel (else the caller keeps cuBLAS);
-importing this module does not import CuPy.
+Measured on the H200 (lessons/BENCHMARKS.md, issue 25): right (fp32-exact against NumPy, deterministic) but
+SLOWER than cuBLAS at every T (a Mistral-7B layer at T = 64: 314-382 µs against cuBLAS's ~180-206; 47-54% of
+copy at T = 1): with 8-12 warps an SM, mma.sync's fixed-latency dependencies and the per-stage barrier, not
+the bytes, set its time (Nsight Compute: 2.1 of 4.3 cycles between issues stalled on them). So the engine
+keeps cuBLAS; `python -m minillm.cuda.dev.small_m_mma [--variants]` reruns the comparison. Not tried yet:
+launches captured in a CUDA graph (a first try inside the decode graph read garbage; the compile-time cluster
+dimensions may need cuLaunchKernelEx's cluster attribute there), wgmma + TMA (Hopper's own path).
+
+`BatchGemm(dtype).usable(x, w)` says whether a product fits the kernel; importing this module does not import CuPy.
 """
 from __future__ import annotations
 

@@ -63,7 +63,6 @@ from minillm.model.layers import apply_rope, linear, rmsnorm, rope_tables, silu
 
 PA_WARPS, PA_MAX_HD = 4, 256            # as #defined in paged_attention.cu
 PA_GROUPS = (1, 2, 4, 8)                # GQA group sizes paged_attention_g{G} is compiled for
-GEMMS = ("cublas", "mma")               # the products' kernels: cuBLAS, or gemm_small_m_mma.cu up to 64 rows
 ARGMAX_THREADS = 1024                   # argmax_rows' block (sampling.cu: one block per row)
 
 
@@ -116,16 +115,15 @@ class GPUBatchedRunner:
     (or a failed capture: graph_error says why) runs every step eagerly."""
 
     def __init__(self, model, pool: DevicePagedKV, ops=None, use_graph: bool | None = None,
-                 attention: str = "head", gemm: str = "cublas"):
+                 attention: str = "head"):
         """ops: DeviceOps(model, pool) by default; CPUOps(model, pool) runs it over a CPU Transformer and a
         PagedKVCache. use_graph: default the model's own (GPUTransformer.use_graph; off for a CPU model).
-        attention: "head" (a block per query head) or "group" (a block per GQA group: each K/V row read once).
-        gemm: "cublas", or "mma" (kernels/gemm_small_m_mma.cu for steps of <= 64 rows, cuBLAS above)."""
+        attention: "head" (a block per query head) or "group" (a block per GQA group: each K/V row read once)."""
         c = model.config
         if c.head_dim > PA_MAX_HD or c.n_heads % c.n_kv_heads:
             raise ValueError(f"paged attention needs head_dim <= {PA_MAX_HD} and n_heads % n_kv_heads == 0")
         self.model, self.pool = model, pool
-        self.ops = ops or DeviceOps(model, pool, attention=attention, gemm=gemm)
+        self.ops = ops or DeviceOps(model, pool, attention=attention)
         self.use_graph = getattr(model, "use_graph", False) if use_graph is None else use_graph
         # the widest block table a sequence can need: the graphs' tables have this many columns
         self.table_width = min(-(-c.max_seq_len // pool.block_size), pool.num_blocks)
@@ -133,8 +131,7 @@ class GPUBatchedRunner:
         # arrays, they serve whichever runner recycles those (GPUBatching.new_pool)
         shared = getattr(pool, "decode_graphs", None)
         self.graphs: dict[int, DecodeGraph] = ({} if shared is None else
-                                               shared.setdefault((model, getattr(self.ops, "group", None),
-                                                                     getattr(self.ops, "gemm_kind", None)), {}))
+                                               shared.setdefault((model, getattr(self.ops, "group", None)), {}))
         self.graph_error = None          # why a decode step could not be captured (then steps run eagerly)
 
     def forward(self, chunks: list[SeqChunk], all_logits: bool = False, rows=None) -> np.ndarray:
@@ -234,21 +231,17 @@ class GPUBatchedRunner:
 
 class DeviceOps:
     """The forward pass's steps as launches on the model's stream: minillm.cuda.kernels for what the
-    single-sequence path already has, paged_attention.cu for the three paged steps, cuBLAS for GEMMs (or, with
-    gemm="mma", gemm_small_m_mma.cu for products of <= 64 rows: the decode steps).
+    single-sequence path already has, paged_attention.cu for the three paged steps, cuBLAS for GEMMs.
     kv_write and attention take a layer of `pool` (a DevicePagedKV); write_kv and attend, any pool arrays."""
 
-    def __init__(self, model, pool: DevicePagedKV | None = None, attention: str = "head", gemm: str = "cublas"):
+    def __init__(self, model, pool: DevicePagedKV | None = None, attention: str = "head"):
         """attention: "head", paged_attention (a block per query row and head), or "group",
-        paged_attention_group (a block per query row and KV head: the GQA group's heads share each K/V read).
-        gemm: "cublas" (every product) or "mma" (gemm_mma.BatchGemm where it fits: <= 64 rows)."""
+        paged_attention_group (a block per query row and KV head: the GQA group's heads share each K/V read)."""
         from minillm.cuda.kernels import module, suffix
         from minillm.cuda.gpu_kv_cache import device_dtype
         cp = _cp()
         if attention not in ("head", "group"):
             raise ValueError(f"attention is 'head' or 'group', not {attention!r}")
-        if gemm not in GEMMS:
-            raise ValueError(f"gemm is 'cublas' or 'mma', not {gemm!r}")
         self.xp, self.model, self.k, self.pool = cp, model, model.k, pool
         self.narrow = device_dtype(model.dtype)
         c = model.config
@@ -265,11 +258,6 @@ class DeviceOps:
         if self.group:
             self.fn["attention"] = mod.get_function(f"paged_attention_g{self.group}_{sfx}")
             self.fn["attention_int8"] = mod.get_function(f"paged_attention_g{self.group}_int8")
-        self.gemm_kind = gemm
-        self.small_m = None
-        if gemm == "mma":
-            from minillm.cuda.gemm_mma import BatchGemm
-            self.small_m = BatchGemm(model.dtype)
         self.fn["argmax"] = module("sampling").get_function("argmax_rows")             # greedy steps' pick
 
     def stream(self):
@@ -306,14 +294,11 @@ class DeviceOps:
         return out
 
     def gemm(self, a, w, out=None, accumulate: bool = False):
-        """out [N, rows] fp32 (+)= a [N, in] 16-bit @ w [rows, in]ᵀ, fp32 accumulation: the tensor-core small-M
-        kernel for a decode step's few rows (gemm="mma"), else GPUTransformer.gemm (cuBLAS)"""
+        """out [N, rows] fp32 (+)= a [N, in] 16-bit @ w [rows, in]ᵀ (GPUTransformer.gemm: cuBLAS, fp32 accumulate;
+        gemm_mma.py's tensor-core kernel measured slower at these shapes: lessons/BENCHMARKS.md)"""
         if out is None:
             out = self.xp.empty((a.shape[0], w.shape[0]), self.xp.float32)
-        if self.small_m is not None and isinstance(w, self.xp.ndarray) and self.small_m.usable(a, w):
-            self.small_m(a, w, out, accumulate)
-        else:
-            self.model.gemm(a, w, out, accumulate)
+        self.model.gemm(a, w, out, accumulate)
         return out
 
     def rope(self, qkv, positions) -> None:
@@ -531,11 +516,10 @@ class GPUBatching:
     default_batch_tokens = 2048
     cap_to_max_batch = True             # by default no more than max_batch full contexts (small models)
 
-    def __init__(self, model, use_graph: bool | None = None, attention: str | None = None, gemm: str | None = None):
+    def __init__(self, model, use_graph: bool | None = None, attention: str | None = None):
         """use_graph: decode steps as bucket graphs (default: the model's use_graph, unless MINILLM_BATCH_GRAPHS=0);
         attention: "head" or "group" (default: MINILLM_PAGED_ATTENTION, else "group": 64.9 vs 108.0 µs a layer
-        at 64 rows on the H200); gemm: "mma" or "cublas" for the products of steps of <= 64 rows (default:
-        MINILLM_BATCH_GEMM, else "mma"). The environment lets a benchmark (`minillm bench serve --device cuda`)
+        at 64 rows on the H200). The environment lets a benchmark (`minillm bench serve --device cuda`)
         compare them without new flags."""
         env_graphs = os.environ.get("MINILLM_BATCH_GRAPHS", "1") != "0"
         self.model = model
@@ -545,9 +529,6 @@ class GPUBatching:
         if self.attention not in ("head", "group"):
             raise MiniLLMError(f"paged attention is 'head' or 'group', not {self.attention!r} "
                                "(MINILLM_PAGED_ATTENTION)")
-        self.gemm = gemm or os.environ.get("MINILLM_BATCH_GEMM", "cublas")
-        if self.gemm not in GEMMS:
-            raise MiniLLMError(f"the batched products are 'cublas' or 'mma', not {self.gemm!r} (MINILLM_BATCH_GEMM)")
 
     def storage(self, kv_cache: str) -> str:
         """The pool's storage for a kv_cache format: int8 codes, or the weights' 16 bits for "auto"."""
@@ -572,4 +553,4 @@ class GPUBatching:
         return pool
 
     def new_runner(self, pool: DevicePagedKV) -> GPUBatchedRunner:
-        return GPUBatchedRunner(self.model, pool, use_graph=self.use_graph, attention=self.attention, gemm=self.gemm)
+        return GPUBatchedRunner(self.model, pool, use_graph=self.use_graph, attention=self.attention)
