@@ -143,6 +143,17 @@ def require_gpu(prog: str) -> bool:
     return False
 
 
+def report_checks(results: list[tuple[str, float, float]], most: int | None = None) -> bool:
+    """Print a FAIL line per failed (name, error, tolerance) check (the first `most`), then how many passed
+    and the largest error. -> whether all passed."""
+    failed = [(name, err, tol) for name, err, tol in results if not err <= tol]
+    for name, err, tol in failed[:most]:
+        print(f"FAIL {name}: error {err:.3e} > {tol:.1e}")
+    print(f"{len(results) - len(failed)} of {len(results)} checks passed "
+          f"(largest error {max(e for _, e, _ in results):.2e})")
+    return not failed
+
+
 def finish(prog: str) -> int:
     """The last line of a run: all passed (0) or which failed (1)."""
     if FAILED:

@@ -20,8 +20,8 @@ import sys
 
 import numpy as np
 
-from minillm.cuda.dev.common import gemv_tol, narrow, plain_table, poisoned, rel_err, require_gpu
-from minillm.cuda.dev.small_m import _cublas_gemm, reference
+from minillm.cuda.dev.common import gemv_tol, narrow, plain_table, poisoned, rel_err, report_checks, require_gpu
+from minillm.cuda.dev.small_m import LAYER_MATRICES, _cublas_gemm, mistral_layer, reference
 from minillm.cuda.dev.timing import copy_bandwidth, time_gpu
 from minillm.cuda.gemm_mma import MAX_T, BatchGemm, Variant, split_for
 
@@ -67,14 +67,8 @@ def checks(dtypes=("float16", "bfloat16"), ts=(1, 3, 8, 13, 16, 24, 33, 48, 64))
 
 
 def sweep(ts=(1, 8, 16, 32, 48, 64), dtype: str = "float16", reps: int = 20) -> list[list]:
-    from minillm.model.config import PRESETS
     cp = _cp()
-    c = PRESETS["mistral-7b"].config
-    names = ["q|k|v", "o", "gate|up", "down"]
-    shapes = [((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, c.dim), (c.dim, c.n_heads * c.head_dim),
-              (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)]
-    ws = [cp.asarray(narrow(np.random.default_rng(i).standard_normal((r, n)).astype(np.float32) * 0.02, dtype))
-          for i, (r, n) in enumerate(shapes)]
+    shapes, ws = mistral_layer(dtype)
     nbytes = sum(w.nbytes for w in ws)
     bw = copy_bandwidth(1 << 30)
     gemm = BatchGemm(dtype)
@@ -88,7 +82,7 @@ def sweep(ts=(1, 8, 16, 32, 48, 64), dtype: str = "float16", reps: int = 20) -> 
         rows_out.append([T, f"{ours:.0f}", f"{gbs(ours):.0f}", f"{gbs(ours) / (bw / 1e9):.0%}", f"{blas:.0f}",
                          f"{gbs(blas):.0f}", f"{blas / ours:.2f}x"])
         if T == ts[-1]:
-            for name, w, x, y in zip(names, ws, xs, ys):
+            for name, w, x, y in zip(LAYER_MATRICES, ws, xs, ys):
                 a = time_gpu(lambda: gemm(x, w, y), reps) * 1e3
                 b = time_gpu(lambda: _cublas_gemm(w, x, y), reps) * 1e3
                 per_matrix.append([name, f"{w.shape[0]}x{w.shape[1]}", split_for(*w.shape, gemm.sms), f"{a:.1f}",
@@ -107,13 +101,8 @@ VARIANTS = (Variant(), Variant(tw=2), Variant(tw=4), Variant(warps=2, tw=2), Var
 
 def variants(ts=(1, 16, 64), dtype: str = "float16", reps: int = 10) -> None:
     """Each compile-time shape: µs for one Mistral-7B layer at a few T, and per matrix at the largest."""
-    from minillm.model.config import PRESETS
     cp = _cp()
-    c = PRESETS["mistral-7b"].config
-    shapes = [((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, c.dim), (c.dim, c.n_heads * c.head_dim),
-              (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)]
-    ws = [cp.asarray(narrow(np.random.default_rng(i).standard_normal((r, n)).astype(np.float32) * 0.02, dtype))
-          for i, (r, n) in enumerate(shapes)]
+    shapes, ws = mistral_layer(dtype)
     nbytes = sum(w.nbytes for w in ws)
     bw = copy_bandwidth(1 << 30) / 1e9
     rows = []
@@ -147,14 +136,9 @@ def main(argv=None) -> int:
     if args.variants:
         variants()
         return 0
-    results = checks(("float16",) if args.quick else ("float16", "bfloat16"))
-    failed = [(name, err, tol) for name, err, tol in results if not err <= tol]
-    for name, err, tol in failed[:20]:
-        print(f"FAIL {name}: error {err:.3e} > {tol:.1e}")
-    print(f"{len(results) - len(failed)} of {len(results)} checks passed "
-          f"(largest error {max(e for _, e, _ in results):.2e})")
+    passed = report_checks(checks(("float16",) if args.quick else ("float16", "bfloat16")), most=20)
     sweep(reps=5 if args.quick else 20)
-    return 1 if failed else 0
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
