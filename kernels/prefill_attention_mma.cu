@@ -51,11 +51,35 @@ __device__ __forceinline__ float fast_exp2(float x) {          // ex2.approx: ex
 // first key a query at absolute position p may see
 __device__ __forceinline__ int first_key(int p, int window) { return (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0; }
 
-template <class W, int HD>
-__device__ void prefill_attention_mma(const float* __restrict__ q, int q_stride, const u16* __restrict__ k_cache,
-                                      const u16* __restrict__ v_cache, int capacity, int T, int n_heads,
-                                      int n_kv_heads, const int* pos, int window, float scale,
-                                      float* __restrict__ out) {
+// Where key `key` of KV head kvh sits, as an offset in values from the start of k (and of v: the same layout).
+// ContiguousKV: one sequence's cache [n_kv_heads, capacity, HD] (prefill_attention_mma_*). PagedKV: the
+// serving engine's pool [num_blocks, block_size, n_kv_heads, HD] through one chunk's block table
+// (paged_prefill_attention_mma_*). Only keys the chunk may see are asked for (key < k_end: table entries in use).
+template <int HD>
+struct ContiguousKV {
+    const u16* k;
+    const u16* v;
+    int capacity;
+    __device__ __forceinline__ size_t row(int key, int kvh) const { return ((size_t)kvh * capacity + key) * HD; }
+};
+template <int HD>
+struct PagedKV {
+    const u16* k;
+    const u16* v;
+    const int* table;                            // this chunk's block table row
+    int block_size, n_kv_heads;
+    __device__ __forceinline__ size_t row(int key, int kvh) const {
+        size_t slot = (size_t)table[key / block_size] * block_size + key % block_size;
+        return (slot * n_kv_heads + kvh) * HD;
+    }
+};
+
+// One block: MM_ROWS rows (row tile `tile` of the chunk) of one KV head's group (blockIdx.y). q, out: the
+// chunk's first row; p0: the chunk's first position.
+template <class W, int HD, class KV>
+__device__ void prefill_attention_mma(const float* __restrict__ q, int q_stride, KV kv, int T, int n_heads,
+                                      int n_kv_heads, int p0, int window, float scale, float* __restrict__ out,
+                                      int tile) {
     constexpr int KS = HD + 8;                   // tile row stride in halves (272 B at HD = 128: see the top)
     constexpr int KSTEPS = HD / 16;              // mma k-steps of Q·Kᵀ
     constexpr int ONT = HD / 8;                  // n-tiles of O
@@ -66,8 +90,7 @@ __device__ void prefill_attention_mma(const float* __restrict__ q, int q_stride,
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tq = lane & 3;      // the fragments' groupID (row / key) and thread-in-group (col pair)
     const int kvh = blockIdx.y, group = n_heads / n_kv_heads, n_rows = T * group;
-    const int row0 = (gridDim.x - 1 - blockIdx.x) * MM_ROWS;     // heaviest (latest tokens) first
-    const int p0 = pos[0];
+    const int row0 = tile * MM_ROWS;
 
     // This lane's two rows, g and g + 8 of the warp's 16: position and first visible key (invalid: sees nothing).
     const int wrow0 = row0 + warp * 16;
@@ -113,16 +136,14 @@ __device__ void prefill_attention_mma(const float* __restrict__ q, int q_stride,
     const int w_lo = w_any ? first_key(p0 + wrow0 / group, window) : 0;
     const int w_hi = w_any ? p0 + w_last / group : -1;           // no valid row: every tile skipped
 
-    const u16* Kh = k_cache + (size_t)kvh * capacity * HD;
-    const u16* Vh = v_cache + (size_t)kvh * capacity * HD;
     // tile kb -> stage: every thread copies its share of 16-byte chunks of K and V (keys past k_end: zeros)
     auto load_tile = [&](int kb, int stage) {
         for (int i = threadIdx.x; i < MM_KT * CHUNKS; i += 32 * MM_WARPS) {
             int j = i / CHUNKS, c = i % CHUNKS, key = kb + j;
             bool ok = key < k_end;
-            size_t off = ok ? (size_t)key * HD + c * 8 : 0;
-            cp_async16(smem_u32(&Ks[stage][j][c * 8]), Kh + off, ok);
-            cp_async16(smem_u32(&Vs[stage][j][c * 8]), Vh + off, ok);
+            size_t off = ok ? kv.row(key, kvh) + c * 8 : 0;
+            cp_async16(smem_u32(&Ks[stage][j][c * 8]), kv.k + off, ok);
+            cp_async16(smem_u32(&Vs[stage][j][c * 8]), kv.v + off, ok);
         }
     };
 
@@ -231,10 +252,35 @@ __device__ void prefill_attention_mma(const float* __restrict__ q, int q_stride,
     extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) name(                                           \
         const float* q, int q_stride, const u16* k_cache, const u16* v_cache, int capacity, int T, int n_heads, \
         int n_kv_heads, const int* pos, int window, float scale, float* out) {                                  \
-        prefill_attention_mma<W, HD>(q, q_stride, k_cache, v_cache, capacity, T, n_heads, n_kv_heads, pos,      \
-                                     window, scale, out);                                                       \
+        prefill_attention_mma<W, HD>(q, q_stride, ContiguousKV<HD>{k_cache, v_cache, capacity}, T, n_heads,     \
+                                     n_kv_heads, pos[0], window, scale, out,                                    \
+                                     gridDim.x - 1 - blockIdx.x);        /* heaviest (latest tokens) first */    \
     }
 PREFILL_ATTENTION_MMA_KERNEL(prefill_attention_mma_hd64_f16, F16, 64)
 PREFILL_ATTENTION_MMA_KERNEL(prefill_attention_mma_hd128_f16, F16, 128)
 PREFILL_ATTENTION_MMA_KERNEL(prefill_attention_mma_hd64_bf16, BF16, 64)
 PREFILL_ATTENTION_MMA_KERNEL(prefill_attention_mma_hd128_bf16, BF16, 128)
+
+// The serving engine's prefill steps: every chunk of a batch in one launch, K/V read from the paged pool through
+// each chunk's block table (batch_meta.py's layout; paged_attention.cu's contract: row r at position
+// token_pos[r] sees its sequence's keys [lo, token_pos[r]], its own key already written). Chunk c (blockIdx.z)
+// is rows last_rows[c - 1] + 1 .. last_rows[c] (from 0 for c = 0), consecutive positions, table row c.
+// grid (row tiles of the longest chunk, n_kv_heads, chunks), block (128); a block past its chunk's tiles exits.
+// q: the qkv rows (q_stride floats apart); out [N, n_heads * HD] fp32; a 16-bit pool with head_dim == HD.
+#define PAGED_PREFILL_ATTENTION_MMA_KERNEL(name, W, HD)                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) name(                                           \
+        const float* q, int q_stride, const u16* k_pool, const u16* v_pool, int block_size, int n_heads,        \
+        int n_kv_heads, const int* block_tables, int max_blocks, const int* last_rows, const int* token_pos,    \
+        int window, float scale, float* out) {                                                                  \
+        const int c = blockIdx.z, r0 = c ? last_rows[c - 1] + 1 : 0, T = last_rows[c] + 1 - r0;                 \
+        const int tiles = (T * (n_heads / n_kv_heads) + MM_ROWS - 1) / MM_ROWS;                                 \
+        if ((int)blockIdx.x >= tiles) return;                          /* the whole block: before any barrier */ \
+        PagedKV<HD> kv{k_pool, v_pool, block_tables + (size_t)c * max_blocks, block_size, n_kv_heads};          \
+        prefill_attention_mma<W, HD>(q + (size_t)r0 * q_stride, q_stride, kv, T, n_heads, n_kv_heads,           \
+                                     token_pos[r0], window, scale, out + (size_t)r0 * n_heads * HD,             \
+                                     tiles - 1 - blockIdx.x);                                                   \
+    }
+PAGED_PREFILL_ATTENTION_MMA_KERNEL(paged_prefill_attention_mma_hd64_f16, F16, 64)
+PAGED_PREFILL_ATTENTION_MMA_KERNEL(paged_prefill_attention_mma_hd128_f16, F16, 128)
+PAGED_PREFILL_ATTENTION_MMA_KERNEL(paged_prefill_attention_mma_hd64_bf16, BF16, 64)
+PAGED_PREFILL_ATTENTION_MMA_KERNEL(paged_prefill_attention_mma_hd128_bf16, BF16, 128)

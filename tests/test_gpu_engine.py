@@ -106,18 +106,21 @@ def test_the_kernels_gpu_batched_launches_are_defined():
     import re
     from pathlib import Path
     from minillm.cuda.kernels import KERNEL_DIR, SOURCES
-    assert {"paged_attention", "sampling"} <= set(SOURCES)     # so test_kernels_compile builds them
+    sources = ("paged_attention", "sampling", "prefill_attention_mma")
+    assert set(sources) <= set(SOURCES)                          # so test_kernels_compile builds them
     defined = set()
-    for name in ("paged_attention", "sampling"):
+    for name in sources:
         text = (KERNEL_DIR / f"{name}.cu").read_text()
         defined |= set(re.findall(r'extern "C" __global__ void (\w+)\(', text))
         defined |= set(re.findall(r'^PAGED_\w+_KERNEL\((\w+),', text, re.M))
     source = (Path(__file__).parents[1] / "minillm" / "cuda" / "gpu_batched.py").read_text()
     wanted = re.findall(r'get_function\(f?"([\w{}.]+)"\)', source)
-    assert len(wanted) == 8 and "argmax_rows" in wanted
+    assert len(wanted) == 9 and "argmax_rows" in wanted
     for sfx in ("f16", "bf16"):
         for group in (1, 2, 4, 8):
-            assert {w.replace("{sfx}", sfx).replace("{self.group}", str(group)) for w in wanted} <= defined
+            for hd in (64, 128):
+                assert {w.replace("{sfx}", sfx).replace("{self.group}", str(group)).replace("{c.head_dim}", str(hd))
+                        for w in wanted} <= defined
 
 
 def test_batch_meta_points_each_row_at_its_own_slot():
@@ -179,6 +182,21 @@ def test_gpu_batching_switches_come_from_the_model_and_the_environment(monkeypat
     monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "grp")
     with pytest.raises(MiniLLMError, match="'head' or 'group'"):
         GPUBatching(on)
+    monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "group")
+    assert GPUBatching(on).prefill == "paged"                   # until the mma kernel has run on a GPU
+    monkeypatch.setenv("MINILLM_BATCH_PREFILL", "mma")
+    assert GPUBatching(on).prefill == "mma"
+    monkeypatch.setenv("MINILLM_BATCH_PREFILL", "flash")
+    with pytest.raises(MiniLLMError, match="'paged' or 'mma'"):
+        GPUBatching(on)
+
+
+def test_batch_meta_knows_its_longest_chunk_on_the_host():
+    """What sizes the prefill kernel's grid: the rows of the longest chunk, a host int (1 for decodes)."""
+    steps = schedule_by_hand(4, 24)
+    assert [batch_meta(s, 4, np.asarray).longest_chunk for s in steps] == [20, 6, 4]
+    assert batch_meta([SeqChunk([5], 9, [0, 1, 2])], 4, np.asarray).longest_chunk == 1
+    assert meta_views(np.zeros(meta_size(4, 3), np.int32), 4, 3).longest_chunk == 1
 
 
 def test_the_host_overhead_probe_times_each_part_of_a_step():
@@ -488,6 +506,72 @@ def test_paged_int8_kernels_match_numpy(shape, window, attention):
     got = cp.asnumpy(out)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)
+
+
+def prefill_steps(block_size: int, num_blocks: int, seed: int = 3):
+    """schedule_by_hand's steps and one more: a 70-token prompt from 0 (several row tiles of 64 rows), a
+    chunk of 33 that continues at position 30 (its first 30 keys already in the pool), and a decode at 12."""
+    rng = np.random.default_rng(seed)
+    free = rng.permutation(num_blocks).tolist()
+    take = lambda n: [free.pop() for _ in range(-(-n // block_size))]
+    toks = lambda n: rng.integers(3, 500, n).tolist()
+    big = [SeqChunk(toks(70), 0, take(70)), SeqChunk(toks(33), 30, take(63)), SeqChunk(toks(1), 12, take(13))]
+    return schedule_by_hand(block_size, 24, seed=1) + [big]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [dict(dim=256, n_heads=4, n_kv_heads=2), dict(dim=512, n_heads=4, n_kv_heads=1),
+                                   dict(dim=512, n_heads=8, n_kv_heads=8)], ids=["gqa-hd64", "mqa-hd128", "mha-hd64"])
+@pytest.mark.parametrize("window", [0, 6, 40])
+def test_paged_prefill_mma_matches_numpy(dtype, shape, window):
+    """paged_prefill_attention_mma (every chunk of a step in one launch, K/V through the block tables) against
+    paged_attention_reference, on prompt chunks from 0 and from the middle of a sequence, with decodes among
+    them; the pool random everywhere, the output NaN-poisoned first. Tolerance: the kernel rounds q and the
+    probabilities to 16 bits (as prefill_attention_mma, test_cuda.py)."""
+    from minillm.cuda.dev.common import TOL
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.cuda.gpu_batched import DeviceOps
+    config = small("gqa", sliding_window=window or None, **shape)
+    c = config
+    gpu = GPUTransformer.from_cpu(random_cpu_model(config, dtype), dtype)
+    dev = DeviceOps(gpu, attention="group", prefill="mma")
+    assert "prefill" in dev.fn
+    rng = np.random.default_rng(11)
+    pool = DevicePagedKV(config, 64, 4, dtype)
+    pool.k[0] = cp.asarray(narrow(rng.standard_normal(pool.k[0].shape), dtype))
+    pool.v[0] = cp.asarray(narrow(rng.standard_normal(pool.v[0].shape), dtype))
+    for chunks in prefill_steps(4, 64):
+        meta = batch_meta(chunks, 4, cp.asarray)
+        N = int(meta.positions.shape[0])
+        qkv = cp.asarray(rng.standard_normal((N, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)).astype(np.float32))
+        cp.cuda.Device().synchronize()
+        with gpu.stream:
+            dev.write_kv(qkv, meta.slots, pool.k[0], pool.v[0])     # the chunks' own keys, as the layer does
+            out = cp.full((N, c.n_heads * c.head_dim), cp.nan, cp.float32)
+            dev.attend(qkv, pool.k[0], pool.v[0], meta, out=out)
+            gpu.stream.synchronize()
+        want = paged_attention_reference(cp.asnumpy(qkv), cp.asnumpy(pool.k[0]), cp.asnumpy(pool.v[0]),
+                                         cp.asnumpy(meta.block_tables), cp.asnumpy(meta.seq_of_row),
+                                         cp.asnumpy(meta.positions), c.n_heads, window)
+        got = cp.asnumpy(out)
+        assert np.isfinite(got).all()
+        assert rel(got, want) < TOL[dtype], (meta.longest_chunk, rel(got, want))
+
+
+@needs_gpu
+@pytest.mark.parametrize("options", [dict(), dict(max_batch_tokens=8), dict(num_blocks=16, block_size=4)],
+                         ids=["default", "chunked-prefill", "tiny-pool-preempts"])
+def test_gpu_engine_with_the_mma_prefill_attention_decodes_like_the_cpu(models, options, monkeypatch):
+    """MINILLM_BATCH_PREFILL=mma: prompt steps on paged_prefill_attention_mma; greedy outputs teacher-forced
+    against the CPU model, as with the paged kernels."""
+    monkeypatch.setenv("MINILLM_BATCH_PREFILL", "mma")
+    cpu, gpu = models["hd64"]
+    engine = Engine(LLM(gpu.config, gpu), **options)
+    assert "prefill" in engine.runner.ops.fn
+    results = engine.generate(prompts(), max_tokens=16)
+    assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)
+    assert_teacher_forced_greedy(cpu, prompts(), results)
 
 
 @needs_gpu

@@ -24,6 +24,7 @@ class BatchMeta:
     seq_of_row: object      # [N]   which chunk (row of block_tables) each row belongs to
     last_rows: object       # [B]   each chunk's last row (its next-token logits)
     block_tables: object    # [B, max_blocks]  padded with 0 past each sequence's last block
+    longest_chunk: int = 1  # rows of the longest chunk (a host int: 1 in a decode-only step)
 
 
 def batch_meta(chunks: list[SeqChunk], block_size: int, upload) -> BatchMeta:
@@ -42,7 +43,7 @@ def batch_meta(chunks: list[SeqChunk], block_size: int, upload) -> BatchMeta:
     for p in parts:
         views.append(flat[start:start + len(p)])
         start += len(p)
-    return BatchMeta(*views[:5], views[5].reshape(tables.shape))
+    return BatchMeta(*views[:5], views[5].reshape(tables.shape), max(lengths))
 
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)   # decode batch sizes a graph is captured for

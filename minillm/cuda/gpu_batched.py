@@ -33,7 +33,11 @@ GEMMs inside the capture go through cublas_raw (CuPy refuses cuBLAS under captur
 run eagerly (their shapes vary), as does everything when use_graph is off or a capture failed (graph_error).
 
 Attention: "head" (paged_attention, a block per query head: a GQA group's heads re-read each K/V row from
-L2) or "group" (paged_attention_g{G}: a block per KV head serves its G query heads from one read).
+L2) or "group" (paged_attention_g{G}: a block per KV head serves its G query heads from one read). A step
+with prompt chunks may instead run paged_prefill_attention_mma (prefill_attention_mma.cu: every chunk in one
+launch on the tensor cores, K/V tiles through the block tables; prefill="mma", 16-bit pool, head_dim 64 or
+128): the paged kernels score each prompt row's keys one at a time, ~half of a 2048-token prefill step on
+the H200 (lessons/BENCHMARKS.md). Not yet run on a GPU: off by default (MINILLM_BATCH_PREFILL=mma turns it on).
 
 Greedy sampling on the device: forward_greedy(chunks) -> int32 [B], np.argmax of each chunk's logits row
 exactly (the first maximum; a row's first NaN if it has one), picked by argmax_rows after the eager LM head
@@ -54,6 +58,7 @@ import numpy as np
 from minillm.backend import as_f32
 from minillm.cuda.batch_meta import (GRAPH_BUCKETS, BatchMeta, batch_meta, bucket_for,  # noqa: F401 (re-exported)
                                      decode_meta_into, meta_size, meta_views)
+from minillm.cuda.kernels import MM_ROWS, MM_THREADS
 from minillm.cuda.paged_pool import DevicePagedKV
 from minillm.engine.batched import SeqChunk
 from minillm.errors import MiniLLMError
@@ -63,6 +68,7 @@ from minillm.model.layers import apply_rope, linear, rmsnorm, rope_tables, silu
 
 PA_WARPS, PA_MAX_HD = 4, 256            # as #defined in paged_attention.cu
 PA_GROUPS = (1, 2, 4, 8)                # GQA group sizes paged_attention_g{G} is compiled for
+PREFILL_KERNELS = ("paged", "mma")      # a prefill step's attention: the paged kernels, or the tensor-core one
 ARGMAX_THREADS = 1024                   # argmax_rows' block (sampling.cu: one block per row)
 
 
@@ -115,15 +121,16 @@ class GPUBatchedRunner:
     (or a failed capture: graph_error says why) runs every step eagerly."""
 
     def __init__(self, model, pool: DevicePagedKV, ops=None, use_graph: bool | None = None,
-                 attention: str = "head"):
+                 attention: str = "head", prefill: str = "paged"):
         """ops: DeviceOps(model, pool) by default; CPUOps(model, pool) runs it over a CPU Transformer and a
         PagedKVCache. use_graph: default the model's own (GPUTransformer.use_graph; off for a CPU model).
-        attention: "head" (a block per query head) or "group" (a block per GQA group: each K/V row read once)."""
+        attention: "head" (a block per query head) or "group" (a block per GQA group: each K/V row read once).
+        prefill: "paged" or "mma", the attention of steps with prompt chunks (DeviceOps)."""
         c = model.config
         if c.head_dim > PA_MAX_HD or c.n_heads % c.n_kv_heads:
             raise ValueError(f"paged attention needs head_dim <= {PA_MAX_HD} and n_heads % n_kv_heads == 0")
         self.model, self.pool = model, pool
-        self.ops = ops or DeviceOps(model, pool, attention=attention)
+        self.ops = ops or DeviceOps(model, pool, attention=attention, prefill=prefill)
         self.use_graph = getattr(model, "use_graph", False) if use_graph is None else use_graph
         # the widest block table a sequence can need: the graphs' tables have this many columns
         self.table_width = min(-(-c.max_seq_len // pool.block_size), pool.num_blocks)
@@ -234,14 +241,18 @@ class DeviceOps:
     single-sequence path already has, paged_attention.cu for the three paged steps, cuBLAS for GEMMs.
     kv_write and attention take a layer of `pool` (a DevicePagedKV); write_kv and attend, any pool arrays."""
 
-    def __init__(self, model, pool: DevicePagedKV | None = None, attention: str = "head"):
+    def __init__(self, model, pool: DevicePagedKV | None = None, attention: str = "head", prefill: str = "paged"):
         """attention: "head", paged_attention (a block per query row and head), or "group",
-        paged_attention_group (a block per query row and KV head: the GQA group's heads share each K/V read)."""
+        paged_attention_group (a block per query row and KV head: the GQA group's heads share each K/V read).
+        prefill: "paged" (those kernels for every step) or "mma": a step with a chunk of more than one row, over
+        a 16-bit pool with head_dim 64 or 128, runs paged_prefill_attention_mma for all its rows instead."""
         from minillm.cuda.kernels import module, suffix
         from minillm.cuda.gpu_kv_cache import device_dtype
         cp = _cp()
         if attention not in ("head", "group"):
             raise ValueError(f"attention is 'head' or 'group', not {attention!r}")
+        if prefill not in PREFILL_KERNELS:
+            raise ValueError(f"prefill is 'paged' or 'mma', not {prefill!r}")
         self.xp, self.model, self.k, self.pool = cp, model, model.k, pool
         self.narrow = device_dtype(model.dtype)
         c = model.config
@@ -259,6 +270,9 @@ class DeviceOps:
             self.fn["attention"] = mod.get_function(f"paged_attention_g{self.group}_{sfx}")
             self.fn["attention_int8"] = mod.get_function(f"paged_attention_g{self.group}_int8")
         self.fn["argmax"] = module("sampling").get_function("argmax_rows")             # greedy steps' pick
+        if prefill == "mma" and c.head_dim in (64, 128):           # the head sizes it is compiled for
+            mma = module("prefill_attention_mma")
+            self.fn["prefill"] = mma.get_function(f"paged_prefill_attention_mma_hd{c.head_dim}_{sfx}")
 
     def stream(self):
         return self.model.stream
@@ -333,6 +347,8 @@ class DeviceOps:
         N = qkv.shape[0]
         if out is None:
             out = self.xp.empty((N, c.n_heads * hd), self.xp.float32)
+        if scales is None and meta.longest_chunk > 1 and "prefill" in self.fn:
+            return self._attend_prefill(qkv, k_pool, v_pool, meta, out)
         pools = (k_pool, v_pool) + (tuple(scales) if scales is not None else ())
         self.fn["attention" if scales is None else "attention_int8"](
             (N, c.n_kv_heads if self.group else c.n_heads), (32 * PA_WARPS,),
@@ -341,6 +357,19 @@ class DeviceOps:
                                                      np.int32(meta.block_tables.shape[1]), meta.seq_of_row,
                                                      meta.positions, np.int32(c.sliding_window or 0),
                                                      np.float32(1.0 / math.sqrt(hd)), out))
+        return out
+
+    def _attend_prefill(self, qkv, k_pool, v_pool, meta: BatchMeta, out):
+        """attend() for a step with prompt chunks, on the tensor cores: grid (row tiles of the longest chunk,
+        KV heads, chunks), a block 64 rows of one chunk's GQA group (MM_ROWS there)."""
+        c, hd = self.model.config, self.model.config.head_dim
+        group = c.n_heads // c.n_kv_heads
+        tiles = -(-meta.longest_chunk * group // MM_ROWS)
+        self.fn["prefill"]((tiles, c.n_kv_heads, meta.last_rows.shape[0]), (MM_THREADS,),
+                           (qkv, np.int32(qkv.shape[1]), k_pool, v_pool, np.int32(k_pool.shape[1]),
+                            np.int32(c.n_heads), np.int32(c.n_kv_heads), meta.block_tables,
+                            np.int32(meta.block_tables.shape[1]), meta.last_rows, meta.positions,
+                            np.int32(c.sliding_window or 0), np.float32(1.0 / math.sqrt(hd)), out))
         return out
 
     def cast(self, x, out=None):
@@ -516,10 +545,12 @@ class GPUBatching:
     default_batch_tokens = 2048
     cap_to_max_batch = True             # by default no more than max_batch full contexts (small models)
 
-    def __init__(self, model, use_graph: bool | None = None, attention: str | None = None):
+    def __init__(self, model, use_graph: bool | None = None, attention: str | None = None,
+                 prefill: str | None = None):
         """use_graph: decode steps as bucket graphs (default: the model's use_graph, unless MINILLM_BATCH_GRAPHS=0);
         attention: "head" or "group" (default: MINILLM_PAGED_ATTENTION, else "group": 64.9 vs 108.0 µs a layer
-        at 64 rows on the H200). The environment lets a benchmark (`minillm bench serve --device cuda`)
+        at 64 rows on the H200); prefill: "paged" or "mma" for steps with prompt chunks (default: MINILLM_BATCH_PREFILL,
+        else "paged": the mma kernel has not run on a GPU yet). The environment lets a benchmark (`minillm bench serve --device cuda`)
         compare them without new flags."""
         env_graphs = os.environ.get("MINILLM_BATCH_GRAPHS", "1") != "0"
         self.model = model
@@ -529,6 +560,9 @@ class GPUBatching:
         if self.attention not in ("head", "group"):
             raise MiniLLMError(f"paged attention is 'head' or 'group', not {self.attention!r} "
                                "(MINILLM_PAGED_ATTENTION)")
+        self.prefill = prefill or os.environ.get("MINILLM_BATCH_PREFILL", "paged")
+        if self.prefill not in PREFILL_KERNELS:
+            raise MiniLLMError(f"the prefill attention is 'paged' or 'mma', not {self.prefill!r} (MINILLM_BATCH_PREFILL)")
 
     def storage(self, kv_cache: str) -> str:
         """The pool's storage for a kv_cache format: int8 codes, or the weights' 16 bits for "auto"."""
@@ -553,4 +587,5 @@ class GPUBatching:
         return pool
 
     def new_runner(self, pool: DevicePagedKV) -> GPUBatchedRunner:
-        return GPUBatchedRunner(self.model, pool, use_graph=self.use_graph, attention=self.attention)
+        return GPUBatchedRunner(self.model, pool, use_graph=self.use_graph, attention=self.attention,
+                                prefill=self.prefill)

@@ -7,10 +7,13 @@
 
 The references below compute what the kernels compute, one row at a time and in fp32, from the same
 arrays the kernels read; tests/test_gpu_engine.py holds the kernels to them on random mixed batches.
-`python -m minillm.cuda.dev.paged_attention` checks the kernels on the GPU.
+`python -m minillm.cuda.dev.paged_attention` checks the kernels on the GPU; `--prefill` times one layer of a
+prefill step at the Mistral-7B shape, the group kernel against paged_prefill_attention_mma (prefill_attention_mma.cu:
+every chunk on the tensor cores, K/V through the block tables; gpu_batched.py's prefill="mma").
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -152,8 +155,53 @@ def check_paged(dtype: str = "float16", window: int = 0, int8: bool = False, see
     return max(err, rel_err(cp.asnumpy(out), ref)), TOL[dtype]
 
 
+def prefill_timing(chunks_per_step: int = 16, prompt: int = 128, reps: int = 20) -> list[list]:
+    """One Mistral-7B layer's attention for two prefill steps (chunks_per_step prompts of `prompt` tokens from
+    position 0; the same prompts' next `prompt` tokens, the first ones already in the pool): µs of the group
+    kernel and of the tensor-core one, and how far apart their outputs are (relative to the largest)."""
+    import cupy as cp
+    from minillm.cuda.dev.common import TOL, plain_table, rel_err, say, verdict
+    from minillm.cuda.dev.timing import time_gpu
+    from minillm.cuda.gpu_batched import DeviceOps, DevicePagedKV, batch_meta
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.engine.batched import SeqChunk
+    from minillm.model.config import PRESETS
+    c = PRESETS["mistral-7b"].config
+    gpu = GPUTransformer.random(dataclasses.replace(c, n_layers=1), "float16", seed=0)    # one layer is enough
+    per_seq = -(-2 * prompt // 16)
+    pool = DevicePagedKV(gpu.config, chunks_per_step * per_seq, 16, "float16")
+    k, v, _ = pool.layer(0)
+    k[...] = cp.random.standard_normal(k.shape, dtype=cp.float32).astype(cp.float16)
+    v[...] = cp.random.standard_normal(v.shape, dtype=cp.float32).astype(cp.float16)
+    rng = np.random.default_rng(0)
+    tables = rng.permutation(chunks_per_step * per_seq).reshape(chunks_per_step, per_seq).tolist()
+    ops = {kind: DeviceOps(gpu, pool, attention="group", prefill=kind) for kind in ("paged", "mma")}
+    rows = []
+    for name, start in (("prompts from 0", 0), ("their next chunks", prompt)):
+        chunks = [SeqChunk([1] * prompt, start, tables[b]) for b in range(chunks_per_step)]
+        meta = batch_meta(chunks, 16, cp.asarray)
+        qkv = cp.random.standard_normal((chunks_per_step * prompt, gpu.qkv_width), dtype=cp.float32)
+        us, outs = {}, {}
+        with gpu.stream:
+            for kind, dev in ops.items():
+                out = cp.full((len(qkv), gpu.q_width), cp.nan, cp.float32)
+                us[kind] = time_gpu(lambda: dev.attend(qkv, k, v, meta, out=out), reps) * 1e3
+                outs[kind] = cp.asnumpy(out)
+        err = rel_err(outs["mma"], outs["paged"])
+        verdict(f"prefill {name}: mma == paged", err <= TOL["float16"], f"err {err:.2e}  tol {TOL['float16']:.0e}")
+        rows.append([name, f"{chunks_per_step} x {prompt}", f"{us['paged']:.1f}", f"{us['mma']:.1f}",
+                     f"{us['paged'] / us['mma']:.1f}x"])
+    plain_table("one Mistral-7B layer's attention in a prefill step (µs)",
+                ["step", "chunks x tokens", "group kernel", "tensor cores", "speedup"], rows)
+    say(f"x {c.n_layers} layers: {float(rows[0][2]) * c.n_layers / 1e3:.1f} -> "
+        f"{float(rows[0][3]) * c.n_layers / 1e3:.1f} ms a step")
+    return rows
+
+
 def main() -> int:
-    """`python -m minillm.cuda.dev.paged_attention`: the paged kernels, 16-bit and int8 pools, windowed or not."""
+    """`python -m minillm.cuda.dev.paged_attention [--prefill]`: the paged kernels, 16-bit and int8 pools,
+    windowed or not; --prefill: prefill_timing (after the checks)."""
+    import sys
     from minillm.cuda.dev.common import SHORT, finish, guarded, require_gpu, verdict
     if not require_gpu("paged_attention"):
         return 2
@@ -166,6 +214,8 @@ def main() -> int:
                 err, tol = check_paged(dtype, window, int8, attention=attention)
                 verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
             guarded(label, one)
+    if "--prefill" in sys.argv[1:]:
+        guarded("prefill timing", prefill_timing)
     return finish("paged_attention")
 
 

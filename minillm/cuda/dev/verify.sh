@@ -12,7 +12,9 @@
 #           prefill: prefill attention v2's GPU tests, checks, v1 vs v2 µs a layer and TTFT;
 #           flashnorm: FlashNorm at every norm site of the decode step, --e2e table, its tests and lesson 15;
 #           pdl: programmatic dependent launch, its tests and tok/s on and off;
-#           qmma: the quantized GEMV v3 (tensor cores): its checks, v2 vs v3 per matrix and in decode, its tests)
+#           qmma: the quantized GEMV v3 (tensor cores): its checks, v2 vs v3 per matrix and in decode, its tests;
+#           bprefill: the batching engine's prefill attention on the tensor cores (MINILLM_BATCH_PREFILL=mma): its
+#           GPU tests, paged vs mma µs a layer, then bench serve with it)
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
@@ -83,6 +85,12 @@ qmma)
     TAIL=50 step qmma 240 python3 -m minillm.cuda.dev.qmma --decode
     step qmma 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "v3 or mma" \
         tests/test_cuda_quant.py tests/test_qmma_emulation.py tests/test_kernels_compile.py ;;
+bprefill)  # paged_prefill_attention_mma: tests, µs a layer against the group kernel, the server with it on
+    step bprefill 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "prefill_mma or mma_prefill" \
+        tests/test_gpu_engine.py
+    TAIL=20 step bprefill 150 python3 -m minillm.cuda.dev.paged_attention --prefill
+    MINILLM_BATCH_PREFILL=mma TAIL=10 step bprefill 240 python3 -m minillm bench serve --device cuda --random-weights \
+        -m mistral-7b --requests 64 --concurrency 64 --workload random --prompt-len 128 --output-len 64 --rounds 3 ;;
 bench)
     for q in "" int8 int4; do
         TAIL=22 step bench 150 python3 -m minillm bench --device cuda --random-weights -m mistral-7b --new-tokens 128 \
