@@ -37,7 +37,8 @@ L2) or "group" (paged_attention_g{G}: a block per KV head serves its G query hea
 with prompt chunks may instead run paged_prefill_attention_mma (prefill_attention_mma.cu: every chunk in one
 launch on the tensor cores, K/V tiles through the block tables; prefill="mma", 16-bit pool, head_dim 64 or
 128): the paged kernels score each prompt row's keys one at a time, ~half of a 2048-token prefill step on
-the H200 (lessons/BENCHMARKS.md). Not yet run on a GPU: off by default (MINILLM_BATCH_PREFILL=mma turns it on).
+the H200; the tensor-core kernel takes a Mistral-7B layer of 16 x 128 prompt rows from 554 to 60 µs (lessons/
+BENCHMARKS.md). The engine's default (GPUBatching); MINILLM_BATCH_PREFILL=paged goes back to the paged kernels.
 
 Greedy sampling on the device: forward_greedy(chunks) -> int32 [B], np.argmax of each chunk's logits row
 exactly (the first maximum; a row's first NaN if it has one), picked by argmax_rows after the eager LM head
@@ -550,8 +551,8 @@ class GPUBatching:
         """use_graph: decode steps as bucket graphs (default: the model's use_graph, unless MINILLM_BATCH_GRAPHS=0);
         attention: "head" or "group" (default: MINILLM_PAGED_ATTENTION, else "group": 64.9 vs 108.0 µs a layer
         at 64 rows on the H200); prefill: "paged" or "mma" for steps with prompt chunks (default: MINILLM_BATCH_PREFILL,
-        else "paged": the mma kernel has not run on a GPU yet). The environment lets a benchmark (`minillm bench serve --device cuda`)
-        compare them without new flags."""
+        else "mma": 60 vs 554 µs a Mistral-7B layer for 16 prompts of 128 rows on the H200). The environment lets a
+        benchmark (`minillm bench serve --device cuda`) compare them without new flags."""
         env_graphs = os.environ.get("MINILLM_BATCH_GRAPHS", "1") != "0"
         self.model = model
         self._spares: dict[tuple, tuple] = {}     # (blocks, block_size, storage) -> (weakref to the pool, its arrays)
@@ -560,7 +561,7 @@ class GPUBatching:
         if self.attention not in ("head", "group"):
             raise MiniLLMError(f"paged attention is 'head' or 'group', not {self.attention!r} "
                                "(MINILLM_PAGED_ATTENTION)")
-        self.prefill = prefill or os.environ.get("MINILLM_BATCH_PREFILL", "paged")
+        self.prefill = prefill or os.environ.get("MINILLM_BATCH_PREFILL", "mma")
         if self.prefill not in PREFILL_KERNELS:
             raise MiniLLMError(f"the prefill attention is 'paged' or 'mma', not {self.prefill!r} (MINILLM_BATCH_PREFILL)")
 

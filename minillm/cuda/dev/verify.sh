@@ -86,7 +86,7 @@ qmma)
     step qmma 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "v3 or mma" \
         tests/test_cuda_quant.py tests/test_qmma_emulation.py tests/test_kernels_compile.py ;;
 bprefill)  # paged_prefill_attention_mma: tests, µs a layer against the group kernel, the server with it on
-    step bprefill 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "prefill_mma or mma_prefill" \
+    step bprefill 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "prefill_mma or either_prefill" \
         tests/test_gpu_engine.py
     TAIL=20 step bprefill 150 python3 -m minillm.cuda.dev.paged_attention --prefill
     MINILLM_BATCH_PREFILL=mma TAIL=10 step bprefill 240 python3 -m minillm bench serve --device cuda --random-weights \
