@@ -7,7 +7,8 @@ the whole group. Continuous batching (Orca; vLLM) decides again at every step: f
 waiting ones join, a long prompt enters in chunks beside the running decodes, and when the KV pool is
 full the newest request is preempted (its blocks freed, recomputed later). `minillm.Engine` is that
 loop: `step()` = schedule (scheduler.py) + one batched forward pass (batched.py) + sampling. On a GPU the
-lesson also times that forward pass eagerly and as a CUDA graph per batch bucket (cuda/gpu_batched.py).
+lesson also times that forward pass eagerly and as a CUDA graph per batch bucket (cuda/gpu_batched.py), and
+the attention of a step full of prompt chunks: one key at a time (the paged kernels) vs on the tensor cores.
 
 Run: python lessons/17_continuous_batching.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
@@ -162,7 +163,9 @@ def main():
     # 5. On a GPU: the same step for B sequences of a Mistral-7B, launched kernel by kernel vs replayed as one CUDA
     #    graph per batch bucket (gpu_batched.py), and attention reading each K/V row once per GQA group.
     failed = run_gpu_parts([("the batched decode step on a GPU: eager vs CUDA graph, per-head vs GQA-group attention",
-                             lambda: gpu_batched_step(small))])
+                             lambda: gpu_batched_step(small)),
+                            ("a prefill step's attention: the paged kernels vs the tensor cores",
+                             gpu_prefill_attention)])
 
     def draw(ax):
         ax.plot(sizes, [b * 1e3 / ms[b] for b in sizes], marker="o")
@@ -181,6 +184,21 @@ def gpu_batched_step(small: bool) -> None:
     print("On a GPU the 64-row step reads the weights once for 64 tokens, as on the CPU; eagerly, ~11 launches a\n"
           "layer from Python cost as much as the weight reads, so the step is captured once per batch bucket\n"
           "(padded rows write nothing) and replayed: minillm bench serve --device cuda measures the whole server.")
+
+
+def gpu_prefill_attention() -> None:
+    """minillm.cuda.dev.paged_attention.prefill_timing: one Mistral-7B layer's attention for 16 prompt chunks of
+    128 rows, checked against each other (H200: 554 µs on the paged kernels, 60 µs on the tensor cores)."""
+    from minillm.cuda.dev import common
+    from minillm.cuda.dev.paged_attention import prefill_timing
+    failed = len(common.FAILED)
+    prefill_timing()
+    if len(common.FAILED) > failed:
+        raise RuntimeError("the tensor-core prefill attention differs from the paged kernels")
+    print("A decode row has one query, so reading its keys one by one is all there is to do. A prompt chunk has\n"
+          "128 queries over the same keys: the tensor-core kernel loads a tile of keys once for 64 query rows and\n"
+          "multiplies them as matrices (lesson 24's FlashAttention, its K/V tiles read through the block table).\n"
+          "The engine uses it for every step with a prompt chunk (MINILLM_BATCH_PREFILL=paged turns it off).")
 
 
 if __name__ == "__main__":
