@@ -327,12 +327,29 @@ def cases(k) -> list:
     return [(f"v3 {label}", lambda label=label: check_case(k, label)) for label in CASE_LABELS]
 
 
-def timings(group: int = 128) -> list[list]:
-    """Each Mistral-7B matrix, int8 and int4, v2 vs v3 as a plain GEMV: µs a launch in a CUDA graph over
-    enough copies (>= 160 MB) that none is still in L2 when its turn comes again."""
+def matrix_us(versions: dict, method: str, rows: int, n_in: int, group: int = 128) -> tuple[dict, int]:
+    """One Mistral-7B-sized quantized matrix as a plain GEMV under each of `versions` ({label: Kernels}): µs a
+    launch in a CUDA graph over enough copies (>= 160 MB) that none is still in L2 when its turn comes again.
+    -> ({label: µs}, the matrix's bytes)"""
     import cupy as cp
+    from minillm.cuda.dev.timing import graph_us
+    first = _device_matrix(method, rows, n_in, group, 7)
+    copies = [first] + [_device_matrix(method, rows, n_in, group, 8 + j)
+                        for j in range(min(15, -(-(160 << 20) // first.nbytes)))]
+    x = cp.asarray(np.random.default_rng(0).standard_normal(n_in).astype(np.float32))
+    y = cp.empty(rows, cp.float32)
+    us = {v: graph_us(lambda i, kv=kv: kv.gemv(copies[i % len(copies)], x, y, version=4), 2 * len(copies))
+          for v, kv in versions.items()}
+    nbytes = first.nbytes
+    del copies, first
+    cp.get_default_memory_pool().free_all_blocks()
+    return us, nbytes
+
+
+def timings(group: int = 128) -> list[list]:
+    """Each Mistral-7B matrix, int8 and int4, v2 vs v3 as a plain GEMV (matrix_us)."""
     from minillm.cuda.dev.common import plain_table
-    from minillm.cuda.dev.timing import copy_bandwidth, graph_us
+    from minillm.cuda.dev.timing import copy_bandwidth
     from minillm.cuda.kernels import Kernels
     k = Kernels("float16")
     versions = {"v2": k.with_settings(quant_version=2), "v3": k.with_settings(quant_version=3),
@@ -343,20 +360,12 @@ def timings(group: int = 128) -> list[list]:
     table = []
     for method in ("int8", "int4"):
         for name, (rows, n_in) in _mistral_shapes().items():
-            first = _device_matrix(method, rows, n_in, group, 7)
-            copies = [first] + [_device_matrix(method, rows, n_in, group, 8 + j)
-                                for j in range(min(15, -(-(160 << 20) // first.nbytes)))]
-            x = cp.asarray(np.random.default_rng(0).standard_normal(n_in).astype(np.float32))
-            y = cp.empty(rows, cp.float32)
-            us = {v: graph_us(lambda i, kv=kv: kv.gemv(copies[i % len(copies)], x, y, version=4), 2 * len(copies))
-                  for v, kv in versions.items()}
-            gbs = {v: first.nbytes / (t * 1e-6) / 1e9 for v, t in us.items()}
-            table.append([method, name, f"{rows}x{n_in}", f"{first.nbytes / 1e6:.1f}", f"{us['v2']:.1f}",
+            us, nbytes = matrix_us(versions, method, rows, n_in, group)
+            gbs = {v: nbytes / (t * 1e-6) / 1e9 for v, t in us.items()}
+            table.append([method, name, f"{rows}x{n_in}", f"{nbytes / 1e6:.1f}", f"{us['v2']:.1f}",
                           f"{us['v3']:.1f}", f"{gbs['v2']:.0f}", f"{gbs['v3']:.0f}", f"{gbs['v3'] / (bw / 1e9):.0%}",
                           f"{us['v2'] / us['v3']:.2f}x", f"{us['v3 1/tile']:.1f}", f"{us['v3 2/SM']:.1f}",
                           f"{us['v3 U=4']:.1f}"])
-            del copies, first
-            cp.get_default_memory_pool().free_all_blocks()
     plain_table(f"plain y = W·x, µs a launch in a CUDA graph; copy roofline {bw / 1e12:.2f} TB/s",
                 ["method", "matrix", "shape", "MB", "v2 µs", "v3 µs", "v2 GB/s", "v3 GB/s", "v3 % copy", "v2/v3",
                  "v3 µs, a block a tile", "v3 µs, 2 blocks/SM", "v3 U=4 µs (2 blocks/SM)"],
@@ -364,29 +373,32 @@ def timings(group: int = 128) -> list[list]:
     return table
 
 
-def decode(n_new: int = 128, prompt_len: int = 16) -> list[list]:
-    """Batch-1 decode of a random Mistral-7B (int8, int4) with the CUDA graph, v2 vs v3: tok/s, and how many
-    greedy tokens the two agree on (random weights: a near-tie may part them; a broken kernel parts at once)."""
+def decode(n_new: int = 128, prompt_len: int = 16, variants: dict | None = None) -> list[list]:
+    """Batch-1 decode of a random Mistral-7B (int8, int4) with the CUDA graph under each of `variants`
+    ({label: KernelSettings changes}; default v2 vs v3): tok/s against the first, and how many greedy tokens
+    each agrees with the first on (random weights: a near-tie may part them; a broken kernel parts at once)."""
     import cupy as cp
     from minillm.cuda.dev.bench import TARGETS, _decode_tok_s
     from minillm.cuda.dev.common import plain_table
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.model.config import PRESETS
+    variants = variants or {"v2": {}, "v3": {"quant_version": 3}}
+    base = next(iter(variants))
     cfg = PRESETS["mistral-7b"].config
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
     table = []
     for method in ("int8", "int4"):
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
         cache = gpu.new_cache(prompt_len + n_new + 8)
-        runs = {v: _decode_tok_s(gpu.with_settings(quant_version=v), cache, prompt, n_new) for v in (2, 3)}
-        (tps2, tok2), (tps3, tok3) = runs[2], runs[3]
-        same = next((i for i, (a, b) in enumerate(zip(tok2, tok3)) if a != b), len(tok2))
-        table.append([method, f"{tps2:.1f}", f"{tps3:.1f}", f"{tps3 / tps2:.2f}x", TARGETS[method],
-                      f"{same} of {len(tok2)}"])
+        runs = {v: _decode_tok_s(gpu.with_settings(**changes), cache, prompt, n_new) for v, changes in variants.items()}
+        tps0, tok0 = runs[base]
+        for v, (tps, tok) in runs.items():
+            same = next((i for i, (a, b) in enumerate(zip(tok0, tok)) if a != b), len(tok0))
+            table.append([method, v, f"{tps:.1f}", f"{tps / tps0:.2f}x", TARGETS[method], f"{same} of {len(tok0)}"])
         del gpu, cache
         cp.get_default_memory_pool().free_all_blocks()
     plain_table(f"decode, random Mistral-7B, batch 1, {n_new} new tokens after {prompt_len}, CUDA graph",
-                ["method", "v2 tok/s", "v3 tok/s", "v3/v2", "target", "greedy tokens equal"], table)
+                ["method", "kernels", "tok/s", f"vs {base}", "target", f"greedy tokens equal to {base}'s"], table)
     return table
 
 
