@@ -206,24 +206,24 @@ struct Int8Rows {
 
     // acc_a, acc_b = Σ_k W[r, k]·xs[k] for r = ra, rb (every lane gets them)
     static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales, const u16* mins,
-                                               int n_chunks, int n_groups, int cpg, int cpg_shift, int lo, int hi,
+                                               int n_chunks, int n_groups, int cpg, int cpg_shift,
                                                const float* xs, int ra, int rb, float& acc_a, float& acc_b) {
         int lane = threadIdx.x & 31;
         float s_a = static_cast<const float*>(scales)[ra], s_b = static_cast<const float*>(scales)[rb];
         const uint4* wa = qw + (size_t)ra * n_chunks;
         const uint4* wb = qw + (size_t)rb * n_chunks;
         float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f;            // two chains a row: more in flight
-        for (int base = lo; base < hi; base += 32 * U) {
+        for (int base = 0; base < n_chunks; base += 32 * U) {
             uint4 va[U], vb[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int i = base + 32 * u + lane;
-                if (i < hi) { va[u] = ld_stream(wa + i); vb[u] = ld_stream(wb + i); }
+                if (i < n_chunks) { va[u] = ld_stream(wa + i); vb[u] = ld_stream(wb + i); }
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int i = base + 32 * u + lane;
-                if (i < hi) {
+                if (i < n_chunks) {
                     const float4* x4 = reinterpret_cast<const float4*>(xs + i * (C + 4));
                     float4 x0 = x4[0], x1 = x4[1], x2 = x4[2], x3 = x4[3];
                     a0 = dot4_i8(va[u].x, x0, a0); b0 = dot4_i8(vb[u].x, x0, b0);
@@ -264,7 +264,7 @@ struct Int4Rows {
 
     static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales,
                                                const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
-                                               int cpg_shift, int lo, int hi, const float* xs, int ra, int rb,
+                                               int cpg_shift, const float* xs, int ra, int rb,
                                                float& acc_a, float& acc_b) {
         int lane = threadIdx.x & 31;
         const float* xsum = xs + (size_t)n_chunks * (C + 4);
@@ -276,13 +276,13 @@ struct Int4Rows {
         const uint4* wb = qw + (size_t)rb * n_chunks;
         acc_a = 0.0f;
         acc_b = 0.0f;
-        for (int base = lo; base < hi; base += 32 * U) {
+        for (int base = 0; base < n_chunks; base += 32 * U) {
             uint4 va[U], vb[U];
             u16 s_a[U], m_a[U], s_b[U], m_b[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {                              // weights, scales and mins all in flight
                 int i = base + 32 * u + lane;
-                if (i < hi) {
+                if (i < n_chunks) {
                     va[u] = ld_stream(wa + i);
                     vb[u] = ld_stream(wb + i);
                     int g = cpg_shift >= 0 ? i >> cpg_shift : i / cpg;   // the chunk's group
@@ -292,7 +292,7 @@ struct Int4Rows {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int i = base + 32 * u + lane;
-                if (i < hi) {
+                if (i < n_chunks) {
                     const float4* x4 = reinterpret_cast<const float4*>(xs + i * (C + 4));
                     float pa0 = 0.0f, pa1 = 0.0f, pb0 = 0.0f, pb1 = 0.0f;   // Σ q·x over the chunk
                     float4 xa = x4[0], xb = x4[1];
@@ -438,10 +438,9 @@ __device__ __forceinline__ float stage_x_f16(const float* __restrict__ x, const 
     return ss;
 }
 
-template <int U_>                          // chunks in flight per lane per row: 8 (as v1), 4 for the k-split kernels
 struct Int8RowsH {
     static constexpr int C = 16;
-    static constexpr int U = U_;
+    static constexpr int U = 8;            // chunks in flight per lane per row, as v1
     static constexpr int XW = C / 2 + 4;   // 32-bit words of staged x per chunk (48 bytes)
     static constexpr bool CHUNK_SUMS = false;
 
@@ -453,7 +452,7 @@ struct Int8RowsH {
     }
 
     static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales, const u16* mins,
-                                               int n_chunks, int n_groups, int cpg, int cpg_shift, int lo, int hi,
+                                               int n_chunks, int n_groups, int cpg, int cpg_shift,
                                                const float* smem, int ra, int rb, float& acc_a, float& acc_b) {
         int lane = threadIdx.x & 31;
         const unsigned int* xh = reinterpret_cast<const unsigned int*>(smem);
@@ -462,17 +461,17 @@ struct Int8RowsH {
         const uint4* wa = qw + (size_t)ra * n_chunks;
         const uint4* wb = qw + (size_t)rb * n_chunks;
         float a = 0.0f, b = 0.0f;
-        for (int base = lo; base < hi; base += 32 * U) {
+        for (int base = 0; base < n_chunks; base += 32 * U) {
             uint4 va[U], vb[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int i = base + 32 * u + lane;
-                if (i < hi) { va[u] = ld_stream(wa + i); vb[u] = ld_stream(wb + i); }
+                if (i < n_chunks) { va[u] = ld_stream(wa + i); vb[u] = ld_stream(wb + i); }
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int i = base + 32 * u + lane;
-                if (i < hi) {
+                if (i < n_chunks) {
                     const uint4* x4 = reinterpret_cast<const uint4*>(xh + i * XW);
                     uint4 x0 = x4[0], x1 = x4[1];                 // 16 values of x: 8 pairs
                     unsigned int pa = 0u, pb = 0u;                // f16x2 (0, 0)
@@ -491,10 +490,9 @@ struct Int8RowsH {
     }
 };
 
-template <int U_>                          // 4, or 2 for the k-split kernels
 struct Int4RowsH {
     static constexpr int C = 32;
-    static constexpr int U = U_;
+    static constexpr int U = 4;
     static constexpr int XW = C / 2 + 4;   // 80 bytes of staged x per chunk
     static constexpr bool CHUNK_SUMS = true;
 
@@ -507,7 +505,7 @@ struct Int4RowsH {
 
     static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales,
                                                const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
-                                               int cpg_shift, int lo, int hi, const float* smem, int ra, int rb,
+                                               int cpg_shift, const float* smem, int ra, int rb,
                                                float& acc_a, float& acc_b) {
         int lane = threadIdx.x & 31;
         const unsigned int* xh = reinterpret_cast<const unsigned int*>(smem);
@@ -520,13 +518,13 @@ struct Int4RowsH {
         const uint4* wb = qw + (size_t)rb * n_chunks;
         acc_a = 0.0f;
         acc_b = 0.0f;
-        for (int base = lo; base < hi; base += 32 * U) {
+        for (int base = 0; base < n_chunks; base += 32 * U) {
             uint4 va[U], vb[U];
             u16 s_a[U], m_a[U], s_b[U], m_b[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {                              // weights, scales and mins all in flight
                 int i = base + 32 * u + lane;
-                if (i < hi) {
+                if (i < n_chunks) {
                     va[u] = ld_stream(wa + i);
                     vb[u] = ld_stream(wb + i);
                     unsigned int g = cpg_shift >= 0 ? (unsigned int)i >> cpg_shift : (unsigned int)(i / cpg);
@@ -539,7 +537,7 @@ struct Int4RowsH {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int i = base + 32 * u + lane;
-                if (i < hi) {
+                if (i < n_chunks) {
                     const uint4* x4 = reinterpret_cast<const uint4*>(xh + i * XW);
                     unsigned int pa = 0u, pb = 0u;
                     uint4 xq = x4[0];                                       // values 0..7 of the chunk
@@ -568,72 +566,36 @@ struct Int4RowsH {
 #define Q_LOOKAHEAD 1        // flags bit: prefetch each warp's next row pair into L2 while computing this one
 #define Q_LOOKAHEAD_2 2      // flags bit: two pairs ahead instead of one
 
-// KS = 2 (the _ks2 kernels): each row pair is split along k between two warps of a block, warps 2j and 2j + 1
-// (work item p = pair p / 2, half p % 2; Q_WARPS and the stride are even, so the halves of a pair always meet
-// in the same block and round). The second half's sums go through shared memory to the first, which runs
-// the epilogue: twice the work items for the same rows, so with half of each warp's registers for loads
-// (U halved) 4 blocks fit on an SM instead of 2 and twice the warps share its loads and arithmetic. The
-// sums differ from KS = 1's only by fp32 rounding (a row's two halves are added last).
-template <int KS>
-__device__ __forceinline__ void chunk_range(int half, int n_chunks, int& lo, int& hi) {
-    int mid = KS == 1 ? n_chunks : min(n_chunks, ((n_chunks / 2 + 31) / 32) * 32);   // a whole warp's chunks
-    lo = half ? mid : 0;
-    hi = half ? n_chunks : mid;
-}
-
-// bar.sync on barrier `id` for `threads` threads (a multiple of 32): the two warps of one pair, not the block
-__device__ __forceinline__ void pair_barrier(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
-}
-
-template <class F, class W, bool NORM, int EPI, int KS>
+template <class F, class W, bool NORM, int EPI>
 __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const void* __restrict__ scales,
                                            const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
                                            int cpg_shift, const float* __restrict__ x, const float* __restrict__ gain,
                                            float eps, int in, int pairs, int rows, const Epilogue<W>& ep, int flags,
                                            const NextWeights& next) {
     extern __shared__ float4 smem4[];
-    __shared__ float2 partial[2][Q_WARPS];                            // KS = 2: second halves' sums, by round parity
     float* smem = reinterpret_cast<float*>(smem4);                    // x as the format stages it (F::stage)
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int items = pairs * KS;                                            // row pairs (KS = 1) or their halves
-    int first = blockIdx.x * Q_WARPS + warp;                           // this warp's first work item
+    int lane = threadIdx.x & 31;
+    int first = blockIdx.x * Q_WARPS + (threadIdx.x >> 5);            // this warp's first row pair
     int stride = gridDim.x * Q_WARPS;                                  // ... and the distance to its next
-    int half = KS == 1 ? 0 : first & 1;                                // the same half every round
-    int lo, hi;
-    chunk_range<KS>(half, n_chunks, lo, hi);
     int ahead = (flags & Q_LOOKAHEAD) ? ((flags & Q_LOOKAHEAD_2) ? 2 : 1) : 0;
-    if (half == 0)                                                     // on their way during the staging
-        for (int d = 0; d <= ahead; d++)
-            prefetch_pair<EPI, F::CHUNK_SUMS>(first / KS + d * (stride / KS), pairs, rows, ep.hd, qw, n_chunks,
-                                              scales, mins, n_groups);
-    if (threadIdx.x == 0 && first + stride >= items) next.prefetch();  // a block with one round: now
+    for (int d = 0; d <= ahead; d++)                                   // on their way during the staging
+        prefetch_pair<EPI, F::CHUNK_SUMS>(first + d * stride, pairs, rows, ep.hd, qw, n_chunks, scales, mins, n_groups);
+    if (threadIdx.x == 0 && first + stride >= pairs) next.prefetch();  // a block with one round: now
     pdl_wait_then_trigger();                  // x is the last kernel's output: the prefetches above were not
 
     float ss = F::template stage<NORM>(x, gain, in, n_chunks, smem);
     float inv_rms = NORM ? rsqrtf(ss / (float)in + eps) : 1.0f;
 
     RowPair r;
-    int round = 0;
-    for (int p = first; p < items; p += stride, round++) {             // warp-uniform; both halves alike
-        int pair = p / KS;
-        if (ahead && half == 0)
-            prefetch_pair<EPI, F::CHUNK_SUMS>(pair + (ahead + 1) * (stride / KS), pairs, rows, ep.hd, qw, n_chunks,
-                                              scales, mins, n_groups);
-        if (threadIdx.x == 0 && p > first && p + stride >= items) next.prefetch();   // this block's last round
-        if (!row_pair<EPI>(pair, rows, ep.hd, r)) break;
+    for (int p = first; p < pairs; p += stride) {                      // warp-uniform
+        if (ahead)
+            prefetch_pair<EPI, F::CHUNK_SUMS>(p + (ahead + 1) * stride, pairs, rows, ep.hd, qw, n_chunks, scales,
+                                              mins, n_groups);
+        if (threadIdx.x == 0 && p > first && p + stride >= pairs) next.prefetch();   // this block's last round
+        if (!row_pair<EPI>(p, rows, ep.hd, r)) break;
         float acc_a, acc_b;
-        F::dot(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, lo, hi, smem, r.ra, r.rb, acc_a, acc_b);
-        if (KS == 2) {
-            // round parity: a second half can be a round ahead of its first half's read, never two
-            if (half && lane == 0) partial[round & 1][warp] = make_float2(acc_a, acc_b);
-            pair_barrier(1 + (warp >> 1), 64);                         // ids 1..Q_WARPS/2 (0: __syncthreads)
-            if (half) continue;
-            float2 other = partial[round & 1][warp + 1];
-            acc_a += other.x;
-            acc_b += other.y;
-        }
-        if (lane == 0) ep.template store<EPI>(r, pair, acc_a * inv_rms, acc_b * inv_rms);
+        F::dot(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, smem, r.ra, r.rb, acc_a, acc_b);
+        if (lane == 0) ep.template store<EPI>(r, p, acc_a * inv_rms, acc_b * inv_rms);
     }
 }
 
@@ -644,10 +606,8 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
 //   mins fp16 [rows, n_groups] (int4; int8: any pointer); cpg = chunks per group (g / 32), cpg_shift its
 //   log2 or -1; x [in] fp32; gain [in] fp32 (NORM); pairs = ceil(rows / 2) (PLAIN), rows / 2 (SWIGLU, QKV);
 //   y, the QKV arguments and next_* as in gemv.cu v4 (gemv_epilogue.cuh); flags: Q_LOOKAHEAD(_2).
-// KS: 1, or 2 (the _ks2 kernels: a pair's k split between two warps, at most 64 registers a thread so that
-// MINB = 4 blocks fit an SM; the launcher: a grid for 2 x pairs work items).
-#define GEMV_QUANT_KERNEL_KS(NAME, F, W, NORM, EPI, KS, MINB)                                                    \
-    extern "C" __global__ void __launch_bounds__(32 * Q_WARPS, MINB) NAME(                                       \
+#define GEMV_QUANT_KERNEL(NAME, F, W, NORM, EPI)                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * Q_WARPS, 2) NAME(                                          \
         const uint4* qw, const void* scales, const u16* mins, int n_chunks, int n_groups, int cpg, int cpg_shift,\
         const float* x, const float* gain, float eps, int in, int pairs, float* y, int rows, int accumulate,     \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,            \
@@ -655,59 +615,33 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
         const unsigned char* next_b, unsigned long long next_bytes_b, int next_tail) {                          \
         Epilogue<W> ep{y, accumulate, k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads, hd};       \
         NextWeights next{next_a, next_bytes_a, next_b, next_bytes_b, next_tail};                                \
-        gemv_quant<F, W, NORM, EPI, KS>(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in,\
-                                        pairs, rows, ep, flags, next);                                           \
+        gemv_quant<F, W, NORM, EPI>(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in,    \
+                                    pairs, rows, ep, flags, next);                                               \
     }
-#define GEMV_QUANT_KERNEL(NAME, F, W, NORM, EPI) GEMV_QUANT_KERNEL_KS(NAME, F, W, NORM, EPI, 1, 2)
-GEMV_QUANT_KERNEL(gemv_int8_f16, Int8RowsH<8>, F16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_int8_bf16, Int8RowsH<8>, BF16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_f16, Int8RowsH<8>, F16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_bf16, Int8RowsH<8>, BF16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_swiglu_int8_f16, Int8RowsH<8>, F16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_swiglu_int8_bf16, Int8RowsH<8>, BF16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_f16, Int8RowsH<8>, F16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_bf16, Int8RowsH<8>, BF16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_qkv_int8_f16, Int8RowsH<8>, F16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_qkv_int8_bf16, Int8RowsH<8>, BF16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_f16, Int8RowsH<8>, F16, true, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_bf16, Int8RowsH<8>, BF16, true, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_int4_f16, Int4RowsH<4>, F16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_int4_bf16, Int4RowsH<4>, BF16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_f16, Int4RowsH<4>, F16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_bf16, Int4RowsH<4>, BF16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_swiglu_int4_f16, Int4RowsH<4>, F16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_swiglu_int4_bf16, Int4RowsH<4>, BF16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_f16, Int4RowsH<4>, F16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_bf16, Int4RowsH<4>, BF16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_qkv_int4_f16, Int4RowsH<4>, F16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_qkv_int4_bf16, Int4RowsH<4>, BF16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_f16, Int4RowsH<4>, F16, true, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_bf16, Int4RowsH<4>, BF16, true, EPI_QKV)
-// the k-split twins of the above (KernelSettings.quant_ksplit = 2): every epilogue, name + "_ks2"
-GEMV_QUANT_KERNEL_KS(gemv_int8_ks2_f16, Int8RowsH<4>, F16, false, EPI_PLAIN, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_int8_ks2_bf16, Int8RowsH<4>, BF16, false, EPI_PLAIN, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_int8_ks2_f16, Int8RowsH<4>, F16, true, EPI_PLAIN, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_int8_ks2_bf16, Int8RowsH<4>, BF16, true, EPI_PLAIN, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_swiglu_int8_ks2_f16, Int8RowsH<4>, F16, false, EPI_SWIGLU, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_swiglu_int8_ks2_bf16, Int8RowsH<4>, BF16, false, EPI_SWIGLU, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_swiglu_int8_ks2_f16, Int8RowsH<4>, F16, true, EPI_SWIGLU, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_swiglu_int8_ks2_bf16, Int8RowsH<4>, BF16, true, EPI_SWIGLU, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_qkv_int8_ks2_f16, Int8RowsH<4>, F16, false, EPI_QKV, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_qkv_int8_ks2_bf16, Int8RowsH<4>, BF16, false, EPI_QKV, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_qkv_int8_ks2_f16, Int8RowsH<4>, F16, true, EPI_QKV, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_qkv_int8_ks2_bf16, Int8RowsH<4>, BF16, true, EPI_QKV, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_int4_ks2_f16, Int4RowsH<2>, F16, false, EPI_PLAIN, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_int4_ks2_bf16, Int4RowsH<2>, BF16, false, EPI_PLAIN, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_int4_ks2_f16, Int4RowsH<2>, F16, true, EPI_PLAIN, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_int4_ks2_bf16, Int4RowsH<2>, BF16, true, EPI_PLAIN, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_swiglu_int4_ks2_f16, Int4RowsH<2>, F16, false, EPI_SWIGLU, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_swiglu_int4_ks2_bf16, Int4RowsH<2>, BF16, false, EPI_SWIGLU, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_swiglu_int4_ks2_f16, Int4RowsH<2>, F16, true, EPI_SWIGLU, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_swiglu_int4_ks2_bf16, Int4RowsH<2>, BF16, true, EPI_SWIGLU, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_qkv_int4_ks2_f16, Int4RowsH<2>, F16, false, EPI_QKV, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_qkv_int4_ks2_bf16, Int4RowsH<2>, BF16, false, EPI_QKV, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_qkv_int4_ks2_f16, Int4RowsH<2>, F16, true, EPI_QKV, 2, 4)
-GEMV_QUANT_KERNEL_KS(gemv_rmsnorm_qkv_int4_ks2_bf16, Int4RowsH<2>, BF16, true, EPI_QKV, 2, 4)
+GEMV_QUANT_KERNEL(gemv_int8_f16, Int8RowsH, F16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_int8_bf16, Int8RowsH, BF16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_f16, Int8RowsH, F16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_bf16, Int8RowsH, BF16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_swiglu_int8_f16, Int8RowsH, F16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_swiglu_int8_bf16, Int8RowsH, BF16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_f16, Int8RowsH, F16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_bf16, Int8RowsH, BF16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_qkv_int8_f16, Int8RowsH, F16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_qkv_int8_bf16, Int8RowsH, BF16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_f16, Int8RowsH, F16, true, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_bf16, Int8RowsH, BF16, true, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_int4_f16, Int4RowsH, F16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_int4_bf16, Int4RowsH, BF16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_f16, Int4RowsH, F16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_bf16, Int4RowsH, BF16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_swiglu_int4_f16, Int4RowsH, F16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_swiglu_int4_bf16, Int4RowsH, BF16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_f16, Int4RowsH, F16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_bf16, Int4RowsH, BF16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_qkv_int4_f16, Int4RowsH, F16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_qkv_int4_bf16, Int4RowsH, BF16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_f16, Int4RowsH, F16, true, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_bf16, Int4RowsH, BF16, true, EPI_QKV)
 // v1, plain y (+)= W·x only: kept to compare (minillm.cuda.qbench times both)
 GEMV_QUANT_KERNEL(gemv_int8_v1_f16, Int8Rows, F16, false, EPI_PLAIN)
 GEMV_QUANT_KERNEL(gemv_int8_v1_bf16, Int8Rows, BF16, false, EPI_PLAIN)

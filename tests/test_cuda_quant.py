@@ -23,7 +23,6 @@ from minillm.cuda.dev.gemv import check_dequantize, check_gemv, check_gemv_qkv, 
 from minillm.cuda.dev.model import (check_graph_equals_eager, check_greedy, check_model_logits,  # noqa: E402
                                     random_cpu_model, small_config)
 from minillm.cuda.dev.qmma import CASE_LABELS, check_case  # noqa: E402
-from minillm.cuda.dev import qsplit  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
 from minillm.cuda.qweights import QuantMatrix  # noqa: E402
@@ -301,30 +300,3 @@ def test_quantized_gemv_v3_is_the_same_for_any_grid(method, group):
         outs.append(cp.asnumpy(y))
     assert all(np.array_equal(o, outs[0]) for o in outs) and not np.isnan(outs[0]).any()
 
-
-# ---- v2's k-split (the _ks2 kernels: a row pair's k range over two warps, 4 blocks an SM) ----------------
-@pytest.mark.parametrize("label", qsplit.LABELS)
-def test_quantized_gemv_ksplit_matches_numpy(k, label):
-    ok_fp16_products(qsplit.check_case(k, label))
-
-
-@pytest.mark.parametrize("method,group", [("int8", 0), ("int4", 128), ("int4", 32)], ids=FORMAT_IDS)
-def test_quantized_gemv_ksplit_is_the_same_for_any_grid(method, group):
-    """Whichever block takes a pair, its two halves meet in one block and add in the same order."""
-    k = Kernels("float16").with_settings(quant_ksplit=2)
-    rng = np.random.default_rng(5)
-    _, w = weights(k, 3001, 14336, rng, method, group or 128)
-    x = cp.asarray(rng.standard_normal(14336).astype(np.float32))
-    outs = []
-    for b in (4, 0, 1, 3):
-        y = poisoned(3001, np.float32)
-        k.with_settings(quant_ks2_blocks_per_sm=b).gemv(w, x, y)
-        outs.append(cp.asnumpy(y))
-    assert all(np.array_equal(o, outs[0]) for o in outs) and not np.isnan(outs[0]).any()
-
-
-@pytest.mark.parametrize("method", ["int8", "int4"])
-def test_quantized_model_with_the_ksplit_matches_cpu_and_replays_its_graph(method):
-    ok(check_model_logits("mistral", "float16", quant=method, settings=qsplit.KS2))
-    same, detail = check_graph_equals_eager("mistral", "float16", quant=method, settings=qsplit.KS2)
-    assert same, detail

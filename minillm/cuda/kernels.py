@@ -59,8 +59,6 @@ MMA_WARPS = 8                          # as #defined there (M_WARPS): warps a bl
 MMA_BLOCKS_PER_SM = 3                  # its grid: blocks of 8 warps (<= 85 registers a thread: 3 fit an SM)
 MMA_VARIANTS = [f"gemv_{e}{m}" for m in ("int8", "int4") for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_",
                                                                       "qkv_", "rmsnorm_qkv_")]
-# v2's k-split twins (gemv_quant.cu, KernelSettings.quant_ksplit = 2): variant -> kernel name
-KS2_KERNELS = {f"{v}_ks2": f"{v}_ks2_{{sfx}}" for v in MMA_VARIANTS}
 
 
 def kernel_source(name: str) -> str:
@@ -123,11 +121,6 @@ class KernelSettings:
     # y = W·x only), kept to compare; 3 = products on tensor cores (kernels/gemv_quant_mma.cu; int4 groups of
     # 32 or 64 stay on v2): right but slower, decode int8 356 -> 318 tok/s, int4 443 -> 380 (H200, 2026-12-02).
     quant_version: int = 2
-    # v2's k-split: 1, or 2 = the _ks2 kernels (gemv_quant.cu): each row pair's k range split between two warps
-    # of a block, half of the registers a warp (<= 64), quant_ks2_blocks_per_sm blocks an SM instead of 2:
-    # twice the warps in flight for the same bytes (python -m minillm.cuda.dev.qsplit measures it).
-    quant_ksplit: int = 1
-    quant_ks2_blocks_per_sm: int = 4
     # v3's grid: about this many blocks per SM, each looping over tiles of 8 row pairs (0: one block a tile).
     quant_mma_blocks_per_sm: int = MMA_BLOCKS_PER_SM
     # v3's sub-steps a warp step (4 chunks of each row each): 2, or 4 (plain y = W·x only, ~100 registers: for
@@ -241,8 +234,6 @@ class Kernels:
             self.older[f"{v}_v3"] = lambda v=v: get(MMA_SOURCE, f"{v}_v3_{sfx}")
         for m in ("int8", "int4"):   # v3 with 4 sub-steps a warp step, plain only
             self.older[f"gemv_{m}_v3u4"] = lambda m=m: get(MMA_SOURCE, f"gemv_{m}_v3u4_{sfx}")
-        for v, kernel in KS2_KERNELS.items():   # v2 with each row pair's k range split between two warps
-            self.older[v] = lambda kernel=kernel: get("gemv_quant", kernel.format(sfx=sfx))
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
         import cupy as cp
@@ -263,8 +254,6 @@ class Kernels:
             self._allow_quant_smem(name, f)
         if settings.quant_version == 3:
             self._load_v3()
-        if settings.quant_ksplit == 2:
-            self._load_ks2()
 
     def with_settings(self, **changes) -> "Kernels":
         """These kernels launched with some settings changed (dataclasses.replace): a copy that shares the
@@ -273,8 +262,6 @@ class Kernels:
         other.settings = replace(self.settings, **changes)
         if other.settings.quant_version == 3:
             other._load_v3()
-        if other.settings.quant_ksplit == 2:
-            other._load_ks2()
         return other
 
     def _load_v3(self) -> None:
@@ -285,16 +272,9 @@ class Kernels:
             for m in ("int8", "int4"):
                 self._function(f"gemv_{m}_v3u4")
 
-    def _load_ks2(self) -> None:
-        """The k-split quantized GEMVs, loaded now (not in the middle of a graph capture)."""
-        for v in KS2_KERNELS:
-            self._function(v)
-
     def _allow_quant_smem(self, name: str, f) -> None:
         if name.startswith("gemv_") and ("int8" in name or "int4" in name):
             f.max_dynamic_shared_size_bytes = self.max_quant_smem
-        if name.endswith("_ks2"):            # 4 blocks an SM, each with x in shared memory: the largest split
-            f.preferred_shared_memory_carveout = 100
 
     def load_older(self) -> None:
         """Load every earlier kernel version now (before capturing a graph that may launch one)."""
@@ -393,11 +373,6 @@ class Kernels:
             smem = w.n_chunks * (chunk + 4) * 4 + sums
         else:                                # v2: x as fp16, chunk/2 + 4 words a chunk, 2^-e per chunk (+ Σx)
             smem = w.n_chunks * (chunk // 2 + 5) * 4 + sums
-            if self.settings.quant_ksplit == 2:                   # two warps a row pair: twice the work items
-                name += "_ks2"
-                grid = self.quant_grid(2 * pairs, self.settings.quant_ks2_blocks_per_sm)
-            elif self.settings.quant_ksplit != 1:
-                raise ValueError(f"quant_ksplit is 1 or 2, not {self.settings.quant_ksplit}")
         if smem > self.max_quant_smem:
             raise ValueError(f"{name}: a {n_in}-wide row needs {smem} bytes of shared memory for x "
                              f"(this device allows {self.max_quant_smem})")
@@ -441,12 +416,11 @@ class Kernels:
             return np.uint64(ptr), n, np.uint64(ptr + half), n, tail
         return np.uint64(ptr), np.uint64(min(a.nbytes, most)), np.uint64(0), np.uint64(0), tail
 
-    def quant_grid(self, pairs: int, per_sm: int | None = None) -> int:
-        """Blocks for a quantized GEMV over `pairs` work items (row pairs, or their halves for the k-split):
-        about per_sm (default settings.quant_blocks_per_sm) blocks per SM, each warp taking the same number of
-        items in turn (0: one item per warp, as v4 does)."""
+    def quant_grid(self, pairs: int) -> int:
+        """Blocks for a quantized GEMV over `pairs` row pairs: about settings.quant_blocks_per_sm per SM, each
+        warp taking the same number of pairs in turn (0: one pair per warp, as v4 does)."""
         need = -(-pairs // QWARPS)
-        per_sm = self.settings.quant_blocks_per_sm if per_sm is None else per_sm
+        per_sm = self.settings.quant_blocks_per_sm
         if not per_sm:
             return need
         per_warp = -(-need // (per_sm * self.n_sms))
