@@ -438,36 +438,9 @@ __device__ __forceinline__ float stage_x_f16(const float* __restrict__ x, const 
     return ss;
 }
 
-// A row pair's dot products in steps of 32·U chunks of each row: load a step's chunks (every lane U of each
-// row, all in flight), then multiply them. PIPE = false: load, multiply, load, ... (a warp's loads and its
-// arithmetic take turns; other warps fill the gaps). PIPE = true (the _pipe kernels): the next step's loads
-// are issued before this step's arithmetic, so a warp always has one step in flight: two steps of registers,
-// so those kernels take half the U.
-template <class F, bool PIPE>
-__device__ __forceinline__ void stream_pair(typename F::Pair& c, int n_chunks) {
-    constexpr int STEP = 32 * F::U;
-    if (!PIPE) {
-        for (int base = 0; base < n_chunks; base += STEP) {
-            typename F::Step s;
-            F::load(c, s, base, n_chunks);
-            F::multiply(c, s, base, n_chunks);
-        }
-        return;
-    }
-    typename F::Step s0, s1;
-    F::load(c, s0, 0, n_chunks);
-    for (int base = 0; base < n_chunks; base += 2 * STEP) {
-        F::load(c, s1, base + STEP, n_chunks);                       // lanes past the row load nothing
-        F::multiply(c, s0, base, n_chunks);
-        F::load(c, s0, base + 2 * STEP, n_chunks);
-        F::multiply(c, s1, base + STEP, n_chunks);
-    }
-}
-
-template <int U_, bool PIPE = false>    // chunks in flight per lane per row: 8 (as v1); the _pipe kernels 4 + 4
 struct Int8RowsH {
     static constexpr int C = 16;
-    static constexpr int U = U_;
+    static constexpr int U = 8;            // chunks in flight per lane per row, as v1
     static constexpr int XW = C / 2 + 4;   // 32-bit words of staged x per chunk (48 bytes)
     static constexpr bool CHUNK_SUMS = false;
 
@@ -478,58 +451,48 @@ struct Int8RowsH {
         return stage_x_f16<C, false, NORM>(x, gain, in, n_chunks, xh, xscale, nullptr);
     }
 
-    struct Pair {                          // what a warp's steps over one row pair share
-        const uint4* wa;
-        const uint4* wb;
-        const unsigned int* xh;
-        const float* xscale;
-        int lane;
-        float a, b;                        // Σ over the chunks so far, times 2^-e_c, without the row scales
-    };
-    struct Step { uint4 va[U], vb[U]; };
-
-    static __device__ __forceinline__ void load(const Pair& c, Step& s, int base, int n_chunks) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int i = base + 32 * u + c.lane;
-            if (i < n_chunks) { s.va[u] = ld_stream(c.wa + i); s.vb[u] = ld_stream(c.wb + i); }
-        }
-    }
-
-    static __device__ __forceinline__ void multiply(Pair& c, const Step& s, int base, int n_chunks) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int i = base + 32 * u + c.lane;
-            if (i < n_chunks) {
-                const uint4* x4 = reinterpret_cast<const uint4*>(c.xh + i * XW);
-                uint4 x0 = x4[0], x1 = x4[1];                 // 16 values of x: 8 pairs
-                unsigned int pa = 0u, pb = 0u;                // f16x2 (0, 0)
-                pa = dot4_i8_h2(s.va[u].x, x0.x, x0.y, pa); pb = dot4_i8_h2(s.vb[u].x, x0.x, x0.y, pb);
-                pa = dot4_i8_h2(s.va[u].y, x0.z, x0.w, pa); pb = dot4_i8_h2(s.vb[u].y, x0.z, x0.w, pb);
-                pa = dot4_i8_h2(s.va[u].z, x1.x, x1.y, pa); pb = dot4_i8_h2(s.vb[u].z, x1.x, x1.y, pb);
-                pa = dot4_i8_h2(s.va[u].w, x1.z, x1.w, pa); pb = dot4_i8_h2(s.vb[u].w, x1.z, x1.w, pb);
-                float down = c.xscale[i];
-                c.a = fmaf(f16x2_sum(pa), down, c.a);
-                c.b = fmaf(f16x2_sum(pb), down, c.b);
-            }
-        }
-    }
-
     static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales, const u16* mins,
                                                int n_chunks, int n_groups, int cpg, int cpg_shift,
                                                const float* smem, int ra, int rb, float& acc_a, float& acc_b) {
-        Pair c{qw + (size_t)ra * n_chunks, qw + (size_t)rb * n_chunks, reinterpret_cast<const unsigned int*>(smem),
-               smem + (size_t)n_chunks * XW, (int)(threadIdx.x & 31), 0.0f, 0.0f};
-        stream_pair<Int8RowsH, PIPE>(c, n_chunks);
-        acc_a = warp_sum(c.a) * static_cast<const float*>(scales)[ra];
-        acc_b = warp_sum(c.b) * static_cast<const float*>(scales)[rb];
+        int lane = threadIdx.x & 31;
+        const unsigned int* xh = reinterpret_cast<const unsigned int*>(smem);
+        const float* xscale = smem + (size_t)n_chunks * XW;
+        float s_a = static_cast<const float*>(scales)[ra], s_b = static_cast<const float*>(scales)[rb];
+        const uint4* wa = qw + (size_t)ra * n_chunks;
+        const uint4* wb = qw + (size_t)rb * n_chunks;
+        float a = 0.0f, b = 0.0f;
+        for (int base = 0; base < n_chunks; base += 32 * U) {
+            uint4 va[U], vb[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) { va[u] = ld_stream(wa + i); vb[u] = ld_stream(wb + i); }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) {
+                    const uint4* x4 = reinterpret_cast<const uint4*>(xh + i * XW);
+                    uint4 x0 = x4[0], x1 = x4[1];                 // 16 values of x: 8 pairs
+                    unsigned int pa = 0u, pb = 0u;                // f16x2 (0, 0)
+                    pa = dot4_i8_h2(va[u].x, x0.x, x0.y, pa); pb = dot4_i8_h2(vb[u].x, x0.x, x0.y, pb);
+                    pa = dot4_i8_h2(va[u].y, x0.z, x0.w, pa); pb = dot4_i8_h2(vb[u].y, x0.z, x0.w, pb);
+                    pa = dot4_i8_h2(va[u].z, x1.x, x1.y, pa); pb = dot4_i8_h2(vb[u].z, x1.x, x1.y, pb);
+                    pa = dot4_i8_h2(va[u].w, x1.z, x1.w, pa); pb = dot4_i8_h2(vb[u].w, x1.z, x1.w, pb);
+                    float down = xscale[i];
+                    a = fmaf(f16x2_sum(pa), down, a);
+                    b = fmaf(f16x2_sum(pb), down, b);
+                }
+            }
+        }
+        acc_a = warp_sum(a) * s_a;
+        acc_b = warp_sum(b) * s_b;
     }
 };
 
-template <int U_, bool PIPE = false>    // 4, or 2 + 2 for the _pipe kernels
 struct Int4RowsH {
     static constexpr int C = 32;
-    static constexpr int U = U_;
+    static constexpr int U = 4;
     static constexpr int XW = C / 2 + 4;   // 80 bytes of staged x per chunk
     static constexpr bool CHUNK_SUMS = true;
 
@@ -540,70 +503,62 @@ struct Int4RowsH {
         return stage_x_f16<C, true, NORM>(x, gain, in, n_chunks, xh, xscale, xscale + n_chunks);
     }
 
-    struct Pair {
-        const uint4* wa;
-        const uint4* wb;
-        const unsigned int* xh;
-        const float* xscale;
-        const float* xsum;
-        const u16* scales;
-        const u16* mins;
-        unsigned int off_a, off_b;         // the rows' first group: 32-bit element offsets (cheaper addresses)
-        int cpg, cpg_shift, lane;
-        float a, b;
-    };
-    struct Step { uint4 va[U], vb[U]; u16 s_a[U], m_a[U], s_b[U], m_b[U]; };
-
-    static __device__ __forceinline__ void load(const Pair& c, Step& s, int base, int n_chunks) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {                              // weights, scales and mins all in flight
-            int i = base + 32 * u + c.lane;
-            if (i < n_chunks) {
-                s.va[u] = ld_stream(c.wa + i);
-                s.vb[u] = ld_stream(c.wb + i);
-                unsigned int g = c.cpg_shift >= 0 ? (unsigned int)i >> c.cpg_shift : (unsigned int)(i / c.cpg);
-                s.s_a[u] = c.scales[c.off_a + g];                  // the chunk's group's scales and mins
-                s.m_a[u] = c.mins[c.off_a + g];
-                s.s_b[u] = c.scales[c.off_b + g];
-                s.m_b[u] = c.mins[c.off_b + g];
-            }
-        }
-    }
-
-    static __device__ __forceinline__ void multiply(Pair& c, const Step& s, int base, int n_chunks) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int i = base + 32 * u + c.lane;
-            if (i < n_chunks) {
-                const uint4* x4 = reinterpret_cast<const uint4*>(c.xh + i * XW);
-                unsigned int pa = 0u, pb = 0u;
-                uint4 xq = x4[0];                                       // values 0..7 of the chunk
-                pa = dot8_i4_h2(s.va[u].x, xq, pa); pb = dot8_i4_h2(s.vb[u].x, xq, pb);
-                xq = x4[1];
-                pa = dot8_i4_h2(s.va[u].y, xq, pa); pb = dot8_i4_h2(s.vb[u].y, xq, pb);
-                xq = x4[2];
-                pa = dot8_i4_h2(s.va[u].z, xq, pa); pb = dot8_i4_h2(s.vb[u].z, xq, pb);
-                xq = x4[3];
-                pa = dot8_i4_h2(s.va[u].w, xq, pa); pb = dot8_i4_h2(s.vb[u].w, xq, pb);
-                float down = c.xscale[i], X = c.xsum[i], X8 = 8.0f * X;     // 2^-e_c, Σ x of the chunk
-                // s·(Σ(n - 8)·x + 8·Σx) + m·Σx
-                c.a = fmaf(F16::to_float(s.s_a[u]), fmaf(f16x2_sum(pa), down, X8), fmaf(F16::to_float(s.m_a[u]), X, c.a));
-                c.b = fmaf(F16::to_float(s.s_b[u]), fmaf(f16x2_sum(pb), down, X8), fmaf(F16::to_float(s.m_b[u]), X, c.b));
-            }
-        }
-    }
-
     static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales,
                                                const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
                                                int cpg_shift, const float* smem, int ra, int rb,
                                                float& acc_a, float& acc_b) {
+        int lane = threadIdx.x & 31;
+        const unsigned int* xh = reinterpret_cast<const unsigned int*>(smem);
         const float* xscale = smem + (size_t)n_chunks * XW;
-        Pair c{qw + (size_t)ra * n_chunks, qw + (size_t)rb * n_chunks, reinterpret_cast<const unsigned int*>(smem),
-               xscale, xscale + n_chunks, static_cast<const u16*>(scales), mins, (unsigned int)ra * n_groups,
-               (unsigned int)rb * n_groups, cpg, cpg_shift, (int)(threadIdx.x & 31), 0.0f, 0.0f};
-        stream_pair<Int4RowsH, PIPE>(c, n_chunks);
-        acc_a = warp_sum(c.a);
-        acc_b = warp_sum(c.b);
+        const float* xsum = xscale + n_chunks;
+        // scales and mins of both rows by 32-bit element offsets from the arrays' bases (cheaper addresses)
+        const u16* S = static_cast<const u16*>(scales);
+        unsigned int off_a = (unsigned int)ra * n_groups, off_b = (unsigned int)rb * n_groups;
+        const uint4* wa = qw + (size_t)ra * n_chunks;
+        const uint4* wb = qw + (size_t)rb * n_chunks;
+        acc_a = 0.0f;
+        acc_b = 0.0f;
+        for (int base = 0; base < n_chunks; base += 32 * U) {
+            uint4 va[U], vb[U];
+            u16 s_a[U], m_a[U], s_b[U], m_b[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {                              // weights, scales and mins all in flight
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) {
+                    va[u] = ld_stream(wa + i);
+                    vb[u] = ld_stream(wb + i);
+                    unsigned int g = cpg_shift >= 0 ? (unsigned int)i >> cpg_shift : (unsigned int)(i / cpg);
+                    s_a[u] = S[off_a + g];                             // the chunk's group's scales and mins
+                    m_a[u] = mins[off_a + g];
+                    s_b[u] = S[off_b + g];
+                    m_b[u] = mins[off_b + g];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u + lane;
+                if (i < n_chunks) {
+                    const uint4* x4 = reinterpret_cast<const uint4*>(xh + i * XW);
+                    unsigned int pa = 0u, pb = 0u;
+                    uint4 xq = x4[0];                                       // values 0..7 of the chunk
+                    pa = dot8_i4_h2(va[u].x, xq, pa); pb = dot8_i4_h2(vb[u].x, xq, pb);
+                    xq = x4[1];
+                    pa = dot8_i4_h2(va[u].y, xq, pa); pb = dot8_i4_h2(vb[u].y, xq, pb);
+                    xq = x4[2];
+                    pa = dot8_i4_h2(va[u].z, xq, pa); pb = dot8_i4_h2(vb[u].z, xq, pb);
+                    xq = x4[3];
+                    pa = dot8_i4_h2(va[u].w, xq, pa); pb = dot8_i4_h2(vb[u].w, xq, pb);
+                    float down = xscale[i], X = xsum[i], X8 = 8.0f * X;     // 2^-e_c, Σ x of the chunk
+                    // s·(Σ(n - 8)·x + 8·Σx) + m·Σx
+                    acc_a = fmaf(F16::to_float(s_a[u]), fmaf(f16x2_sum(pa), down, X8),
+                                 fmaf(F16::to_float(m_a[u]), X, acc_a));
+                    acc_b = fmaf(F16::to_float(s_b[u]), fmaf(f16x2_sum(pb), down, X8),
+                                 fmaf(F16::to_float(m_b[u]), X, acc_b));
+                }
+            }
+        }
+        acc_a = warp_sum(acc_a);
+        acc_b = warp_sum(acc_b);
     }
 };
 
@@ -663,57 +618,30 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
         gemv_quant<F, W, NORM, EPI>(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in,    \
                                     pairs, rows, ep, flags, next);                                               \
     }
-GEMV_QUANT_KERNEL(gemv_int8_f16, Int8RowsH<8>, F16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_int8_bf16, Int8RowsH<8>, BF16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_f16, Int8RowsH<8>, F16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_bf16, Int8RowsH<8>, BF16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_swiglu_int8_f16, Int8RowsH<8>, F16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_swiglu_int8_bf16, Int8RowsH<8>, BF16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_f16, Int8RowsH<8>, F16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_bf16, Int8RowsH<8>, BF16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_qkv_int8_f16, Int8RowsH<8>, F16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_qkv_int8_bf16, Int8RowsH<8>, BF16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_f16, Int8RowsH<8>, F16, true, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_bf16, Int8RowsH<8>, BF16, true, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_int4_f16, Int4RowsH<4>, F16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_int4_bf16, Int4RowsH<4>, BF16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_f16, Int4RowsH<4>, F16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_bf16, Int4RowsH<4>, BF16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_swiglu_int4_f16, Int4RowsH<4>, F16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_swiglu_int4_bf16, Int4RowsH<4>, BF16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_f16, Int4RowsH<4>, F16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_bf16, Int4RowsH<4>, BF16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_qkv_int4_f16, Int4RowsH<4>, F16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_qkv_int4_bf16, Int4RowsH<4>, BF16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_f16, Int4RowsH<4>, F16, true, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_bf16, Int4RowsH<4>, BF16, true, EPI_QKV)
-// the pipelined twins (KernelSettings.quant_pipeline): each warp's next step loads during this step's arithmetic
-typedef Int8RowsH<4, true> Int8Pipe;
-typedef Int4RowsH<2, true> Int4Pipe;
-GEMV_QUANT_KERNEL(gemv_int8_pipe_f16, Int8Pipe, F16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_int8_pipe_bf16, Int8Pipe, BF16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_pipe_f16, Int8Pipe, F16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_pipe_bf16, Int8Pipe, BF16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_swiglu_int8_pipe_f16, Int8Pipe, F16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_swiglu_int8_pipe_bf16, Int8Pipe, BF16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_pipe_f16, Int8Pipe, F16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_pipe_bf16, Int8Pipe, BF16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_qkv_int8_pipe_f16, Int8Pipe, F16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_qkv_int8_pipe_bf16, Int8Pipe, BF16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_pipe_f16, Int8Pipe, F16, true, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_pipe_bf16, Int8Pipe, BF16, true, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_int4_pipe_f16, Int4Pipe, F16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_int4_pipe_bf16, Int4Pipe, BF16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_pipe_f16, Int4Pipe, F16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_pipe_bf16, Int4Pipe, BF16, true, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_swiglu_int4_pipe_f16, Int4Pipe, F16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_swiglu_int4_pipe_bf16, Int4Pipe, BF16, false, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_pipe_f16, Int4Pipe, F16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_pipe_bf16, Int4Pipe, BF16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_qkv_int4_pipe_f16, Int4Pipe, F16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_qkv_int4_pipe_bf16, Int4Pipe, BF16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_pipe_f16, Int4Pipe, F16, true, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_pipe_bf16, Int4Pipe, BF16, true, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_int8_f16, Int8RowsH, F16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_int8_bf16, Int8RowsH, BF16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_f16, Int8RowsH, F16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int8_bf16, Int8RowsH, BF16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_swiglu_int8_f16, Int8RowsH, F16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_swiglu_int8_bf16, Int8RowsH, BF16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_f16, Int8RowsH, F16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_bf16, Int8RowsH, BF16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_qkv_int8_f16, Int8RowsH, F16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_qkv_int8_bf16, Int8RowsH, BF16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_f16, Int8RowsH, F16, true, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_bf16, Int8RowsH, BF16, true, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_int4_f16, Int4RowsH, F16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_int4_bf16, Int4RowsH, BF16, false, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_f16, Int4RowsH, F16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_bf16, Int4RowsH, BF16, true, EPI_PLAIN)
+GEMV_QUANT_KERNEL(gemv_swiglu_int4_f16, Int4RowsH, F16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_swiglu_int4_bf16, Int4RowsH, BF16, false, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_f16, Int4RowsH, F16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int4_bf16, Int4RowsH, BF16, true, EPI_SWIGLU)
+GEMV_QUANT_KERNEL(gemv_qkv_int4_f16, Int4RowsH, F16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_qkv_int4_bf16, Int4RowsH, BF16, false, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_f16, Int4RowsH, F16, true, EPI_QKV)
+GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_bf16, Int4RowsH, BF16, true, EPI_QKV)
 // v1, plain y (+)= W·x only: kept to compare (minillm.cuda.qbench times both)
 GEMV_QUANT_KERNEL(gemv_int8_v1_f16, Int8Rows, F16, false, EPI_PLAIN)
 GEMV_QUANT_KERNEL(gemv_int8_v1_bf16, Int8Rows, BF16, false, EPI_PLAIN)

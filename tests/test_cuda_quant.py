@@ -23,7 +23,6 @@ from minillm.cuda.dev.gemv import check_dequantize, check_gemv, check_gemv_qkv, 
 from minillm.cuda.dev.model import (check_graph_equals_eager, check_greedy, check_model_logits,  # noqa: E402
                                     random_cpu_model, small_config)
 from minillm.cuda.dev.qmma import CASE_LABELS, check_case  # noqa: E402
-from minillm.cuda.dev import qpipe  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
 from minillm.cuda.qweights import QuantMatrix  # noqa: E402
@@ -300,17 +299,3 @@ def test_quantized_gemv_v3_is_the_same_for_any_grid(method, group):
         k.with_settings(quant_mma_blocks_per_sm=b).gemv(w, x, y)
         outs.append(cp.asnumpy(y))
     assert all(np.array_equal(o, outs[0]) for o in outs) and not np.isnan(outs[0]).any()
-
-
-
-# ---- v2 pipelined (the _pipe kernels: each warp's next loads issued before its arithmetic) ----------------
-@pytest.mark.parametrize("label", qpipe.LABELS)
-def test_quantized_gemv_pipelined_matches_numpy(k, label):
-    ok_fp16_products(qpipe.check_case(k, label))
-
-
-@pytest.mark.parametrize("method", ["int8", "int4"])
-def test_quantized_model_pipelined_matches_cpu_and_replays_its_graph(method):
-    ok(check_model_logits("mistral", "float16", quant=method, settings=qpipe.PIPE))
-    same, detail = check_graph_equals_eager("mistral", "float16", quant=method, settings=qpipe.PIPE)
-    assert same, detail

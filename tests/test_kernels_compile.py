@@ -11,7 +11,7 @@ import pytest
 
 from minillm.cuda import gemm_mma, gpu_mla
 from minillm.cuda.dev import flashnorm, qmma, small_m
-from minillm.cuda.kernels import KERNEL_DIR, PIPE_KERNELS, SOURCES, kernel_source
+from minillm.cuda.kernels import KERNEL_DIR, SOURCES, kernel_source
 
 CU_FILES = sorted(KERNEL_DIR.glob("*.cu"))
 # Sources other modules load themselves (through kernels.module), beside kernels.py's own list.
@@ -65,6 +65,6 @@ def test_every_launched_kernel_is_defined():
     for sfx in ("f16", "bf16"):
         wanted = {n.replace("{sfx}", sfx) for n in re.findall(r'get\("\w+", f?"([\w{}]+)"\)', launcher)}
         assert wanted and wanted <= defined, wanted - defined
-        for names in list(OTHER_SOURCES.values()) + [PIPE_KERNELS]:
+        for names in OTHER_SOURCES.values():
             wanted = {n.format(sfx=sfx) for n in names.values()}
             assert wanted <= defined, wanted - defined

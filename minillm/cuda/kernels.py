@@ -59,8 +59,6 @@ MMA_WARPS = 8                          # as #defined there (M_WARPS): warps a bl
 MMA_BLOCKS_PER_SM = 3                  # its grid: blocks of 8 warps (<= 85 registers a thread: 3 fit an SM)
 MMA_VARIANTS = [f"gemv_{e}{m}" for m in ("int8", "int4") for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_",
                                                                       "qkv_", "rmsnorm_qkv_")]
-# v2's pipelined twins (gemv_quant.cu, KernelSettings.quant_pipeline): variant -> kernel name
-PIPE_KERNELS = {f"{v}_pipe": f"{v}_pipe_{{sfx}}" for v in MMA_VARIANTS}
 
 
 def kernel_source(name: str) -> str:
@@ -123,9 +121,6 @@ class KernelSettings:
     # y = W·x only), kept to compare; 3 = products on tensor cores (kernels/gemv_quant_mma.cu; int4 groups of
     # 32 or 64 stay on v2): right but slower, decode int8 356 -> 318 tok/s, int4 443 -> 380 (H200, 2026-12-02).
     quant_version: int = 2
-    # v2 pipelined (the _pipe kernels, gemv_quant.cu's stream_pair): each warp issues its next step's loads
-    # before this step's arithmetic, half the chunks a step (python -m minillm.cuda.dev.qpipe measures it).
-    quant_pipeline: bool = False
     # v3's grid: about this many blocks per SM, each looping over tiles of 8 row pairs (0: one block a tile).
     quant_mma_blocks_per_sm: int = MMA_BLOCKS_PER_SM
     # v3's sub-steps a warp step (4 chunks of each row each): 2, or 4 (plain y = W·x only, ~100 registers: for
@@ -239,8 +234,6 @@ class Kernels:
             self.older[f"{v}_v3"] = lambda v=v: get(MMA_SOURCE, f"{v}_v3_{sfx}")
         for m in ("int8", "int4"):   # v3 with 4 sub-steps a warp step, plain only
             self.older[f"gemv_{m}_v3u4"] = lambda m=m: get(MMA_SOURCE, f"gemv_{m}_v3u4_{sfx}")
-        for v, kernel in PIPE_KERNELS.items():   # v2 with each warp's next loads issued before its arithmetic
-            self.older[v] = lambda kernel=kernel: get("gemv_quant", kernel.format(sfx=sfx))
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
         import cupy as cp
@@ -261,8 +254,6 @@ class Kernels:
             self._allow_quant_smem(name, f)
         if settings.quant_version == 3:
             self._load_v3()
-        if settings.quant_pipeline:
-            self._load_pipe()
 
     def with_settings(self, **changes) -> "Kernels":
         """These kernels launched with some settings changed (dataclasses.replace): a copy that shares the
@@ -271,8 +262,6 @@ class Kernels:
         other.settings = replace(self.settings, **changes)
         if other.settings.quant_version == 3:
             other._load_v3()
-        if other.settings.quant_pipeline:
-            other._load_pipe()
         return other
 
     def _load_v3(self) -> None:
@@ -282,11 +271,6 @@ class Kernels:
         if self.settings.quant_mma_substeps == 4:
             for m in ("int8", "int4"):
                 self._function(f"gemv_{m}_v3u4")
-
-    def _load_pipe(self) -> None:
-        """The pipelined quantized GEMVs, loaded now (not in the middle of a graph capture)."""
-        for v in PIPE_KERNELS:
-            self._function(v)
 
     def _allow_quant_smem(self, name: str, f) -> None:
         if name.startswith("gemv_") and ("int8" in name or "int4" in name):
@@ -389,8 +373,6 @@ class Kernels:
             smem = w.n_chunks * (chunk + 4) * 4 + sums
         else:                                # v2: x as fp16, chunk/2 + 4 words a chunk, 2^-e per chunk (+ Σx)
             smem = w.n_chunks * (chunk // 2 + 5) * 4 + sums
-            if self.settings.quant_pipeline:
-                name += "_pipe"
         if smem > self.max_quant_smem:
             raise ValueError(f"{name}: a {n_in}-wide row needs {smem} bytes of shared memory for x "
                              f"(this device allows {self.max_quant_smem})")
