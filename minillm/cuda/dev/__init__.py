@@ -7,7 +7,8 @@ outputs, (error, tolerance) back) and its sweep, runnable alone: `python -m mini
 lane-by-lane model of prefill_attention_mma.cu, to check its fragment layouts on the CPU),
 `.flashnorm` (the deferred norm: two streams, fused). `timing.py` is the one GPU timer and the one
 bandwidth probe they all use; `model.py` checks whole small models GPU vs CPU; `bench.py` and
-`qbench.py` time a 7B-shaped model (`minillm bench --device cuda`); `selfcheck.py` drives them all;
+`qbench.py` time a 7B-shaped model (`minillm bench --device cuda`); `qmma.py` (the quantized GEMV on tensor
+cores) and `qfloor.py` (the quantized GEMV with its staging or its arithmetic taken out: where its time goes); `selfcheck.py` drives them all;
 `verify.sh` is the whole GPU verification as one command for the GPU machine. Nothing in the engine
 imports this package.
 """

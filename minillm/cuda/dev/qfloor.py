@@ -1,0 +1,168 @@
+"""Where a quantized decode GEMV's time goes: gemv_quant.cu v2 against copies of itself with one part taken out.
+
+The copies are made from the kernel's own source text (variant_source), compiled beside it, and launched by
+the same launcher (their functions swapped into a copy of Kernels), so only the part removed differs:
+
+    no staging   x is not staged in shared memory (every block's read of x, its fp16 scaling and the barrier
+                 gone; the products run on whatever shared memory holds): the cost of staging
+    no math      each chunk's products replaced by an XOR of its loaded words (the loads stay): the cost of
+                 the arithmetic
+    neither      both: what is left is the launch, the weight stream, the reductions and the epilogue
+    16 warps     v2 with 16 warps a block and 1 block an SM instead of 8 and 2: the same warps an SM, half the
+                 blocks, so x is staged half as often (132 times a GEMV instead of 264)
+
+Outputs of the first three are wrong by design (timing only). `python -m minillm.cuda.dev.qfloor [--decode]`:
+µs a launch in a CUDA graph per Mistral-7B matrix (qmma.matrix_us), then (--decode) batch-1 decode tok/s of a
+random Mistral-7B with each. Importing this module does not import CuPy (tests/test_qfloor.py compiles the
+variants' sources with nvcc on the CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import re
+import sys
+
+SOURCE = "gemv_quant"
+STAGE = "float ss = F::template stage<NORM>(x, gain, in, n_chunks, smem);"
+WARPS = "#define Q_WARPS 8 "
+BOUNDS = "__launch_bounds__(32 * Q_WARPS, 2)"
+# the products of one int8 chunk (two rows) and of one int4 chunk, as written in Int8RowsH / Int4RowsH::dot
+INT8_MATH = (r"const uint4\* x4 = reinterpret_cast<const uint4\*>\(xh \+ i \* XW\);\s*uint4 x0 = x4\[0\], x1 = x4\[1\];"
+             r".*?b = fmaf\(f16x2_sum\(pb\), down, b\);")
+INT4_MATH = (r"const uint4\* x4 = reinterpret_cast<const uint4\*>\(xh \+ i \* XW\);\s*unsigned int pa = 0u, pb = 0u;"
+             r"\s*uint4 xq = x4\[0\];.*?fmaf\(F16::to_float\(m_b\[u\]\), X, acc_b\)\);")
+XOR = "unsigned int pa = va[u].x ^ va[u].y ^ va[u].z ^ va[u].w, pb = vb[u].x ^ vb[u].y ^ vb[u].z ^ vb[u].w;\n"
+ONE = "__uint_as_float((p{r} & 0x007fffffu) | 0x3f800000u)"          # a float in [1, 2) from the words' bits
+INT8_XOR = XOR + f"a += {ONE.format(r='a')}; b += {ONE.format(r='b')};"
+INT4_XOR = XOR + (f"acc_a += {ONE.format(r='a')} + F16::to_float(s_a[u]) + F16::to_float(m_a[u]);\n"
+                  f"acc_b += {ONE.format(r='b')} + F16::to_float(s_b[u]) + F16::to_float(m_b[u]);")
+VARIANTS = {"no staging": dict(no_stage=True), "no math": dict(no_math=True),
+            "neither": dict(no_stage=True, no_math=True), "16 warps": dict(warps=16)}
+
+
+def _replace_once(text: str, pattern: str, new: str, regex: bool = False) -> str:
+    """text with `pattern` replaced by `new`; the pattern must occur exactly once (or the kernel changed)."""
+    found = len(re.findall(pattern, text, re.S)) if regex else text.count(pattern)
+    if found != 1:
+        raise ValueError(f"gemv_quant.cu no longer has exactly one {pattern[:60]!r} ({found}): update qfloor.py")
+    return re.sub(pattern, lambda _: new, text, flags=re.S) if regex else text.replace(pattern, new)
+
+
+def variant_source(no_stage: bool = False, no_math: bool = False, warps: int = 8) -> str:
+    """gemv_quant.cu (includes pasted) with x's staging skipped, the products replaced by an XOR of the
+    loaded words, and/or `warps` warps a block (16 // warps blocks an SM in its launch bounds)."""
+    from minillm.cuda.kernels import kernel_source
+    text = kernel_source(SOURCE)
+    if no_stage:
+        text = _replace_once(text, STAGE, "float ss = 1.0f;")
+    if no_math:
+        text = _replace_once(text, INT8_MATH, INT8_XOR, regex=True)
+        text = _replace_once(text, INT4_MATH, INT4_XOR, regex=True)
+    if warps != 8:
+        text = _replace_once(text, WARPS, f"#define Q_WARPS {warps} ")
+        text = _replace_once(text, BOUNDS, f"__launch_bounds__(32 * Q_WARPS, {max(1, 16 // warps)})")
+    return text
+
+
+QUANT_KERNELS = re.compile(r"gemv_(rmsnorm_)?(swiglu_|qkv_)?int[48]$")      # Kernels.fn's v2 quantized GEMVs
+
+
+class Swapped:
+    """Kernels k with its v2 quantized GEMVs taken from another compile of gemv_quant.cu (`source`), launched
+    with `warps` warps a block (the launcher's QWARPS, set around each launch) and 16 // warps blocks an SM."""
+
+    def __init__(self, k, source: str, warps: int = 8):
+        import cupy as cp
+        from minillm.cuda import kernels
+        self._kernels, self.warps = kernels, warps
+        mod = cp.RawModule(code=source, options=("--std=c++17",))
+        self.k = copy.copy(k.with_settings(quant_blocks_per_sm=max(1, 16 // warps)))
+        self.k.fn = dict(k.fn)
+        for name in self.k.fn:
+            if QUANT_KERNELS.match(name):
+                f = self.k.fn[name] = mod.get_function(f"{name}_{kernels.suffix(k.dtype)}")
+                f.max_dynamic_shared_size_bytes = k.max_quant_smem
+
+    def __enter__(self):
+        self._kernels.QWARPS = self.warps
+
+    def __exit__(self, *exc):
+        self._kernels.QWARPS = 8
+
+    def gemv(self, *args, **kwargs):
+        with self:
+            return self.k.gemv(*args, **kwargs)
+
+
+def versions(k) -> dict:
+    """{label: Kernels or Swapped}: v2 and each variant."""
+    out = {"v2": k}
+    for label, opts in VARIANTS.items():
+        out[label] = Swapped(k, variant_source(**opts), opts.get("warps", 8))
+    return out
+
+
+def timings(kinds: dict) -> list[list]:
+    """Each Mistral-7B matrix, int8 and int4, under each version: µs a launch in a CUDA graph (% of copy)."""
+    from minillm.cuda.dev import qmma
+    from minillm.cuda.dev.common import plain_table
+    from minillm.cuda.dev.timing import copy_bandwidth
+    bw = copy_bandwidth(1 << 30)
+    table = []
+    for method in ("int8", "int4"):
+        for name, (rows, n_in) in qmma._mistral_shapes().items():
+            us, nbytes = qmma.matrix_us(kinds, method, rows, n_in)
+            table.append([method, name, f"{nbytes / 1e6:.1f}", f"{nbytes / bw * 1e6:.1f}"]
+                         + [f"{us[v]:.1f} ({nbytes / (us[v] * 1e-6) / bw:.0%})" for v in kinds])
+    plain_table(f"µs a launch in a CUDA graph (% of the {bw / 1e12:.2f} TB/s copy); 'bytes' = at the copy rate",
+                ["method", "matrix", "MB", "bytes µs"] + list(kinds), table)
+    return table
+
+
+def decode(kinds: dict, n_new: int = 128, prompt_len: int = 16) -> list[list]:
+    """Batch-1 decode tok/s of a random Mistral-7B (int8, int4) with the CUDA graph under each version."""
+    import cupy as cp
+    import numpy as np
+    from minillm.cuda.dev.bench import TARGETS, _decode_tok_s
+    from minillm.cuda.dev.common import plain_table
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.model.config import PRESETS
+    cfg = PRESETS["mistral-7b"].config
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
+    table = []
+    for method in ("int8", "int4"):
+        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
+        cache = gpu.new_cache(prompt_len + n_new + 8)
+        row = [method, TARGETS[method]]
+        for v, kv in kinds.items():
+            model = copy.copy(gpu)                        # its own decode graph (the graph key holds the model)
+            model.k = kv.k if isinstance(kv, Swapped) else kv
+            with kv if isinstance(kv, Swapped) else contextlib.nullcontext():
+                row.append(f"{_decode_tok_s(model, cache, prompt, n_new)[0]:.1f}")
+        table.append(row)
+        del gpu, cache
+        cp.get_default_memory_pool().free_all_blocks()
+    plain_table(f"decode tok/s, random Mistral-7B, batch 1, {n_new} new tokens, CUDA graph",
+                ["method", "target"] + list(kinds), table)
+    return table
+
+
+def main(argv=None) -> int:
+    from minillm.cuda.dev.common import finish, require_gpu
+    from minillm.cuda.kernels import Kernels
+    ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.qfloor", description=__doc__.split("\n")[0])
+    ap.add_argument("--decode", action="store_true", help="also decode tok/s of a random Mistral-7B with each")
+    args = ap.parse_args(argv)
+    if not require_gpu("qfloor"):
+        return 2
+    kinds = versions(Kernels("float16"))
+    timings(kinds)
+    if args.decode:
+        decode(kinds)
+    return finish("qfloor")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
