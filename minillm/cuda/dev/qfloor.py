@@ -123,27 +123,18 @@ def timings(kinds: dict) -> list[list]:
 
 def decode(kinds: dict, n_new: int = 128, prompt_len: int = 16) -> list[list]:
     """Batch-1 decode tok/s of a random Mistral-7B (int8, int4) with the CUDA graph under each version."""
-    import cupy as cp
-    import numpy as np
+    from minillm.cuda.dev import qmma
     from minillm.cuda.dev.bench import TARGETS, _decode_tok_s
     from minillm.cuda.dev.common import plain_table
-    from minillm.cuda.gpu_model import GPUTransformer
-    from minillm.model.config import PRESETS
-    cfg = PRESETS["mistral-7b"].config
-    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
     table = []
-    for method in ("int8", "int4"):
-        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
-        cache = gpu.new_cache(prompt_len + n_new + 8)
+    for method, gpu, cache, prompt in qmma.quantized_mistrals(prompt_len, n_new):
         row = [method, TARGETS[method]]
-        for v, kv in kinds.items():
+        for kv in kinds.values():
             model = copy.copy(gpu)                        # its own decode graph (the graph key holds the model)
             model.k = kv.k if isinstance(kv, Swapped) else kv
             with kv if isinstance(kv, Swapped) else contextlib.nullcontext():
                 row.append(f"{_decode_tok_s(model, cache, prompt, n_new)[0]:.1f}")
         table.append(row)
-        del gpu, cache
-        cp.get_default_memory_pool().free_all_blocks()
     plain_table(f"decode tok/s, random Mistral-7B, batch 1, {n_new} new tokens, CUDA graph",
                 ["method", "target"] + list(kinds), table)
     return table

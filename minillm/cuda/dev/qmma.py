@@ -373,30 +373,37 @@ def timings(group: int = 128) -> list[list]:
     return table
 
 
+def quantized_mistrals(prompt_len: int, n_new: int):
+    """(method, a random Mistral-7B in fp16 with `method` layer weights, a cache for prompt_len + n_new
+    tokens, a random prompt) for int8, then int4, one at a time (its cached blocks are released once the
+    caller's loop has moved on to the next: ~7.5 + 4 GB at most)."""
+    import cupy as cp
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.model.config import PRESETS
+    cfg = PRESETS["mistral-7b"].config
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
+    for method in ("int8", "int4"):
+        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
+        yield method, gpu, gpu.new_cache(prompt_len + n_new + 8), prompt
+        del gpu
+        cp.get_default_memory_pool().free_all_blocks()
+
+
 def decode(n_new: int = 128, prompt_len: int = 16, variants: dict | None = None) -> list[list]:
     """Batch-1 decode of a random Mistral-7B (int8, int4) with the CUDA graph under each of `variants`
     ({label: KernelSettings changes}; default v2 vs v3): tok/s against the first, and how many greedy tokens
     each agrees with the first on (random weights: a near-tie may part them; a broken kernel parts at once)."""
-    import cupy as cp
     from minillm.cuda.dev.bench import TARGETS, _decode_tok_s
     from minillm.cuda.dev.common import plain_table
-    from minillm.cuda.gpu_model import GPUTransformer
-    from minillm.model.config import PRESETS
     variants = variants or {"v2": {}, "v3": {"quant_version": 3}}
     base = next(iter(variants))
-    cfg = PRESETS["mistral-7b"].config
-    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
     table = []
-    for method in ("int8", "int4"):
-        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
-        cache = gpu.new_cache(prompt_len + n_new + 8)
+    for method, gpu, cache, prompt in quantized_mistrals(prompt_len, n_new):
         runs = {v: _decode_tok_s(gpu.with_settings(**changes), cache, prompt, n_new) for v, changes in variants.items()}
         tps0, tok0 = runs[base]
         for v, (tps, tok) in runs.items():
             same = next((i for i, (a, b) in enumerate(zip(tok0, tok)) if a != b), len(tok0))
             table.append([method, v, f"{tps:.1f}", f"{tps / tps0:.2f}x", TARGETS[method], f"{same} of {len(tok0)}"])
-        del gpu, cache
-        cp.get_default_memory_pool().free_all_blocks()
     plain_table(f"decode, random Mistral-7B, batch 1, {n_new} new tokens after {prompt_len}, CUDA graph",
                 ["method", "kernels", "tok/s", f"vs {base}", "target", f"greedy tokens equal to {base}'s"], table)
     return table
