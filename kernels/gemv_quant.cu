@@ -84,7 +84,12 @@
 // one step ahead, same arguments and epilogues.
 #include "gemv_epilogue.cuh"
 
+#ifndef Q_WARPS              // dev/qfloor.py compiles other values (with Q_MIN_BLOCKS) to measure them
 #define Q_WARPS 8           // row pairs in flight per block (block = 256 threads)
+#endif
+#ifndef Q_MIN_BLOCKS
+#define Q_MIN_BLOCKS 2      // blocks an SM the registers must allow (__launch_bounds__)
+#endif
 
 // ---- dequantization: codes -> exact small floats ---------------------------------------------------------
 __device__ __forceinline__ unsigned int hsub2(unsigned int a, unsigned int b) {
@@ -363,75 +368,102 @@ __device__ __forceinline__ unsigned int dot8_i4_h2(unsigned int w, uint4 x, unsi
     return hfma2(n37, x.w, acc);
 }
 
+#ifndef Q_STAGE_BATCH
+#define Q_STAGE_BATCH 1      // see stage_x_f16 (dev/qfloor.py compiles other values to measure them)
+#endif
+
 #define X_TOP 5              // each chunk of x is scaled so that its largest |value| lies in [2^(X_TOP-1), 2^X_TOP)
 
-// x (times gain when NORM) -> shared memory in fp16, one chunk of C values per thread at a time:
+// x (times gain when NORM) -> shared memory in fp16, chunks of C values per thread (see the loop):
 //   xh: [n_chunks][C/2 + 4] 32-bit words, the chunk's f16x2 pairs (in the dequantizer's order) then 16 bytes
 //       of padding, which makes a warp's 16-byte reads of 32 consecutive chunks conflict-free;
 //   xscale [n_chunks]: 2^-e_c, the factor that undoes the chunk's scaling;
 //   xsum [n_chunks] (INT4): Σ x of the chunk in fp32 (unrounded, unscaled: the min's term).
 // Zeros from `in` to the padded width. Returns Σ x² (NORM; every thread must call: block barriers inside).
+// chunk c of x (times gain when NORM) -> v[C] (zeros past `in`); Σ x² of it added to ss in x's order (NORM)
+template <int C, bool NORM>
+__device__ __forceinline__ void load_x_chunk(const float* __restrict__ x, const float* __restrict__ gain, int in,
+                                             int c, bool vec, float (&v)[C], float& ss) {
+    int i0 = c * C;
+    if (vec && i0 + C <= in) {
+#pragma unroll
+        for (int k = 0; k < C / 4; k++) {
+            float4 a = reinterpret_cast<const float4*>(x + i0)[k];
+            v[4 * k] = a.x; v[4 * k + 1] = a.y; v[4 * k + 2] = a.z; v[4 * k + 3] = a.w;
+            if (NORM) {
+                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+                float4 g = reinterpret_cast<const float4*>(gain + i0)[k];
+                v[4 * k] *= g.x; v[4 * k + 1] *= g.y; v[4 * k + 2] *= g.z; v[4 * k + 3] *= g.w;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < C; k++) {
+            float a = i0 + k < in ? x[i0 + k] : 0.0f;
+            if (NORM) {
+                ss += a * a;
+                a *= i0 + k < in ? gain[i0 + k] : 0.0f;
+            }
+            v[k] = a;
+        }
+    }
+}
+
+// v[C] (chunk c) -> its scale 2^e, its f16x2 words in the dequantizer's order, 2^-e and Σ x (INT4)
+template <int C, bool INT4>
+__device__ __forceinline__ void store_x_chunk(const float (&v)[C], int c, unsigned int* __restrict__ xh,
+                                              float* __restrict__ xscale, float* __restrict__ xsum) {
+    float mx = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < C; k++) {
+        mx = fmaxf(mx, fabsf(v[k]));
+        sum += v[k];
+    }
+    // mx in [2^ex, 2^(ex+1)): scale by 2^e, e = X_TOP - 1 - ex (clamped: both 2^e and 2^-e stay normal)
+    int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
+    int e = mx > 0.0f ? min(max(X_TOP - 1 - ex, -120), 120) : 0;
+    float up = __uint_as_float((unsigned int)(127 + e) << 23), down = __uint_as_float((unsigned int)(127 - e) << 23);
+    unsigned int* dst = xh + (size_t)c * (C / 2 + 4);
+#pragma unroll
+    for (int k = 0; k < C / 8; k++) {              // 8 values -> 4 words (one 16-byte store)
+        const float* g8 = v + 8 * k;
+        uint4 w;
+        if (INT4) {                                 // (x0, x4), (x1, x5), (x2, x6), (x3, x7)
+            w.x = pack_f16x2(g8[0] * up, g8[4] * up);
+            w.y = pack_f16x2(g8[1] * up, g8[5] * up);
+            w.z = pack_f16x2(g8[2] * up, g8[6] * up);
+            w.w = pack_f16x2(g8[3] * up, g8[7] * up);
+        } else {                                    // (x0, x2), (x1, x3), (x4, x6), (x5, x7)
+            w.x = pack_f16x2(g8[0] * up, g8[2] * up);
+            w.y = pack_f16x2(g8[1] * up, g8[3] * up);
+            w.z = pack_f16x2(g8[4] * up, g8[6] * up);
+            w.w = pack_f16x2(g8[5] * up, g8[7] * up);
+        }
+        reinterpret_cast<uint4*>(dst)[k] = w;
+    }
+    xscale[c] = down;
+    if (INT4) xsum[c] = sum;
+}
+
 template <int C, bool INT4, bool NORM>
 __device__ __forceinline__ float stage_x_f16(const float* __restrict__ x, const float* __restrict__ gain, int in,
                                              int n_chunks, unsigned int* __restrict__ xh, float* __restrict__ xscale,
                                              float* __restrict__ xsum) {
     bool vec = (in & 3) == 0;              // whole float4s (x is 16-byte aligned: a CuPy allocation)
     float ss = 0.0f;
-    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
-        int i0 = c * C;
-        float v[C];
-        if (vec && i0 + C <= in) {
+    // Q_STAGE_BATCH x 16 values of x a thread loads before converting any: 1 = a chunk at a time (each of a
+    // thread's chunks one L2 round trip after the other); more keeps several chunks' loads in flight. Same
+    // values, same order of Σ x² either way.
+    constexpr int R = Q_STAGE_BATCH * 16 / C > 1 ? Q_STAGE_BATCH * 16 / C : 1;
+    int threads = blockDim.x;
+    for (int c0 = threadIdx.x; c0 < n_chunks; c0 += R * threads) {
+        float v[R][C];
 #pragma unroll
-            for (int k = 0; k < C / 4; k++) {
-                float4 a = reinterpret_cast<const float4*>(x + i0)[k];
-                v[4 * k] = a.x; v[4 * k + 1] = a.y; v[4 * k + 2] = a.z; v[4 * k + 3] = a.w;
-                if (NORM) {
-                    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-                    float4 g = reinterpret_cast<const float4*>(gain + i0)[k];
-                    v[4 * k] *= g.x; v[4 * k + 1] *= g.y; v[4 * k + 2] *= g.z; v[4 * k + 3] *= g.w;
-                }
-            }
-        } else {
+        for (int r = 0; r < R; r++)                      // chunk c0 is there (the loop's condition)
+            if (r == 0 || c0 + r * threads < n_chunks) load_x_chunk<C, NORM>(x, gain, in, c0 + r * threads, vec, v[r], ss);
 #pragma unroll
-            for (int k = 0; k < C; k++) {
-                float a = i0 + k < in ? x[i0 + k] : 0.0f;
-                if (NORM) {
-                    ss += a * a;
-                    a *= i0 + k < in ? gain[i0 + k] : 0.0f;
-                }
-                v[k] = a;
-            }
-        }
-        float mx = 0.0f, sum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < C; k++) {
-            mx = fmaxf(mx, fabsf(v[k]));
-            sum += v[k];
-        }
-        // mx in [2^ex, 2^(ex+1)): scale by 2^e, e = X_TOP - 1 - ex (clamped: both 2^e and 2^-e stay normal)
-        int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
-        int e = mx > 0.0f ? min(max(X_TOP - 1 - ex, -120), 120) : 0;
-        float up = __uint_as_float((unsigned int)(127 + e) << 23), down = __uint_as_float((unsigned int)(127 - e) << 23);
-        unsigned int* dst = xh + (size_t)c * (C / 2 + 4);
-#pragma unroll
-        for (int k = 0; k < C / 8; k++) {              // 8 values -> 4 words (one 16-byte store)
-            const float* g8 = v + 8 * k;
-            uint4 w;
-            if (INT4) {                                 // (x0, x4), (x1, x5), (x2, x6), (x3, x7)
-                w.x = pack_f16x2(g8[0] * up, g8[4] * up);
-                w.y = pack_f16x2(g8[1] * up, g8[5] * up);
-                w.z = pack_f16x2(g8[2] * up, g8[6] * up);
-                w.w = pack_f16x2(g8[3] * up, g8[7] * up);
-            } else {                                    // (x0, x2), (x1, x3), (x4, x6), (x5, x7)
-                w.x = pack_f16x2(g8[0] * up, g8[2] * up);
-                w.y = pack_f16x2(g8[1] * up, g8[3] * up);
-                w.z = pack_f16x2(g8[4] * up, g8[6] * up);
-                w.w = pack_f16x2(g8[5] * up, g8[7] * up);
-            }
-            reinterpret_cast<uint4*>(dst)[k] = w;
-        }
-        xscale[c] = down;
-        if (INT4) xsum[c] = sum;
+        for (int r = 0; r < R; r++)
+            if (r == 0 || c0 + r * threads < n_chunks) store_x_chunk<C, INT4>(v[r], c0 + r * threads, xh, xscale, xsum);
     }
     if (NORM) ss = block_sum(ss);
     __syncthreads();
@@ -607,7 +639,7 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
 //   log2 or -1; x [in] fp32; gain [in] fp32 (NORM); pairs = ceil(rows / 2) (PLAIN), rows / 2 (SWIGLU, QKV);
 //   y, the QKV arguments and next_* as in gemv.cu v4 (gemv_epilogue.cuh); flags: Q_LOOKAHEAD(_2).
 #define GEMV_QUANT_KERNEL(NAME, F, W, NORM, EPI)                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * Q_WARPS, 2) NAME(                                          \
+    extern "C" __global__ void __launch_bounds__(32 * Q_WARPS, Q_MIN_BLOCKS) NAME(                               \
         const uint4* qw, const void* scales, const u16* mins, int n_chunks, int n_groups, int cpg, int cpg_shift,\
         const float* x, const float* gain, float eps, int in, int pairs, float* y, int rows, int accumulate,     \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,            \

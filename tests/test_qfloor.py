@@ -1,5 +1,5 @@
 """dev/qfloor.py's kernel variants, on the CPU: each is gemv_quant.cu with exactly the part it names taken out
-(the patterns it edits still occur once), and compiles for Hopper."""
+(the patterns it edits still occur once) or its #defines changed, and compiles for Hopper."""
 from __future__ import annotations
 
 import shutil
@@ -10,17 +10,24 @@ import pytest
 from minillm.cuda.dev import qfloor
 
 
-def test_each_variant_changes_only_what_it_names():
+def test_each_edit_takes_out_only_what_it_names():
     plain = qfloor.variant_source()
-    assert qfloor.STAGE in plain and qfloor.WARPS in plain
+    assert qfloor.STAGE in plain
     no_stage = qfloor.variant_source(no_stage=True)
-    assert qfloor.STAGE not in no_stage and "float ss = 1.0f;" in no_stage
-    assert len(no_stage) < len(plain) and no_stage.replace("float ss = 1.0f;", qfloor.STAGE) == plain
+    assert qfloor.STAGE not in no_stage and no_stage.replace("float ss = 1.0f;", qfloor.STAGE) == plain
     no_math = qfloor.variant_source(no_math=True)
-    assert no_math.count("vb[u].x ^ vb[u].y") == 2 and "dot4_i8_h2(va[u].x" not in no_math
-    assert "dot8_i4_h2(va[u].x" not in no_math and "dot4_i8_h2(va[u].x" in plain
-    wide = qfloor.variant_source(warps=16)
-    assert "#define Q_WARPS 16 " in wide and "__launch_bounds__(32 * Q_WARPS, 1)" in wide
+    assert no_math.count("vb[u].x ^ vb[u].y") == 2 and "dot4_i8_h2(va[u].x" in plain
+    assert "dot4_i8_h2(va[u].x" not in no_math and "dot8_i4_h2(va[u].x" not in no_math
+
+
+def test_the_defines_the_variants_change_are_the_kernels_own():
+    """A -D for a name the kernel does not #ifndef would change nothing and measure v2 twice."""
+    plain = qfloor.variant_source()
+    for _, defines in qfloor.VARIANTS.values():
+        for name in defines:
+            assert f"#ifndef {name}" in plain, name
+    assert qfloor.compile_options({"Q_WARPS": 16}) == ("--std=c++17", "-DQ_WARPS=16")
+    assert set(qfloor.EXACT) <= set(qfloor.VARIANTS)
 
 
 def test_a_kernel_that_changed_is_named_not_silently_measured():
@@ -29,10 +36,12 @@ def test_a_kernel_that_changed_is_named_not_silently_measured():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("label", ["neither", "16 warps"])
+@pytest.mark.parametrize("label", ["neither", "16 + batched"])
 def test_variant_compiles_with_nvcc_for_sm90(label, tmp_path):
+    edits, defines = qfloor.VARIANTS[label]
     source = tmp_path / "variant.cu"
-    source.write_text(qfloor.variant_source(**qfloor.VARIANTS[label]))
-    result = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-c", str(source), "-o", str(tmp_path / "v.o")],
+    source.write_text(qfloor.variant_source(**edits))
+    result = subprocess.run(["nvcc", "-arch=sm_90", *(o.replace("--std", "-std") for o in qfloor.compile_options(defines)),
+                             "-c", str(source), "-o", str(tmp_path / "v.o")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -1,20 +1,25 @@
-"""Where a quantized decode GEMV's time goes: gemv_quant.cu v2 against copies of itself with one part taken out.
+"""Where a quantized decode GEMV's time goes, and two ways to stage x for less: gemv_quant.cu v2 against
+compiles of its own source with one thing changed.
 
-The copies are made from the kernel's own source text (variant_source), compiled beside it, and launched by
-the same launcher (their functions swapped into a copy of Kernels), so only the part removed differs:
+Each variant is the kernel's source text (variant_source: a part edited out) compiled with some of its
+#defines changed, launched by the same launcher (its functions swapped into a copy of Kernels):
 
     no staging   x is not staged in shared memory (every block's read of x, its fp16 scaling and the barrier
                  gone; the products run on whatever shared memory holds): the cost of staging
     no math      each chunk's products replaced by an XOR of its loaded words (the loads stay): the cost of
                  the arithmetic
     neither      both: what is left is the launch, the weight stream, the reductions and the epilogue
-    16 warps     v2 with 16 warps a block and 1 block an SM instead of 8 and 2: the same warps an SM, half the
-                 blocks, so x is staged half as often (132 times a GEMV instead of 264)
+    16 warps     Q_WARPS 16, Q_MIN_BLOCKS 1: the same warps an SM in half the blocks, so x is staged half as
+                 often (132 times a GEMV instead of 264), each block's staging shared by twice the threads
+    batched      Q_STAGE_BATCH 4: each thread loads 64 values of x (4 int8 or 2 int4 chunks) before converting
+                 any, instead of one chunk's L2 round trip after the other
+    16 + batched both
 
-Outputs of the first three are wrong by design (timing only). `python -m minillm.cuda.dev.qfloor [--decode]`:
-µs a launch in a CUDA graph per Mistral-7B matrix (qmma.matrix_us), then (--decode) batch-1 decode tok/s of a
-random Mistral-7B with each. Importing this module does not import CuPy (tests/test_qfloor.py compiles the
-variants' sources with nvcc on the CPU).
+The first three are wrong by design (timing only); the last three compute what v2 computes and are checked
+against NumPy first (qmma's cases: every epilogue, odd widths, Mistral-7B's matrices). `python -m
+minillm.cuda.dev.qfloor [--decode]`: those checks, µs a launch in a CUDA graph per Mistral-7B matrix
+(qmma.matrix_us), then (--decode) batch-1 decode tok/s of a random Mistral-7B with each. Importing this module
+does not import CuPy (tests/test_qfloor.py compiles the variants with nvcc on the CPU).
 """
 from __future__ import annotations
 
@@ -26,8 +31,6 @@ import sys
 
 SOURCE = "gemv_quant"
 STAGE = "float ss = F::template stage<NORM>(x, gain, in, n_chunks, smem);"
-WARPS = "#define Q_WARPS 8 "
-BOUNDS = "__launch_bounds__(32 * Q_WARPS, 2)"
 # the products of one int8 chunk (two rows) and of one int4 chunk, as written in Int8RowsH / Int4RowsH::dot
 INT8_MATH = (r"const uint4\* x4 = reinterpret_cast<const uint4\*>\(xh \+ i \* XW\);\s*uint4 x0 = x4\[0\], x1 = x4\[1\];"
              r".*?b = fmaf\(f16x2_sum\(pb\), down, b\);")
@@ -38,8 +41,13 @@ ONE = "__uint_as_float((p{r} & 0x007fffffu) | 0x3f800000u)"          # a float i
 INT8_XOR = XOR + f"a += {ONE.format(r='a')}; b += {ONE.format(r='b')};"
 INT4_XOR = XOR + (f"acc_a += {ONE.format(r='a')} + F16::to_float(s_a[u]) + F16::to_float(m_a[u]);\n"
                   f"acc_b += {ONE.format(r='b')} + F16::to_float(s_b[u]) + F16::to_float(m_b[u]);")
-VARIANTS = {"no staging": dict(no_stage=True), "no math": dict(no_math=True),
-            "neither": dict(no_stage=True, no_math=True), "16 warps": dict(warps=16)}
+WIDE = {"Q_WARPS": 16, "Q_MIN_BLOCKS": 1}
+BATCHED = {"Q_STAGE_BATCH": 4}
+# label -> (edits for variant_source, #defines); the last three compute what v2 computes
+VARIANTS = {"no staging": (dict(no_stage=True), {}), "no math": (dict(no_math=True), {}),
+            "neither": (dict(no_stage=True, no_math=True), {}), "16 warps": ({}, WIDE),
+            "batched": ({}, BATCHED), "16 + batched": ({}, {**WIDE, **BATCHED})}
+EXACT = ["16 warps", "batched", "16 + batched"]
 
 
 def _replace_once(text: str, pattern: str, new: str, regex: bool = False) -> str:
@@ -50,9 +58,9 @@ def _replace_once(text: str, pattern: str, new: str, regex: bool = False) -> str
     return re.sub(pattern, lambda _: new, text, flags=re.S) if regex else text.replace(pattern, new)
 
 
-def variant_source(no_stage: bool = False, no_math: bool = False, warps: int = 8) -> str:
-    """gemv_quant.cu (includes pasted) with x's staging skipped, the products replaced by an XOR of the
-    loaded words, and/or `warps` warps a block (16 // warps blocks an SM in its launch bounds)."""
+def variant_source(no_stage: bool = False, no_math: bool = False) -> str:
+    """gemv_quant.cu (includes pasted) with x's staging skipped and/or the products replaced by an XOR of the
+    loaded words."""
     from minillm.cuda.kernels import kernel_source
     text = kernel_source(SOURCE)
     if no_stage:
@@ -60,25 +68,30 @@ def variant_source(no_stage: bool = False, no_math: bool = False, warps: int = 8
     if no_math:
         text = _replace_once(text, INT8_MATH, INT8_XOR, regex=True)
         text = _replace_once(text, INT4_MATH, INT4_XOR, regex=True)
-    if warps != 8:
-        text = _replace_once(text, WARPS, f"#define Q_WARPS {warps} ")
-        text = _replace_once(text, BOUNDS, f"__launch_bounds__(32 * Q_WARPS, {max(1, 16 // warps)})")
     return text
+
+
+def compile_options(defines: dict) -> tuple:
+    """NVRTC / nvcc options for a variant: C++17 and its -D NAME=VALUE."""
+    return ("--std=c++17",) + tuple(f"-D{name}={value}" for name, value in defines.items())
 
 
 QUANT_KERNELS = re.compile(r"gemv_(rmsnorm_)?(swiglu_|qkv_)?int[48]$")      # Kernels.fn's v2 quantized GEMVs
 
 
 class Swapped:
-    """Kernels k with its v2 quantized GEMVs taken from another compile of gemv_quant.cu (`source`), launched
-    with `warps` warps a block (the launcher's QWARPS, set around each launch) and 16 // warps blocks an SM."""
+    """Kernels k with its v2 quantized GEMVs from another compile of gemv_quant.cu (`source`, `defines`),
+    launched with its Q_WARPS warps a block (the launcher's QWARPS, set around each call) and Q_MIN_BLOCKS
+    blocks an SM. Every other attribute is k's, its calls made under the same setting (so dev.gemv's checks
+    run on it as on a Kernels)."""
 
-    def __init__(self, k, source: str, warps: int = 8):
+    def __init__(self, k, source: str, defines: dict):
         import cupy as cp
         from minillm.cuda import kernels
-        self._kernels, self.warps = kernels, warps
-        mod = cp.RawModule(code=source, options=("--std=c++17",))
-        self.k = copy.copy(k.with_settings(quant_blocks_per_sm=max(1, 16 // warps)))
+        self._kernels = kernels
+        self.warps = defines.get("Q_WARPS", kernels.QWARPS)
+        mod = cp.RawModule(code=source, options=compile_options(defines))
+        self.k = copy.copy(k.with_settings(quant_blocks_per_sm=defines.get("Q_MIN_BLOCKS", 2)))
         self.k.fn = dict(k.fn)
         for name in self.k.fn:
             if QUANT_KERNELS.match(name):
@@ -86,22 +99,39 @@ class Swapped:
                 f.max_dynamic_shared_size_bytes = k.max_quant_smem
 
     def __enter__(self):
-        self._kernels.QWARPS = self.warps
+        self._saved, self._kernels.QWARPS = self._kernels.QWARPS, self.warps
 
     def __exit__(self, *exc):
-        self._kernels.QWARPS = 8
+        self._kernels.QWARPS = self._saved
 
-    def gemv(self, *args, **kwargs):
-        with self:
-            return self.k.gemv(*args, **kwargs)
+    def __getattr__(self, name):
+        if name == "k":                                  # not set yet: no recursion through self.k
+            raise AttributeError(name)
+        attr = getattr(self.k, name)
+        if not callable(attr):
+            return attr
+
+        def under_setting(*args, **kwargs):
+            with self:
+                return attr(*args, **kwargs)
+        return under_setting
 
 
 def versions(k) -> dict:
     """{label: Kernels or Swapped}: v2 and each variant."""
     out = {"v2": k}
-    for label, opts in VARIANTS.items():
-        out[label] = Swapped(k, variant_source(**opts), opts.get("warps", 8))
+    for label, (edits, defines) in VARIANTS.items():
+        out[label] = Swapped(k, variant_source(**edits), defines)
     return out
+
+
+def cases(kinds: dict) -> list:
+    """(label, check) pairs for the variants that compute what v2 computes: qmma's v2-shaped cases (its U = 4
+    ones are v3's own)."""
+    from minillm.cuda.dev import qmma
+    checks = dict(qmma._cases())
+    return [(f"{v} {label}", lambda v=v, label=label: checks[label](kinds[v]))
+            for v in EXACT for label in qmma.CASE_LABELS if "U=4" not in label]
 
 
 def timings(kinds: dict) -> list[list]:
@@ -141,7 +171,7 @@ def decode(kinds: dict, n_new: int = 128, prompt_len: int = 16) -> list[list]:
 
 
 def main(argv=None) -> int:
-    from minillm.cuda.dev.common import finish, require_gpu
+    from minillm.cuda.dev.common import finish, guarded, require_gpu, verdict
     from minillm.cuda.kernels import Kernels
     ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.qfloor", description=__doc__.split("\n")[0])
     ap.add_argument("--decode", action="store_true", help="also decode tok/s of a random Mistral-7B with each")
@@ -149,6 +179,11 @@ def main(argv=None) -> int:
     if not require_gpu("qfloor"):
         return 2
     kinds = versions(Kernels("float16"))
+    for label, check in cases(kinds):
+        def one(label=label, check=check):
+            err, tol = check()
+            verdict(label, err <= tol, f"err {err:.2e}  tol {tol:.1e}")
+        guarded(label, one)
     timings(kinds)
     if args.decode:
         decode(kinds)
