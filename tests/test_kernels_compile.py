@@ -68,3 +68,30 @@ def test_every_launched_kernel_is_defined():
         for names in OTHER_SOURCES.values():
             wanted = {n.format(sfx=sfx) for n in names.values()}
             assert wanted <= defined, wanted - defined
+
+
+def _defines(source: str) -> dict[str, int]:
+    """kernels/SOURCE.cu's plain integer #defines (the first of each: an #ifndef default counts)."""
+    out = {}
+    for name, value in re.findall(r"^#define (\w+) (\d+)\b", (KERNEL_DIR / f"{source}.cu").read_text(), re.M):
+        out.setdefault(name, int(value))
+    return out
+
+
+def test_the_launchers_sizes_are_the_kernels_own():
+    """A block size, a warp count or a bound the launchers repeat ("as #defined in ...") equals the kernel's:
+    a kernel changed alone would otherwise be launched with the old grid (wrong rows, or out of bounds)."""
+    from minillm.cuda import gpu_batched, gpu_mla, kernels as k
+    same = [("decode_attention", "ATTN_WARPS", k.ATTN_WARPS), ("decode_attention", "MAX_HD", k.MAX_HD),
+            ("decode_attention", "GQA_THREADS", k.GQA_THREADS), ("decode_attention", "GQA_MAX_SPLITS", k.GQA_MAX_SPLITS),
+            ("gemv", "V4_WARPS", k.V4_WARPS), ("prefill_attention", "PF_ROWS", k.PF_ROWS),
+            ("prefill_attention_mma", "MM_WARPS", k.MM_THREADS // 32),
+            ("gemv_quant", "Q_WARPS", k.QWARPS), ("gemv_quant", "Q_MIN_BLOCKS", k.QUANT_BLOCKS_PER_SM),
+            ("gemv_quant_mma", "M_WARPS", k.MMA_WARPS),
+            ("paged_attention", "PA_WARPS", gpu_batched.PA_WARPS), ("paged_attention", "PA_MAX_HD", gpu_batched.PA_MAX_HD),
+            ("mla_decode", "MLA_TK", gpu_mla.MLA_TK), ("mla_decode", "MLA_HEADS", gpu_mla.MLA_HEADS),
+            ("mla_decode", "MLA_MAX_W", gpu_mla.MLA_MAX_W), ("mla_decode", "MLA_MAX_R", gpu_mla.MLA_MAX_R),
+            ("mla_decode", "MLA_ABSORB_COLS", gpu_mla.MLA_ABSORB_COLS)]
+    for source, name, python in same:
+        assert _defines(source).get(name) == python, f"{source}.cu {name} = {_defines(source).get(name)}, the launcher: {python}"
+    assert k.MM_ROWS == 16 * k.MM_THREADS // 32                  # prefill_attention_mma.cu: 16 rows a warp
