@@ -93,5 +93,6 @@ def test_the_launchers_sizes_are_the_kernels_own():
             ("mla_decode", "MLA_MAX_W", gpu_mla.MLA_MAX_W), ("mla_decode", "MLA_MAX_R", gpu_mla.MLA_MAX_R),
             ("mla_decode", "MLA_ABSORB_COLS", gpu_mla.MLA_ABSORB_COLS)]
     for source, name, python in same:
-        assert _defines(source).get(name) == python, f"{source}.cu {name} = {_defines(source).get(name)}, the launcher: {python}"
+        kernel = _defines(source).get(name)
+        assert kernel == python, f"{source}.cu {name} = {kernel}, the launcher: {python}"
     assert k.MM_ROWS == 16 * k.MM_THREADS // 32                  # prefill_attention_mma.cu: 16 rows a warp

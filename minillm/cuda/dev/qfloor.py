@@ -91,7 +91,8 @@ class Swapped:
         self._kernels = kernels
         self.warps = defines.get("Q_WARPS", kernels.QWARPS)
         mod = cp.RawModule(code=source, options=compile_options(defines))
-        self.k = copy.copy(k.with_settings(quant_blocks_per_sm=defines.get("Q_MIN_BLOCKS", 2)))
+        self.k = copy.copy(k.with_settings(
+            quant_blocks_per_sm=defines.get("Q_MIN_BLOCKS", kernels.QUANT_BLOCKS_PER_SM)))
         self.k.fn = dict(k.fn)
         for name in self.k.fn:
             if QUANT_KERNELS.match(name):
