@@ -1,4 +1,4 @@
-// mma.cuh: the PTX the tensor-core kernels share (prefill_attention_mma.cu, gemm_small_m_mma.cu): shared-memory
+// mma.cuh: the PTX of the tensor-core kernels (prefill_attention_mma.cu; any later one shares it): shared-memory
 // addresses, cp.async, ldmatrix and mma.sync m16n8k16 with fp32 accumulators for fp16 and bf16 inputs.
 // Needs common.cuh (F16, BF16) first.
 #pragma once
@@ -19,10 +19,8 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// wait until at most one group (the newest) is still in flight; cp_async_wait<N>: at most N groups
+// wait until at most one group (the newest) is still in flight
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // Four 8x8 16-bit matrices; lanes 8m..8m+7 give the row addresses of matrix m; lane i gets, of each matrix,
 // row i / 4, columns 2 (i % 4) and +1 (trans: column i / 4, rows 2 (i % 4) and +1) as one 32-bit register.

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from minillm.cuda import gemm_mma, gpu_mla
+from minillm.cuda import gpu_mla
 from minillm.cuda.dev import flashnorm, qmma, small_m
 from minillm.cuda.kernels import KERNEL_DIR, SOURCES, kernel_source
 
 CU_FILES = sorted(KERNEL_DIR.glob("*.cu"))
 # Sources other modules load themselves (through kernels.module), beside kernels.py's own list.
 OTHER_SOURCES = {flashnorm.SOURCE: flashnorm.KERNELS, small_m.SOURCE: small_m.KERNELS, gpu_mla.SOURCE: gpu_mla.KERNELS,
-                 qmma.SOURCE: qmma.KERNELS, gemm_mma.SOURCE: gemm_mma.KERNELS}
+                 qmma.SOURCE: qmma.KERNELS}
 
 
 def test_every_source_is_listed():

@@ -310,7 +310,7 @@ class DeviceOps:
 
     def gemm(self, a, w, out=None, accumulate: bool = False):
         """out [N, rows] fp32 (+)= a [N, in] 16-bit @ w [rows, in]ᵀ (GPUTransformer.gemm: cuBLAS, fp32 accumulate;
-        gemm_mma.py's tensor-core kernel measured slower at these shapes: lessons/BENCHMARKS.md)"""
+        a tensor-core small-M kernel measured slower at these shapes: lessons/BENCHMARKS.md)"""
         if out is None:
             out = self.xp.empty((a.shape[0], w.shape[0]), self.xp.float32)
         self.model.gemm(a, w, out, accumulate)

@@ -43,7 +43,7 @@ SELECT=(); [ -z "${MINILLM_TEST_SMOLLM2:-}" ] && SELECT=(-k "not smollm2")
 SUITE="tests/test_cuda.py tests/test_cuda_kv_int8.py tests/test_cuda_quant.py tests/test_cuda_load.py
     tests/test_flashnorm_gpu.py tests/test_gpu_engine.py tests/test_cuda_mla.py tests/test_decode_launches.py
     tests/test_kernels_compile.py tests/test_gpu_imports.py tests/test_speculative_gpu.py tests/test_cuda_small_m.py
-    tests/test_cuda_pdl.py tests/test_pdl.py tests/test_gpu_mla.py tests/test_cuda_small_m_mma.py"
+    tests/test_cuda_pdl.py tests/test_pdl.py tests/test_gpu_mla.py"
 for s in $STEPS; do case $s in
 suite)
     step suite 330 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" "${SELECT[@]}" $SUITE ;;
