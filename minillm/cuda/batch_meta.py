@@ -31,12 +31,10 @@ def batch_meta(chunks: list[SeqChunk], block_size: int, upload) -> BatchMeta:
     """Pack the chunks on the host (batched.pack) and upload the int32 metadata in one copy."""
     tokens, positions, last_rows = pack(chunks)                                          # [N], [N], [B]
     lengths = [len(c.token_ids) for c in chunks]
-    table_len = [math.ceil(c.end / block_size) for c in chunks]                          # blocks in use
-    tables = np.zeros((len(chunks), max(table_len)), dtype=np.int32)                     # [B, max_blocks]
-    for b, (c, n) in enumerate(zip(chunks, table_len)):
-        tables[b, :n] = c.block_table[:n]
+    tables = np.zeros((len(chunks), max(math.ceil(c.end / block_size) for c in chunks)), dtype=np.int32)
+    write_tables(tables, chunks, block_size)                                             # [B, max_blocks]
     seq_of_row = np.repeat(np.arange(len(chunks)), lengths)                             # [N]
-    slots = tables[seq_of_row, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    slots = pool_slots(tables, seq_of_row, positions, block_size)
     parts = [tokens, positions, slots, seq_of_row, last_rows, tables.reshape(-1)]
     flat = upload(np.concatenate(parts).astype(np.int32))
     views, start = [], 0
@@ -44,6 +42,18 @@ def batch_meta(chunks: list[SeqChunk], block_size: int, upload) -> BatchMeta:
         views.append(flat[start:start + len(p)])
         start += len(p)
     return BatchMeta(*views[:5], views[5].reshape(tables.shape), max(lengths))
+
+
+def write_tables(tables: np.ndarray, chunks: list[SeqChunk], block_size: int) -> None:
+    """Each chunk's blocks in use (those its positions reach) into its row of `tables` [>= B, width]."""
+    for b, c in enumerate(chunks):
+        n = math.ceil(c.end / block_size)
+        tables[b, :n] = c.block_table[:n]
+
+
+def pool_slots(tables: np.ndarray, rows: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+    """The flat pool slot (block * block_size + offset) of each position, through its row of `tables`."""
+    return tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
 
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)   # decode batch sizes a graph is captured for
@@ -75,11 +85,8 @@ def decode_meta_into(flat: np.ndarray, chunks: list[SeqChunk], block_size: int, 
     flat[:] = 0
     m.tokens[:B] = [c.token_ids[0] for c in chunks]
     m.positions[:B] = [c.start for c in chunks]
-    for b, c in enumerate(chunks):
-        n = -(-c.end // block_size)                                             # blocks in use
-        m.block_tables[b, :n] = c.block_table[:n]
-    pos = m.positions[:B]
-    m.slots[:B] = m.block_tables[np.arange(B), pos // block_size] * block_size + pos % block_size
+    write_tables(m.block_tables, chunks, block_size)
+    m.slots[:B] = pool_slots(m.block_tables, np.arange(B), m.positions[:B], block_size)
     m.slots[B:] = -1
     m.seq_of_row[:] = np.arange(bucket)                                        # row b reads table row b
     m.last_rows[:] = np.arange(bucket)                                         # one row per chunk
