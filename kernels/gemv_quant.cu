@@ -31,8 +31,10 @@
 //    touch 16 or 32 cache lines. In shared memory, padding each chunk of x by 4 floats makes the same
 //    reads conflict-free (32 consecutive chunks start in 32 different 4-bank groups... eight per phase).
 //  - Blocks loop over row pairs (the launcher sizes the grid to ~2 blocks per SM), so x is staged a few
-//    hundred times per matrix instead of once per 16 rows. The first pair's rows are prefetched into L2
-//    before the staging. Optionally (flags: Q_LOOKAHEAD) each warp also prefetches its next pair while it
+//    hundred times per matrix instead of once per 16 rows. The first 128 chunks (2 KB) of the first pair's
+//    rows are prefetched into L2 before the staging (Q_PREFETCH_CHUNKS: int4's first step of a 4096-wide
+//    row; whole rows, the first round of int8 down's pairs was 60 MB, more than the 50 MB L2, and H200
+//    decode measured 2-3% slower for int8, the same for int4: lessons/BENCHMARKS.md). Optionally (flags: Q_LOOKAHEAD) each warp also prefetches its next pair while it
 //    computes this one (cp.async.bulk.prefetch: no registers held). Measured on the H200 that was 1-3%
 //    slower (lessons/BENCHMARKS.md), so the launcher leaves it off.
 //
@@ -89,6 +91,15 @@
 #endif
 #ifndef Q_MIN_BLOCKS
 #define Q_MIN_BLOCKS 2      // blocks an SM the registers must allow (__launch_bounds__)
+#endif
+#ifndef Q_PREFETCH_CHUNKS   // chunks of a row prefetched into L2 ahead of its loads (prefetch_pair); 0: all
+#define Q_PREFETCH_CHUNKS 128
+#endif
+#ifndef Q_U8                // chunks in flight a lane and row in one step of the dot product: int8, int4
+#define Q_U8 8              // (more: fewer dependent steps a row, more registers)
+#endif
+#ifndef Q_U4
+#define Q_U4 4
 #endif
 
 // ---- dequantization: codes -> exact small floats ---------------------------------------------------------
@@ -186,8 +197,9 @@ __device__ __forceinline__ void prefetch_pair(int p, int pairs, int rows, int hd
     if (p >= pairs || !row_pair<EPI>(p, rows, hd, r)) return;
     int lane = threadIdx.x & 31;
     if (lane == 0) {
-        prefetch_l2(qw + (size_t)r.ra * n_chunks, (unsigned int)n_chunks * 16u);
-        if (r.rb != r.ra) prefetch_l2(qw + (size_t)r.rb * n_chunks, (unsigned int)n_chunks * 16u);
+        unsigned int chunks = Q_PREFETCH_CHUNKS > 0 && n_chunks > Q_PREFETCH_CHUNKS ? Q_PREFETCH_CHUNKS : n_chunks;
+        prefetch_l2(qw + (size_t)r.ra * n_chunks, chunks * 16u);
+        if (r.rb != r.ra) prefetch_l2(qw + (size_t)r.rb * n_chunks, chunks * 16u);
     } else if (INT4 && lane <= 4) {
         const u16* base = lane <= 2 ? static_cast<const u16*>(scales) : mins;
         const char* row = reinterpret_cast<const char*>(base + (size_t)((lane & 1) ? r.ra : r.rb) * n_groups);
@@ -472,7 +484,7 @@ __device__ __forceinline__ float stage_x_f16(const float* __restrict__ x, const 
 
 struct Int8RowsH {
     static constexpr int C = 16;
-    static constexpr int U = 8;            // chunks in flight per lane per row, as v1
+    static constexpr int U = Q_U8;         // chunks in flight per lane per row, as v1
     static constexpr int XW = C / 2 + 4;   // 32-bit words of staged x per chunk (48 bytes)
     static constexpr bool CHUNK_SUMS = false;
 
@@ -524,7 +536,7 @@ struct Int8RowsH {
 
 struct Int4RowsH {
     static constexpr int C = 32;
-    static constexpr int U = 4;
+    static constexpr int U = Q_U4;
     static constexpr int XW = C / 2 + 4;   // 80 bytes of staged x per chunk
     static constexpr bool CHUNK_SUMS = true;
 

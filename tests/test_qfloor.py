@@ -18,6 +18,9 @@ def test_each_edit_takes_out_only_what_it_names():
     no_math = qfloor.variant_source(no_math=True)
     assert no_math.count("vb[u].x ^ vb[u].y") == 2 and "dot4_i8_h2(va[u].x" in plain
     assert "dot4_i8_h2(va[u].x" not in no_math and "dot8_i4_h2(va[u].x" not in no_math
+    no_prefetch = qfloor.variant_source(no_prefetch=True)
+    assert qfloor.FIRST_PREFETCH in plain and qfloor.FIRST_PREFETCH not in no_prefetch
+    assert no_prefetch.replace("for (int d = 0; d < 0; d++)", qfloor.FIRST_PREFETCH) == plain
 
 
 def test_the_defines_the_variants_change_are_the_kernels_own():
@@ -36,7 +39,7 @@ def test_a_kernel_that_changed_is_named_not_silently_measured():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("label", ["neither", "16 + batched"])
+@pytest.mark.parametrize("label", ["neither", "16 + batched", "int4 4 blocks"])
 def test_variant_compiles_with_nvcc_for_sm90(label, tmp_path):
     """To PTX (the front end, where an edit or a define would break): ptxas on the defaults is
     test_kernels_compile's, and half the CI seconds of a full compile."""
@@ -47,3 +50,9 @@ def test_variant_compiles_with_nvcc_for_sm90(label, tmp_path):
                              "-ptx", str(source), "-o", str(tmp_path / "v.ptx")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_an_unknown_variant_is_refused_in_one_line(capsys):
+    assert qfloor.main(["--variants", "no staging,sideways"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "qfloor: no variant sideways (there are: " + ", ".join(qfloor.VARIANTS) + ")")

@@ -14,8 +14,17 @@ Each variant is the kernel's source text (variant_source: a part edited out) com
     batched      Q_STAGE_BATCH 4: each thread loads 64 values of x (4 int8 or 2 int4 chunks) before converting
                  any, instead of one chunk's L2 round trip after the other
     16 + batched both
+    no prefetch  the first row pair's L2 prefetch before the staging left out
+    3 blocks     Q_MIN_BLOCKS 3 with int8's steps halved (Q_U8 4: 72 registers instead of 114, no spills):
+                 24 warps an SM instead of 16
+    int4 U=8     Q_U4 8: twice int4's chunks a lane in flight, half the dependent steps (down: 3.5 -> 1.75)
+    int4 4 blocks  Q_U4 2, Q_MIN_BLOCKS 4 (64 registers): 32 warps an SM, the same bytes in flight
+                 (int8 spills at 64 registers: read its int4 rows only)
+    prefetch rows  Q_PREFETCH_CHUNKS 0: the first pair's whole rows prefetched into L2 before the staging (v2
+                 until 2026-12-02; now a row's first 128 chunks: int8 down's first round of whole rows, 60 MB,
+                 is more than the 50 MB L2); "prefetch 256" its first 256 chunks
 
-The first three are wrong by design (timing only); the last three compute what v2 computes and are checked
+The first three are wrong by design (timing only); the others compute what v2 computes and are checked
 against NumPy first (qmma's cases: every epilogue, odd widths, Mistral-7B's matrices). `python -m
 minillm.cuda.dev.qfloor [--decode]`: those checks, µs a launch in a CUDA graph per Mistral-7B matrix
 (qmma.matrix_us), then (--decode) batch-1 decode tok/s of a random Mistral-7B with each. Importing this module
@@ -41,13 +50,17 @@ ONE = "__uint_as_float((p{r} & 0x007fffffu) | 0x3f800000u)"          # a float i
 INT8_XOR = XOR + f"a += {ONE.format(r='a')}; b += {ONE.format(r='b')};"
 INT4_XOR = XOR + (f"acc_a += {ONE.format(r='a')} + F16::to_float(s_a[u]) + F16::to_float(m_a[u]);\n"
                   f"acc_b += {ONE.format(r='b')} + F16::to_float(s_b[u]) + F16::to_float(m_b[u]);")
+FIRST_PREFETCH = "for (int d = 0; d <= ahead; d++)"                     # the prefetches before the staging
 WIDE = {"Q_WARPS": 16, "Q_MIN_BLOCKS": 1}
 BATCHED = {"Q_STAGE_BATCH": 4}
-# label -> (edits for variant_source, #defines); the last three compute what v2 computes
+# label -> (edits for variant_source, #defines); all but the first three compute what v2 computes
 VARIANTS = {"no staging": (dict(no_stage=True), {}), "no math": (dict(no_math=True), {}),
             "neither": (dict(no_stage=True, no_math=True), {}), "16 warps": ({}, WIDE),
-            "batched": ({}, BATCHED), "16 + batched": ({}, {**WIDE, **BATCHED})}
-EXACT = ["16 warps", "batched", "16 + batched"]
+            "batched": ({}, BATCHED), "16 + batched": ({}, {**WIDE, **BATCHED}),
+            "no prefetch": (dict(no_prefetch=True), {}), "3 blocks": ({}, {"Q_MIN_BLOCKS": 3, "Q_U8": 4}),
+            "int4 U=8": ({}, {"Q_U4": 8}), "int4 4 blocks": ({}, {"Q_U4": 2, "Q_MIN_BLOCKS": 4}),
+            "prefetch rows": ({}, {"Q_PREFETCH_CHUNKS": 0}), "prefetch 256": ({}, {"Q_PREFETCH_CHUNKS": 256})}
+EXACT = [label for label in VARIANTS if label not in ("no staging", "no math", "neither")]
 
 
 def _replace_once(text: str, pattern: str, new: str, regex: bool = False) -> str:
@@ -58,11 +71,13 @@ def _replace_once(text: str, pattern: str, new: str, regex: bool = False) -> str
     return re.sub(pattern, lambda _: new, text, flags=re.S) if regex else text.replace(pattern, new)
 
 
-def variant_source(no_stage: bool = False, no_math: bool = False) -> str:
+def variant_source(no_stage: bool = False, no_math: bool = False, no_prefetch: bool = False) -> str:
     """gemv_quant.cu (includes pasted) with x's staging skipped and/or the products replaced by an XOR of the
-    loaded words."""
+    loaded words, and/or without the first row pair's L2 prefetch."""
     from minillm.cuda.kernels import kernel_source
     text = kernel_source(SOURCE)
+    if no_prefetch:
+        text = _replace_once(text, FIRST_PREFETCH, "for (int d = 0; d < 0; d++)")
     if no_stage:
         text = _replace_once(text, STAGE, "float ss = 1.0f;")
     if no_math:
@@ -118,11 +133,12 @@ class Swapped:
         return under_setting
 
 
-def versions(k) -> dict:
-    """{label: Kernels or Swapped}: v2 and each variant."""
+def versions(k, labels=None) -> dict:
+    """{label: Kernels or Swapped}: v2 and each variant (those named in `labels`, or all)."""
     out = {"v2": k}
     for label, (edits, defines) in VARIANTS.items():
-        out[label] = Swapped(k, variant_source(**edits), defines)
+        if labels is None or label in labels:
+            out[label] = Swapped(k, variant_source(**edits), defines)
     return out
 
 
@@ -132,7 +148,7 @@ def cases(kinds: dict) -> list:
     from minillm.cuda.dev import qmma
     checks = dict(qmma._cases())
     return [(f"{v} {label}", lambda v=v, label=label: checks[label](kinds[v]))
-            for v in EXACT for label in qmma.CASE_LABELS if "U=4" not in label]
+            for v in EXACT if v in kinds for label in qmma.CASE_LABELS if "U=4" not in label]
 
 
 def timings(kinds: dict) -> list[list]:
@@ -176,10 +192,16 @@ def main(argv=None) -> int:
     from minillm.cuda.kernels import Kernels
     ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.qfloor", description=__doc__.split("\n")[0])
     ap.add_argument("--decode", action="store_true", help="also decode tok/s of a random Mistral-7B with each")
+    ap.add_argument("--variants", help="comma-separated labels to measure (default: all): " + ", ".join(VARIANTS))
     args = ap.parse_args(argv)
+    labels = None if args.variants is None else [v.strip() for v in args.variants.split(",")]
+    unknown = sorted(set(labels or ()) - set(VARIANTS))
+    if unknown:
+        print(f"qfloor: no variant {', '.join(unknown)} (there are: {', '.join(VARIANTS)})", file=sys.stderr)
+        return 2
     if not require_gpu("qfloor"):
         return 2
-    kinds = versions(Kernels("float16"))
+    kinds = versions(Kernels("float16"), labels)
     for label, check in cases(kinds):
         def one(label=label, check=check):
             err, tol = check()

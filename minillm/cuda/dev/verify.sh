@@ -13,8 +13,9 @@
 #           flashnorm: FlashNorm at every norm site of the decode step, --e2e table, its tests and lesson 15;
 #           pdl: programmatic dependent launch, its tests and tok/s on and off;
 #           qmma: the quantized GEMV v3 (tensor cores): its checks, v2 vs v3 per matrix and in decode, its tests;
-#           qfloor: where the quantized GEMV's time goes (dev/qfloor.py: staging or arithmetic taken out) and two
-#           cheaper stagings (16 warps a block, batched loads of x): their checks, per matrix and in decode;
+#           qfloor: where the quantized GEMV's time goes (dev/qfloor.py: staging or arithmetic taken out) and
+#           the variants that keep v2's results (staging, prefetch, warps an SM, steps): their checks, per matrix
+#           and in decode (QFLOOR_VARIANTS="a,b": only those);
 #           bprefill: the batching engine's prefill attention on the tensor cores (MINILLM_BATCH_PREFILL=mma): its
 #           GPU tests, paged vs mma µs a layer, then bench serve with it)
 set -u
@@ -88,7 +89,7 @@ qmma)
     step qmma 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "v3 or mma" \
         tests/test_cuda_quant.py tests/test_qmma_emulation.py tests/test_kernels_compile.py ;;
 qfloor)
-    TAIL=30 step qfloor 300 python3 -m minillm.cuda.dev.qfloor --decode ;;
+    TAIL=40 step qfloor 300 python3 -m minillm.cuda.dev.qfloor --decode ${QFLOOR_VARIANTS:+--variants "$QFLOOR_VARIANTS"} ;;
 bprefill)  # paged_prefill_attention_mma: tests, µs a layer against the group kernel, the server with it on
     step bprefill 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "prefill_mma or either_prefill" \
         tests/test_gpu_engine.py
