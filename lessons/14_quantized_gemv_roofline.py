@@ -223,7 +223,13 @@ def main():
           "memory round trip) and loads that still wait for the arithmetic (lessons/BENCHMARKS.md).\n"
           "Programmatic dependent launch (Hopper) hides part of that fixed cost: each GEMV may start while\n"
           "the one before drains, its first weight loads in flight before it waits for x (cuda/pdl.py):\n"
-          "on the H200 int4 decode went 416 -> 460 tok/s, int8 341 -> 365, fp16 +2%.")
+          "on the H200 int4 decode went 416 -> 460 tok/s, int8 341 -> 365, fp16 +2%.\n"
+          "Where the rest goes (python -m minillm.cuda.dev.qfloor: the kernel recompiled with one part taken\n"
+          "out): with x's staging in shared memory free, int8 would decode 9% faster and int4 17%, yet staging\n"
+          "it half as often or with fewer round trips changed nothing: the cost is the barrier, no weight\n"
+          "reaches a register until the block has staged x. An L2 prefetch issued before it hides part of\n"
+          "that; prefetching whole rows was too much (int8 down's first rows, 60 MB, overflowed the 50 MB L2),\n"
+          "a row's first 2 KB is +2-3% for int8.")
 
     print_table("the kernel's dequantization, reproduced in NumPy (0 = exact)", ["check", "max |difference|", "over"],
                 check_magic(8 if small else 64, 576 if small else 4096))
