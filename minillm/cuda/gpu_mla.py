@@ -42,6 +42,7 @@ from minillm.backend import to_dtype
 from minillm.model.config import ModelConfig
 from minillm.model.mla import LATENT_NORM_EPS, mla_rope, softmax_scale
 from minillm.cuda.gpu_kv_cache import device_dtype
+from minillm.cuda.graph import capture
 from minillm.cuda.kernels import Kernels, module, suffix
 from minillm.model.kv_cache import CacheBase
 
@@ -412,12 +413,8 @@ class GPUMLATransformer:
         key = (id(self), n_layers, self.k.settings)
         if cache.graph is None or cache.graph_key != key:
             self._decode_parts(cache)                    # allocate scratch before capturing
-            self.stream.begin_capture()
-            try:
-                self.decode_step(cache, n_layers)
-            finally:
-                graph = self.stream.end_capture()
-            cache.graph, cache.graph_key = graph, key
+            cache.graph = capture(self.stream, lambda: self.decode_step(cache, n_layers))
+            cache.graph_key = key
         return cache.graph
 
     def _decode_parts(self, cache: GPUMLACache) -> tuple:

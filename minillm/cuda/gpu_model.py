@@ -54,6 +54,7 @@ from minillm.backend import to_dtype
 from minillm.model.config import ModelConfig
 from minillm.model.layers import rope_inv_freq
 from minillm.cuda import cublas_raw
+from minillm.cuda.graph import capture
 from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
 from minillm.cuda.kernels import MAX_FUSED_NORM, Kernels, KernelSettings, n_splits_for
 from minillm.cuda.qweights import QuantMatrix, is_quantized
@@ -424,12 +425,8 @@ class GPUTransformer:
             self._decode_parts(cache)                    # allocate scratch before capturing
             if self.gemv_version < 4 or k.settings.quant_version < 2:
                 k.load_older()                           # and load the earlier kernels it may launch
-            self.stream.begin_capture()
-            try:
-                self.decode_step(cache, n_layers)
-            finally:
-                graph = self.stream.end_capture()
-            cache.graph, cache.graph_key = graph, key
+            cache.graph = capture(self.stream, lambda: self.decode_step(cache, n_layers))
+            cache.graph_key = key
         return cache.graph
 
     # ---- prefill: cuBLAS GEMMs ------------------------------------------------------------------

@@ -39,7 +39,8 @@ from minillm.cuda.gpu_kv_cache import device_dtype
 from minillm.cuda.gpu_model import GPULayer, GPUTransformer
 from minillm.cuda.dev.bench import decode_bytes
 from minillm.cuda.dev.common import plain_table, rel_err
-from minillm.cuda.dev.timing import capture, copy_bandwidth, time_gpu
+from minillm.cuda.dev.timing import copy_bandwidth, time_gpu
+from minillm.cuda.graph import capture
 from minillm.cuda.kernels import Kernels, module, suffix
 
 SOURCE = "flashnorm_gemv"                  # kernels/flashnorm_gemv.cu
@@ -654,7 +655,7 @@ def _time_us(fn, stream, graph: bool, inner: int, outer: int) -> float | None:
         step = lambda: [fn() for _ in range(inner)]
         if graph:
             try:
-                g = capture(step, stream)
+                g = capture(stream, step)
             except Exception:   # noqa: BLE001 - e.g. a library that cannot be captured: report no number
                 cp.cuda.Device().synchronize()
                 return None

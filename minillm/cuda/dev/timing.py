@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import statistics
 
+from minillm.cuda.graph import capture
+
 BANDWIDTH: dict[str, float] = {}
 
 
@@ -28,16 +30,6 @@ def time_gpu(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def capture(fn, stream):
-    """fn()'s launches on `stream`, captured as a CUDA graph (not run)."""
-    stream.begin_capture()
-    try:
-        fn()
-    finally:
-        graph = stream.end_capture()
-    return graph
-
-
 def graph_us(fn, n: int, reps: int = 5) -> float:
     """µs per call of fn(i), i = 0 .. n-1, captured as one CUDA graph and replayed (median of `reps`): no
     host launch cost, the gaps between dependent kernels stay, as in the decode step's own graph."""
@@ -45,7 +37,7 @@ def graph_us(fn, n: int, reps: int = 5) -> float:
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         fn(0)                                               # load / warm outside the capture
-        graph = capture(lambda: [fn(i) for i in range(n)], stream)
+        graph = capture(stream, lambda: [fn(i) for i in range(n)])
         ms = time_gpu(lambda: graph.launch(stream), reps)
     return ms * 1e3 / n
 
