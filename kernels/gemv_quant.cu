@@ -95,9 +95,6 @@
 #ifndef Q_PREFETCH_CHUNKS   // chunks of a row prefetched into L2 ahead of its loads (prefetch_pair); 0: all
 #define Q_PREFETCH_CHUNKS 128
 #endif
-#ifndef Q_FIRST_SMEM        // 1: a warp's first step of weights copied into shared memory by cp.async before
-#define Q_FIRST_SMEM 0      // x's staging (no registers held across it; launcher: kernels.QFIRST_SMEM)
-#endif
 #ifndef Q_U8                // chunks in flight a lane and row in one step of the dot product: int8, int4
 #define Q_U8 8              // (more: fewer dependent steps a row, more registers)
 #endif
@@ -212,42 +209,11 @@ __device__ __forceinline__ void prefetch_pair(int p, int pairs, int rows, int hd
     }
 }
 
-#if Q_FIRST_SMEM
-// A warp's first step of weights (2 rows x U chunks a lane) copied global -> shared by cp.async before x's
-// staging: in flight during it with no registers held (holding them in registers spilled: 128 a thread). The
-// copies land after x's staged chunks (F::X_WORDS a chunk, 16-byte aligned), 2 * U * 32 chunks a warp; each
-// lane reads back only what it copied, so its own wait is enough (no barrier).
-template <class F>
-__device__ __forceinline__ uint4* first_step_smem(float* smem, int n_chunks) {
-    size_t x_bytes = ((size_t)n_chunks * F::X_WORDS * 4 + 15) & ~(size_t)15;
-    return reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem) + x_bytes) + (threadIdx.x >> 5) * 2 * F::U * 32;
-}
-
-template <class F>
-__device__ __forceinline__ void first_step_copy(uint4* dst, const uint4* qw, int n_chunks, int ra, int rb) {
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int u = 0; u < F::U; u++) {
-        int i = 32 * u + lane;
-        if (i < n_chunks) {
-            unsigned int da = (unsigned int)__cvta_generic_to_shared(dst + u * 32 + lane);
-            unsigned int db = (unsigned int)__cvta_generic_to_shared(dst + (F::U + u) * 32 + lane);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(da), "l"(qw + (size_t)ra * n_chunks + i) : "memory");
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(db), "l"(qw + (size_t)rb * n_chunks + i) : "memory");
-        }
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-__device__ __forceinline__ void first_step_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-#endif
-
 // ---- the two formats: a row pair's dot products --------------------------------------------------------
 struct Int8Rows {
     static constexpr int C = 16;           // weights (and floats of x) per 16-byte chunk
     static constexpr int U = 8;            // chunks in flight per lane per row (x 2 rows: 4 KB a warp)
     static constexpr bool CHUNK_SUMS = false;
-    static constexpr bool FIRST_SMEM = false;   // Q_FIRST_SMEM is v2's
 
     // x -> shared memory (returns Σ x² for the norm): v1 keeps it fp32, C + 4 floats a chunk
     template <bool NORM>
@@ -293,7 +259,6 @@ struct Int4Rows {
     static constexpr int C = 32;
     static constexpr int U = 4;            // x 2 rows x 16 bytes: 4 KB a warp; a 4096-wide row is one step
     static constexpr bool CHUNK_SUMS = true;
-    static constexpr bool FIRST_SMEM = false;
 
     // x -> shared memory as fp32, then Σ x of each chunk after it (the min's term)
     template <bool NORM>
@@ -522,8 +487,6 @@ struct Int8RowsH {
     static constexpr int U = Q_U8;         // chunks in flight per lane per row, as v1
     static constexpr int XW = C / 2 + 4;   // 32-bit words of staged x per chunk (48 bytes)
     static constexpr bool CHUNK_SUMS = false;
-    static constexpr bool FIRST_SMEM = true;
-    static constexpr int X_WORDS = XW + 1;   // 32-bit words of shared memory a chunk of x takes, all told
 
     template <bool NORM>
     static __device__ __forceinline__ float stage(const float* x, const float* gain, int in, int n_chunks, float* smem) {
@@ -534,8 +497,7 @@ struct Int8RowsH {
 
     static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales, const u16* mins,
                                                int n_chunks, int n_groups, int cpg, int cpg_shift,
-                                               const float* smem, int ra, int rb, float& acc_a, float& acc_b,
-                                               const uint4* first = nullptr) {   // Q_FIRST_SMEM: step 0 there
+                                               const float* smem, int ra, int rb, float& acc_a, float& acc_b) {
         int lane = threadIdx.x & 31;
         const unsigned int* xh = reinterpret_cast<const unsigned int*>(smem);
         const float* xscale = smem + (size_t)n_chunks * XW;
@@ -545,20 +507,10 @@ struct Int8RowsH {
         float a = 0.0f, b = 0.0f;
         for (int base = 0; base < n_chunks; base += 32 * U) {
             uint4 va[U], vb[U];
-#if Q_FIRST_SMEM
-            if (base == 0 && first != nullptr) {
-                first_step_wait();
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (32 * u + lane < n_chunks) { va[u] = first[u * 32 + lane]; vb[u] = first[(U + u) * 32 + lane]; }
-            } else
-#endif
-            {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int i = base + 32 * u + lane;
                 if (i < n_chunks) { va[u] = ld_stream(wa + i); vb[u] = ld_stream(wb + i); }
-            }
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -587,8 +539,6 @@ struct Int4RowsH {
     static constexpr int U = Q_U4;
     static constexpr int XW = C / 2 + 4;   // 80 bytes of staged x per chunk
     static constexpr bool CHUNK_SUMS = true;
-    static constexpr bool FIRST_SMEM = true;
-    static constexpr int X_WORDS = XW + 2;   // 32-bit words of shared memory a chunk of x takes, all told
 
     template <bool NORM>
     static __device__ __forceinline__ float stage(const float* x, const float* gain, int in, int n_chunks, float* smem) {
@@ -600,8 +550,7 @@ struct Int4RowsH {
     static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales,
                                                const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
                                                int cpg_shift, const float* smem, int ra, int rb,
-                                               float& acc_a, float& acc_b,
-                                               const uint4* first = nullptr) {   // Q_FIRST_SMEM: step 0 there
+                                               float& acc_a, float& acc_b) {
         int lane = threadIdx.x & 31;
         const unsigned int* xh = reinterpret_cast<const unsigned int*>(smem);
         const float* xscale = smem + (size_t)n_chunks * XW;
@@ -616,21 +565,12 @@ struct Int4RowsH {
         for (int base = 0; base < n_chunks; base += 32 * U) {
             uint4 va[U], vb[U];
             u16 s_a[U], m_a[U], s_b[U], m_b[U];
-#if Q_FIRST_SMEM
-            bool from_smem = base == 0 && first != nullptr;
-            if (from_smem) first_step_wait();
-#endif
 #pragma unroll
             for (int u = 0; u < U; u++) {                              // weights, scales and mins all in flight
                 int i = base + 32 * u + lane;
                 if (i < n_chunks) {
-#if Q_FIRST_SMEM
-                    if (from_smem) { va[u] = first[u * 32 + lane]; vb[u] = first[(U + u) * 32 + lane]; } else
-#endif
-                    {
                     va[u] = ld_stream(wa + i);
                     vb[u] = ld_stream(wb + i);
-                    }
                     unsigned int g = cpg_shift >= 0 ? (unsigned int)i >> cpg_shift : (unsigned int)(i / cpg);
                     s_a[u] = S[off_a + g];                             // the chunk's group's scales and mins
                     m_a[u] = mins[off_a + g];
@@ -685,20 +625,12 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
     for (int d = 0; d <= ahead; d++)                                   // on their way during the staging
         prefetch_pair<EPI, F::CHUNK_SUMS>(first + d * stride, pairs, rows, ep.hd, qw, n_chunks, scales, mins, n_groups);
     if (threadIdx.x == 0 && first + stride >= pairs) next.prefetch();  // a block with one round: now
-    RowPair r;
-#if Q_FIRST_SMEM
-    uint4* first_ws = nullptr;                                         // this warp's first step, in shared memory
-    if constexpr (F::FIRST_SMEM)
-        if (first < pairs && row_pair<EPI>(first, rows, ep.hd, r)) {
-            first_ws = first_step_smem<F>(smem, n_chunks);
-            first_step_copy<F>(first_ws, qw, n_chunks, r.ra, r.rb);
-        }
-#endif
     pdl_wait_then_trigger();                  // x is the last kernel's output: the prefetches above were not
 
     float ss = F::template stage<NORM>(x, gain, in, n_chunks, smem);
     float inv_rms = NORM ? rsqrtf(ss / (float)in + eps) : 1.0f;
 
+    RowPair r;
     for (int p = first; p < pairs; p += stride) {                      // warp-uniform
         if (ahead)
             prefetch_pair<EPI, F::CHUNK_SUMS>(p + (ahead + 1) * stride, pairs, rows, ep.hd, qw, n_chunks, scales,
@@ -706,12 +638,6 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
         if (threadIdx.x == 0 && p > first && p + stride >= pairs) next.prefetch();   // this block's last round
         if (!row_pair<EPI>(p, rows, ep.hd, r)) break;
         float acc_a, acc_b;
-#if Q_FIRST_SMEM
-        if constexpr (F::FIRST_SMEM)
-            F::dot(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, smem, r.ra, r.rb, acc_a, acc_b,
-                   p == first ? first_ws : nullptr);
-        else
-#endif
         F::dot(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, smem, r.ra, r.rb, acc_a, acc_b);
         if (lane == 0) ep.template store<EPI>(r, p, acc_a * inv_rms, acc_b * inv_rms);
     }

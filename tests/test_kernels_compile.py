@@ -87,8 +87,6 @@ def test_the_launchers_sizes_are_the_kernels_own():
             ("gemv", "V4_WARPS", k.V4_WARPS), ("prefill_attention", "PF_ROWS", k.PF_ROWS),
             ("prefill_attention_mma", "MM_WARPS", k.MM_THREADS // 32),
             ("gemv_quant", "Q_WARPS", k.QWARPS), ("gemv_quant", "Q_MIN_BLOCKS", k.QUANT_BLOCKS_PER_SM),
-            ("gemv_quant", "Q_U8", k.QUANT_U["int8"]), ("gemv_quant", "Q_U4", k.QUANT_U["int4"]),
-            ("gemv_quant", "Q_FIRST_SMEM", k.QFIRST_SMEM),
             ("gemv_quant_mma", "M_WARPS", k.MMA_WARPS),
             ("paged_attention", "PA_WARPS", gpu_batched.PA_WARPS), ("paged_attention", "PA_MAX_HD", gpu_batched.PA_MAX_HD),
             ("mla_decode", "MLA_TK", gpu_mla.MLA_TK), ("mla_decode", "MLA_HEADS", gpu_mla.MLA_HEADS),

@@ -49,9 +49,6 @@ MAX_FUSED_NORM = 12000                 # gemv_rmsnorm_v3 keeps in floats in shar
 QWARPS = 8                             # as #defined in gemv_quant.cu (row pairs per block)
 QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
-QUANT_U = {"int8": 8, "int4": 4}       # gemv_quant.cu v2's chunks a lane and row in one step (Q_U8, Q_U4)
-QFIRST_SMEM = 0                        # as gemv_quant.cu's Q_FIRST_SMEM: 1 = room after x for each warp's first
-                                       # step of weights (dev/qfloor's "first step in smem" compiles it so)
 # The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
 # may be launched with programmatic dependent launch (settings.pdl): the decode step's embed, GEMVs (16-bit v4
 # and every gemv_quant.cu / gemv_quant_mma.cu kernel) and attention v3. Any other kernel launched so would race.
@@ -376,8 +373,6 @@ class Kernels:
             smem = w.n_chunks * (chunk + 4) * 4 + sums
         else:                                # v2: x as fp16, chunk/2 + 4 words a chunk, 2^-e per chunk (+ Σx)
             smem = w.n_chunks * (chunk // 2 + 5) * 4 + sums
-            if QFIRST_SMEM:                  # then, 16-byte aligned, each warp's first step: 2 rows x U x 32 chunks
-                smem = -(-smem // 16) * 16 + QWARPS * 2 * QUANT_U[w.method] * 32 * 16
         if smem > self.max_quant_smem:
             raise ValueError(f"{name}: a {n_in}-wide row needs {smem} bytes of shared memory for x "
                              f"(this device allows {self.max_quant_smem})")

@@ -23,10 +23,6 @@ Each variant is the kernel's source text (variant_source: a part edited out) com
     prefetch rows  Q_PREFETCH_CHUNKS 0: the first pair's whole rows prefetched into L2 before the staging (v2
                  until 2026-12-02; now a row's first 128 chunks: int8 down's first round of whole rows, 60 MB,
                  is more than the 50 MB L2); "prefetch 256" its first 256 chunks
-    first step in smem  Q_FIRST_SMEM 1: each warp's first step of weights copied into shared memory by
-                 cp.async before x's staging (and before the wait for the kernel ahead), so that the staging's
-                 barrier is not also the wait for the first weights; no registers held across it (the same
-                 weights loaded into registers there spilled: 128 a thread). int8 down: 47 + 64 KB a block
 
 The first three are wrong by design (timing only); the others compute what v2 computes and are checked
 against NumPy first (qmma's cases: every epilogue, odd widths, Mistral-7B's matrices). `python -m
@@ -63,8 +59,7 @@ VARIANTS = {"no staging": (dict(no_stage=True), {}), "no math": (dict(no_math=Tr
             "batched": ({}, BATCHED), "16 + batched": ({}, {**WIDE, **BATCHED}),
             "no prefetch": (dict(no_prefetch=True), {}), "3 blocks": ({}, {"Q_MIN_BLOCKS": 3, "Q_U8": 4}),
             "int4 U=8": ({}, {"Q_U4": 8}), "int4 4 blocks": ({}, {"Q_U4": 2, "Q_MIN_BLOCKS": 4}),
-            "prefetch rows": ({}, {"Q_PREFETCH_CHUNKS": 0}), "prefetch 256": ({}, {"Q_PREFETCH_CHUNKS": 256}),
-            "first step in smem": ({}, {"Q_FIRST_SMEM": 1})}
+            "prefetch rows": ({}, {"Q_PREFETCH_CHUNKS": 0}), "prefetch 256": ({}, {"Q_PREFETCH_CHUNKS": 256})}
 EXACT = [label for label in VARIANTS if label not in ("no staging", "no math", "neither")]
 
 
@@ -101,16 +96,15 @@ QUANT_KERNELS = re.compile(r"gemv_(rmsnorm_)?(swiglu_|qkv_)?int[48]$")      # Ke
 
 class Swapped:
     """Kernels k with its v2 quantized GEMVs from another compile of gemv_quant.cu (`source`, `defines`),
-    launched with its Q_WARPS warps a block and its Q_FIRST_SMEM's shared memory (the launcher's QWARPS and
-    QFIRST_SMEM, set around each call) and Q_MIN_BLOCKS blocks an SM. Every other attribute is k's, its calls
-    made under the same setting (so dev.gemv's checks run on it as on a Kernels)."""
+    launched with its Q_WARPS warps a block (the launcher's QWARPS, set around each call) and Q_MIN_BLOCKS
+    blocks an SM. Every other attribute is k's, its calls made under the same setting (so dev.gemv's checks
+    run on it as on a Kernels)."""
 
     def __init__(self, k, source: str, defines: dict):
         import cupy as cp
         from minillm.cuda import kernels
         self._kernels = kernels
         self.warps = defines.get("Q_WARPS", kernels.QWARPS)
-        self.first_smem = defines.get("Q_FIRST_SMEM", kernels.QFIRST_SMEM)
         mod = cp.RawModule(code=source, options=compile_options(defines))
         self.k = copy.copy(k.with_settings(
             quant_blocks_per_sm=defines.get("Q_MIN_BLOCKS", kernels.QUANT_BLOCKS_PER_SM)))
@@ -121,12 +115,10 @@ class Swapped:
                 f.max_dynamic_shared_size_bytes = k.max_quant_smem
 
     def __enter__(self):
-        kernels = self._kernels
-        self._saved = kernels.QWARPS, kernels.QFIRST_SMEM
-        kernels.QWARPS, kernels.QFIRST_SMEM = self.warps, self.first_smem
+        self._saved, self._kernels.QWARPS = self._kernels.QWARPS, self.warps
 
     def __exit__(self, *exc):
-        self._kernels.QWARPS, self._kernels.QFIRST_SMEM = self._saved
+        self._kernels.QWARPS = self._saved
 
     def __getattr__(self, name):
         if name == "k":                                  # not set yet: no recursion through self.k
