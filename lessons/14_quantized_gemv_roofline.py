@@ -226,10 +226,11 @@ def main():
           "on the H200 int4 decode went 416 -> 460 tok/s, int8 341 -> 365, fp16 +2%.\n"
           "Where the rest goes (python -m minillm.cuda.dev.qfloor: the kernel recompiled with one part taken\n"
           "out): with x's staging in shared memory free, int8 would decode 9% faster and int4 17%, yet staging\n"
-          "it half as often or with fewer round trips changed nothing: the cost is the barrier, no weight\n"
-          "reaches a register until the block has staged x. An L2 prefetch issued before it hides part of\n"
-          "that; prefetching whole rows was too much (int8 down's first rows, 60 MB, overflowed the 50 MB L2),\n"
-          "a row's first 2 KB is +2-3% for int8.")
+          "it half as often, with fewer round trips, or with the first weights already copied in during it\n"
+          "did not help: within one launch, every block must stage x before its first product. An L2 prefetch\n"
+          "issued before the staging hides part of that; whole rows were too much (int8 down's first rows,\n"
+          "60 MB, overflowed the 50 MB L2), a row's first 2 KB is +1-6% for int8. What is left needs x staged\n"
+          "once per GEMV, and fewer launches (lessons/BENCHMARKS.md, issue 24).")
 
     print_table("the kernel's dequantization, reproduced in NumPy (0 = exact)", ["check", "max |difference|", "over"],
                 check_magic(8 if small else 64, 576 if small else 4096))
