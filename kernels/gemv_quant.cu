@@ -34,9 +34,10 @@
 //    hundred times per matrix instead of once per 16 rows. The first 128 chunks (2 KB) of the first pair's
 //    rows are prefetched into L2 before the staging (Q_PREFETCH_CHUNKS: int4's first step of a 4096-wide
 //    row; whole rows, the first round of int8 down's pairs was 60 MB, more than the 50 MB L2, and H200
-//    decode measured 1-6% slower for int8, the same for int4: lessons/BENCHMARKS.md). Optionally (flags: Q_LOOKAHEAD) each warp also prefetches its next pair while it
-//    computes this one (cp.async.bulk.prefetch: no registers held). Measured on the H200 that was 1-3%
-//    slower (lessons/BENCHMARKS.md), so the launcher leaves it off.
+//    decode measured 1-6% slower for int8, the same for int4: lessons/BENCHMARKS.md). Optionally (flags:
+//    Q_LOOKAHEAD) each warp also prefetches its next pair while it computes this one
+//    (cp.async.bulk.prefetch: no registers held). Measured on the H200 that was 1-3% slower
+//    (lessons/BENCHMARKS.md), so the launcher leaves it off.
 //
 // Where v1 stood (H200, Mistral-7B shapes, in a CUDA graph): int8 2.3-2.8 TB/s on gate_up/down but
 // 1.6-1.7 on qkv/o; int4 1.0-1.8 TB/s. The compiled loop spends ~4.2 (int8) and ~5.2 (int4) instructions
