@@ -472,11 +472,15 @@ __device__ __forceinline__ float stage_x_f16(const float* __restrict__ x, const 
     for (int c0 = threadIdx.x; c0 < n_chunks; c0 += R * threads) {
         float v[R][C];
 #pragma unroll
-        for (int r = 0; r < R; r++)                      // chunk c0 is there (the loop's condition)
-            if (r == 0 || c0 + r * threads < n_chunks) load_x_chunk<C, NORM>(x, gain, in, c0 + r * threads, vec, v[r], ss);
+        for (int r = 0; r < R; r++) {                    // chunk c0 is there (the loop's condition)
+            int c = c0 + r * threads;
+            if (r == 0 || c < n_chunks) load_x_chunk<C, NORM>(x, gain, in, c, vec, v[r], ss);
+        }
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            if (r == 0 || c0 + r * threads < n_chunks) store_x_chunk<C, INT4>(v[r], c0 + r * threads, xh, xscale, xsum);
+        for (int r = 0; r < R; r++) {
+            int c = c0 + r * threads;
+            if (r == 0 || c < n_chunks) store_x_chunk<C, INT4>(v[r], c, xh, xscale, xsum);
+        }
     }
     if (NORM) ss = block_sum(ss);
     __syncthreads();

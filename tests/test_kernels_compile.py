@@ -92,7 +92,8 @@ def test_the_launchers_sizes_are_the_kernels_own():
             ("mla_decode", "MLA_TK", gpu_mla.MLA_TK), ("mla_decode", "MLA_HEADS", gpu_mla.MLA_HEADS),
             ("mla_decode", "MLA_MAX_W", gpu_mla.MLA_MAX_W), ("mla_decode", "MLA_MAX_R", gpu_mla.MLA_MAX_R),
             ("mla_decode", "MLA_ABSORB_COLS", gpu_mla.MLA_ABSORB_COLS)]
+    defines = {source: _defines(source) for source, _, _ in same}                  # each file read once
     for source, name, python in same:
-        kernel = _defines(source).get(name)
+        kernel = defines[source].get(name)
         assert kernel == python, f"{source}.cu {name} = {kernel}, the launcher: {python}"
     assert k.MM_ROWS == 16 * k.MM_THREADS // 32                  # prefill_attention_mma.cu: 16 rows a warp

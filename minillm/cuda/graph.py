@@ -1,6 +1,7 @@
 """Capturing a stream's launches as a CUDA graph, in one place: the decode steps' graphs (gpu_model,
 gpu_mla) and the dev timers' (dev.timing) are made by `capture`. (gpu_model's prefill-rows graph and the
-batching engine's graphs try a capture that cuBLAS may refuse, and keep that error: GPUTransformer.capture_with_cublas.)"""
+batching engine's graphs try a capture that cuBLAS may refuse, and keep that error instead of raising it:
+GPUTransformer.capture_with_cublas.)"""
 from __future__ import annotations
 
 

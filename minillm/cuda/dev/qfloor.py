@@ -1,5 +1,5 @@
-"""Where a quantized decode GEMV's time goes, and two ways to stage x for less: gemv_quant.cu v2 against
-compiles of its own source with one thing changed.
+"""Where a quantized decode GEMV's time goes, and variants of its staging, prefetch and occupancy: gemv_quant.cu
+v2 against compiles of its own source with one thing changed.
 
 Each variant is the kernel's source text (variant_source: a part edited out) compiled with some of its
 #defines changed, launched by the same launcher (its functions swapped into a copy of Kernels):
