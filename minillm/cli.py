@@ -39,8 +39,9 @@ class _Group(click.Group):
 
 def _fail(message: str, code: int):
     from minillm.engine.parallel.launcher import exit_rank
-    click.echo(f"minillm: error: {message}", err=True)
-    exit_rank(code)                 # a rank of several (--tp): take the others down too, not leave them waiting
+    line = f"minillm: error: {message}"
+    click.echo(line, err=True)
+    exit_rank(code, line)           # a rank of several (--tp): take the others down too, not leave them waiting
     sys.exit(code)
 
 

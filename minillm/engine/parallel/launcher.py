@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -25,6 +26,7 @@ from minillm.errors import MiniLLMError
 from minillm.resources import install_hint
 
 QUIET_VAR = "MINILLM_TP_QUIET"        # set by relaunch: ranks other than 0 print nothing but errors
+ERRORS_VAR = "MINILLM_TP_ERRORS"      # set by relaunch: a file each rank appends its error line to before aborting
 ERROR_PREFIX = "minillm: error:"
 _active = None                        # this process's MPI communicator, once it is a rank
 
@@ -76,20 +78,36 @@ def relaunch(tp: int, argv: Sequence[str] | None = None, threads_per_rank: int =
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, str(threads_per_rank))          # ranks share the cores: one BLAS thread each
     cmd = [find_mpiexec(), "-n", str(tp), sys.executable, "-m", "minillm", *argv]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
-    try:
-        seen_error = _forward_stderr(proc)
-        code = proc.wait()
-    except KeyboardInterrupt:                               # Ctrl-C: the ranks got it too; give them a moment
-        proc.send_signal(signal.SIGINT)
+    with tempfile.TemporaryDirectory(prefix="minillm-tp-") as tmp:
+        env[ERRORS_VAR] = errors = os.path.join(tmp, "errors")
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
         try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
+            seen_error = _forward_stderr(proc)
+            code = proc.wait()
+        except KeyboardInterrupt:                           # Ctrl-C: the ranks got it too; give them a moment
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        if code != 0 and not seen_error:    # the abort outran mpiexec's forwarding of the ranks' stderr
+            seen_error = _show_reported_errors(errors)
     if code != 0 and not seen_error:
         raise MiniLLMError(f"a rank ended with exit code {code}; mpiexec stopped the others")
     return code
+
+
+def _show_reported_errors(path: str) -> bool:
+    """The error lines ranks appended to `path` (exit_rank), each once, to stderr; -> whether there was one."""
+    try:
+        with open(path) as f:
+            lines = list(dict.fromkeys(line for line in f if line.startswith(ERROR_PREFIX)))
+    except FileNotFoundError:
+        return False
+    sys.stderr.writelines(lines)
+    sys.stderr.flush()
+    return bool(lines)
 
 
 def _forward_stderr(proc: subprocess.Popen) -> bool:
@@ -137,8 +155,10 @@ def rank_setup(comm) -> None:
         sys.stderr = _ErrorsOnly(sys.__stderr__)
 
 
-def exit_rank(code: int) -> None:
-    """On an error in a rank of several: end every rank now with `code` (an MPI abort). No-op elsewhere."""
+def exit_rank(code: int, message: str | None = None) -> None:
+    """On an error in a rank of several: end every rank now with `code` (an MPI abort). No-op elsewhere.
+    message: the error line the rank printed, also appended to relaunch's errors file: the abort can end
+    mpiexec before it has forwarded the rank's stderr, and the launcher then reads the line from there."""
     if _active is None or _active.size == 1 or code == 0:
         return
     for stream in (sys.stdout, sys.stderr):
@@ -146,6 +166,9 @@ def exit_rank(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if message is not None and os.environ.get(ERRORS_VAR):
+        with open(os.environ[ERRORS_VAR], "a") as f:      # one short append a rank: whole lines, any order
+            f.write(message.rstrip("\n") + "\n")
     _active.abort(code)
 
 
