@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from minillm.cuda import gpu_mla
-from minillm.cuda.dev import flashnorm, qmma, small_m
+from minillm.cuda.dev import flashnorm, qmma, qtma, small_m
 from minillm.cuda.kernels import KERNEL_DIR, SOURCES, kernel_source
 
 CU_FILES = sorted(KERNEL_DIR.glob("*.cu"))
 # Sources other modules load themselves (through kernels.module), beside kernels.py's own list.
 OTHER_SOURCES = {flashnorm.SOURCE: flashnorm.KERNELS, small_m.SOURCE: small_m.KERNELS, gpu_mla.SOURCE: gpu_mla.KERNELS,
-                 qmma.SOURCE: qmma.KERNELS}
+                 qmma.SOURCE: qmma.KERNELS, qtma.SOURCE: qtma.KERNELS}
 
 
 def test_every_source_is_listed():
@@ -87,7 +87,8 @@ def test_the_launchers_sizes_are_the_kernels_own():
             ("gemv", "V4_WARPS", k.V4_WARPS), ("prefill_attention", "PF_ROWS", k.PF_ROWS),
             ("prefill_attention_mma", "MM_WARPS", k.MM_THREADS // 32),
             ("gemv_quant", "Q_WARPS", k.QWARPS), ("gemv_quant", "Q_MIN_BLOCKS", k.QUANT_BLOCKS_PER_SM),
-            ("gemv_quant_mma", "M_WARPS", k.MMA_WARPS),
+            ("gemv_quant_mma", "M_WARPS", k.MMA_WARPS), ("gemv_quant_tma", "T_WARPS", k.TMA_THREADS // 32 - 1),
+            ("gemv_quant_tma", "T_MAX_STAGES", k.TMA_MAX_STAGES), ("gemv_quant_tma", "T_MAX_PAIRS", k.TMA_MAX_PAIRS),
             ("paged_attention", "PA_WARPS", gpu_batched.PA_WARPS), ("paged_attention", "PA_MAX_HD", gpu_batched.PA_MAX_HD),
             ("mla_decode", "MLA_TK", gpu_mla.MLA_TK), ("mla_decode", "MLA_HEADS", gpu_mla.MLA_HEADS),
             ("mla_decode", "MLA_MAX_W", gpu_mla.MLA_MAX_W), ("mla_decode", "MLA_MAX_R", gpu_mla.MLA_MAX_R),

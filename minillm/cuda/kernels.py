@@ -17,8 +17,9 @@ are one frozen `KernelSettings`, passed to `Kernels(dtype, settings)`; a sweep t
 
 `Kernels` loads what the engine launches when it is built. The earlier versions (gemv v1/v2, the v3 fused
 norm, the fp32-x quantized GEMV v1) stay here to compare and to teach (lessons 12-14, minillm/cuda/dev,
-the tests), but load only the first time a launch names one, or all at once by `load_older()`; so does the
-quantized GEMV v3 (tensor cores, kernels/gemv_quant_mma.cu), loaded when the settings choose it.
+the tests), but load only the first time a launch names one, or all at once by `load_older()`; so do the
+quantized GEMVs v3 (tensor cores, kernels/gemv_quant_mma.cu) and v4 (weights streamed into shared memory by
+the TMA, kernels/gemv_quant_tma.cu), loaded when the settings choose one.
 """
 from __future__ import annotations
 
@@ -52,13 +53,59 @@ QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks p
 # The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
 # may be launched with programmatic dependent launch (settings.pdl): the decode step's embed, GEMVs (16-bit v4
 # and every gemv_quant.cu / gemv_quant_mma.cu kernel) and attention v3. Any other kernel launched so would race.
-PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4)(_v1|_v3|_v3u4)?"
+PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4)(_v1|_v3|_v3u4|_v4)?"
                         r"|attention_gqa[124](_int8(x16)?)?")
 MMA_SOURCE = "gemv_quant_mma"          # the quantized GEMV v3 (tensor cores), loaded when settings ask for it
 MMA_WARPS = 8                          # as #defined there (M_WARPS): warps a block, on one tile's k range
 MMA_BLOCKS_PER_SM = 3                  # its grid: blocks of 8 warps (<= 85 registers a thread: 3 fit an SM)
 MMA_VARIANTS = [f"gemv_{e}{m}" for m in ("int8", "int4") for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_",
                                                                       "qkv_", "rmsnorm_qkv_")]
+TMA_SOURCE = "gemv_quant_tma"          # the quantized GEMV v4 (weights into shared memory by the TMA): same variants
+TMA_THREADS = 32 * (8 + 1)             # as #defined there: T_WARPS consumer warps and one producer warp
+TMA_MAX_STAGES, TMA_MAX_PAIRS = 8, 16  # T_MAX_STAGES, T_MAX_PAIRS
+TMA_CHUNKS_A_THREAD = {"int8": 4, "int4": 2}   # J_MAX of Int8Tma / Int4Tma: the x chunks a thread holds
+
+
+@dataclass(frozen=True)
+class TmaPlan:
+    """How v4 splits one quantized matrix (gemv_quant_tma.cu): L threads a row (each holding at most
+    TMA_CHUNKS_A_THREAD chunks of x), `pairs_a_stage` row pairs a stage, `stages` stages in the ring."""
+    lanes: int
+    pairs_a_stage: int
+    stages: int
+    stage_bytes: int
+
+    @property
+    def smem(self) -> int:
+        return self.stages * self.stage_bytes
+
+
+def tma_plan(method: str, n_chunks: int, n_groups: int, ring_bytes: int) -> TmaPlan | None:
+    """v4's split of a matrix with rows of n_chunks 16-byte chunks (and, int4, n_groups scales and mins a
+    row) for a ring of at most ring_bytes; None where v4 does not apply (the launcher keeps v2): a row
+    wider than 256 threads' chunks, int4 scales that are not whole 16-byte copies, a ring of < 2 stages.
+
+    L is the smallest power of two (>= 32) that keeps a thread's chunks within its registers: fewer
+    threads a row means fewer partial sums to add. A stage aims at a quarter of the ring (>= 4 stages in
+    flight), and holds a whole number of the 256 / L slots' pairs where that fits."""
+    consumers = TMA_THREADS - 32
+    most = TMA_CHUNKS_A_THREAD[method]
+    if n_chunks > most * consumers or (method == "int4" and n_groups % 8):
+        return None
+    lanes = 32
+    while lanes * most < n_chunks:
+        lanes *= 2
+    slots = consumers // lanes
+    pair_bytes = 2 * (16 * n_chunks + (4 * n_groups if method == "int4" else 0))
+    pairs = max(1, min(TMA_MAX_PAIRS, ring_bytes // 4 // pair_bytes))
+    if pairs >= slots:
+        pairs -= pairs % slots
+    elif slots * pair_bytes <= ring_bytes // 2:
+        pairs = slots
+    stages = min(TMA_MAX_STAGES, ring_bytes // (pairs * pair_bytes))
+    if stages < 2:
+        return None
+    return TmaPlan(lanes, pairs, stages, pairs * pair_bytes)
 
 
 def kernel_source(name: str) -> str:
@@ -121,6 +168,12 @@ class KernelSettings:
     # y = W·x only), kept to compare; 3 = products on tensor cores (kernels/gemv_quant_mma.cu; int4 groups of
     # 32 or 64 stay on v2): right but slower, decode int8 356 -> 318 tok/s, int4 443 -> 380 (H200, 2026-12-02).
     quant_version: int = 2
+    # 4 = weights streamed into shared memory by the TMA, x in registers (kernels/gemv_quant_tma.cu; where its
+    # layout does not fit, tma_plan: v2).
+    # v4's grid (blocks an SM, each looping over stages) and the bytes of its ring of stages a block (two
+    # blocks an SM must fit the SM's 228 KB with the kernels' 2.2 KB of static shared memory each).
+    quant_tma_blocks_per_sm: int = 2
+    quant_tma_ring_bytes: int = 104 << 10
     # v3's grid: about this many blocks per SM, each looping over tiles of 8 row pairs (0: one block a tile).
     quant_mma_blocks_per_sm: int = MMA_BLOCKS_PER_SM
     # v3's sub-steps a warp step (4 chunks of each row each): 2, or 4 (plain y = W·x only, ~100 registers: for
@@ -234,6 +287,8 @@ class Kernels:
             self.older[f"{v}_v3"] = lambda v=v: get(MMA_SOURCE, f"{v}_v3_{sfx}")
         for m in ("int8", "int4"):   # v3 with 4 sub-steps a warp step, plain only
             self.older[f"gemv_{m}_v3u4"] = lambda m=m: get(MMA_SOURCE, f"gemv_{m}_v3u4_{sfx}")
+        for v in MMA_VARIANTS:   # v4: every variant of v2, its weights streamed by the TMA
+            self.older[f"{v}_v4"] = lambda v=v: get(TMA_SOURCE, f"{v}_v4_{sfx}")
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
         import cupy as cp
@@ -252,23 +307,24 @@ class Kernels:
         self.max_quant_smem = optin - 4096
         for name, f in self.fn.items():
             self._allow_quant_smem(name, f)
-        if settings.quant_version == 3:
-            self._load_v3()
+        self._load_quant_version()
 
     def with_settings(self, **changes) -> "Kernels":
         """These kernels launched with some settings changed (dataclasses.replace): a copy that shares the
         loaded functions, so nothing compiles again."""
         other = copy.copy(self)
         other.settings = replace(self.settings, **changes)
-        if other.settings.quant_version == 3:
-            other._load_v3()
+        other._load_quant_version()
         return other
 
-    def _load_v3(self) -> None:
-        """The v3 quantized GEMVs, loaded now (not in the middle of a graph capture that launches one)."""
-        for v in MMA_VARIANTS:
-            self._function(f"{v}_v3")
-        if self.settings.quant_mma_substeps == 4:
+    def _load_quant_version(self) -> None:
+        """The v3 or v4 quantized GEMVs when the settings choose one, loaded now (not in the middle of a graph
+        capture that launches one)."""
+        version = self.settings.quant_version
+        if version in (3, 4):
+            for v in MMA_VARIANTS:
+                self._function(f"{v}_v{version}")
+        if version == 3 and self.settings.quant_mma_substeps == 4:
             for m in ("int8", "int4"):
                 self._function(f"gemv_{m}_v3u4")
 
@@ -354,8 +410,17 @@ class Kernels:
             name = name.replace("gemv_", "gemv_rmsnorm_", 1)
         chunk, sums = QUANT_CHUNK[w.method], (4 * w.n_chunks if w.method == "int4" else 0)
         cpg = max(1, w.group_size // 32)                       # 16-byte chunks per int4 group
-        grid = self.quant_grid(pairs)
-        if self.settings.quant_version == 3 and (w.method == "int8" or cpg % 4 == 0):
+        grid, block, extra = self.quant_grid(pairs), 32 * QWARPS, ()
+        plan = self.tma_plan(w) if self.settings.quant_version == 4 else None
+        if plan is not None:
+            # v4: the ring of stages in shared memory, one producer warp + 8 consumer warps a block, each block
+            # looping over stages of plan.pairs_a_stage row pairs
+            name += "_v4"
+            smem, block = plan.smem, TMA_THREADS
+            stages_total = -(-pairs // plan.pairs_a_stage)
+            grid = min(stages_total, self.settings.quant_tma_blocks_per_sm * self.n_sms)
+            extra = (np.int32(plan.lanes), np.int32(plan.pairs_a_stage), np.int32(plan.stages))
+        elif self.settings.quant_version == 3 and (w.method == "int8" or cpg % 4 == 0):
             # v3: x as fp16 in the mma's k order, n_chunks rounded up to a warp step (4 chunks a sub-step); int8:
             # 32 bytes a chunk + an offset a step; int4: 80 bytes a chunk + (Z, X) per 4 chunks. int4 groups of
             # 32 or 64 stay on v2 (a scale inside a quad).
@@ -365,7 +430,7 @@ class Kernels:
             name += "_v3" if substeps == 2 else "_v3u4"
             n_pad = -(-w.n_chunks // (4 * substeps)) * 4 * substeps
             smem = n_pad * 82 if w.method == "int4" else n_pad * 32 + 4 * n_pad // (4 * substeps)
-            grid = self.mma_grid(pairs)
+            grid, block = self.mma_grid(pairs), 32 * MMA_WARPS
         elif self.settings.quant_version == 1:   # v1: x as fp32, chunk + 4 floats a chunk (+ Σx per chunk, int4)
             if name != f"gemv_{w.method}":
                 raise ValueError(f"{name}: the v1 quantized GEMV is kept for plain y = W·x only")
@@ -378,14 +443,13 @@ class Kernels:
                              f"(this device allows {self.max_quant_smem})")
         shift = cpg.bit_length() - 1 if cpg & (cpg - 1) == 0 else -1
         kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
-        block = 32 * (MMA_WARPS if "_v3" in name else QWARPS)
         self._launch(name, (grid,), (block,),
                      (w.qweight, w.scales, self._nil_u16 if w.mins is None else w.mins, np.int32(w.n_chunks),
                       np.int32(w.n_groups), np.int32(cpg), np.int32(shift), x,
                       self._nil_f32 if gain is None else gain, np.float32(eps), np.int32(n_in), np.int32(pairs), y,
                       np.int32(rows), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos, inv_freq,
                       np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd), np.int32(self.settings.quant_flags))
-                     + self._next_args(next_w), label, shared_mem=smem)
+                     + self._next_args(next_w) + extra, label, shared_mem=smem)
 
     def _qkv_args(self, qkv) -> tuple:
         """The EPI_QKV epilogue's arguments (k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads,
@@ -425,6 +489,10 @@ class Kernels:
             return need
         per_warp = -(-need // (per_sm * self.n_sms))
         return -(-need // per_warp)
+
+    def tma_plan(self, w) -> TmaPlan | None:
+        """v4's split of the QuantMatrix w under these settings (None: v4 does not apply, v2 runs)."""
+        return tma_plan(w.method, w.n_chunks, w.n_groups, self.settings.quant_tma_ring_bytes)
 
     def mma_grid(self, pairs: int) -> int:
         """Blocks for the v3 quantized GEMV: tiles of 8 row pairs, about settings.quant_mma_blocks_per_sm

@@ -13,6 +13,7 @@
 #           flashnorm: FlashNorm at every norm site of the decode step, --e2e table, its tests and lesson 15;
 #           pdl: programmatic dependent launch, its tests and tok/s on and off;
 #           qmma: the quantized GEMV v3 (tensor cores): its checks, v2 vs v3 per matrix and in decode, its tests;
+#           qtma: the quantized GEMV v4 (weights streamed into shared memory by the TMA): checks, per matrix, decode;
 #           qfloor: where the quantized GEMV's time goes (dev/qfloor.py: staging or arithmetic taken out) and
 #           the variants that keep v2's results (staging, prefetch, warps an SM, steps): their checks, per matrix
 #           and in decode (QFLOOR_VARIANTS="a,b": only those);
@@ -88,6 +89,8 @@ qmma)
     TAIL=50 step qmma 240 python3 -m minillm.cuda.dev.qmma --decode
     step qmma 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "v3 or mma" \
         tests/test_cuda_quant.py tests/test_qmma_emulation.py tests/test_kernels_compile.py ;;
+qtma)      # the quantized GEMV v4 (weights streamed by the TMA): its checks, v2 vs v4 per matrix and in decode
+    TAIL=60 step qtma 300 python3 -m minillm.cuda.dev.qtma --decode ;;
 qfloor)
     TAIL=40 step qfloor 300 python3 -m minillm.cuda.dev.qfloor --decode ${QFLOOR_VARIANTS:+--variants "$QFLOOR_VARIANTS"} ;;
 bprefill)  # paged_prefill_attention_mma: tests, µs a layer against the group kernel, the server with it on
