@@ -97,23 +97,56 @@ __device__ __forceinline__ Stage stage_at(const unsigned char* base, int P, int 
     return Stage{reinterpret_cast<const uint4*>(base), s, s + 2 * P * n_groups};
 }
 
-// ---- the two formats: a thread's share of one row pair --------------------------------------------------------
-// x as the thread holds it: chunk j of its own (chunk index c_t + L·j) as C/8 uint4 of f16x2 words, 2^-e of
-// it, and (int4) Σx of it in fp32.
+// ---- the formats: x as a thread holds it, and its share of one row pair -------------------------------------------
+// Each format F has C (weights a 16-byte chunk), J_MAX (chunks of x a thread holds), X (those chunks in
+// registers), load_x (fills X: chunk u of the thread is chunk c_t + L·u of x, zeros past the row; Σx² of
+// them added to ss when count, NORM), dot (Σ over the thread's chunks of a stage's pair j, rows a and b) and
+// row_scale (a factor of a whole row, applied after the sums: int8's scale).
+
+// quantized formats: chunk u of x as C/8 uint4 of f16x2 words (quant_dot.cuh's order and scaling), 2^-e of
+// it, and (int4) Σx of it in fp32
 template <int C, int J>
-struct XRegs {
+struct XPacked {
     uint4 w[J][C / 8];
     float down[J];
     float sum[J];
 };
 
+template <int C, int J, bool INT4, bool NORM>
+__device__ __forceinline__ void load_x_packed(const float* __restrict__ x, const float* __restrict__ gain, int in,
+                                              int n_chunks, int c_t, int L, bool count, XPacked<C, J>& xr,
+                                              float& ss) {
+    bool vec = (in & 3) == 0;
+#pragma unroll
+    for (int u = 0; u < J; u++) {
+        int c = c_t + L * u;
+        float v[C];
+        float sq = 0.0f;
+        if (c < n_chunks) load_x_chunk<C, NORM>(x, gain, in, c, vec, v, sq);
+        else {
+#pragma unroll
+            for (int i = 0; i < C; i++) v[i] = 0.0f;
+        }
+        if (count) ss += sq;
+        xr.down[u] = pack_x_chunk<C, INT4>(v, xr.w[u]);
+        xr.sum[u] = INT4 ? chunk_sum(v) : 0.0f;
+    }
+}
+
 struct Int8Tma {
     static constexpr int C = 16, J_MAX = 4;
     static constexpr bool INT4 = false;
+    using X = XPacked<C, J_MAX>;
+
+    template <bool NORM>
+    static __device__ __forceinline__ void load_x(const float* x, const float* gain, int in, int n_chunks, int c_t,
+                                                  int L, bool count, X& xr, float& ss) {
+        load_x_packed<C, J_MAX, false, NORM>(x, gain, in, n_chunks, c_t, L, count, xr, ss);
+    }
 
     // Σ over the thread's chunks of pair j's two rows (row scales applied after the reductions)
     static __device__ __forceinline__ void dot(const Stage& st, int j, int n_chunks, int n_groups, int cpg,
-                                               int cpg_shift, int c_t, int L, const XRegs<C, J_MAX>& x,
+                                               int cpg_shift, int c_t, int L, const X& x,
                                                float& a, float& b) {
         const uint4* wa = st.w + (size_t)(2 * j) * n_chunks;
         const uint4* wb = wa + n_chunks;
@@ -144,9 +177,16 @@ struct Int8Tma {
 struct Int4Tma {
     static constexpr int C = 32, J_MAX = 2;
     static constexpr bool INT4 = true;
+    using X = XPacked<C, J_MAX>;
+
+    template <bool NORM>
+    static __device__ __forceinline__ void load_x(const float* x, const float* gain, int in, int n_chunks, int c_t,
+                                                  int L, bool count, X& xr, float& ss) {
+        load_x_packed<C, J_MAX, true, NORM>(x, gain, in, n_chunks, c_t, L, count, xr, ss);
+    }
 
     static __device__ __forceinline__ void dot(const Stage& st, int j, int n_chunks, int n_groups, int cpg,
-                                               int cpg_shift, int c_t, int L, const XRegs<C, J_MAX>& x,
+                                               int cpg_shift, int c_t, int L, const X& x,
                                                float& a, float& b) {
         const uint4* wa = st.w + (size_t)(2 * j) * n_chunks;
         const uint4* wb = wa + n_chunks;
@@ -176,6 +216,59 @@ struct Int4Tma {
     }
 
     static __device__ __forceinline__ float row_scale(const void*, int) { return 1.0f; }   // in the groups
+};
+
+// 16-bit weights (W: F16 or BF16, as gemv.cu v4): 8 a chunk, x in fp32 registers, fp32 FMAs (v4's arithmetic)
+template <class W>
+struct Wide16Tma {
+    static constexpr int C = 8, J_MAX = 7;
+    static constexpr bool INT4 = false;
+    struct X { float4 v[J_MAX][2]; };
+
+    template <bool NORM>
+    static __device__ __forceinline__ void load_x(const float* x, const float* gain, int in, int n_chunks, int c_t,
+                                                  int L, bool count, X& xr, float& ss) {
+        bool vec = (in & 3) == 0;
+#pragma unroll
+        for (int u = 0; u < J_MAX; u++) {
+            int c = c_t + L * u;
+            float v[C];
+            float sq = 0.0f;
+            if (c < n_chunks) load_x_chunk<C, NORM>(x, gain, in, c, vec, v, sq);
+            else {
+#pragma unroll
+                for (int i = 0; i < C; i++) v[i] = 0.0f;
+            }
+            if (count) ss += sq;
+            xr.v[u][0] = make_float4(v[0], v[1], v[2], v[3]);
+            xr.v[u][1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+    }
+
+    static __device__ __forceinline__ float dot8(uint4 w, const float4 (&x)[2], float acc) {
+        acc = fmaf(W::lo(w.x), x[0].x, acc); acc = fmaf(W::hi(w.x), x[0].y, acc);
+        acc = fmaf(W::lo(w.y), x[0].z, acc); acc = fmaf(W::hi(w.y), x[0].w, acc);
+        acc = fmaf(W::lo(w.z), x[1].x, acc); acc = fmaf(W::hi(w.z), x[1].y, acc);
+        acc = fmaf(W::lo(w.w), x[1].z, acc); return fmaf(W::hi(w.w), x[1].w, acc);
+    }
+
+    static __device__ __forceinline__ void dot(const Stage& st, int j, int n_chunks, int n_groups, int cpg,
+                                               int cpg_shift, int c_t, int L, const X& x, float& a, float& b) {
+        const uint4* wa = st.w + (size_t)(2 * j) * n_chunks;
+        const uint4* wb = wa + n_chunks;
+        a = 0.0f;
+        b = 0.0f;
+#pragma unroll
+        for (int u = 0; u < J_MAX; u++) {
+            int c = c_t + L * u;
+            if (c < n_chunks) {
+                a = dot8(wa[c], x.v[u], a);
+                b = dot8(wb[c], x.v[u], b);
+            }
+        }
+    }
+
+    static __device__ __forceinline__ float row_scale(const void*, int) { return 1.0f; }
 };
 
 // ---- the producer: whole rows into the ring ---------------------------------------------------------------
@@ -218,30 +311,15 @@ __device__ __forceinline__ void consume(const void* __restrict__ scales, int n_c
                                         float eps, int in, int pairs, int rows, const Epilogue<W>& ep, int L, int P,
                                         int n_stages, const unsigned char* ring, unsigned long long* full,
                                         unsigned long long* empty) {
-    constexpr int C = F::C, J = F::J_MAX;
     __shared__ float red[2][T_MAX_PAIRS][T_WARPS][2];   // the warps' sums of a stage's pairs (two stages' worth)
     __shared__ float ss_part[T_WARPS];
     int t = threadIdx.x, lane = t & 31;
     int slot = t / L, c_t = t % L, S = (32 * T_WARPS) / L, ws = c_t >> 5, W_s = L >> 5;
     pdl_wait_then_trigger();                            // x is the previous kernel's output
 
-    XRegs<C, J> xr;
-    bool vec = (in & 3) == 0;
-    float ss = 0.0f;
-#pragma unroll
-    for (int u = 0; u < J; u++) {
-        int c = c_t + L * u;
-        float v[C];
-        float sq = 0.0f;
-        if (c < n_chunks) load_x_chunk<C, NORM>(x, gain, in, c, vec, v, sq);
-        else {
-#pragma unroll
-            for (int i = 0; i < C; i++) v[i] = 0.0f;
-        }
-        if (slot == 0) ss += sq;                        // each chunk once, though every slot holds it
-        xr.down[u] = pack_x_chunk<C, F::INT4>(v, xr.w[u]);
-        xr.sum[u] = F::INT4 ? chunk_sum(v) : 0.0f;
-    }
+    typename F::X xr;
+    float ss = 0.0f;                                    // Σx² of slot 0's chunks: each chunk once
+    F::template load_x<NORM>(x, gain, in, n_chunks, c_t, L, slot == 0, xr, ss);
     float inv_rms = 1.0f;
     if (NORM) {
         ss = warp_sum(ss);
@@ -328,6 +406,21 @@ __device__ __forceinline__ void gemv_quant_tma(const uint4* __restrict__ qw, con
         gemv_quant_tma<F, W, NORM, EPI>(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in, \
                                         pairs, rows, ep, next, L, P, n_stages);                                 \
     }
+// 16-bit weights: the same signature (qw = the matrix as 16-byte chunks, n_chunks = in / 8, in % 8 == 0;
+// scales, mins, n_groups, cpg unused), named after gemv.cu v4's variants with "tma" for "v4"
+GEMV_QUANT_TMA_KERNEL(gemv_tma_f16, Wide16Tma<F16>, F16, false, EPI_PLAIN)
+GEMV_QUANT_TMA_KERNEL(gemv_tma_bf16, Wide16Tma<BF16>, BF16, false, EPI_PLAIN)
+GEMV_QUANT_TMA_KERNEL(gemv_rmsnorm_tma_f16, Wide16Tma<F16>, F16, true, EPI_PLAIN)
+GEMV_QUANT_TMA_KERNEL(gemv_rmsnorm_tma_bf16, Wide16Tma<BF16>, BF16, true, EPI_PLAIN)
+GEMV_QUANT_TMA_KERNEL(gemv_swiglu_tma_f16, Wide16Tma<F16>, F16, false, EPI_SWIGLU)
+GEMV_QUANT_TMA_KERNEL(gemv_swiglu_tma_bf16, Wide16Tma<BF16>, BF16, false, EPI_SWIGLU)
+GEMV_QUANT_TMA_KERNEL(gemv_rmsnorm_swiglu_tma_f16, Wide16Tma<F16>, F16, true, EPI_SWIGLU)
+GEMV_QUANT_TMA_KERNEL(gemv_rmsnorm_swiglu_tma_bf16, Wide16Tma<BF16>, BF16, true, EPI_SWIGLU)
+GEMV_QUANT_TMA_KERNEL(gemv_qkv_tma_f16, Wide16Tma<F16>, F16, false, EPI_QKV)
+GEMV_QUANT_TMA_KERNEL(gemv_qkv_tma_bf16, Wide16Tma<BF16>, BF16, false, EPI_QKV)
+GEMV_QUANT_TMA_KERNEL(gemv_rmsnorm_qkv_tma_f16, Wide16Tma<F16>, F16, true, EPI_QKV)
+GEMV_QUANT_TMA_KERNEL(gemv_rmsnorm_qkv_tma_bf16, Wide16Tma<BF16>, BF16, true, EPI_QKV)
+// int8 / int4
 GEMV_QUANT_TMA_KERNEL(gemv_int8_v4_f16, Int8Tma, F16, false, EPI_PLAIN)
 GEMV_QUANT_TMA_KERNEL(gemv_int8_v4_bf16, Int8Tma, BF16, false, EPI_PLAIN)
 GEMV_QUANT_TMA_KERNEL(gemv_rmsnorm_int8_v4_f16, Int8Tma, F16, true, EPI_PLAIN)

@@ -16,7 +16,9 @@ RING = KernelSettings().quant_tma_ring_bytes
 
 
 def chunks_and_groups(method: str, n_in: int, group: int = 128) -> tuple[int, int]:
-    """A row's 16-byte chunks and int4 groups, as qweights lays them out."""
+    """A row's 16-byte chunks and int4 groups, as qweights lays them out (16-bit weights: 8 a chunk)."""
+    if method == "wide16":
+        return n_in // 8, 0
     if method == "int8":
         return -(-n_in // 16), 0
     groups = -(-n_in // group)
@@ -63,10 +65,11 @@ def test_where_v4_does_not_apply_there_is_no_plan():
 @pytest.mark.parametrize("method,n_in,pairs,grid", [
     ("int4", 4096, 2048, 264), ("int8", 4096, 3072, 264), ("int4", 14336, 41, 16), ("int8", 14336, 9, 4),
     ("int4", 1024, 17, 3), ("int8", 1024, 17, 300), ("int8", 160, 5, 2), ("int4", 256, 77, 5),
+    ("wide16", 14336, 7, 3), ("wide16", 4096, 33, 5), ("wide16", 200, 9, 2),
 ])
 def test_every_pair_and_chunk_is_computed_once(method, n_in, pairs, grid):
     n_chunks, n_groups = chunks_and_groups(method, n_in, 32 if n_in == 256 else 128)
-    plan = tma_plan(method, n_chunks, n_groups, RING)
+    plan = tma_plan(method, n_chunks, n_groups, KernelSettings().wide_tma_ring_bytes if method == "wide16" else RING)
     got = coverage(plan, method, pairs, n_chunks, grid)
     want = {(p, c) for p in range(pairs) for c in range(n_chunks)}
     assert set(got["products"]) == want
@@ -121,6 +124,31 @@ def test_the_chunks_a_thread_holds_are_the_kernels_own():
     from minillm.cuda.kernels import KERNEL_DIR
     import re
     text = (KERNEL_DIR / "gemv_quant_tma.cu").read_text()
-    held = {("int8" if c == "16" else "int4"): int(j)
+    held = {{"16": "int8", "32": "int4", "8": "wide16"}[c]: int(j)
             for c, j in re.findall(r"static constexpr int C = (\d+), J_MAX = (\d+);", text)}
     assert held == TMA_CHUNKS_A_THREAD
+
+
+def _wide_launches(rows: int, n_in: int, name: str = "gemv_v4", **settings):
+    from minillm.cuda.kernels import Kernels
+    k = object.__new__(Kernels)
+    k.settings = KernelSettings(**settings)
+    k.n_sms = 132
+    k._nil_f32 = k._nil_u16 = k._nil_i32 = object()
+    calls = []
+    k._launch = lambda name, grid, block, args, label="", shared_mem=0: calls.append(
+        (name, grid, block, shared_mem, args))
+    k._v4(name, np.zeros((rows, n_in), np.float16), None, None, 0.0, None, -(-rows // 2))
+    return calls
+
+
+def test_wide_tma_launches_the_16_bit_twin_and_hands_over_where_it_does_not_fit():
+    """Mistral-7B's fp16 down: one block an SM, three 57 KB stages of a pair; a row wider than 7 chunks a
+    thread (14344 > 7 · 256 · 8) stays on gemv.cu v4, as does everything with wide_tma off."""
+    (name, grid, block, smem, args), = _wide_launches(4096, 14336, wide_tma=True)
+    assert (name, grid, block, smem) == ("gemv_tma", (132,), (288,), 3 * 2 * 14336 * 2)
+    assert [int(a) for a in args[-3:]] == [256, 1, 3] and int(args[3]) == 14336 // 8
+    (name, _, block, _, _), = _wide_launches(40, 14344, wide_tma=True)
+    assert (name, block) == ("gemv_v4", (128,))
+    (name, _, _, _, _), = _wide_launches(4096, 4096)
+    assert name == "gemv_v4"

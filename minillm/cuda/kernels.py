@@ -53,17 +53,18 @@ QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks p
 # The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
 # may be launched with programmatic dependent launch (settings.pdl): the decode step's embed, GEMVs (16-bit v4
 # and every gemv_quant.cu / gemv_quant_mma.cu kernel) and attention v3. Any other kernel launched so would race.
-PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4)(_v1|_v3|_v3u4|_v4)?"
+PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4|tma)(_v1|_v3|_v3u4|_v4)?"
                         r"|attention_gqa[124](_int8(x16)?)?")
 MMA_SOURCE = "gemv_quant_mma"          # the quantized GEMV v3 (tensor cores), loaded when settings ask for it
 MMA_WARPS = 8                          # as #defined there (M_WARPS): warps a block, on one tile's k range
 MMA_BLOCKS_PER_SM = 3                  # its grid: blocks of 8 warps (<= 85 registers a thread: 3 fit an SM)
 MMA_VARIANTS = [f"gemv_{e}{m}" for m in ("int8", "int4") for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_",
                                                                       "qkv_", "rmsnorm_qkv_")]
+WIDE_TMA_VARIANTS = [f"gemv_{e}tma" for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_", "qkv_", "rmsnorm_qkv_")]
 TMA_SOURCE = "gemv_quant_tma"          # the quantized GEMV v4 (weights into shared memory by the TMA): same variants
 TMA_THREADS = 32 * (8 + 1)             # as #defined there: T_WARPS consumer warps and one producer warp
 TMA_MAX_STAGES, TMA_MAX_PAIRS = 8, 16  # T_MAX_STAGES, T_MAX_PAIRS
-TMA_CHUNKS_A_THREAD = {"int8": 4, "int4": 2}   # J_MAX of Int8Tma / Int4Tma: the x chunks a thread holds
+TMA_CHUNKS_A_THREAD = {"int8": 4, "int4": 2, "wide16": 7}   # J_MAX of Int8Tma / Int4Tma / Wide16Tma: x chunks a thread
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,11 @@ class KernelSettings:
     # blocks an SM must fit the SM's 228 KB with the kernels' 2.2 KB of static shared memory each).
     quant_tma_blocks_per_sm: int = 2
     quant_tma_ring_bytes: int = 104 << 10
+    # 16-bit weights through the same kernel (its Wide16Tma format) instead of gemv.cu v4; a pair of Mistral-7B's
+    # 14336-wide rows is 57 KB, so one block an SM with a 200 KB ring (three such stages).
+    wide_tma: bool = False
+    wide_tma_blocks_per_sm: int = 1
+    wide_tma_ring_bytes: int = 200 << 10
     # v3's grid: about this many blocks per SM, each looping over tiles of 8 row pairs (0: one block a tile).
     quant_mma_blocks_per_sm: int = MMA_BLOCKS_PER_SM
     # v3's sub-steps a warp step (4 chunks of each row each): 2, or 4 (plain y = W·x only, ~100 registers: for
@@ -289,6 +295,8 @@ class Kernels:
             self.older[f"gemv_{m}_v3u4"] = lambda m=m: get(MMA_SOURCE, f"gemv_{m}_v3u4_{sfx}")
         for v in MMA_VARIANTS:   # v4: every variant of v2, its weights streamed by the TMA
             self.older[f"{v}_v4"] = lambda v=v: get(TMA_SOURCE, f"{v}_v4_{sfx}")
+        for v in WIDE_TMA_VARIANTS:   # and gemv.cu v4's, over 16-bit weights
+            self.older[v] = lambda v=v: get(TMA_SOURCE, f"{v}_{sfx}")
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
         import cupy as cp
@@ -324,12 +332,15 @@ class Kernels:
         if version in (3, 4):
             for v in MMA_VARIANTS:
                 self._function(f"{v}_v{version}")
+        if self.settings.wide_tma:
+            for v in WIDE_TMA_VARIANTS:
+                self._function(v)
         if version == 3 and self.settings.quant_mma_substeps == 4:
             for m in ("int8", "int4"):
                 self._function(f"gemv_{m}_v3u4")
 
     def _allow_quant_smem(self, name: str, f) -> None:
-        if name.startswith("gemv_") and ("int8" in name or "int4" in name):
+        if name.startswith("gemv_") and ("int8" in name or "int4" in name or "tma" in name):
             f.max_dynamic_shared_size_bytes = self.max_quant_smem
 
     def load_older(self) -> None:
@@ -395,6 +406,18 @@ class Kernels:
         if gain is not None:
             name = name.replace("gemv_", "gemv_rmsnorm_", 1)
         kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
+        plan = self.wide_tma_plan(w) if self.settings.wide_tma else None
+        if plan is not None:       # gemv_quant_tma.cu's 16-bit twin: the matrix as 16-byte chunks, v2's signature
+            grid = min(-(-pairs // plan.pairs_a_stage), self.settings.wide_tma_blocks_per_sm * self.n_sms)
+            self._launch(name.replace("_v4", "_tma"), (grid,), (TMA_THREADS,),
+                         (w, self._nil_f32, self._nil_u16, np.int32(n_in // 8), np.int32(0), np.int32(1),
+                          np.int32(0), x, self._nil_f32 if gain is None else gain, np.float32(eps), np.int32(n_in),
+                          np.int32(pairs), y, np.int32(rows), np.int32(1 if accumulate else 0), kc, vc,
+                          np.int32(capacity), pos, inv_freq, np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd),
+                          np.int32(0)) + self._next_args(next_w)
+                         + (np.int32(plan.lanes), np.int32(plan.pairs_a_stage), np.int32(plan.stages)),
+                         label, shared_mem=plan.smem)
+            return
         self._launch(name, ((pairs + V4_WARPS - 1) // V4_WARPS,), (32 * V4_WARPS,),
                      (w, x, self._nil_f32 if gain is None else gain, np.float32(eps), y, np.int32(rows),
                       np.int32(n_in), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos,
@@ -493,6 +516,11 @@ class Kernels:
     def tma_plan(self, w) -> TmaPlan | None:
         """v4's split of the QuantMatrix w under these settings (None: v4 does not apply, v2 runs)."""
         return tma_plan(w.method, w.n_chunks, w.n_groups, self.settings.quant_tma_ring_bytes)
+
+    def wide_tma_plan(self, w) -> TmaPlan | None:
+        """The split of a 16-bit matrix [rows, in] for gemv_quant_tma.cu's 16-bit kernels (None: gemv.cu v4)."""
+        n_in = w.shape[1]
+        return None if n_in % 8 else tma_plan("wide16", n_in // 8, 0, self.settings.wide_tma_ring_bytes)
 
     def mma_grid(self, pairs: int) -> int:
         """Blocks for the v3 quantized GEMV: tiles of 8 row pairs, about settings.quant_mma_blocks_per_sm

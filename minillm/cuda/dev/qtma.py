@@ -86,12 +86,32 @@ def _v4_cases() -> list:
     return out
 
 
+def _wide_cases() -> list:
+    """(label, check(kw)) of the 16-bit kernels (kw: Kernels with wide_tma on): gemv.py's v4 checks' shapes
+    and Mistral-7B's widths."""
+    from minillm.cuda.dev.gemv import check_gemv, check_gemv_qkv, check_gemv_rmsnorm, check_gemv_swiglu
+    return [
+        ("257x4096 accumulate", lambda kw: check_gemv(kw, 257, 4096, 4, True)),
+        ("13x200 (L 32)", lambda kw: check_gemv(kw, 13, 200, 4)),
+        ("1000x14336 (widest)", lambda kw: check_gemv(kw, 1000, 14336, 4, seed=2)),
+        ("40x14344 (gemv.cu v4 takes over)", lambda kw: check_gemv(kw, 40, 14344, 4)),
+        ("+rmsnorm 101x4096", lambda kw: check_gemv_rmsnorm(kw, 101, 4096, version=4)),
+        ("+rmsnorm 7x14336", lambda kw: check_gemv_rmsnorm(kw, 7, 14336, version=4)),
+        ("swiglu ffn 300 in 4096", lambda kw: check_gemv_swiglu(kw, 300, 4096, False)),
+        ("+rmsnorm+swiglu ffn 1000 in 576", lambda kw: check_gemv_swiglu(kw, 1000, 576, True)),
+        ("+rmsnorm+qkv+rope+kv 32+8x128", lambda kw: check_gemv_qkv(kw, 32, 8, 128, 4096, 4000, 4100, True)),
+        ("qkv+rope+kv 9+3x64 in 576", lambda kw: check_gemv_qkv(kw, 9, 3, 64, 576, 17, 40, False)),
+    ]
+
+
 def cases(k) -> list:
-    """(label, check) pairs for dev.common.run_cases: qmma.py's v3 cases (but its U=4 ones) and v4's own."""
+    """(label, check) pairs for dev.common.run_cases: qmma.py's v3 cases (but its U=4 ones) and v4's own on the
+    quantized kernels, then the 16-bit ones."""
     from minillm.cuda.dev.qmma import _cases
-    k4 = k.with_settings(quant_version=4)
+    k4, kw = k.with_settings(quant_version=4), k.with_settings(wide_tma=True)
     listed = [(label, check) for label, check in _cases() if "U=4" not in label] + _v4_cases()
-    return [(f"v4 {label}", lambda check=check: check(k4)) for label, check in listed]
+    return ([(f"v4 {label}", lambda check=check: check(k4)) for label, check in listed]
+            + [(f"tma 16-bit {label}", lambda check=check: check(kw)) for label, check in _wide_cases()])
 
 
 VARIANTS = {"v2": {"quant_version": 2}, "v4": {"quant_version": 4},
@@ -124,6 +144,71 @@ def timings(variants: dict | None = None, group: int = 128) -> list[list]:
     return table
 
 
+WIDE_VARIANTS = {"gemv.cu v4": {}, "tma": {"wide_tma": True},
+                 "tma 2/SM 104K": {"wide_tma": True, "wide_tma_blocks_per_sm": 2, "wide_tma_ring_bytes": 104 << 10}}
+
+
+def wide_timings(variants: dict | None = None) -> list[list]:
+    """Each Mistral-7B matrix in fp16 as a plain GEMV under each variant: µs (GB/s, % of copy)."""
+    import cupy as cp
+    import numpy as np
+    from minillm.cuda.dev.common import plain_table
+    from minillm.cuda.dev.qmma import _mistral_shapes
+    from minillm.cuda.dev.timing import copy_bandwidth, graph_us
+    from minillm.cuda.kernels import Kernels
+    variants = variants or WIDE_VARIANTS
+    k = Kernels("float16")
+    versions = {label: k.with_settings(**changes) for label, changes in variants.items()}
+    bw = copy_bandwidth(1 << 30)
+    table = []
+    for name, (rows, n_in) in _mistral_shapes().items():
+        nbytes = rows * n_in * 2
+        copies = []
+        for j in range(max(2, min(8, -(-(160 << 20) // nbytes)))):
+            m = cp.empty((rows, n_in), cp.float16)
+            k.fill_random_words(m, 11 + j)                 # random bits, then a sane range (no NaN/inf)
+            m[...] = (m.view(cp.uint16) & 0x3BFF).view(cp.float16)
+            copies.append(m)
+        x = cp.asarray(np.random.default_rng(0).standard_normal(n_in).astype(np.float32))
+        y = cp.empty(rows, cp.float32)
+        cells = []
+        for label, kv in versions.items():
+            us = graph_us(lambda i, kv=kv: kv.gemv(copies[i % len(copies)], x, y, version=4), 2 * len(copies))
+            gbs = nbytes / (us * 1e-6) / 1e9
+            cells.append(f"{us:.1f} ({gbs:.0f}, {gbs / (bw / 1e9):.0%})")
+        table.append(["fp16", name, f"{rows}x{n_in}", f"{nbytes / 1e6:.1f}"] + cells)
+        del copies
+        cp.get_default_memory_pool().free_all_blocks()
+    plain_table(f"16-bit plain y = W·x, µs a launch in a CUDA graph (GB/s, % of the {bw / 1e12:.2f} TB/s copy)",
+                ["dtype", "matrix", "shape", "MB"] + list(variants), table)
+    return table
+
+
+def wide_decode(n_new: int = 128, prompt_len: int = 16, variants: dict | None = None) -> list[list]:
+    """Batch-1 fp16 decode of a random Mistral-7B with the CUDA graph under each variant: tok/s, and how many
+    greedy tokens agree with the first variant's."""
+    import numpy as np
+    from minillm.cuda.dev.bench import _decode_tok_s
+    from minillm.cuda.dev.common import plain_table
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.model.config import PRESETS
+    variants = variants or {"gemv.cu v4": {}, "tma": {"wide_tma": True}}
+    cfg = PRESETS["mistral-7b"].config
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
+    gpu = GPUTransformer.random(cfg, "float16", seed=0)
+    cache = gpu.new_cache(prompt_len + n_new + 8)
+    runs = {v: _decode_tok_s(gpu.with_settings(**changes), cache, prompt, n_new) for v, changes in variants.items()}
+    base = next(iter(variants))
+    tps0, tok0 = runs[base]
+    table = []
+    for v, (tps, tok) in runs.items():
+        same = next((i for i, (a, b) in enumerate(zip(tok0, tok)) if a != b), len(tok0))
+        table.append(["fp16", v, f"{tps:.1f}", f"{tps / tps0:.2f}x", f"{same} of {len(tok0)}"])
+    plain_table(f"decode, random Mistral-7B fp16, batch 1, {n_new} new tokens after {prompt_len}, CUDA graph",
+                ["dtype", "kernels", "tok/s", f"vs {base}", f"greedy tokens equal to {base}'s"], table)
+    return table
+
+
 def main(argv=None) -> int:
     from minillm.cuda.dev.common import finish, require_gpu, run_cases
     from minillm.cuda.dev.qmma import decode
@@ -136,8 +221,10 @@ def main(argv=None) -> int:
     run_cases(cases)
     if not args.no_timing:
         timings()
+        wide_timings()
     if args.decode:
         decode(variants={"v2": {}, "v4": {"quant_version": 4}})
+        wide_decode()
     return finish("qtma")
 
 
