@@ -63,7 +63,7 @@ MMA_VARIANTS = [f"gemv_{e}{m}" for m in ("int8", "int4") for e in ("", "rmsnorm_
 WIDE_TMA_VARIANTS = [f"gemv_{e}tma" for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_", "qkv_", "rmsnorm_qkv_")]
 TMA_SOURCE = "gemv_quant_tma"          # the quantized GEMV v4 (weights into shared memory by the TMA): same variants
 TMA_THREADS = 32 * (8 + 1)             # as #defined there: T_WARPS consumer warps and one producer warp
-TMA_MAX_STAGES, TMA_MAX_PAIRS = 8, 16  # T_MAX_STAGES, T_MAX_PAIRS
+TMA_MAX_STAGES, TMA_MAX_PAIRS = 16, 16  # T_MAX_STAGES, T_MAX_PAIRS
 TMA_CHUNKS_A_THREAD = {"int8": 4, "int4": 2, "wide16": 7}   # J_MAX of Int8Tma / Int4Tma / Wide16Tma: x chunks a thread
 
 
@@ -78,32 +78,34 @@ class TmaPlan:
 
     @property
     def smem(self) -> int:
-        return self.stages * self.stage_bytes
+        """The stages, then each stage's warp sums (pairs x lanes / 32 x 2 floats)."""
+        return self.stages * (self.stage_bytes + self.pairs_a_stage * self.lanes // 32 * 8)
 
 
-def tma_plan(method: str, n_chunks: int, n_groups: int, ring_bytes: int) -> TmaPlan | None:
+def tma_plan(method: str, n_chunks: int, n_groups: int, ring_bytes: int, min_lanes: int = 32,
+             stage_share: int = 6) -> TmaPlan | None:
     """v4's split of a matrix with rows of n_chunks 16-byte chunks (and, int4, n_groups scales and mins a
     row) for a ring of at most ring_bytes; None where v4 does not apply (the launcher keeps v2): a row
     wider than 256 threads' chunks, int4 scales that are not whole 16-byte copies, a ring of < 2 stages.
 
-    L is the smallest power of two (>= 32) that keeps a thread's chunks within its registers: fewer
-    threads a row means fewer partial sums to add. A stage aims at a quarter of the ring (>= 4 stages in
-    flight), and holds a whole number of the 256 / L slots' pairs where that fits."""
+    L is the smallest power of two (>= min_lanes, but no wider than the row) that keeps a thread's chunks
+    within its registers: fewer threads a row means fewer partial sums to add. A stage aims at 1/stage_share
+    of the ring, and holds a whole number of the 256 / L slots' pairs where that fits."""
     consumers = TMA_THREADS - 32
     most = TMA_CHUNKS_A_THREAD[method]
     if n_chunks > most * consumers or (method == "int4" and n_groups % 8):
         return None
     lanes = 32
-    while lanes * most < n_chunks:
+    while lanes * most < n_chunks or (lanes < min_lanes and lanes < n_chunks):
         lanes *= 2
     slots = consumers // lanes
     pair_bytes = 2 * (16 * n_chunks + (4 * n_groups if method == "int4" else 0))
-    pairs = max(1, min(TMA_MAX_PAIRS, ring_bytes // 4 // pair_bytes))
+    pairs = max(1, min(TMA_MAX_PAIRS, ring_bytes // stage_share // pair_bytes))
     if pairs >= slots:
         pairs -= pairs % slots
     elif slots * pair_bytes <= ring_bytes // 2:
         pairs = slots
-    stages = min(TMA_MAX_STAGES, ring_bytes // (pairs * pair_bytes))
+    stages = min(TMA_MAX_STAGES, ring_bytes // (pairs * pair_bytes + pairs * lanes // 32 * 8))
     if stages < 2:
         return None
     return TmaPlan(lanes, pairs, stages, pairs * pair_bytes)
@@ -175,11 +177,15 @@ class KernelSettings:
     # blocks an SM must fit the SM's 228 KB with the kernels' 2.2 KB of static shared memory each).
     quant_tma_blocks_per_sm: int = 2
     quant_tma_ring_bytes: int = 104 << 10
-    # 16-bit weights through the same kernel (its Wide16Tma format) instead of gemv.cu v4; a pair of Mistral-7B's
-    # 14336-wide rows is 57 KB, so one block an SM with a 200 KB ring (three such stages).
+    # v4's split (tma_plan): at least this many threads a row (32: as few as x's registers allow), and stages of
+    # about 1 / quant_tma_stage_share of the ring (also for wide_tma).
+    quant_tma_lanes: int = 32
+    quant_tma_stage_share: int = 6
+    # 16-bit weights through the same kernel (its Wide16Tma format) instead of gemv.cu v4. A pair of Mistral-7B's
+    # 14336-wide rows is 57 KB: two blocks an SM with 104 KB rings leave down on gemv.cu v4 (one stage only).
     wide_tma: bool = False
-    wide_tma_blocks_per_sm: int = 1
-    wide_tma_ring_bytes: int = 200 << 10
+    wide_tma_blocks_per_sm: int = 2
+    wide_tma_ring_bytes: int = 104 << 10
     # v3's grid: about this many blocks per SM, each looping over tiles of 8 row pairs (0: one block a tile).
     quant_mma_blocks_per_sm: int = MMA_BLOCKS_PER_SM
     # v3's sub-steps a warp step (4 chunks of each row each): 2, or 4 (plain y = W·x only, ~100 registers: for
@@ -515,12 +521,15 @@ class Kernels:
 
     def tma_plan(self, w) -> TmaPlan | None:
         """v4's split of the QuantMatrix w under these settings (None: v4 does not apply, v2 runs)."""
-        return tma_plan(w.method, w.n_chunks, w.n_groups, self.settings.quant_tma_ring_bytes)
+        s = self.settings
+        return tma_plan(w.method, w.n_chunks, w.n_groups, s.quant_tma_ring_bytes, s.quant_tma_lanes, s.quant_tma_stage_share)
 
     def wide_tma_plan(self, w) -> TmaPlan | None:
         """The split of a 16-bit matrix [rows, in] for gemv_quant_tma.cu's 16-bit kernels (None: gemv.cu v4)."""
         n_in = w.shape[1]
-        return None if n_in % 8 else tma_plan("wide16", n_in // 8, 0, self.settings.wide_tma_ring_bytes)
+        s = self.settings
+        return None if n_in % 8 else tma_plan("wide16", n_in // 8, 0, s.wide_tma_ring_bytes, s.quant_tma_lanes,
+                                              s.quant_tma_stage_share)
 
     def mma_grid(self, pairs: int) -> int:
         """Blocks for the v3 quantized GEMV: tiles of 8 row pairs, about settings.quant_mma_blocks_per_sm
