@@ -21,7 +21,10 @@
 //  - A thread's two partial sums (rows a and b) meet in one 5-shuffle butterfly (lanes 0-15 end with Σa,
 //    16-31 with Σb), then the L / 32 warps of a slot add theirs in shared memory after one barrier of the
 //    consumers a stage; thread j applies pair j's epilogue (v2's: plain, += residual, SwiGLU, RoPE + KV
-//    append; the RMSNorm prologue's Σx² summed once by the consumers).
+//    append; the RMSNorm prologue's Σx² summed once by the consumers). Releasing each stage after its last
+//    warp instead (a counter a stage, no barrier) measured slower on every matrix (lessons/BENCHMARKS.md).
+//  - 16-bit weights (Wide16Tma) go through the same kernel: 8 weights a chunk, x in fp32 registers and
+//    gemv.cu v4's fp32 FMAs (KernelSettings.wide_tma).
 // The launcher (Kernels._quant, tma_plan in minillm/cuda/kernels.py) picks L, P and n_stages from the row's
 // bytes, and falls back to v2 where this layout does not fit: rows wider than J_MAX chunks a thread at
 // L = 256 (K > 16384), int4 groups whose per-row scales are not whole 16-byte copies (n_groups % 8).
@@ -310,7 +313,8 @@ __device__ __forceinline__ void consume(const void* __restrict__ scales, int n_c
                                         int cpg_shift, const float* __restrict__ x, const float* __restrict__ gain,
                                         float eps, int in, int pairs, int rows, const Epilogue<W>& ep, int L, int P,
                                         int n_stages, const unsigned char* ring, unsigned long long* full,
-                                        unsigned long long* empty, unsigned int* done) {
+                                        unsigned long long* empty) {
+    __shared__ float red[2][T_MAX_PAIRS][T_WARPS][2];   // the warps' sums of a stage's pairs (two stages' worth)
     __shared__ float ss_part[T_WARPS];
     int t = threadIdx.x, lane = t & 31;
     int slot = t / L, c_t = t % L, S = (32 * T_WARPS) / L, ws = c_t >> 5, W_s = L >> 5;
@@ -330,19 +334,13 @@ __device__ __forceinline__ void consume(const void* __restrict__ scales, int n_c
         inv_rms = rsqrtf(total / (float)in + eps);
     }
 
-    // No barrier a stage: each warp writes its sums of the stage's pairs, and the last of the 8 to finish
-    // (a counter a stage) adds them and applies the epilogues, then resets the counter and releases the stage.
-    // The producer refills a stage only once all 8 warps have released it, so neither the sums nor the
-    // counter of a stage is touched again before that.
     size_t stage_bytes = (size_t)2 * P * (n_chunks * 16 + (F::INT4 ? 4 * n_groups : 0));
-    float* sums = reinterpret_cast<float*>(const_cast<unsigned char*>(ring) + n_stages * stage_bytes);
     int tiles = (pairs + P - 1) / P;
     int k = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, k++) {
         int s = k % n_stages, p0 = tile * P, np = min(P, pairs - p0);
-        float* red = sums + (size_t)s * P * W_s * 2;    // [P][W_s][2]: this stage's sums
-        RowPair r;                                      // lane j < np: pair j's epilogue, if this warp is last
-        bool mine = lane < np && row_pair<EPI>(p0 + lane, rows, ep.hd, r);
+        RowPair r;                                      // thread t < np: the epilogue of pair t
+        bool mine = t < np && row_pair<EPI>(p0 + t, rows, ep.hd, r);
         float scale_a = 1.0f, scale_b = 1.0f;
         if (mine) {                                     // loaded while the stage may still be landing
             scale_a = F::row_scale(scales, r.ra);
@@ -354,28 +352,19 @@ __device__ __forceinline__ void consume(const void* __restrict__ scales, int n_c
             float a, b;
             F::dot(st, j, n_chunks, n_groups, cpg, cpg_shift, c_t, L, xr, a, b);
             float v = pair_sum(a, b);
-            if ((lane & 15) == 0) red[(j * W_s + ws) * 2 + (lane >> 4)] = v;
+            if ((lane & 15) == 0) red[k & 1][j][ws][lane >> 4] = v;
         }
-        __syncwarp();                                   // lane 16's sums ordered before lane 0's count
-        unsigned int before = 0;
-        if (lane == 0) {
-            __threadfence_block();
-            before = atomicAdd(&done[s], 1u);
-        }
-        if (__shfl_sync(0xffffffffu, before, 0) == T_WARPS - 1) {   // the last warp: every sum is there
-            __threadfence_block();
-            if (mine) {
-                float acc_a = 0.0f, acc_b = 0.0f;
-                for (int w = 0; w < W_s; w++) {
-                    acc_a += red[(lane * W_s + w) * 2];
-                    acc_b += red[(lane * W_s + w) * 2 + 1];
-                }
-                ep.template store<EPI>(r, p0 + lane, acc_a * scale_a * inv_rms, acc_b * scale_b * inv_rms);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);          // this warp is done reading the stage
+        consumers_sync();                               // every warp's sums are in red
+        if (mine) {
+            float acc_a = 0.0f, acc_b = 0.0f;
+            for (int w = 0; w < W_s; w++) {
+                acc_a += red[k & 1][t][w][0];
+                acc_b += red[k & 1][t][w][1];
             }
-            if (lane == 0) done[s] = 0u;
-            __syncwarp();
+            ep.template store<EPI>(r, p0 + t, acc_a * scale_a * inv_rms, acc_b * scale_b * inv_rms);
         }
-        if (lane == 0) mbar_arrive(&empty[s]);          // this warp is done with the stage
     }
 }
 
@@ -388,13 +377,11 @@ __device__ __forceinline__ void gemv_quant_tma(const uint4* __restrict__ qw, con
                                                int n_stages) {
     extern __shared__ uint4 ring4[];                    // n_stages stages (Stage's layout)
     __shared__ unsigned long long full[T_MAX_STAGES], empty[T_MAX_STAGES];
-    __shared__ unsigned int done[T_MAX_STAGES];         // consumer warps done with a stage's sums
     unsigned char* ring = reinterpret_cast<unsigned char*>(ring4);
     if (threadIdx.x == 0) {
         for (int s = 0; s < n_stages; s++) {
             mbar_init(&full[s], 1);                     // the producer's arrive.expect_tx (+ the copies' bytes)
             mbar_init(&empty[s], T_WARPS);              // one arrival a consumer warp
-            done[s] = 0u;
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -403,12 +390,11 @@ __device__ __forceinline__ void gemv_quant_tma(const uint4* __restrict__ qw, con
         produce<F, EPI>(qw, scales, mins, n_chunks, n_groups, pairs, rows, ep.hd, P, n_stages, ring, full, empty, next);
     else
         consume<F, W, NORM, EPI>(scales, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in, pairs, rows, ep, L, P,
-                                 n_stages, ring, full, empty, done);
+                                 n_stages, ring, full, empty);
 }
 
 // grid (any; the launcher: ~2 blocks an SM), block 32 * (T_WARPS + 1) = 288, dynamic shared memory n_stages ·
-// (2P · (n_chunks · 16 + (int4) 4 · n_groups) + P · L / 32 · 8) bytes (the stages, then each stage's warp
-// sums). v2's arguments (gemv_quant.cu; flags unused), then
+// 2P · (n_chunks · 16 + (int4) 4 · n_groups) bytes. v2's arguments (gemv_quant.cu; flags unused), then
 //   L: lanes a row (32, 64, 128 or 256; n_chunks <= J_MAX · L), P: row pairs a stage (<= T_MAX_PAIRS),
 //   n_stages: the ring's stages (2 .. T_MAX_STAGES). int4: n_groups % 8 == 0 (16-byte copies of scales).
 #define GEMV_QUANT_TMA_KERNEL(NAME, F, W, NORM, EPI)                                                             \

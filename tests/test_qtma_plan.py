@@ -100,10 +100,10 @@ def test_quant_version_4_launches_the_tma_kernels():
     """Mistral-7B's down (int4): a pair a stage, 2048 stages over 264 blocks of 288 threads, six 15 KB stages,
     and (L, P, stages) as the last three arguments; gate_up's SwiGLU twin: 4 pairs a stage."""
     (name, grid, block, smem, args), = _launches("int4", 14336, quant_version=4)
-    assert (name, grid, block, smem) == ("gemv_int4_v4", (264,), (288,), 6 * (2 * (7168 + 448) + 8 * 8))
+    assert (name, grid, block, smem) == ("gemv_int4_v4", (264,), (288,), 6 * 2 * (7168 + 448))
     assert [int(a) for a in args[-3:]] == [256, 1, 6]
     (name, grid, _, smem, args), = _launches("int4", 4096, "gemv_swiglu_v4", rows=28672, quant_version=4)
-    assert (name, grid, smem) == ("gemv_swiglu_int4_v4", (264,), 6 * (4 * 2 * (2048 + 128) + 4 * 2 * 8))
+    assert (name, grid, smem) == ("gemv_swiglu_int4_v4", (264,), 6 * 4 * 2 * (2048 + 128))
     (name, grid, _, _, _), = _launches("int8", 4096, rows=100, quant_version=4)   # 50 pairs: 13 stages
     assert (name, grid) == ("gemv_int8_v4", (13,))
 
@@ -150,7 +150,7 @@ def test_wide_tma_launches_the_16_bit_twin_and_hands_over_where_it_does_not_fit(
     assert (name, block) == ("gemv_v4", (128,))
     (name, grid, block, smem, args), = _wide_launches(4096, 14336, wide_tma=True, wide_tma_blocks_per_sm=1,
                                                       wide_tma_ring_bytes=200 << 10)
-    assert (name, grid, block, smem) == ("gemv_tma", (132,), (288,), 3 * (2 * 14336 * 2 + 8 * 8))
+    assert (name, grid, block, smem) == ("gemv_tma", (132,), (288,), 3 * 2 * 14336 * 2)
     assert [int(a) for a in args[-3:]] == [256, 1, 3] and int(args[3]) == 14336 // 8
     (name, _, block, _, _), = _wide_launches(40, 14344, wide_tma=True)
     assert (name, block) == ("gemv_v4", (128,))

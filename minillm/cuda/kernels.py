@@ -78,8 +78,7 @@ class TmaPlan:
 
     @property
     def smem(self) -> int:
-        """The stages, then each stage's warp sums (pairs x lanes / 32 x 2 floats)."""
-        return self.stages * (self.stage_bytes + self.pairs_a_stage * self.lanes // 32 * 8)
+        return self.stages * self.stage_bytes
 
 
 def tma_plan(method: str, n_chunks: int, n_groups: int, ring_bytes: int, min_lanes: int = 32,
@@ -105,7 +104,7 @@ def tma_plan(method: str, n_chunks: int, n_groups: int, ring_bytes: int, min_lan
         pairs -= pairs % slots
     elif slots * pair_bytes <= ring_bytes // 2:
         pairs = slots
-    stages = min(TMA_MAX_STAGES, ring_bytes // (pairs * pair_bytes + pairs * lanes // 32 * 8))
+    stages = min(TMA_MAX_STAGES, ring_bytes // (pairs * pair_bytes))
     if stages < 2:
         return None
     return TmaPlan(lanes, pairs, stages, pairs * pair_bytes)

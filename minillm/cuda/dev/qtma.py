@@ -116,7 +116,7 @@ def cases(k) -> list:
 
 VARIANTS = {"v2": {"quant_version": 2}, "v4": {"quant_version": 4},
             "v4 L 256": {"quant_version": 4, "quant_tma_lanes": 256},
-            "v4 L 128": {"quant_version": 4, "quant_tma_lanes": 128}}
+            "v4 L 256, stages/12": {"quant_version": 4, "quant_tma_lanes": 256, "quant_tma_stage_share": 12}}
 
 
 def timings(variants: dict | None = None, group: int = 128) -> list[list]:
@@ -146,7 +146,7 @@ def timings(variants: dict | None = None, group: int = 128) -> list[list]:
 
 WIDE_VARIANTS = {"gemv.cu v4": {}, "tma": {"wide_tma": True},
                  "tma L 256": {"wide_tma": True, "quant_tma_lanes": 256},
-                 "tma 1/SM 200K": {"wide_tma": True, "wide_tma_blocks_per_sm": 1, "wide_tma_ring_bytes": 200 << 10}}
+                 "tma L 256, stages/12": {"wide_tma": True, "quant_tma_lanes": 256, "quant_tma_stage_share": 12}}
 
 
 def wide_timings(variants: dict | None = None) -> list[list]:
