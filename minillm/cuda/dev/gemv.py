@@ -152,14 +152,16 @@ def matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
             "gate_up": (2 * cfg.ffn_dim, cfg.dim), "down": (cfg.dim, cfg.ffn_dim)}
 
 
-def gemv_points(cfg: ModelConfig, formats=("float16", "int8", "int4"), group_size: int = 128):
+def gemv_points(cfg: ModelConfig, formats=("float16", "int8", "int4"), group_size: int = 128,
+                settings: dict | None = None):
     """Each layer matrix of `cfg` alone, in each weight format: [(format, matrix, shape, bytes, µs)].
     Plain GEMV (y = W·x, no fusion), timed inside a CUDA graph over enough copies of the matrix (random,
-    made on the device) that none is still in L2 when its turn comes again."""
+    made on the device) that none is still in L2 when its turn comes again. `settings`: KernelSettings
+    changes (e.g. the TMA-streamed kernels: quant_version=4, wide_tma=True)."""
     import cupy as cp
     from minillm.cuda.kernels import Kernels
     from minillm.cuda.qweights import QuantMatrix
-    k = Kernels("float16")
+    k = Kernels("float16").with_settings(**(settings or {}))
     points = []
     for fmt in formats:
         for name, (rows, cols) in matrix_shapes(cfg).items():
