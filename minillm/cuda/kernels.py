@@ -171,17 +171,22 @@ class KernelSettings:
     # 32 or 64 stay on v2): right but slower, decode int8 356 -> 318 tok/s, int4 443 -> 380 (H200, 2026-12-02).
     quant_version: int = 2
     # 4 = weights streamed into shared memory by the TMA, x in registers (kernels/gemv_quant_tma.cu; where its
-    # layout does not fit, tma_plan: v2).
+    # layout does not fit, tma_plan: v2): right but slower, decode int8 372 -> 332 tok/s, int4 463 -> 328; its
+    # consumers hold each stage too long (int8 gate_up 83% of copy vs v2's 92%) (H200, 2026-12-02).
     # v4's grid (blocks an SM, each looping over stages) and the bytes of its ring of stages a block (two
     # blocks an SM must fit the SM's 228 KB with the kernels' 2.2 KB of static shared memory each).
     quant_tma_blocks_per_sm: int = 2
     quant_tma_ring_bytes: int = 104 << 10
     # v4's split (tma_plan): at least this many threads a row (32: as few as x's registers allow), and stages of
-    # about 1 / quant_tma_stage_share of the ring (also for wide_tma).
+    # about 1 / quant_tma_stage_share of the ring (also for wide_tma). 256 a row: slower on every 4096-wide matrix
+    # (int8 gate_up 33.3 -> 45.6 µs; fp16 56.4 -> 65.9), smaller stages slower still.
     quant_tma_lanes: int = 32
     quant_tma_stage_share: int = 6
     # 16-bit weights through the same kernel (its Wide16Tma format) instead of gemv.cu v4. A pair of Mistral-7B's
     # 14336-wide rows is 57 KB: two blocks an SM with 104 KB rings leave down on gemv.cu v4 (one stage only).
+    # Each GEMV alone as fast or faster (gate_up 58.8 -> 56.4 µs, 98% of copy), but decode 243 -> 225 tok/s:
+    # its 208 KB of shared memory an SM likely keep the next kernel from starting early (BENCHMARKS, stop 35).
+    # One block an SM with a 200 KB ring: 200 tok/s.
     wide_tma: bool = False
     wide_tma_blocks_per_sm: int = 2
     wide_tma_ring_bytes: int = 104 << 10
