@@ -49,7 +49,8 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned int 
 
 // the producer's arrival, announcing the bytes its copies will complete on this phase
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned int bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
@@ -159,12 +160,12 @@ struct Int8Tma {
         for (int u = 0; u < J_MAX; u++) {
             int c = c_t + L * u;
             if (c < n_chunks) {
-                uint4 va = wa[c], vb = wb[c];
+                uint4 va = wa[c], vb = wb[c], x0 = x.w[u][0], x1 = x.w[u][1];      // 16 values of x: 8 pairs
                 unsigned int pa = 0u, pb = 0u;
-                pa = dot4_i8_h2(va.x, x.w[u][0].x, x.w[u][0].y, pa); pb = dot4_i8_h2(vb.x, x.w[u][0].x, x.w[u][0].y, pb);
-                pa = dot4_i8_h2(va.y, x.w[u][0].z, x.w[u][0].w, pa); pb = dot4_i8_h2(vb.y, x.w[u][0].z, x.w[u][0].w, pb);
-                pa = dot4_i8_h2(va.z, x.w[u][1].x, x.w[u][1].y, pa); pb = dot4_i8_h2(vb.z, x.w[u][1].x, x.w[u][1].y, pb);
-                pa = dot4_i8_h2(va.w, x.w[u][1].z, x.w[u][1].w, pa); pb = dot4_i8_h2(vb.w, x.w[u][1].z, x.w[u][1].w, pb);
+                pa = dot4_i8_h2(va.x, x0.x, x0.y, pa); pb = dot4_i8_h2(vb.x, x0.x, x0.y, pb);
+                pa = dot4_i8_h2(va.y, x0.z, x0.w, pa); pb = dot4_i8_h2(vb.y, x0.z, x0.w, pb);
+                pa = dot4_i8_h2(va.z, x1.x, x1.y, pa); pb = dot4_i8_h2(vb.z, x1.x, x1.y, pb);
+                pa = dot4_i8_h2(va.w, x1.z, x1.w, pa); pb = dot4_i8_h2(vb.w, x1.z, x1.w, pb);
                 a = fmaf(f16x2_sum(pa), x.down[u], a);
                 b = fmaf(f16x2_sum(pb), x.down[u], b);
             }

@@ -526,7 +526,8 @@ class Kernels:
     def tma_plan(self, w) -> TmaPlan | None:
         """v4's split of the QuantMatrix w under these settings (None: v4 does not apply, v2 runs)."""
         s = self.settings
-        return tma_plan(w.method, w.n_chunks, w.n_groups, s.quant_tma_ring_bytes, s.quant_tma_lanes, s.quant_tma_stage_share)
+        return tma_plan(w.method, w.n_chunks, w.n_groups, s.quant_tma_ring_bytes, s.quant_tma_lanes,
+                        s.quant_tma_stage_share)
 
     def wide_tma_plan(self, w) -> TmaPlan | None:
         """The split of a 16-bit matrix [rows, in] for gemv_quant_tma.cu's 16-bit kernels (None: gemv.cu v4)."""
