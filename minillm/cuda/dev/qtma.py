@@ -107,11 +107,23 @@ def _wide_cases() -> list:
 def cases(k) -> list:
     """(label, check) pairs for dev.common.run_cases: qmma.py's v3 cases (but its U=4 ones) and v4's own on the
     quantized kernels, then the 16-bit ones."""
+    return [(label, lambda check=check, s=settings: check(k.with_settings(**s))) for label, check, s in _listed()]
+
+
+def _listed() -> list:
+    """(label, check(k), settings) of every case: v4's on the quantized kernels, then the 16-bit ones."""
     from minillm.cuda.dev.qmma import _cases
-    k4, kw = k.with_settings(quant_version=4), k.with_settings(wide_tma=True)
-    listed = [(label, check) for label, check in _cases() if "U=4" not in label] + _v4_cases()
-    return ([(f"v4 {label}", lambda check=check: check(k4)) for label, check in listed]
-            + [(f"tma 16-bit {label}", lambda check=check: check(kw)) for label, check in _wide_cases()])
+    quant = [(label, check) for label, check in _cases() if "U=4" not in label] + _v4_cases()
+    return ([(f"v4 {label}", check, {"quant_version": 4}) for label, check in quant]
+            + [(f"tma 16-bit {label}", check, {"wide_tma": True}) for label, check in _wide_cases()])
+
+
+def check_case(k, label: str) -> tuple[float, float]:
+    """The check named `label` (one of CASE_LABELS) on Kernels k, under its settings. -> (error, tolerance)"""
+    for name, check, settings in _listed():
+        if name == label:
+            return check(k.with_settings(**settings))
+    raise KeyError(label)
 
 
 VARIANTS = {"v2": {"quant_version": 2}, "v4": {"quant_version": 4},
@@ -231,3 +243,6 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+CASE_LABELS = [label for label, _, _ in _listed()]   # computed without a GPU (the checks import CuPy when run)
