@@ -52,7 +52,8 @@ QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x 
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
 # The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
 # may be launched with programmatic dependent launch (settings.pdl): the decode step's embed, GEMVs (16-bit v4
-# and every gemv_quant.cu / gemv_quant_mma.cu kernel) and attention v3. Any other kernel launched so would race.
+# and every gemv_quant.cu / gemv_quant_mma.cu / gemv_quant_tma.cu kernel: the last's producer warp reads only
+# weights, its consumers wait) and attention v3. Any other kernel launched so would race.
 PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4|tma)(_v1|_v3|_v3u4|_v4)?"
                         r"|attention_gqa[124](_int8(x16)?)?")
 MMA_SOURCE = "gemv_quant_mma"          # the quantized GEMV v3 (tensor cores), loaded when settings ask for it
@@ -69,8 +70,8 @@ TMA_CHUNKS_A_THREAD = {"int8": 4, "int4": 2, "wide16": 7}   # J_MAX of Int8Tma /
 
 @dataclass(frozen=True)
 class TmaPlan:
-    """How v4 splits one quantized matrix (gemv_quant_tma.cu): L threads a row (each holding at most
-    TMA_CHUNKS_A_THREAD chunks of x), `pairs_a_stage` row pairs a stage, `stages` stages in the ring."""
+    """How gemv_quant_tma.cu splits one matrix (int8 / int4: v4; 16-bit: wide_tma): `lanes` threads a row (each
+    holding at most TMA_CHUNKS_A_THREAD chunks of x), `pairs_a_stage` row pairs a stage, `stages` in the ring."""
     lanes: int
     pairs_a_stage: int
     stages: int
