@@ -8,8 +8,9 @@ lane-by-lane model of prefill_attention_mma.cu, to check its fragment layouts on
 `.flashnorm` (the deferred norm: two streams, fused). `timing.py` is the one GPU timer and the one
 bandwidth probe they all use; `model.py` checks whole small models GPU vs CPU; `bench.py` and
 `qbench.py` time a 7B-shaped model (`minillm bench --device cuda`); `qmma.py` (the quantized GEMV on tensor
-cores) and `qfloor.py` (the quantized GEMV with its staging or its arithmetic taken out: where its time
-goes) measure kernel versions; `selfcheck.py` drives them all;
+cores), `qtma.py` (the GEMVs with their weights streamed into shared memory by the TMA) and `qfloor.py` (the
+quantized GEMV with its staging or its arithmetic taken out: where its time goes) measure kernel versions;
+`selfcheck.py` drives them all;
 `verify.sh` is the whole GPU verification as one command for the GPU machine. Nothing in the engine
 imports this package.
 """
