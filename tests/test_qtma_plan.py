@@ -117,7 +117,9 @@ def test_v4_hands_over_to_v2_where_it_does_not_apply():
 
 
 def test_the_launcher_and_the_dev_module_name_the_same_kernels():
-    assert {f"{v}_v4_{{sfx}}" for v in MMA_VARIANTS} == set(KERNELS.values())
+    from minillm.cuda.kernels import WIDE_TMA_VARIANTS
+    assert ({f"{v}_v4_{{sfx}}" for v in MMA_VARIANTS} | {f"{v}_{{sfx}}" for v in WIDE_TMA_VARIANTS}
+            == set(KERNELS.values()))
 
 
 def test_the_chunks_a_thread_holds_are_the_kernels_own():

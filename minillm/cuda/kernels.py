@@ -300,14 +300,18 @@ class Kernels:
             "gemv_int8_v1": lambda: get("gemv_quant", f"gemv_int8_v1_{sfx}"),   # v1 (fp32 x), plain only
             "gemv_int4_v1": lambda: get("gemv_quant", f"gemv_int4_v1_{sfx}"),
         }
-        for v in MMA_VARIANTS:   # v3: every variant of v2, on tensor cores
-            self.older[f"{v}_v3"] = lambda v=v: get(MMA_SOURCE, f"{v}_v3_{sfx}")
+        self.by_settings = set()  # the older kernels whose modules load only with the settings that choose them
+
+        def chosen(name, source, fn_name):
+            self.older[name] = lambda: get(source, fn_name)
+            self.by_settings.add(name)
+        for v in MMA_VARIANTS:   # v3: every variant of v2, on tensor cores; v4: its weights streamed by the TMA
+            chosen(f"{v}_v3", MMA_SOURCE, f"{v}_v3_{sfx}")
+            chosen(f"{v}_v4", TMA_SOURCE, f"{v}_v4_{sfx}")
         for m in ("int8", "int4"):   # v3 with 4 sub-steps a warp step, plain only
-            self.older[f"gemv_{m}_v3u4"] = lambda m=m: get(MMA_SOURCE, f"gemv_{m}_v3u4_{sfx}")
-        for v in MMA_VARIANTS:   # v4: every variant of v2, its weights streamed by the TMA
-            self.older[f"{v}_v4"] = lambda v=v: get(TMA_SOURCE, f"{v}_v4_{sfx}")
-        for v in WIDE_TMA_VARIANTS:   # and gemv.cu v4's, over 16-bit weights
-            self.older[v] = lambda v=v: get(TMA_SOURCE, f"{v}_{sfx}")
+            chosen(f"gemv_{m}_v3u4", MMA_SOURCE, f"gemv_{m}_v3u4_{sfx}")
+        for v in WIDE_TMA_VARIANTS:   # gemv.cu v4's variants over 16-bit weights, streamed by the TMA
+            chosen(v, TMA_SOURCE, f"{v}_{sfx}")
         for f in self.fn.values():          # force NVRTC + module load now, not during a capture
             getattr(f, "attributes", None)
         import cupy as cp
@@ -355,8 +359,10 @@ class Kernels:
             f.max_dynamic_shared_size_bytes = self.max_quant_smem
 
     def load_older(self) -> None:
-        """Load every earlier kernel version now (before capturing a graph that may launch one)."""
-        for name in self.older:
+        """Load every earlier kernel version now (before capturing a graph that may launch one); the quantized
+        GEMVs v3 / v4 and the 16-bit TMA GEMVs load with the settings that choose them (_load_quant_version),
+        so their modules compile only where they are used."""
+        for name in self.older.keys() - self.by_settings:
             self._function(name)
 
     def _function(self, name: str):

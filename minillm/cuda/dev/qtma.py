@@ -23,6 +23,8 @@ import sys
 SOURCE = "gemv_quant_tma"                          # kernels/gemv_quant_tma.cu
 KERNELS = {f"{e}{m}": f"gemv_{e}{m}_v4_{{sfx}}" for m in ("int8", "int4")
            for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_", "qkv_", "rmsnorm_qkv_")}
+KERNELS.update({f"{e}tma": f"gemv_{e}tma_{{sfx}}"                    # the 16-bit ones: gemv.cu v4's variants
+                for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_", "qkv_", "rmsnorm_qkv_")})
 
 
 # ---- the kernel's indexing, in Python ------------------------------------------------------------------------
