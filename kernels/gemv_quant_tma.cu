@@ -107,47 +107,46 @@ __device__ __forceinline__ Stage stage_at(const unsigned char* base, int P, int 
 // them added to ss when count, NORM), dot (Σ over the thread's chunks of a stage's pair j, rows a and b) and
 // row_scale (a factor of a whole row, applied after the sums: int8's scale).
 
-// quantized formats: chunk u of x as C/8 uint4 of f16x2 words (quant_dot.cuh's order and scaling), 2^-e of
-// it, and (int4) Σx of it in fp32
-template <int C, int J>
-struct XPacked {
-    uint4 w[J][C / 8];
-    float down[J];
-    float sum[J];
-};
-
-template <int C, int J, bool INT4, bool NORM>
-__device__ __forceinline__ void load_x_packed(const float* __restrict__ x, const float* __restrict__ gain, int in,
-                                              int n_chunks, int c_t, int L, bool count, XPacked<C, J>& xr,
-                                              float& ss) {
-    bool vec = (in & 3) == 0;
+// chunk c of x (times gain when NORM) -> v[C], zeros for a chunk past the row (c >= n_chunks); its Σx² added
+// to ss when count: every format's load_x, for each chunk the thread owns
+template <int C, bool NORM>
+__device__ __forceinline__ void owned_x_chunk(const float* __restrict__ x, const float* __restrict__ gain, int in,
+                                              int n_chunks, int c, bool count, float (&v)[C], float& ss) {
+    float sq = 0.0f;
+    if (c < n_chunks) load_x_chunk<C, NORM>(x, gain, in, c, (in & 3) == 0, v, sq);
+    else {
 #pragma unroll
-    for (int u = 0; u < J; u++) {
-        int c = c_t + L * u;
-        float v[C];
-        float sq = 0.0f;
-        if (c < n_chunks) load_x_chunk<C, NORM>(x, gain, in, c, vec, v, sq);
-        else {
-#pragma unroll
-            for (int i = 0; i < C; i++) v[i] = 0.0f;
-        }
-        if (count) ss += sq;
-        xr.down[u] = pack_x_chunk<C, INT4>(v, xr.w[u]);
-        xr.sum[u] = INT4 ? chunk_sum(v) : 0.0f;
+        for (int i = 0; i < C; i++) v[i] = 0.0f;
     }
+    if (count) ss += sq;
 }
 
-struct Int8Tma {
-    static constexpr int C = 16, J_MAX = 4;
-    static constexpr bool INT4 = false;
-    using X = XPacked<C, J_MAX>;
+// the quantized formats: chunk u of x as C/8 uint4 of f16x2 words (quant_dot.cuh's order and scaling), 2^-e of
+// it, and (int4) Σx of it in fp32
+template <int C_, int J_, bool INT4_>
+struct PackedTma {
+    static constexpr int C = C_, J_MAX = J_;
+    static constexpr bool INT4 = INT4_;
+    struct X {
+        uint4 w[J_MAX][C / 8];
+        float down[J_MAX];
+        float sum[J_MAX];
+    };
 
     template <bool NORM>
     static __device__ __forceinline__ void load_x(const float* x, const float* gain, int in, int n_chunks, int c_t,
                                                   int L, bool count, X& xr, float& ss) {
-        load_x_packed<C, J_MAX, false, NORM>(x, gain, in, n_chunks, c_t, L, count, xr, ss);
+#pragma unroll
+        for (int u = 0; u < J_MAX; u++) {
+            float v[C];
+            owned_x_chunk<C, NORM>(x, gain, in, n_chunks, c_t + L * u, count, v, ss);
+            xr.down[u] = pack_x_chunk<C, INT4>(v, xr.w[u]);
+            xr.sum[u] = INT4 ? chunk_sum(v) : 0.0f;
+        }
     }
+};
 
+struct Int8Tma : PackedTma<16, 4, false> {
     // Σ over the thread's chunks of pair j's two rows (row scales applied after the reductions)
     static __device__ __forceinline__ void dot(const Stage& st, int j, int n_chunks, int n_groups, int cpg,
                                                int cpg_shift, int c_t, int L, const X& x,
@@ -178,17 +177,7 @@ struct Int8Tma {
     }
 };
 
-struct Int4Tma {
-    static constexpr int C = 32, J_MAX = 2;
-    static constexpr bool INT4 = true;
-    using X = XPacked<C, J_MAX>;
-
-    template <bool NORM>
-    static __device__ __forceinline__ void load_x(const float* x, const float* gain, int in, int n_chunks, int c_t,
-                                                  int L, bool count, X& xr, float& ss) {
-        load_x_packed<C, J_MAX, true, NORM>(x, gain, in, n_chunks, c_t, L, count, xr, ss);
-    }
-
+struct Int4Tma : PackedTma<32, 2, true> {
     static __device__ __forceinline__ void dot(const Stage& st, int j, int n_chunks, int n_groups, int cpg,
                                                int cpg_shift, int c_t, int L, const X& x,
                                                float& a, float& b) {
@@ -232,18 +221,10 @@ struct Wide16Tma {
     template <bool NORM>
     static __device__ __forceinline__ void load_x(const float* x, const float* gain, int in, int n_chunks, int c_t,
                                                   int L, bool count, X& xr, float& ss) {
-        bool vec = (in & 3) == 0;
 #pragma unroll
         for (int u = 0; u < J_MAX; u++) {
-            int c = c_t + L * u;
             float v[C];
-            float sq = 0.0f;
-            if (c < n_chunks) load_x_chunk<C, NORM>(x, gain, in, c, vec, v, sq);
-            else {
-#pragma unroll
-                for (int i = 0; i < C; i++) v[i] = 0.0f;
-            }
-            if (count) ss += sq;
+            owned_x_chunk<C, NORM>(x, gain, in, n_chunks, c_t + L * u, count, v, ss);
             xr.v[u][0] = make_float4(v[0], v[1], v[2], v[3]);
             xr.v[u][1] = make_float4(v[4], v[5], v[6], v[7]);
         }

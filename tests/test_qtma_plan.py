@@ -126,8 +126,8 @@ def test_the_chunks_a_thread_holds_are_the_kernels_own():
     from minillm.cuda.kernels import KERNEL_DIR
     import re
     text = (KERNEL_DIR / "gemv_quant_tma.cu").read_text()
-    held = {{"16": "int8", "32": "int4", "8": "wide16"}[c]: int(j)
-            for c, j in re.findall(r"static constexpr int C = (\d+), J_MAX = (\d+);", text)}
+    held = {m.lower(): int(j) for m, j in re.findall(r"struct (Int[48])Tma : PackedTma<\d+, (\d+), \w+>", text)}
+    held |= {"wide16": int(j) for j in re.findall(r"static constexpr int C = 8, J_MAX = (\d+);", text)}
     assert held == TMA_CHUNKS_A_THREAD
 
 

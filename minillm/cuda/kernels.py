@@ -65,7 +65,7 @@ WIDE_TMA_VARIANTS = [f"gemv_{e}tma" for e in ("", "rmsnorm_", "swiglu_", "rmsnor
 TMA_SOURCE = "gemv_quant_tma"          # the quantized GEMV v4 (weights into shared memory by the TMA): same variants
 TMA_THREADS = 32 * (8 + 1)             # as #defined there: T_WARPS consumer warps and one producer warp
 TMA_MAX_STAGES, TMA_MAX_PAIRS = 16, 16  # T_MAX_STAGES, T_MAX_PAIRS
-TMA_CHUNKS_A_THREAD = {"int8": 4, "int4": 2, "wide16": 7}   # J_MAX of Int8Tma / Int4Tma / Wide16Tma: x chunks a thread
+TMA_CHUNKS_A_THREAD = {"int8": 4, "int4": 2, "wide16": 7}   # J_MAX of Int8Tma, Int4Tma, Wide16Tma: x chunks a thread
 
 
 @dataclass(frozen=True)
