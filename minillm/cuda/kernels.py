@@ -81,6 +81,11 @@ class TmaPlan:
     def smem(self) -> int:
         return self.stages * self.stage_bytes
 
+    @property
+    def args(self) -> tuple:
+        """The kernel's last three arguments: L, P, n_stages."""
+        return np.int32(self.lanes), np.int32(self.pairs_a_stage), np.int32(self.stages)
+
 
 def tma_plan(method: str, n_chunks: int, n_groups: int, ring_bytes: int, min_lanes: int = 32,
              stage_share: int = 6) -> TmaPlan | None:
@@ -422,19 +427,15 @@ class Kernels:
             raise ValueError(f"gemv needs in % 8 == 0, got {n_in}")
         if gain is not None:
             name = name.replace("gemv_", "gemv_rmsnorm_", 1)
-        kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
         plan = self.wide_tma_plan(w) if self.settings.wide_tma else None
         if plan is not None:       # gemv_quant_tma.cu's 16-bit twin: the matrix as 16-byte chunks, v2's signature
-            grid = min(-(-pairs // plan.pairs_a_stage), self.settings.wide_tma_blocks_per_sm * self.n_sms)
+            grid = self._tma_grid(pairs, plan, self.settings.wide_tma_blocks_per_sm)
             self._launch(name.replace("_v4", "_tma"), (grid,), (TMA_THREADS,),
-                         (w, self._nil_f32, self._nil_u16, np.int32(n_in // 8), np.int32(0), np.int32(1),
-                          np.int32(0), x, self._nil_f32 if gain is None else gain, np.float32(eps), np.int32(n_in),
-                          np.int32(pairs), y, np.int32(rows), np.int32(1 if accumulate else 0), kc, vc,
-                          np.int32(capacity), pos, inv_freq, np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd),
-                          np.int32(0)) + self._next_args(next_w)
-                         + (np.int32(plan.lanes), np.int32(plan.pairs_a_stage), np.int32(plan.stages)),
+                         self._quant_args(w, self._nil_f32, self._nil_u16, n_in // 8, 0, 1, x, gain, eps, n_in, pairs,
+                                          y, rows, accumulate, qkv, 0, next_w) + plan.args,
                          label, shared_mem=plan.smem)
             return
+        kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
         self._launch(name, ((pairs + V4_WARPS - 1) // V4_WARPS,), (32 * V4_WARPS,),
                      (w, x, self._nil_f32 if gain is None else gain, np.float32(eps), y, np.int32(rows),
                       np.int32(n_in), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos,
@@ -457,9 +458,7 @@ class Kernels:
             # looping over stages of plan.pairs_a_stage row pairs
             name += "_v4"
             smem, block = plan.smem, TMA_THREADS
-            stages_total = -(-pairs // plan.pairs_a_stage)
-            grid = min(stages_total, self.settings.quant_tma_blocks_per_sm * self.n_sms)
-            extra = (np.int32(plan.lanes), np.int32(plan.pairs_a_stage), np.int32(plan.stages))
+            grid, extra = self._tma_grid(pairs, plan, self.settings.quant_tma_blocks_per_sm), plan.args
         elif self.settings.quant_version == 3 and (w.method == "int8" or cpg % 4 == 0):
             # v3: x as fp16 in the mma's k order, n_chunks rounded up to a warp step (4 chunks a sub-step); int8:
             # 32 bytes a chunk + an offset a step; int4: 80 bytes a chunk + (Z, X) per 4 chunks. int4 groups of
@@ -481,15 +480,27 @@ class Kernels:
         if smem > self.max_quant_smem:
             raise ValueError(f"{name}: a {n_in}-wide row needs {smem} bytes of shared memory for x "
                              f"(this device allows {self.max_quant_smem})")
+        self._launch(name, (grid,), (block,),
+                     self._quant_args(w.qweight, w.scales, self._nil_u16 if w.mins is None else w.mins, w.n_chunks,
+                                      w.n_groups, cpg, x, gain, eps, n_in, pairs, y, rows, accumulate, qkv,
+                                      self.settings.quant_flags, next_w) + extra, label, shared_mem=smem)
+
+    def _quant_args(self, qw, scales, mins, n_chunks, n_groups, cpg, x, gain, eps, n_in, pairs, y, rows, accumulate,
+                    qkv, flags, next_w) -> tuple:
+        """The one signature of gemv_quant.cu's kernels (gemv_quant_mma.cu's and gemv_quant_tma.cu's take it too;
+        the last appends its plan): cpg = 16-byte chunks per int4 group, passed with its log2 (-1: not a power
+        of two)."""
         shift = cpg.bit_length() - 1 if cpg & (cpg - 1) == 0 else -1
         kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
-        self._launch(name, (grid,), (block,),
-                     (w.qweight, w.scales, self._nil_u16 if w.mins is None else w.mins, np.int32(w.n_chunks),
-                      np.int32(w.n_groups), np.int32(cpg), np.int32(shift), x,
-                      self._nil_f32 if gain is None else gain, np.float32(eps), np.int32(n_in), np.int32(pairs), y,
-                      np.int32(rows), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos, inv_freq,
-                      np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd), np.int32(self.settings.quant_flags))
-                     + self._next_args(next_w) + extra, label, shared_mem=smem)
+        return ((qw, scales, mins, np.int32(n_chunks), np.int32(n_groups), np.int32(cpg), np.int32(shift), x,
+                 self._nil_f32 if gain is None else gain, np.float32(eps), np.int32(n_in), np.int32(pairs), y,
+                 np.int32(rows), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos, inv_freq,
+                 np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd), np.int32(flags))
+                + self._next_args(next_w))
+
+    def _tma_grid(self, pairs: int, plan: TmaPlan, blocks_per_sm: int) -> int:
+        """gemv_quant_tma.cu's grid: a block per stage of pairs, at most blocks_per_sm an SM (each looping)."""
+        return min(-(-pairs // plan.pairs_a_stage), blocks_per_sm * self.n_sms)
 
     def _qkv_args(self, qkv) -> tuple:
         """The EPI_QKV epilogue's arguments (k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads,
