@@ -236,11 +236,14 @@ def _mistral_shapes() -> dict:
 
 
 def _device_matrix(method: str, rows: int, n_in: int, group: int, seed: int):
-    """A QuantMatrix of random codes with random scales (and mins), made on the device."""
+    """A QuantMatrix of random codes with random scales (and mins), made on the device ("float16": a plain
+    fp16 matrix of the same spread, for the 16-bit kernels)."""
     import cupy as cp
     from minillm.cuda.qweights import QuantMatrix
     rs = cp.random.RandomState(seed)
     bound = (3.0 / n_in) ** 0.5
+    if method == "float16":
+        return rs.uniform(-bound, bound, (rows, n_in)).astype(cp.float16)
     if method == "int8":
         q = rs.randint(-128, 128, (rows, -(-n_in // 16) * 16)).astype(cp.int8)
         return QuantMatrix("int8", q, (bound / 127 * rs.uniform(0.5, 1.5, rows)).astype(cp.float32), None, n_in)
@@ -373,32 +376,34 @@ def timings(group: int = 128) -> list[list]:
     return table
 
 
-def quantized_mistrals(prompt_len: int, n_new: int):
-    """(method, a random Mistral-7B in fp16 with `method` layer weights, a cache for prompt_len + n_new
-    tokens, a random prompt) for int8, then int4, one at a time (its cached blocks are released once the
-    caller's loop has moved on to the next: ~7.5 + 4 GB at most)."""
+def quantized_mistrals(prompt_len: int, n_new: int, methods=("int8", "int4")):
+    """(method, a random Mistral-7B in fp16 with `method` layer weights ("float16": none quantized), a cache for
+    prompt_len + n_new tokens, a random prompt) for each method in turn (its cached blocks are released once
+    the caller's loop has moved on to the next: ~7.5 + 4 GB at most for int8, int4)."""
     import cupy as cp
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.model.config import PRESETS
     cfg = PRESETS["mistral-7b"].config
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
-    for method in ("int8", "int4"):
-        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
+    for method in methods:
+        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if method == "float16" else method)
         yield method, gpu, gpu.new_cache(prompt_len + n_new + 8), prompt
         del gpu
         cp.get_default_memory_pool().free_all_blocks()
 
 
-def decode(n_new: int = 128, prompt_len: int = 16, variants: dict | None = None) -> list[list]:
-    """Batch-1 decode of a random Mistral-7B (int8, int4) with the CUDA graph under each of `variants`
-    ({label: KernelSettings changes}; default v2 vs v3): tok/s against the first, and how many greedy tokens
-    each agrees with the first on (random weights: a near-tie may part them; a broken kernel parts at once)."""
+def decode(n_new: int = 128, prompt_len: int = 16, variants: dict | None = None,
+           methods=("int8", "int4")) -> list[list]:
+    """Batch-1 decode of a random Mistral-7B (layer weights in each of `methods`) with the CUDA graph under each
+    of `variants` ({label: KernelSettings changes}; default v2 vs v3): tok/s against the first, and how many
+    greedy tokens each agrees with the first on (random weights: a near-tie may part them; a broken kernel
+    parts at once)."""
     from minillm.cuda.dev.bench import TARGETS, _decode_tok_s
     from minillm.cuda.dev.common import plain_table
     variants = variants or {"v2": {}, "v3": {"quant_version": 3}}
     base = next(iter(variants))
     table = []
-    for method, gpu, cache, prompt in quantized_mistrals(prompt_len, n_new):
+    for method, gpu, cache, prompt in quantized_mistrals(prompt_len, n_new, methods):
         runs = {v: _decode_tok_s(gpu.with_settings(**changes), cache, prompt, n_new) for v, changes in variants.items()}
         tps0, tok0 = runs[base]
         for v, (tps, tok) in runs.items():

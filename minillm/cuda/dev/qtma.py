@@ -7,9 +7,11 @@ x in registers) against v2 (gemv_quant.cu).
     checks         v4 on the GPU vs float64 NumPy on the same quantized weights: qmma.py's cases (every
                    epilogue, odd widths, Mistral-7B's matrices) and v4's own (each lanes-a-row, a partial last
                    stage, the widest rows v4 takes, and widths where it hands over to v2), fp16 and bf16
-    timings        each Mistral-7B matrix as a plain GEMV, v2 vs v4 (and v4 with other rings and grids): µs a
-                   launch in a CUDA graph over enough copies that none stays in L2, GB/s, % of copy
-    decode         (--decode) tok/s of a random Mistral-7B, int8 and int4, v2 vs v4, with the CUDA graph
+    timings        each Mistral-7B matrix as a plain GEMV, v2 vs v4 (and v4 with other splits), then fp16 through
+                   gemv.cu v4 vs the 16-bit twin: µs a launch in a CUDA graph over enough copies that none stays
+                   in L2, GB/s, % of copy
+    decode         (--decode) tok/s of a random Mistral-7B, int8 and int4 v2 vs v4, fp16 gemv.cu v4 vs the twin,
+                   with the CUDA graph
 
     python -m minillm.cuda.dev.qtma [--no-timing] [--decode]
 
@@ -133,9 +135,9 @@ VARIANTS = {"v2": {"quant_version": 2}, "v4": {"quant_version": 4},
             "v4 L 256, stages/12": {"quant_version": 4, "quant_tma_lanes": 256, "quant_tma_stage_share": 12}}
 
 
-def timings(variants: dict | None = None, group: int = 128) -> list[list]:
-    """Each Mistral-7B matrix, int8 and int4, as a plain GEMV under each variant ({label: settings}):
-    µs, GB/s and % of the copy roofline (qmma.matrix_us)."""
+def timings(variants: dict | None = None, methods=("int8", "int4"), group: int = 128) -> list[list]:
+    """Each Mistral-7B matrix in each of `methods` ("float16" too) as a plain GEMV under each variant
+    ({label: settings}): µs, GB/s and % of the copy roofline (qmma.matrix_us: every variant on the same copies)."""
     from minillm.cuda.dev.common import plain_table
     from minillm.cuda.dev.qmma import _mistral_shapes, matrix_us
     from minillm.cuda.dev.timing import copy_bandwidth
@@ -145,7 +147,7 @@ def timings(variants: dict | None = None, group: int = 128) -> list[list]:
     versions = {label: k.with_settings(**changes) for label, changes in variants.items()}
     bw = copy_bandwidth(1 << 30)
     table = []
-    for method in ("int8", "int4"):
+    for method in methods:
         for name, (rows, n_in) in _mistral_shapes().items():
             us, nbytes = matrix_us(versions, method, rows, n_in, group)
             cells = []
@@ -158,70 +160,10 @@ def timings(variants: dict | None = None, group: int = 128) -> list[list]:
     return table
 
 
+# the 16-bit kernels: gemv.cu v4 against gemv_quant_tma.cu's Wide16Tma
 WIDE_VARIANTS = {"gemv.cu v4": {}, "tma": {"wide_tma": True},
                  "tma L 256": {"wide_tma": True, "quant_tma_lanes": 256},
                  "tma L 256, stages/12": {"wide_tma": True, "quant_tma_lanes": 256, "quant_tma_stage_share": 12}}
-
-
-def wide_timings(variants: dict | None = None) -> list[list]:
-    """Each Mistral-7B matrix in fp16 as a plain GEMV under each variant: µs (GB/s, % of copy)."""
-    import cupy as cp
-    import numpy as np
-    from minillm.cuda.dev.common import plain_table
-    from minillm.cuda.dev.qmma import _mistral_shapes
-    from minillm.cuda.dev.timing import copy_bandwidth, graph_us
-    from minillm.cuda.kernels import Kernels
-    variants = variants or WIDE_VARIANTS
-    k = Kernels("float16")
-    versions = {label: k.with_settings(**changes) for label, changes in variants.items()}
-    bw = copy_bandwidth(1 << 30)
-    table = []
-    for name, (rows, n_in) in _mistral_shapes().items():
-        nbytes = rows * n_in * 2
-        copies = []
-        for j in range(max(2, min(8, -(-(160 << 20) // nbytes)))):
-            m = cp.empty((rows, n_in), cp.float16)
-            k.fill_random_words(m, 11 + j)                 # random bits, then a sane range (no NaN/inf)
-            m[...] = (m.view(cp.uint16) & 0x3BFF).view(cp.float16)
-            copies.append(m)
-        x = cp.asarray(np.random.default_rng(0).standard_normal(n_in).astype(np.float32))
-        y = cp.empty(rows, cp.float32)
-        cells = []
-        for label, kv in versions.items():
-            us = graph_us(lambda i, kv=kv: kv.gemv(copies[i % len(copies)], x, y, version=4), 2 * len(copies))
-            gbs = nbytes / (us * 1e-6) / 1e9
-            cells.append(f"{us:.1f} ({gbs:.0f}, {gbs / (bw / 1e9):.0%})")
-        table.append(["fp16", name, f"{rows}x{n_in}", f"{nbytes / 1e6:.1f}"] + cells)
-        del copies
-        cp.get_default_memory_pool().free_all_blocks()
-    plain_table(f"16-bit plain y = W·x, µs a launch in a CUDA graph (GB/s, % of the {bw / 1e12:.2f} TB/s copy)",
-                ["dtype", "matrix", "shape", "MB"] + list(variants), table)
-    return table
-
-
-def wide_decode(n_new: int = 128, prompt_len: int = 16, variants: dict | None = None) -> list[list]:
-    """Batch-1 fp16 decode of a random Mistral-7B with the CUDA graph under each variant: tok/s, and how many
-    greedy tokens agree with the first variant's."""
-    import numpy as np
-    from minillm.cuda.dev.bench import _decode_tok_s
-    from minillm.cuda.dev.common import plain_table
-    from minillm.cuda.gpu_model import GPUTransformer
-    from minillm.model.config import PRESETS
-    variants = variants or {"gemv.cu v4": {}, "tma": {"wide_tma": True}}
-    cfg = PRESETS["mistral-7b"].config
-    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
-    gpu = GPUTransformer.random(cfg, "float16", seed=0)
-    cache = gpu.new_cache(prompt_len + n_new + 8)
-    runs = {v: _decode_tok_s(gpu.with_settings(**changes), cache, prompt, n_new) for v, changes in variants.items()}
-    base = next(iter(variants))
-    tps0, tok0 = runs[base]
-    table = []
-    for v, (tps, tok) in runs.items():
-        same = next((i for i, (a, b) in enumerate(zip(tok0, tok)) if a != b), len(tok0))
-        table.append(["fp16", v, f"{tps:.1f}", f"{tps / tps0:.2f}x", f"{same} of {len(tok0)}"])
-    plain_table(f"decode, random Mistral-7B fp16, batch 1, {n_new} new tokens after {prompt_len}, CUDA graph",
-                ["dtype", "kernels", "tok/s", f"vs {base}", f"greedy tokens equal to {base}'s"], table)
-    return table
 
 
 def main(argv=None) -> int:
@@ -236,10 +178,10 @@ def main(argv=None) -> int:
     run_cases(cases)
     if not args.no_timing:
         timings()
-        wide_timings()
+        timings(WIDE_VARIANTS, ("float16",))
     if args.decode:
         decode(variants={"v2": {}, "v4": {"quant_version": 4}})
-        wide_decode()
+        decode(variants={"gemv.cu v4": {}, "tma": {"wide_tma": True}}, methods=("float16",))
     return finish("qtma")
 
 
