@@ -72,6 +72,20 @@ __device__ __forceinline__ void pdl_wait_then_trigger() {
     pdl_trigger();
 }
 
+// L2 prefetches (sm_90's bulk form: one instruction for a whole 16-byte-aligned range, size % 16 == 0). They
+// move bytes from HBM into L2 without registers or a wait, so a warp can have the next rows on their way
+// while it computes, and a kernel can start fetching the next kernel's weights while its own tail runs.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned int bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+}
+
+// The same for any byte range: only the 16-byte-aligned lines inside [p, p + bytes) (rounded inward, so a
+// range at the end of an allocation never reaches past it); nothing when that is empty.
+__device__ __forceinline__ void prefetch_l2_inside(const void* p, unsigned long long bytes) {
+    unsigned long long a = reinterpret_cast<unsigned long long>(p), lo = (a + 15) & ~15ull, hi = (a + bytes) & ~15ull;
+    if (hi > lo) prefetch_l2(reinterpret_cast<const void*>(lo), (unsigned int)(hi - lo));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -247,6 +247,7 @@ extern "C" __global__ void attention_fused_bf16(const float* q, int q_stride, co
 #define GQA_LOADS 4          // K (and V) 16-byte loads in flight per thread per tile
 #define GQA_MAX_SPLITS 64    // the combine's lanes: two splits per lane
 #define GQA_HEAVY_FENCE 1    // flags bit: v2's __threadfence() in every thread around the ticket (to compare)
+#define GQA_PREFETCH_KV 2    // flags bit: the split's cached K/V rows prefetched into L2 before the wait
 
 // A 16-byte load that skips L1 (K/V rows are read once per launch).
 __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
@@ -350,6 +351,57 @@ __device__ __forceinline__ void load_tile(const typename KV::Elem* K, const type
     }
 }
 
+// Lanes a key's K (or V) row is spread over: its pieces (hd / KV::VALS) rounded up to a power of 2.
+template <class KV>
+__device__ __forceinline__ int lanes_per_key(int hd) {
+    int pieces = hd / KV::VALS, lpk = 1;
+    while (lpk < pieces) lpk <<= 1;
+    return lpk;
+}
+
+// Split s of a query at position p whose keys start at lo: how many splits the length asks for (n_splits,
+// at most max_splits and the scratch's part_splits), and split s's keys [start, end) (end <= start: an empty
+// split, which adds nothing). false: split s does not run.
+template <class KV>
+__device__ __forceinline__ bool split_of(int hd, int p, int lo, int split_keys, int max_splits, int part_splits,
+                                         int s, int& n_splits, int& start, int& end) {
+    int tile = KV::LOADS * (GQA_THREADS / lanes_per_key<KV>(hd));
+    int want = split_keys > 0 ? split_keys : tile, n_keys = p + 1 - lo;
+    n_splits = min(min(max_splits, part_splits), (n_keys + want - 1) / want);
+    if (s >= n_splits) return false;
+    int chunk = (n_keys + n_splits - 1) / n_splits;
+    start = lo + s * chunk;
+    end = min(p + 1, start + chunk);
+    return true;
+}
+
+// GQA_PREFETCH_KV, before the wait for the kernel ahead (the qkv GEMV, which appends the newest key): thread 0
+// asks L2 for the K and V rows (and int8 scales) of this block's split that earlier steps cached, so the
+// first tile's loads after the wait find them there instead of in HBM. pos is read before the wait, so it may
+// be one a kernel ahead is still writing: the range is a hint only, kept inside the cache.
+template <class KV, int GM>
+__device__ __forceinline__ void prefetch_split_kv(const typename KV::Elem* k_cache, const typename KV::Elem* v_cache,
+                                                  const float* k_scale, const float* v_scale, int capacity,
+                                                  int n_heads, int n_kv_heads, int hd, const int* pos, int window,
+                                                  int split_keys, int max_splits, int flags) {
+    if (!(flags & GQA_PREFETCH_KV) || threadIdx.x != 0 || capacity <= 0) return;
+    int group = n_heads / n_kv_heads;
+    int kvh = blockIdx.x / ((group + GM - 1) / GM);     // as attention_gqa: GM query heads a block
+    int p = min(max(pos[0] + (int)blockIdx.z, 0), capacity - 1);
+    int lo = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
+    int n_splits, start, end;
+    if (!split_of<KV>(hd, p, lo, split_keys, max_splits, gridDim.y, blockIdx.y, n_splits, start, end)) return;
+    end = min(end, p);                                  // the newest key is the qkv kernel's to write
+    if (end <= start) return;
+    size_t row = (size_t)kvh * capacity, bytes = (size_t)(end - start) * hd * sizeof(typename KV::Elem);
+    prefetch_l2_inside(k_cache + (row + start) * hd, bytes);
+    prefetch_l2_inside(v_cache + (row + start) * hd, bytes);
+    if (KV::SCALED) {
+        prefetch_l2_inside(k_scale + row + start, (size_t)(end - start) * sizeof(float));
+        prefetch_l2_inside(v_scale + row + start, (size_t)(end - start) * sizeof(float));
+    }
+}
+
 template <class KV, int GM>
 __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const typename KV::Elem* __restrict__ k_cache,
                               const typename KV::Elem* __restrict__ v_cache, const float* __restrict__ k_scale,
@@ -371,23 +423,18 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
     int s = blockIdx.y, t = blockIdx.z, part_splits = gridDim.y;     // the scratch's split stride
     int p = pos[0] + t;
     int lo = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
-    int n_keys = p + 1 - lo;
 
     constexpr int VALS = KV::VALS;
     int pieces = hd / VALS;                             // pieces per K/V row
-    int lpk = 1;                                        // lanes per key: pieces rounded up to a power of 2
-    while (lpk < pieces) lpk <<= 1;
+    int lpk = lanes_per_key<KV>(hd);
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int piece = tid & (lpk - 1), slot = tid / lpk, slots = GQA_THREADS / lpk;
     bool active = piece < pieces;
     int tile = KV::LOADS * slots;                       // keys per tile (64 at hd 128)
 
-    int want = split_keys > 0 ? split_keys : tile;
-    int n_splits = min(min(max_splits, part_splits), (n_keys + want - 1) / want);
-    if (s >= n_splits) return;                          // block-uniform: a short context needs fewer splits
-    int chunk = (n_keys + n_splits - 1) / n_splits;
-    int start = lo + s * chunk;
-    int end = min(p + 1, start + chunk);                // may be <= start: an empty split (adds nothing)
+    int n_splits, start, end;
+    if (!split_of<KV>(hd, p, lo, split_keys, max_splits, part_splits, s, n_splits, start, end))
+        return;                                         // block-uniform: a short context needs fewer splits
 
     // Scores in log2 units: q times 1/√hd times log2(e), so that every e^x below is a plain 2^x (exp2f, one
     // MUFU.EX2; expf's accurate path adds range checks and branches). m and the partials are in log2 units too.
@@ -591,6 +638,8 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
         const float* q, int q_stride, const u16* k_cache, const u16* v_cache, int capacity, int n_heads,         \
         int n_kv_heads, int hd, const int* pos, int window, float scale, int split_keys, int max_splits,         \
         int flags, float* part_m, float* part_l, float* part_acc, unsigned int* counters, float* out) {         \
+        prefetch_split_kv<KV16<W>, GM>(k_cache, v_cache, nullptr, nullptr, capacity, n_heads, n_kv_heads, hd, pos,  \
+                                   window, split_keys, max_splits, flags);                                      \
         pdl_wait_then_trigger();                                                                         \
         attention_gqa<KV16<W>, GM>(q, q_stride, k_cache, v_cache, nullptr, nullptr, capacity, n_heads,          \
                                    n_kv_heads, hd, pos, window, scale, split_keys, max_splits, flags, part_m,    \
@@ -611,6 +660,8 @@ ATTENTION_GQA_KERNEL(attention_gqa4_bf16, BF16, 4)
         const float* k_scale, const float* v_scale, int capacity, int n_heads, int n_kv_heads, int hd,           \
         const int* pos, int window, float scale, int split_keys, int max_splits, int flags, float* part_m,       \
         float* part_l, float* part_acc, unsigned int* counters, float* out) {                                   \
+        prefetch_split_kv<KV, GM>(k_cache, v_cache, k_scale, v_scale, capacity, n_heads, n_kv_heads, hd, pos, window, \
+                              split_keys, max_splits, flags);                                                   \
         pdl_wait_then_trigger();                                                                         \
         attention_gqa<KV, GM>(q, q_stride, k_cache, v_cache, k_scale, v_scale, capacity, n_heads, n_kv_heads,  \
                                hd, pos, window, scale, split_keys, max_splits, flags, part_m, part_l, part_acc,  \

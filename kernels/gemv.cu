@@ -140,6 +140,7 @@ extern "C" __global__ void gemv_rmsnorm_v3_bf16(const u16* w, const float* x, co
 // ---- v4 --------------------------------------------------------------------------------------------
 #define V4_U 8              // 16-byte loads in flight per lane per row per step (x 2 rows)
 #define V4_WARPS 4          // row pairs per block (block = 128 threads)
+#define V4_PREWAIT_ROWS 4   // flags bit: the warp's whole rows into L2 before the wait (gemv_quant.cu's twin)
 
 template <class W>
 __device__ __forceinline__ float dot8v(uint4 w, const float* v) {
@@ -168,7 +169,7 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
                                         int rows, int in, int accumulate, u16* __restrict__ k_cache,
                                         u16* __restrict__ v_cache, int capacity, const int* __restrict__ pos,
                                         const float* __restrict__ inv_freq, int n_heads, int n_kv_heads, int hd,
-                                        const NextWeights& next) {
+                                        const NextWeights& next, int flags) {
     int lane = threadIdx.x & 31;
     int p = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);      // this warp's row pair
     if (threadIdx.x == 0) next.prefetch();                             // tail blocks only: see NextWeights
@@ -183,7 +184,8 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
     float acc_a = 0.0f, acc_b = 0.0f, ss = 0.0f;
     int base = 0;
     if (lane == 0) {          // the first step's bytes of both rows on their way to L2 before x is ready (PDL);
-        unsigned int first = (unsigned int)min(n8, 32 * V4_U) * 16u;   // (L2, not registers: the loop is as before)
+        // (L2, not registers: the loop is as before); V4_PREWAIT_ROWS: the whole rows (gemv_quant.cu's Q_PREWAIT_ROWS)
+        unsigned int first = (unsigned int)((flags & V4_PREWAIT_ROWS) ? n8 : min(n8, 32 * V4_U)) * 16u;
         prefetch_l2(wa, first);
         if (rb != ra) prefetch_l2(wb, first);
     }
@@ -237,16 +239,17 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
 // QKV). One signature for every variant (unused arguments: any valid pointer / 0):
 //   w [rows, in] 16-bit; x [in] fp32; gain [in] fp32 (NORM); y: [rows] (PLAIN, QKV) or [rows / 2] (SWIGLU)
 //   k_cache, v_cache: one layer [n_kv_heads, capacity, hd] (QKV); pos [1] int32; inv_freq [hd / 2] fp32;
-//   next_*: the next GEMV's weights to prefetch into L2 from the last next_tail blocks (null / 0: none).
+//   next_*: the next GEMV's weights to prefetch into L2 from the last next_tail blocks (null / 0: none);
+//   flags: V4_PREWAIT_ROWS.
 #define GEMV_V4_KERNEL(NAME, W, NORM, EPI)                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * V4_WARPS) NAME(                                           \
         const u16* w, const float* x, const float* gain, float eps, float* y, int rows, int in, int accumulate, \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,          \
         int n_kv_heads, int hd, const unsigned char* next_a, unsigned long long next_bytes_a,                  \
-        const unsigned char* next_b, unsigned long long next_bytes_b, int next_tail) {                         \
+        const unsigned char* next_b, unsigned long long next_bytes_b, int next_tail, int flags) {              \
         NextWeights next{next_a, next_bytes_a, next_b, next_bytes_b, next_tail};                               \
         gemv_v4<W, NORM, EPI>(w, x, gain, eps, y, rows, in, accumulate, k_cache, v_cache, capacity, pos,        \
-                              inv_freq, n_heads, n_kv_heads, hd, next);                                         \
+                              inv_freq, n_heads, n_kv_heads, hd, next, flags);                                  \
     }
 GEMV_V4_KERNEL(gemv_v4_f16, F16, false, EPI_PLAIN)
 GEMV_V4_KERNEL(gemv_v4_bf16, BF16, false, EPI_PLAIN)

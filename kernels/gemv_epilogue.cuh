@@ -23,13 +23,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return v;
 }
 
-// L2 prefetches (sm_90's bulk form: one instruction for a whole 16-byte-aligned range, size % 16 == 0). They
-// move bytes from HBM into L2 without registers or a wait, so a warp can have the next rows on their way
-// while it computes, and a kernel can start fetching the next kernel's weights while its own tail runs.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned int bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-}
-
 // The weights of the decode step's next GEMV, prefetched into L2 by this kernel's last `tail` blocks
 // (thread 0 of each): up to two ranges (the gate and up halves of [gate; up] start far apart), each split
 // evenly over those blocks. The launch gap and the next kernel's ramp then read L2 instead of waiting on

@@ -175,14 +175,15 @@ __device__ __forceinline__ float stage_x(const float* __restrict__ x, const floa
 
 // Row pair p's weights into L2 (one bulk prefetch a row, by lane 0) and, for int4, its rows' scales and mins
 // (lanes 1-4, a 128-byte line at a time): issued a pair or two ahead, the loads of pair p then hit L2.
+// whole: the rows' every chunk (Q_PREWAIT_ROWS), not just their first Q_PREFETCH_CHUNKS.
 template <int EPI, bool INT4>
 __device__ __forceinline__ void prefetch_pair(int p, int pairs, int rows, int hd, const uint4* qw, int n_chunks,
-                                              const void* scales, const u16* mins, int n_groups) {
+                                              const void* scales, const u16* mins, int n_groups, bool whole = false) {
     RowPair r;
     if (p >= pairs || !row_pair<EPI>(p, rows, hd, r)) return;
     int lane = threadIdx.x & 31;
     if (lane == 0) {
-        unsigned int chunks = Q_PREFETCH_CHUNKS > 0 && n_chunks > Q_PREFETCH_CHUNKS ? Q_PREFETCH_CHUNKS : n_chunks;
+        unsigned int chunks = !whole && Q_PREFETCH_CHUNKS > 0 && n_chunks > Q_PREFETCH_CHUNKS ? Q_PREFETCH_CHUNKS : n_chunks;
         prefetch_l2(qw + (size_t)r.ra * n_chunks, chunks * 16u);
         if (r.rb != r.ra) prefetch_l2(qw + (size_t)r.rb * n_chunks, chunks * 16u);
     } else if (INT4 && lane <= 4) {
@@ -496,6 +497,10 @@ struct Int4RowsH {
 // ---- the kernel -----------------------------------------------------------------------------------------
 #define Q_LOOKAHEAD 1        // flags bit: prefetch each warp's next row pair into L2 while computing this one
 #define Q_LOOKAHEAD_2 2      // flags bit: two pairs ahead instead of one
+// flags bit: before the wait for the kernel ahead, every row of every pair a warp will compute is asked of L2
+// (not just each warp's first Q_PREFETCH_CHUNKS): for a GEMV behind a short kernel that leaves HBM idle
+// (o_proj behind decode attention), whose whole matrix can then arrive during that kernel.
+#define Q_PREWAIT_ROWS 4
 
 template <class F, class W, bool NORM, int EPI>
 __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const void* __restrict__ scales,
@@ -509,8 +514,14 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
     int first = blockIdx.x * Q_WARPS + (threadIdx.x >> 5);            // this warp's first row pair
     int stride = gridDim.x * Q_WARPS;                                  // ... and the distance to its next
     int ahead = (flags & Q_LOOKAHEAD) ? ((flags & Q_LOOKAHEAD_2) ? 2 : 1) : 0;
-    for (int d = 0; d <= ahead; d++)                                   // on their way during the staging
-        prefetch_pair<EPI, F::CHUNK_SUMS>(first + d * stride, pairs, rows, ep.hd, qw, n_chunks, scales, mins, n_groups);
+    if (flags & Q_PREWAIT_ROWS) {
+        for (int p = first; p < pairs; p += stride)
+            prefetch_pair<EPI, F::CHUNK_SUMS>(p, pairs, rows, ep.hd, qw, n_chunks, scales, mins, n_groups, true);
+    } else {
+        for (int d = 0; d <= ahead; d++)                               // on their way during the staging
+            prefetch_pair<EPI, F::CHUNK_SUMS>(first + d * stride, pairs, rows, ep.hd, qw, n_chunks, scales, mins,
+                                              n_groups);
+    }
     if (threadIdx.x == 0 && first + stride >= pairs) next.prefetch();  // a block with one round: now
     pdl_wait_then_trigger();                  // x is the last kernel's output: the prefetches above were not
 
@@ -536,7 +547,7 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
 //   qw [rows, n_chunks] 16-byte chunks; scales: fp32 [rows] (int8) or fp16 [rows, n_groups] (int4);
 //   mins fp16 [rows, n_groups] (int4; int8: any pointer); cpg = chunks per group (g / 32), cpg_shift its
 //   log2 or -1; x [in] fp32; gain [in] fp32 (NORM); pairs = ceil(rows / 2) (PLAIN), rows / 2 (SWIGLU, QKV);
-//   y, the QKV arguments and next_* as in gemv.cu v4 (gemv_epilogue.cuh); flags: Q_LOOKAHEAD(_2).
+//   y, the QKV arguments and next_* as in gemv.cu v4 (gemv_epilogue.cuh); flags: Q_LOOKAHEAD(_2), Q_PREWAIT_ROWS.
 #define GEMV_QUANT_KERNEL(NAME, F, W, NORM, EPI)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * Q_WARPS, Q_MIN_BLOCKS) NAME(                               \
         const uint4* qw, const void* scales, const u16* mins, int n_chunks, int n_groups, int cpg, int cpg_shift,\

@@ -31,3 +31,18 @@ def test_pdl_changes_no_number(quant, kv_cache):
     tokens_pdl, logits_pdl = greedy_run(gpu.with_settings(pdl=True), prompt, 12)
     assert tokens_pdl == tokens
     np.testing.assert_array_equal(logits_pdl, logits)
+
+
+@pytest.mark.parametrize("quant", [None, "int8", "int4"])
+@pytest.mark.parametrize("kv_cache", ["auto", "int8"])
+def test_the_chains_prefetches_change_no_number(quant, kv_cache):
+    """Attention asking L2 for its cached K/V before its wait, o_proj for its whole rows before its own
+    (minillm.cuda.dev.chain): only when bytes arrive changes, so tokens and logits are the same, bit for bit."""
+    from minillm.cuda.kernels import GQA_PREFETCH_KV
+    gpu = GPUTransformer.random(CONFIG, "float16", seed=3, quant=quant).with_options(kv_cache=kv_cache)
+    prompt = np.random.default_rng(1).integers(0, CONFIG.vocab_size, 9)
+    tokens, logits = greedy_run(gpu, prompt, 12)
+    both = gpu.with_settings(attention_flags=GQA_PREFETCH_KV, prefetch_rows_before_wait=("o", "down"))
+    tokens_pf, logits_pf = greedy_run(both, prompt, 12)
+    assert tokens_pf == tokens
+    np.testing.assert_array_equal(logits_pf, logits)

@@ -41,6 +41,7 @@ SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "kv_int8", "decode_attentio
            "paged_attention", "sampling"]   # these two: loaded by gpu_batched.py (the batching engine)
 ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
 GQA_THREADS, GQA_MAX_SPLITS = 256, 64  # decode_attention.cu v3 (attention_gqa*): block size, most splits
+GQA_PREFETCH_KV = 2                    # its flags bit: the split's cached K/V rows into L2 before the wait
 V4_WARPS = 4                           # as #defined in gemv.cu (row pairs per block)
 PF_ROWS, PF_THREADS = 32, 128          # as #defined in prefill_attention.cu (query rows, threads per block)
 PF_HDS = (32, 64, 128)                 # its compile-time head_dim bounds (hd <= HD, hd % 4 == 0)
@@ -48,6 +49,7 @@ MM_ROWS, MM_THREADS = 64, 128          # as #defined in prefill_attention_mma.cu
 MM_HDS = (64, 128)                     # its head_dims (exactly)
 MAX_FUSED_NORM = 12000                 # gemv_rmsnorm_v3 keeps in floats in shared memory (+ static): < 48 KB
 QWARPS = 8                             # as #defined in gemv_quant.cu (row pairs per block)
+PREWAIT_ROWS = 4                       # gemv_quant.cu's Q_PREWAIT_ROWS = gemv.cu's V4_PREWAIT_ROWS (a flags bit)
 QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
 # The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
@@ -209,6 +211,10 @@ class KernelSettings:
     # 223.1), by the last prefetch_tail blocks of a grid (None: 2 per SM, 264 on the H200).
     prefetch_next_bytes: int = 12 << 20
     prefetch_tail: int | None = None
+    # The GEMVs (by label: "o", ...) whose warps ask L2 for their whole rows before waiting for the kernel ahead
+    # (Q_PREWAIT_ROWS / V4_PREWAIT_ROWS), not only each warp's first step: for a GEMV behind a kernel that leaves
+    # HBM idle (o_proj behind decode attention), so its matrix arrives while that kernel runs.
+    prefetch_rows_before_wait: tuple[str, ...] = ()
     # Fused-combine decode attention: 3 = a block per KV head's GQA group, splits chosen from the length at
     # run time (7.6 vs 15.4 µs a layer at 144 keys, 11.9 vs 71.8 at 4096; fp16 decode 244.4 -> 256.6 tok/s);
     # 2 = a block per query head and split (also what v3 falls back to when head_dim % 8).
@@ -219,7 +225,8 @@ class KernelSettings:
     # v3: at most as many blocks as SMs; all splits (a second wave of blocks) is 14.8 vs 9.6 µs at 2048 keys.
     attention_one_wave: bool = True
     # v3: GQA_HEAVY_FENCE (1) = v2's fences in every thread around the ticket instead of one thread's
-    # release/acquire (7.8 vs 7.6 µs at 144 keys).
+    # release/acquire (7.8 vs 7.6 µs at 144 keys); GQA_PREFETCH_KV (2) = each block asks L2 for its split's
+    # cached K/V rows before waiting for the qkv GEMV.
     attention_flags: int = 0
     # int8 KV cache: codes a lane reads per key, 16 (head_dim % 16 == 0; int8 vs 16-bit cache at 32k keys
     # 1.00x) or 8 (the first kernel: 0.96x).
@@ -439,7 +446,12 @@ class Kernels:
         self._launch(name, ((pairs + V4_WARPS - 1) // V4_WARPS,), (32 * V4_WARPS,),
                      (w, x, self._nil_f32 if gain is None else gain, np.float32(eps), y, np.int32(rows),
                       np.int32(n_in), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos,
-                      inv_freq, np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd)) + self._next_args(next_w), label)
+                      inv_freq, np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd)) + self._next_args(next_w)
+                     + (np.int32(self._prewait_flag(label)),), label)
+
+    def _prewait_flag(self, label: str) -> int:
+        """PREWAIT_ROWS for a GEMV that settings.prefetch_rows_before_wait names, else 0."""
+        return PREWAIT_ROWS if label in self.settings.prefetch_rows_before_wait else 0
 
     def _quant(self, name, w, x, gain, eps, y, pairs, accumulate=False, label="", qkv=None, next_w=None) -> None:
         """Launch the gemv_quant.cu twin of v4 variant `name` (gemv_v4, gemv_swiglu_v4, gemv_qkv_v4) for a
@@ -483,7 +495,8 @@ class Kernels:
         self._launch(name, (grid,), (block,),
                      self._quant_args(w.qweight, w.scales, self._nil_u16 if w.mins is None else w.mins, w.n_chunks,
                                       w.n_groups, cpg, x, gain, eps, n_in, pairs, y, rows, accumulate, qkv,
-                                      self.settings.quant_flags, next_w) + extra, label, shared_mem=smem)
+                                      self.settings.quant_flags | self._prewait_flag(label), next_w) + extra,
+                     label, shared_mem=smem)
 
     def _quant_args(self, qw, scales, mins, n_chunks, n_groups, cpg, x, gain, eps, n_in, pairs, y, rows, accumulate,
                     qkv, flags, next_w) -> tuple:

@@ -17,6 +17,8 @@
 #           qfloor: where the quantized GEMV's time goes (dev/qfloor.py: staging or arithmetic taken out) and
 #           the variants that keep v2's results (staging, prefetch, warps an SM, steps): their checks, per matrix
 #           and in decode (QFLOOR_VARIANTS="a,b": only those);
+#           chain: the decode step as a chain (dev/chain.py): each kind of kernel left out, the prefetches across
+#           kernels (CHAIN_ARGS: its options), and their tests;
 #           bprefill: the batching engine's prefill attention on the tensor cores (MINILLM_BATCH_PREFILL=mma): its
 #           GPU tests, paged vs mma µs a layer, then bench serve with it)
 set -u
@@ -45,7 +47,8 @@ SELECT=(); [ -z "${MINILLM_TEST_SMOLLM2:-}" ] && SELECT=(-k "not smollm2")
 SUITE="tests/test_cuda.py tests/test_cuda_kv_int8.py tests/test_cuda_quant.py tests/test_cuda_load.py
     tests/test_flashnorm_gpu.py tests/test_gpu_engine.py tests/test_cuda_mla.py tests/test_decode_launches.py
     tests/test_kernels_compile.py tests/test_gpu_imports.py tests/test_speculative_gpu.py tests/test_cuda_small_m.py
-    tests/test_cuda_pdl.py tests/test_pdl.py tests/test_gpu_mla.py"
+    tests/test_cuda_pdl.py tests/test_pdl.py tests/test_gpu_mla.py tests/test_qtma_plan.py tests/test_qfloor.py
+    tests/test_chain.py"
 for s in $STEPS; do case $s in
 suite)
     step suite 330 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" "${SELECT[@]}" $SUITE ;;
@@ -91,6 +94,9 @@ qmma)
         tests/test_cuda_quant.py tests/test_qmma_emulation.py tests/test_kernels_compile.py ;;
 qtma)      # the quantized GEMV v4 (weights streamed by the TMA): its checks, v2 vs v4 per matrix and in decode
     TAIL=60 step qtma 300 python3 -m minillm.cuda.dev.qtma --decode ;;
+chain)     # the decode chain: what each kind of kernel adds inside it, the prefetches across its links
+    step chain 100 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda_pdl.py tests/test_chain.py
+    TAIL=45 step chain 420 python3 -m minillm.cuda.dev.chain ${CHAIN_ARGS:-} ;;
 qfloor)
     TAIL=40 step qfloor 300 python3 -m minillm.cuda.dev.qfloor --decode ${QFLOOR_VARIANTS:+--variants "$QFLOOR_VARIANTS"} ;;
 bprefill)  # paged_prefill_attention_mma: tests, µs a layer against the group kernel, the server with it on

@@ -1,0 +1,143 @@
+"""The decode step as a chain of kernels: what each kind costs inside it, and prefetches across its links.
+
+A kernel timed alone (32 copies of it in a graph) is not what it costs in the decode step: there each
+kernel starts during the one ahead (programmatic dependent launch) and finds some of its weights already
+in L2. So this module measures inside the chain:
+
+    parts     decode tok/s with one kind of kernel left out of the captured step (its launches not made:
+              the outputs are wrong by design, the timing is what is kept): the step's time minus that,
+              a layer, is what the kind adds to the chain (its marginal µs), beside its share of the bytes
+    prefetch  the prefetches that use a short kernel's idle HBM, against the default in alternating rounds
+              (the machine drifts), after a check that each gives the same tokens and logits, bit for bit
+              (a prefetch only moves bytes into L2): decode attention asking L2 for its split's cached K/V
+              before it waits for the qkv GEMV (GQA_PREFETCH_KV), and o_proj's warps asking for their whole
+              rows before they wait for attention (KernelSettings.prefetch_rows_before_wait)
+
+    python -m minillm.cuda.dev.chain [--quick] [--rounds N] [--new-tokens N] [--formats float16,int8,int4]
+
+Importing this module does not import CuPy.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from minillm.cuda.dev.bench import bench_config, decode_bytes, decode_tok_s
+from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
+from minillm.cuda.dev.model import greedy
+from minillm.cuda.kernels import GQA_PREFETCH_KV
+
+FORMATS = ("float16", "int8", "int4")
+# What a decode step launches, by kind: the GEMVs by their label, attention by its kernel's name.
+KINDS = ("qkv", "attention", "o", "gate_up", "down", "lm_head")
+LEFT_OUT = {"qkv": ("qkv",), "attention": ("attention",), "o": ("o",), "gate_up": ("gate_up",),
+            "down": ("down",), "attention + o": ("attention", "o"), "every GEMV of a layer":
+            ("qkv", "o", "gate_up", "down")}
+PREFETCHES = {"default": {}, "K/V before the wait": {"attention_flags": GQA_PREFETCH_KV},
+              "o's rows before the wait": {"prefetch_rows_before_wait": ("o",)},
+              "both": {"attention_flags": GQA_PREFETCH_KV, "prefetch_rows_before_wait": ("o",)}}
+
+
+def kind_of(name: str, label: str) -> str | None:
+    """The KINDS entry a launch belongs to (None: embed, kv_append_int8, the head's norm, ...)."""
+    if label in KINDS:
+        return label
+    return "attention" if name.startswith("attention") else None
+
+
+def leaving_out(gpu, kinds: tuple[str, ...]):
+    """A copy of gpu whose decode step skips every launch of `kinds` (prefill's launches carry no such label
+    or name, so prompts still fill the cache). Its own Kernels object, so its graph is captured apart."""
+    other = gpu.with_settings()
+    launch = other.k._launch
+
+    def maybe(name, grid, block, args, label="", shared_mem=0):
+        if kind_of(name, label) not in kinds:
+            launch(name, grid, block, args, label, shared_mem)
+    other.k._launch = maybe
+    return other
+
+
+def _median_rounds(models: dict, cache, prompt, n_new: int, rounds: int) -> dict[str, float]:
+    """Median decode tok/s of each model, the order of the models alternating round by round."""
+    seen: dict[str, list[float]] = {v: [] for v in models}
+    order = list(models)
+    for r in range(rounds):
+        for v in (order if r % 2 == 0 else order[::-1]):
+            seen[v].append(decode_tok_s(models[v], cache, prompt, n_new)[0])
+    return {v: float(np.median(t)) for v, t in seen.items()}
+
+
+def parts(gpu, cache, prompt, n_new: int, rounds: int, fmt: str) -> list[list]:
+    """What each kind adds to the step: (full step - step without it) / layers, in µs, beside the step."""
+    models = {"full step": gpu} | {label: leaving_out(gpu, kinds) for label, kinds in LEFT_OUT.items()}
+    tps = _median_rounds(models, cache, prompt, n_new, rounds)
+    n_layers, full_us = gpu.config.n_layers, 1e6 / tps["full step"]
+    rows = [[fmt, "full step", f"{tps['full step']:.1f}", f"{full_us:.0f}", "", ""]]
+    for label in LEFT_OUT:
+        us = 1e6 / tps[label]
+        rows.append([fmt, f"without {label}", f"{tps[label]:.1f}", f"{us:.0f}", f"{(full_us - us) / n_layers:.1f}",
+                     f"{100 * (full_us - us) / full_us:.0f}%"])
+    return rows
+
+
+def same_numbers(gpu, prompt, label: str, changes: dict) -> None:
+    """A prefetch changes when bytes arrive, never a number: tokens and logits equal the default's exactly."""
+    runs = []
+    for model in (gpu, gpu.with_settings(**changes)):
+        tokens, logits = greedy(model, prompt, 17, model.new_cache(len(prompt) + 24))
+        runs.append((tokens, np.stack(logits)))
+    diff = float(np.max(np.abs(runs[0][1] - runs[1][1])))
+    verdict(f"chain {label}", runs[0][0] == runs[1][0] and diff == 0.0,
+            f"tokens equal {runs[0][0] == runs[1][0]}, largest logit change {diff:g}")
+
+
+def prefetches(gpu, cache, prompt, n_new: int, rounds: int, fmt: str, bw: float) -> list[list]:
+    for label, changes in list(PREFETCHES.items())[1:]:
+        same_numbers(gpu, prompt, f"{fmt}: {label}", changes)
+    models = {label: gpu.with_settings(**changes) for label, changes in PREFETCHES.items()}
+    tps = _median_rounds(models, cache, prompt, n_new, rounds)
+    per_token, _ = decode_bytes(gpu.config, gpu.weight_bytes, len(prompt), n_new)
+    return [[fmt, label, f"{t:.1f}", f"{100 * per_token * t / bw:.0f}%", f"{t / tps['default']:.3f}x"]
+            for label, t in tps.items()]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.chain", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small model instead of the Mistral-7B shape")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--no-parts", action="store_true", help="only the prefetches")
+    args = ap.parse_args(argv)
+    formats = args.formats.split(",")
+    if not require_gpu(ap.prog) or not set(formats) <= set(FORMATS):
+        return 2
+    import cupy as cp
+    from minillm.cuda.dev.timing import copy_bandwidth
+    from minillm.cuda.gpu_model import GPUTransformer
+    cfg = bench_config(args.quick)
+    bw = copy_bandwidth(2048 << 20)
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, 16)
+    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; {'quick shape' if args.quick else 'mistral-7b shape'}, random weights")
+    part_rows, prefetch_rows = [], []
+    for fmt in formats:
+        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if fmt == "float16" else fmt)
+        cache = gpu.new_cache(len(prompt) + args.new_tokens + 8)
+        if not args.no_parts:
+            part_rows += parts(gpu, cache, prompt, args.new_tokens, args.rounds, fmt)
+        prefetch_rows += prefetches(gpu, cache, prompt, args.new_tokens, args.rounds, fmt, bw)
+        del gpu, cache
+        cp.get_default_memory_pool().free_all_blocks()
+    title = f"decode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating rounds"
+    if part_rows:
+        plain_table(f"\n{title}: each kind left out", ["weights", "step", "tok/s", "µs a token",
+                                                       "µs a layer it adds", "share of the step"], part_rows)
+    plain_table(f"\n{title}: prefetches", ["weights", "variant", "tok/s", "% of copy", "vs default"], prefetch_rows)
+    return finish(ap.prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
