@@ -72,6 +72,30 @@ __device__ __forceinline__ void pdl_wait_then_trigger() {
     pdl_trigger();
 }
 
+// A barrier across every block of the grid, for a kernel whose blocks are all resident at once (a grid of at
+// most the blocks an SM holds times the SMs: kernels/gemv_layer.cuh). bar: two uint32 in global memory,
+// {arrived, generation}, zero before the first launch; the last block to arrive resets `arrived` and moves
+// the generation on, which the others wait to see. The block's writes before it are visible to every block
+// after it (the fence and the release / acquire at GPU scope, as cooperative groups' grid sync does).
+__device__ __forceinline__ void grid_barrier(unsigned int* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int gen, arrived, now;
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+        __threadfence();
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");
+        if (arrived == gridDim.x * gridDim.y * gridDim.z - 1) {
+            asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" :: "l"(bar), "r"(0u) : "memory");
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(bar + 1), "r"(gen + 1) : "memory");
+        } else {
+            do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar + 1) : "memory");
+            } while (now == gen);
+        }
+    }
+    __syncthreads();
+}
+
 // L2 prefetches (sm_90's bulk form: one instruction for a whole 16-byte-aligned range, size % 16 == 0). They
 // move bytes from HBM into L2 without registers or a wait, so a warp can have the next rows on their way
 // while it computes, and a kernel can start fetching the next kernel's weights while its own tail runs.

@@ -507,7 +507,7 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
                                            const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
                                            int cpg_shift, const float* __restrict__ x, const float* __restrict__ gain,
                                            float eps, int in, int pairs, int rows, const Epilogue<W>& ep, int flags,
-                                           const NextWeights& next) {
+                                           const NextWeights& next, unsigned int* grid_bar = nullptr) {
     extern __shared__ float4 smem4[];
     float* smem = reinterpret_cast<float*>(smem4);                    // x as the format stages it (F::stage)
     int lane = threadIdx.x & 31;
@@ -523,7 +523,10 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
                                               n_groups);
     }
     if (threadIdx.x == 0 && first + stride >= pairs) next.prefetch();  // a block with one round: now
-    pdl_wait_then_trigger();                  // x is the last kernel's output: the prefetches above were not
+    if (grid_bar != nullptr)                  // a later phase of gemv_layer.cuh's kernel: x is an earlier phase's
+        grid_barrier(grid_bar);
+    else
+        pdl_wait_then_trigger();              // x is the last kernel's output: the prefetches above were not
 
     float ss = F::template stage<NORM>(x, gain, in, n_chunks, smem);
     float inv_rms = NORM ? rsqrtf(ss / (float)in + eps) : 1.0f;
@@ -651,3 +654,7 @@ extern "C" __global__ void fill_random_words(unsigned int* out, unsigned long lo
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x)
         out[k] = hash_u32(k, seed);
 }
+
+#ifdef Q_LAYER_KERNELS      // dev/layer.py's experiment: a layer's four GEMVs as one kernel
+#include "gemv_layer.cuh"
+#endif

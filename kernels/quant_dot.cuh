@@ -75,6 +75,25 @@ __device__ __forceinline__ unsigned int dot8_i4_h2(unsigned int w, uint4 x, unsi
 // ---- x in chunks: loaded, scaled, packed --------------------------------------------------------------------
 #define X_TOP 5              // each chunk of x is scaled so that its largest |value| lies in [2^(X_TOP-1), 2^X_TOP)
 
+// x's loads. By default through the read-only path; with Q_X_COHERENT (the one-kernel-a-layer experiment,
+// kernels/gemv_layer.cuh, whose phases read an x that other blocks of the same kernel have just written) from
+// L2, where those writes are: an SM's L1 may still hold the lines it read in an earlier phase.
+__device__ __forceinline__ float4 ld_x4(const float* __restrict__ base, int k) {     // float4 k from base
+#ifdef Q_X_COHERENT
+    return __ldcg(reinterpret_cast<const float4*>(base) + k);
+#else
+    return reinterpret_cast<const float4*>(base)[k];
+#endif
+}
+
+__device__ __forceinline__ float ld_x(const float* __restrict__ base, int i) {
+#ifdef Q_X_COHERENT
+    return __ldcg(base + i);
+#else
+    return base[i];
+#endif
+}
+
 // chunk c of x (times gain when NORM) -> v[C] (zeros past `in`); Σ x² of it added to ss in x's order (NORM)
 template <int C, bool NORM>
 __device__ __forceinline__ void load_x_chunk(const float* __restrict__ x, const float* __restrict__ gain, int in,
@@ -83,7 +102,7 @@ __device__ __forceinline__ void load_x_chunk(const float* __restrict__ x, const 
     if (vec && i0 + C <= in) {
 #pragma unroll
         for (int k = 0; k < C / 4; k++) {
-            float4 a = reinterpret_cast<const float4*>(x + i0)[k];
+            float4 a = ld_x4(x + i0, k);
             v[4 * k] = a.x; v[4 * k + 1] = a.y; v[4 * k + 2] = a.z; v[4 * k + 3] = a.w;
             if (NORM) {
                 ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
@@ -94,7 +113,7 @@ __device__ __forceinline__ void load_x_chunk(const float* __restrict__ x, const 
     } else {
 #pragma unroll
         for (int k = 0; k < C; k++) {
-            float a = i0 + k < in ? x[i0 + k] : 0.0f;
+            float a = i0 + k < in ? ld_x(x, i0 + k) : 0.0f;
             if (NORM) {
                 ss += a * a;
                 a *= i0 + k < in ? gain[i0 + k] : 0.0f;

@@ -1,0 +1,158 @@
+"""A layer's four quantized GEMVs as one kernel (kernels/gemv_layer.cuh), against the engine's four launches.
+
+The lever the decode chain's measurements point to (lessons/BENCHMARKS.md, issue 24): fewer launch
+boundaries. The experiment keeps every GEMV's code and arguments and changes only what separates them: a
+grid barrier inside one resident grid instead of a kernel boundary bridged by programmatic dependent launch.
+Decode attention, which sits between qkv and o, is left out of both sides (dev.chain's "without attention"):
+
+    check   greedy logits of the step with the layer kernels equal the engine's step without attention, bit
+            for bit (the same pairs computed by the same code: only the barrier between them changed)
+    time    decode tok/s: the engine's full step, its step without attention, and the layer kernels, in
+            alternating rounds (int8 and int4 weights; Mistral-7B shape, random weights)
+
+    python -m minillm.cuda.dev.layer [--quick] [--rounds N] [--new-tokens N]
+
+Importing this module does not import CuPy.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from minillm.cuda.dev.bench import bench_config, decode_bytes
+from minillm.cuda.dev.chain import _median_rounds, leaving_out
+from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
+from minillm.cuda.dev.model import greedy
+
+PHASES = ("qkv", "o", "gate_up", "down")            # the layer kernel's phases, in order
+WORDS = 24                                          # kernel arguments a phase (LAYER_ARGS): _quant_args' first 24
+DEFINES = ("-DQ_LAYER_KERNELS=1", "-DQ_X_COHERENT=1")
+
+
+def phase_words(args) -> list[int]:
+    """One GEMV's recorded launch arguments (Kernels._quant_args) as the layer kernel's 64-bit words:
+    device arrays as their addresses, integers as themselves, eps (argument 9) as its float32 bits."""
+    words = []
+    for i, a in enumerate(args[:WORDS]):
+        if hasattr(a, "data") and hasattr(a.data, "ptr"):
+            words.append(int(a.data.ptr))
+        elif i == 9:
+            words.append(int(np.float32(a).view(np.uint32)))
+        else:
+            words.append(int(a) & 0xFFFFFFFFFFFFFFFF)
+    return words
+
+
+def plan_step(launches: list[tuple]) -> list[tuple]:
+    """The recorded launches of one engine step (attention already left out) -> the layer-kernel step: each
+    layer's four GEMVs become ("layer", [4 x WORDS words], widest shared memory); every other launch (embed,
+    the head) stays as it was. Refuses a step whose GEMVs do not come in the phases' order."""
+    step, i = [], 0
+    while i < len(launches):
+        name, grid, block, args, label, smem = launches[i]
+        if label != "qkv":
+            if label in PHASES[1:]:
+                raise ValueError(f"a {label} GEMV outside a qkv, o, gate_up, down run: {name}")
+            step.append(launches[i])
+            i += 1
+            continue
+        group = launches[i:i + 4]
+        if [g[4] for g in group] != list(PHASES):
+            raise ValueError(f"a layer's GEMVs: {[g[4] for g in group]}, expected {list(PHASES)}")
+        step.append(("layer", sum((phase_words(g[3]) for g in group), []), max(g[5] for g in group)))
+        i += 4
+    return step
+
+
+def layer_kernel_model(gpu, method: str):
+    """A copy of the quantized gpu whose decode step runs the layer kernels (attention left out)."""
+    import cupy as cp
+    from minillm.cuda import pdl
+    from minillm.cuda.kernels import _capturing, kernel_source
+    mod = cp.RawModule(code=kernel_source("gemv_quant"), options=("--std=c++17",) + DEFINES)
+    fn = mod.get_function(f"gemv_layer_{method}_f16")
+    fn.max_dynamic_shared_size_bytes = gpu.k.max_quant_smem
+    grid, block = (2 * gpu.k.n_sms,), (256,)
+    other = leaving_out(gpu, ("attention",))
+    bar = cp.zeros(2, cp.uint32)
+    plans: dict[int, tuple] = {}
+
+    def recorded(cache) -> list[tuple]:
+        """The launches `other` would make for one step on `cache`, recorded (none made)."""
+        calls = []
+        recorder = gpu.with_settings()
+        recorder.k._launch = lambda name, g, b, args, label="", shared_mem=0: calls.append(
+            (name, g, b, args, label, shared_mem))
+        leaving_out(recorder, ("attention",)).decode_step(cache)
+        return calls
+
+    def decode_step(cache, n_layers=None):
+        if id(cache) not in plans:                   # the arguments name this cache's buffers
+            step = plan_step(recorded(cache))
+            words = [cp.asarray(np.array(s[1], dtype=np.uint64)) for s in step if s[0] == "layer"]
+            plans[id(cache)] = step, words
+        step, words = plans[id(cache)]
+        layer = iter(words)
+        for s in step:
+            if s[0] != "layer":
+                other.k._launch(*s)
+                continue
+            args = (next(layer), bar)
+            if gpu.settings.pdl and _capturing():
+                pdl.launch(fn, grid, block, args, s[2])
+            else:
+                fn(grid, block, args, shared_mem=s[2])
+    other.decode_step = decode_step
+    return other
+
+
+def check(reference, layered, prompt, label: str) -> None:
+    runs = []
+    for model in (reference, layered):
+        tokens, logits = greedy(model, prompt, 9, model.new_cache(len(prompt) + 16))
+        runs.append((tokens, np.stack(logits)))
+    diff = float(np.max(np.abs(runs[0][1] - runs[1][1])))
+    verdict(f"layer kernel {label}", runs[0][0] == runs[1][0] and diff == 0.0,
+            f"tokens equal {runs[0][0] == runs[1][0]}, largest logit change {diff:g}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.layer", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small model instead of the Mistral-7B shape")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    args = ap.parse_args(argv)
+    if not require_gpu(ap.prog):
+        return 2
+    import cupy as cp
+    from minillm.cuda.dev.timing import copy_bandwidth
+    from minillm.cuda.gpu_model import GPUTransformer
+    cfg = bench_config(args.quick)
+    bw = copy_bandwidth(2048 << 20)
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, 16)
+    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; {'quick shape' if args.quick else 'mistral-7b shape'}, random weights")
+    rows = []
+    for method in ("int8", "int4"):
+        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
+        models = {"engine, full step": gpu, "engine without attention": leaving_out(gpu, ("attention",)),
+                  "layer kernels without attention": layer_kernel_model(gpu, method)}
+        check(models["engine without attention"], models["layer kernels without attention"], prompt, method)
+        cache = gpu.new_cache(len(prompt) + args.new_tokens + 8)
+        tps = _median_rounds(models, cache, prompt, args.new_tokens, args.rounds)
+        per_token, _ = decode_bytes(cfg, gpu.weight_bytes, len(prompt), args.new_tokens)
+        base = tps["engine without attention"]
+        for label, t in tps.items():
+            rows.append([method, label, f"{t:.1f}", f"{1e6 / t:.0f}", f"{100 * per_token * t / bw:.0f}%",
+                         f"{t / base:.3f}x"])
+        del gpu, models, cache
+        cp.get_default_memory_pool().free_all_blocks()
+    plain_table(f"\ndecode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating "
+                "rounds", ["weights", "step", "tok/s", "µs a token", "% of copy", "vs the engine without attention"],
+                rows)
+    return finish(ap.prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
