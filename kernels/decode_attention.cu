@@ -402,13 +402,23 @@ __device__ __forceinline__ void prefetch_split_kv(const typename KV::Elem* k_cac
     }
 }
 
+// Which block of the grid this is: the launch's own (blockIdx.x: KV head and GM-head chunk, .y: split, .z:
+// query; gridDim.y: the scratch's split stride), or one a persistent kernel assigns (kernels/gemv_layer.cuh).
+struct GqaBlock {
+    unsigned int x;     // unsigned, as blockIdx.x: the same divisions as before there was a choice
+    int s, t, part_splits;
+    static __device__ __forceinline__ GqaBlock of_launch() {
+        return GqaBlock{blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, (int)gridDim.y};
+    }
+};
+
 template <class KV, int GM>
 __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const typename KV::Elem* __restrict__ k_cache,
                               const typename KV::Elem* __restrict__ v_cache, const float* __restrict__ k_scale,
                               const float* __restrict__ v_scale, int capacity, int n_heads, int n_kv_heads, int hd,
                               const int* pos, int window, float scale, int split_keys, int max_splits, int flags,
                               float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_acc,
-                              unsigned int* __restrict__ counters, float* __restrict__ out) {
+                              unsigned int* __restrict__ counters, float* __restrict__ out, GqaBlock b) {
     __shared__ float sm_m[GQA_WARPS][GM], sm_l[GQA_WARPS][GM];
     __shared__ float sm_acc[GQA_WARPS][GM][MAX_HD];
     __shared__ float sm_w[GM][GQA_MAX_SPLITS];
@@ -417,10 +427,10 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
     // which heads, which keys
     int group = n_heads / n_kv_heads;
     int chunks = (group + GM - 1) / GM;                 // blocks per KV head (GM query heads each)
-    int kvh = blockIdx.x / chunks, c = blockIdx.x - kvh * chunks;
+    int kvh = b.x / chunks, c = b.x - kvh * chunks;
     int h0 = kvh * group + c * GM;                      // first query head of this block
     int gn = min(GM, group - c * GM);                   // how many it serves
-    int s = blockIdx.y, t = blockIdx.z, part_splits = gridDim.y;     // the scratch's split stride
+    int s = b.s, t = b.t, part_splits = b.part_splits;     // part_splits: the scratch's split stride
     int p = pos[0] + t;
     int lo = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
 
@@ -585,7 +595,7 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
     // Fused combine: the last of the n_splits blocks of (t, KV head, chunk) merges them. The barrier orders
     // the block's partial writes before thread 0's ticket, a release (and acquire) at GPU scope: the
     // pattern of a cooperative grid sync, one fence for the block instead of v2's fence in every thread.
-    unsigned int* counter = counters + (size_t)t * n_heads + blockIdx.x;
+    unsigned int* counter = counters + (size_t)t * n_heads + b.x;
     if (flags & GQA_HEAVY_FENCE) __threadfence();
     __syncthreads();
     if (tid == 0) {
@@ -643,7 +653,7 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
         pdl_wait_then_trigger();                                                                         \
         attention_gqa<KV16<W>, GM>(q, q_stride, k_cache, v_cache, nullptr, nullptr, capacity, n_heads,          \
                                    n_kv_heads, hd, pos, window, scale, split_keys, max_splits, flags, part_m,    \
-                                   part_l, part_acc, counters, out);                                            \
+                                   part_l, part_acc, counters, out, GqaBlock::of_launch());                     \
     }
 ATTENTION_GQA_KERNEL(attention_gqa1_f16, F16, 1)
 ATTENTION_GQA_KERNEL(attention_gqa1_bf16, BF16, 1)
@@ -665,7 +675,7 @@ ATTENTION_GQA_KERNEL(attention_gqa4_bf16, BF16, 4)
         pdl_wait_then_trigger();                                                                         \
         attention_gqa<KV, GM>(q, q_stride, k_cache, v_cache, k_scale, v_scale, capacity, n_heads, n_kv_heads,  \
                                hd, pos, window, scale, split_keys, max_splits, flags, part_m, part_l, part_acc,  \
-                               counters, out);                                                                   \
+                               counters, out, GqaBlock::of_launch());                                            \
     }
 ATTENTION_GQA_INT8_KERNEL(attention_gqa1_int8, KV8, 1)
 ATTENTION_GQA_INT8_KERNEL(attention_gqa2_int8, KV8, 2)

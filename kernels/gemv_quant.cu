@@ -654,7 +654,3 @@ extern "C" __global__ void fill_random_words(unsigned int* out, unsigned long lo
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x)
         out[k] = hash_u32(k, seed);
 }
-
-#ifdef Q_LAYER_KERNELS      // dev/layer.py's experiment: a layer's four GEMVs as one kernel
-#include "gemv_layer.cuh"
-#endif

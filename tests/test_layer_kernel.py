@@ -11,8 +11,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from minillm.cuda.dev.layer import DEFINES, PHASES, WORDS, phase_words, plan_step
-from minillm.cuda.kernels import KERNEL_DIR, Kernels, KernelSettings
+from minillm.cuda.dev.layer import DEFINES, PHASES, WORDS, layer_source, phase_words, plan_step
+from minillm.cuda.kernels import Kernels, KernelSettings
 
 
 class Device:
@@ -23,13 +23,14 @@ class Device:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_the_layer_kernels_compile_within_two_blocks_an_sm(tmp_path):
+    (tmp_path / "layer.cu").write_text(layer_source())
     result = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-Werror", "all-warnings", *DEFINES, "-cubin",
-                             "-Xptxas", "-v", str(KERNEL_DIR / "gemv_quant.cu"), "-o", str(tmp_path / "k.cubin")],
+                             "-Xptxas", "-v", str(tmp_path / "layer.cu"), "-o", str(tmp_path / "k.cubin")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    used = dict(re.findall(r"Function properties for (gemv_layer_int[48]_f16)\n.*?\n.*?Used (\d+) registers",
+    used = dict(re.findall(r"Function properties for (gemv_layer_int[48](?:_attn)?)\n.*?\n.*?Used (\d+) registers",
                            result.stderr, re.S))
-    assert set(used) == {"gemv_layer_int8_f16", "gemv_layer_int4_f16"}
+    assert set(used) == {"gemv_layer_int8", "gemv_layer_int4", "gemv_layer_int8_attn", "gemv_layer_int4_attn"}
     assert all(int(n) <= 128 for n in used.values())          # 2 blocks of 256 threads: 65536 registers
 
 
@@ -40,7 +41,7 @@ def test_a_gemvs_arguments_become_the_kernels_words():
     k._nil_f32, k._nil_u16, k._nil_i32 = Device(16), Device(32), Device(48)
     args = k._quant_args(Device(0x1000), Device(0x2000), Device(0x3000), 256, 32, 4, Device(0x4000), Device(0x5000),
                          1e-5, 4096, 2048, Device(0x6000), 4096, True, None, 1, None)
-    words = phase_words(args)
+    words = phase_words(("gemv_int8", (264,), (256,), args, "o", 0))
     assert len(words) == WORDS
     assert words[:3] == [0x1000, 0x2000, 0x3000] and words[3:7] == [256, 32, 4, 2]      # cpg 4: its log2, 2
     assert words[7:9] == [0x4000, 0x5000] and np.uint32(words[9]).view(np.float32) == np.float32(1e-5)
@@ -48,20 +49,35 @@ def test_a_gemvs_arguments_become_the_kernels_words():
     assert words[15:17] == [32, 32] and words[23] == 1                    # no KV append: stand-ins; flags
 
 
-def _launch(label, smem=0, args=()):
-    return (f"gemv {label}", (264,), (256,), args, label, smem)
+def _launch(label, smem=0, args=tuple(range(WORDS + 5))):
+    name = "attention_gqa4" if label == "attention" else f"gemv {label}"
+    return (name, (264, 3, 1), (256,), args[:19] if label == "attention" else args, "" if label == "attention"
+            else label, smem)
 
 
-def test_a_step_becomes_embed_a_layer_kernel_a_layer_and_the_head():
-    args = tuple(range(WORDS + 5))
-    layer = [_launch(p, 1000 * (i + 1), args) for i, p in enumerate(PHASES)]
-    step = plan_step([("embed", (1,), (128,), (), "", 0)] + layer + layer + [_launch("lm_head")])
+def test_attentions_words_end_with_its_scratchs_split_stride():
+    """attention_gqa's 19 arguments (scale, argument 10, as float bits), then grid.y, then zeros."""
+    words = phase_words(_launch("attention"))
+    assert words[:10] == list(range(10)) and np.uint32(words[10]).view(np.float32) == np.float32(10)
+    assert words[11:19] == list(range(11, 19)) and words[19:] == [3, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match="group attention"):
+        phase_words(("attention_fused", (32, 3, 1), (128,), tuple(range(16)), "", 0))
+
+
+@pytest.mark.parametrize("attention", [True, False])
+def test_a_step_becomes_embed_a_layer_kernel_a_layer_and_the_head(attention):
+    phases = [p for p in PHASES if attention or p != "attention"]
+    layer = [_launch(p, 1000 * (i + 1)) for i, p in enumerate(phases)]
+    step = plan_step([("embed", (1,), (128,), (), "", 0)] + layer + layer + [_launch("lm_head")], attention)
     assert [s[0] for s in step] == ["embed", "layer", "layer", "gemv lm_head"]
-    assert step[1][1] == phase_words(args) * 4 and step[1][2] == 4000        # the widest phase's shared memory
+    assert step[1][1] == sum((phase_words(g) for g in layer), []) and len(step[1][1]) == WORDS * len(phases)
+    assert step[1][2] == 1000 * len(phases)                                   # the widest phase's shared memory
 
 
 def test_a_step_out_of_the_phases_order_is_refused():
     with pytest.raises(ValueError, match="expected"):
-        plan_step([_launch(p) for p in ("qkv", "gate_up", "o", "down")])
+        plan_step([_launch(p) for p in ("qkv", "gate_up", "o", "down")], False)
+    with pytest.raises(ValueError, match="expected"):                          # attention missing
+        plan_step([_launch(p) for p in ("qkv", "o", "gate_up", "down")], True)
     with pytest.raises(ValueError, match="outside"):
-        plan_step([_launch("o")])
+        plan_step([_launch("o")], False)

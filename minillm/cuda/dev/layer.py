@@ -1,14 +1,15 @@
-"""A layer's four quantized GEMVs as one kernel (kernels/gemv_layer.cuh), against the engine's four launches.
+"""A decoder layer as one kernel (kernels/gemv_layer.cuh), against the engine's launch a kernel.
 
 The lever the decode chain's measurements point to (lessons/BENCHMARKS.md, issue 24): fewer launch
-boundaries. The experiment keeps every GEMV's code and arguments and changes only what separates them: a
+boundaries. The experiment keeps every kernel's code and arguments and changes only what separates them: a
 grid barrier inside one resident grid instead of a kernel boundary bridged by programmatic dependent launch.
-Decode attention, which sits between qkv and o, is left out of both sides (dev.chain's "without attention"):
+Two layer kernels: the whole layer (qkv, attention, o, gate_up, down), and its four GEMVs alone (attention
+left out, as dev.chain's "without attention" step leaves it out of the engine's):
 
-    check   greedy logits of the step with the layer kernels equal the engine's step without attention, bit
-            for bit (the same pairs computed by the same code: only the barrier between them changed)
-    time    decode tok/s: the engine's full step, its step without attention, and the layer kernels, in
-            alternating rounds (int8 and int4 weights; Mistral-7B shape, random weights)
+    check   greedy logits of each equal the engine's same step, bit for bit (the same outputs computed by the
+            same code: only the barrier between them changed, and attention's query heads a block)
+    time    decode tok/s of the four steps in alternating rounds (int8 and int4 weights, Mistral-7B shape,
+            random weights, 16-bit KV cache)
 
     python -m minillm.cuda.dev.layer [--quick] [--rounds N] [--new-tokens N]
 
@@ -22,75 +23,103 @@ import sys
 import numpy as np
 
 from minillm.cuda.dev.bench import bench_config, decode_bytes
-from minillm.cuda.dev.chain import _median_rounds, leaving_out
+from minillm.cuda.dev.chain import _median_rounds, kind_of, leaving_out
 from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
 from minillm.cuda.dev.model import greedy
 
-PHASES = ("qkv", "o", "gate_up", "down")            # the layer kernel's phases, in order
-WORDS = 24                                          # kernel arguments a phase (LAYER_ARGS): _quant_args' first 24
-DEFINES = ("-DQ_LAYER_KERNELS=1", "-DQ_X_COHERENT=1")
+PHASES = ("qkv", "attention", "o", "gate_up", "down")      # the layer kernel's phases, in order
+WORDS = 24                                                  # 64-bit words a phase (LAYER_ARGS)
+DEFINES = ("-DQ_X_COHERENT=1",)
+FILES = ("gemv_quant.cu", "decode_attention.cu", "gemv_layer.cuh")   # the layer kernels use the first two's code
 
 
-def phase_words(args) -> list[int]:
-    """One GEMV's recorded launch arguments (Kernels._quant_args) as the layer kernel's 64-bit words:
-    device arrays as their addresses, integers as themselves, eps (argument 9) as its float32 bits."""
+def layer_source() -> str:
+    """gemv_quant.cu, decode_attention.cu and gemv_layer.cuh as one source, each header pasted once."""
+    from minillm.cuda.kernels import KERNEL_DIR, _paste_includes
+    seen: set = set()
+    text = "\n".join(_paste_includes((KERNEL_DIR / name).read_text(), seen) for name in FILES)
+    return text.replace("#pragma once\n", "")
+
+
+def as_words(args, floats=()) -> list[int]:
+    """Launch arguments as 64-bit words: device arrays as their addresses, the arguments at `floats` as their
+    float32 bits, integers as themselves."""
     words = []
-    for i, a in enumerate(args[:WORDS]):
+    for i, a in enumerate(args):
         if hasattr(a, "data") and hasattr(a.data, "ptr"):
             words.append(int(a.data.ptr))
-        elif i == 9:
+        elif i in floats:
             words.append(int(np.float32(a).view(np.uint32)))
         else:
             words.append(int(a) & 0xFFFFFFFFFFFFFFFF)
     return words
 
 
-def plan_step(launches: list[tuple]) -> list[tuple]:
-    """The recorded launches of one engine step (attention already left out) -> the layer-kernel step: each
-    layer's four GEMVs become ("layer", [4 x WORDS words], widest shared memory); every other launch (embed,
-    the head) stays as it was. Refuses a step whose GEMVs do not come in the phases' order."""
+def phase_words(launch: tuple) -> list[int]:
+    """One recorded launch (name, grid, block, args, label, shared memory) as its phase's WORDS words: a GEMV's
+    first 24 arguments (Kernels._quant_args; eps is argument 9), attention's 19 (scale is argument 10) and
+    its scratch's split stride, the launch's grid.y."""
+    name, grid, _, args, label, _ = launch
+    if kind_of(name, label) == "attention":
+        if not name.startswith("attention_gqa") or len(args) != 19:
+            raise ValueError(f"the layer kernel runs the 16-bit cache's group attention, not {name}")
+        words = as_words(args, floats=(10,)) + [int(grid[1])]
+    else:
+        words = as_words(args[:WORDS], floats=(9,))
+    return words + [0] * (WORDS - len(words))
+
+
+def plan_step(launches: list[tuple], attention: bool) -> list[tuple]:
+    """The recorded launches of one engine step -> the layer-kernel step: each layer's launches (its four GEMVs,
+    and its attention when `attention`; the recording has none without) become ("layer", words, the widest
+    shared memory); every other launch (embed, the head) stays as it was. Refuses a step whose launches do not
+    come in the phases' order."""
+    phases = PHASES if attention else tuple(p for p in PHASES if p != "attention")
     step, i = [], 0
     while i < len(launches):
-        name, grid, block, args, label, smem = launches[i]
-        if label != "qkv":
-            if label in PHASES[1:]:
-                raise ValueError(f"a {label} GEMV outside a qkv, o, gate_up, down run: {name}")
+        kind = kind_of(launches[i][0], launches[i][4])
+        if kind != "qkv":
+            if kind in phases:
+                raise ValueError(f"a {kind} launch outside a layer's run of {', '.join(phases)}")
             step.append(launches[i])
             i += 1
             continue
-        group = launches[i:i + 4]
-        if [g[4] for g in group] != list(PHASES):
-            raise ValueError(f"a layer's GEMVs: {[g[4] for g in group]}, expected {list(PHASES)}")
-        step.append(("layer", sum((phase_words(g[3]) for g in group), []), max(g[5] for g in group)))
-        i += 4
+        group = launches[i:i + len(phases)]
+        kinds = tuple(kind_of(g[0], g[4]) for g in group)
+        if kinds != phases:
+            raise ValueError(f"a layer's launches: {kinds}, expected {phases}")
+        step.append(("layer", sum((phase_words(g) for g in group), []), max(g[5] for g in group)))
+        i += len(phases)
     return step
 
 
-def layer_kernel_model(gpu, method: str):
-    """A copy of the quantized gpu whose decode step runs the layer kernels (attention left out)."""
+def layer_kernel_model(gpu, method: str, attention: bool):
+    """A copy of the quantized gpu whose decode step runs a layer kernel a layer (without attention: the
+    engine's step with attention left out, as the reference it is checked against)."""
     import cupy as cp
     from minillm.cuda import pdl
-    from minillm.cuda.kernels import _capturing, kernel_source
-    mod = cp.RawModule(code=kernel_source("gemv_quant"), options=("--std=c++17",) + DEFINES)
-    fn = mod.get_function(f"gemv_layer_{method}_f16")
+    from minillm.cuda.kernels import _capturing
+    mod = cp.RawModule(code=layer_source(), options=("--std=c++17",) + DEFINES)
+    fn = mod.get_function(f"gemv_layer_{method}" + ("_attn" if attention else ""))
     fn.max_dynamic_shared_size_bytes = gpu.k.max_quant_smem
     grid, block = (2 * gpu.k.n_sms,), (256,)
-    other = leaving_out(gpu, ("attention",))
+    left_out = () if attention else ("attention",)
+    other = leaving_out(gpu, left_out)
     bar = cp.zeros(2, cp.uint32)
     plans: dict[int, tuple] = {}
 
     def recorded(cache) -> list[tuple]:
-        """The launches `other` would make for one step on `cache`, recorded (none made)."""
+        """The launches the engine's step on `cache` would make, recorded (none made)."""
         calls = []
         recorder = gpu.with_settings()
         recorder.k._launch = lambda name, g, b, args, label="", shared_mem=0: calls.append(
             (name, g, b, args, label, shared_mem))
-        leaving_out(recorder, ("attention",)).decode_step(cache)
+        leaving_out(recorder, left_out).decode_step(cache)
         return calls
 
     def decode_step(cache, n_layers=None):
         if id(cache) not in plans:                   # the arguments name this cache's buffers
-            step = plan_step(recorded(cache))
+            step = plan_step(recorded(cache), attention)
             words = [cp.asarray(np.array(s[1], dtype=np.uint64)) for s in step if s[0] == "layer"]
             plans[id(cache)] = step, words
         step, words = plans[id(cache)]
@@ -136,20 +165,23 @@ def main(argv=None) -> int:
     rows = []
     for method in ("int8", "int4"):
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
-        models = {"engine, full step": gpu, "engine without attention": leaving_out(gpu, ("attention",)),
-                  "layer kernels without attention": layer_kernel_model(gpu, method)}
-        check(models["engine without attention"], models["layer kernels without attention"], prompt, method)
+        models = {"engine, full step": gpu, "layer kernels": layer_kernel_model(gpu, method, True),
+                  "engine without attention": leaving_out(gpu, ("attention",)),
+                  "layer kernels without attention": layer_kernel_model(gpu, method, False)}
+        check(models["engine, full step"], models["layer kernels"], prompt, method)
+        check(models["engine without attention"], models["layer kernels without attention"], prompt,
+              f"{method} without attention")
         cache = gpu.new_cache(len(prompt) + args.new_tokens + 8)
         tps = _median_rounds(models, cache, prompt, args.new_tokens, args.rounds)
         per_token, _ = decode_bytes(cfg, gpu.weight_bytes, len(prompt), args.new_tokens)
-        base = tps["engine without attention"]
         for label, t in tps.items():
+            base = tps["engine, full step" if "without" not in label else "engine without attention"]
             rows.append([method, label, f"{t:.1f}", f"{1e6 / t:.0f}", f"{100 * per_token * t / bw:.0f}%",
                          f"{t / base:.3f}x"])
         del gpu, models, cache
         cp.get_default_memory_pool().free_all_blocks()
     plain_table(f"\ndecode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating "
-                "rounds", ["weights", "step", "tok/s", "µs a token", "% of copy", "vs the engine without attention"],
+                "rounds", ["weights", "step", "tok/s", "µs a token", "% of copy", "vs the engine's same step"],
                 rows)
     return finish(ap.prog)
 
