@@ -101,7 +101,7 @@ def layer_kernel_model(gpu, method: str, attention: bool):
     from minillm.cuda.kernels import _capturing
     mod = cp.RawModule(code=layer_source(), options=("--std=c++17",) + DEFINES)
     fn = mod.get_function(f"gemv_layer_{method}" + ("_attn" if attention else ""))
-    fn.max_dynamic_shared_size_bytes = gpu.k.max_quant_smem
+    fn.max_dynamic_shared_size_bytes = gpu.k.max_quant_smem - fn.attributes["shared_size_bytes"]   # beside its static
     grid, block = (2 * gpu.k.n_sms,), (256,)
     left_out = () if attention else ("attention",)
     other = leaving_out(gpu, left_out)
