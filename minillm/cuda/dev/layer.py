@@ -117,11 +117,14 @@ def layer_kernel_model(gpu, method: str, attention: bool):
         leaving_out(recorder, left_out).decode_step(cache)
         return calls
 
-    def decode_step(cache, n_layers=None):
-        if id(cache) not in plans:                   # the arguments name this cache's buffers
-            step = plan_step(recorded(cache), attention)
+    def decode(token, cache, n_layers=None):
+        if id(cache) not in plans:                   # the arguments name this cache's buffers; uploaded here,
+            step = plan_step(recorded(cache), attention)      # not while decode_step is captured
             words = [cp.asarray(np.array(s[1], dtype=np.uint64)) for s in step if s[0] == "layer"]
             plans[id(cache)] = step, words
+        return type(other).decode(other, token, cache, n_layers)
+
+    def decode_step(cache, n_layers=None):
         step, words = plans[id(cache)]
         layer = iter(words)
         for s in step:
@@ -133,7 +136,7 @@ def layer_kernel_model(gpu, method: str, attention: bool):
                 pdl.launch(fn, grid, block, args, s[2])
             else:
                 fn(grid, block, args, shared_mem=s[2])
-    other.decode_step = decode_step
+    other.decode, other.decode_step = decode, decode_step
     return other
 
 
