@@ -249,11 +249,16 @@ extern "C" __global__ void attention_fused_bf16(const float* q, int q_stride, co
 #define GQA_HEAVY_FENCE 1    // flags bit: v2's __threadfence() in every thread around the ticket (to compare)
 #define GQA_PREFETCH_KV 2    // flags bit: the split's cached K/V rows prefetched into L2 before the wait
 
-// A 16-byte load that skips L1 (K/V rows are read once per launch).
+// A 16-byte load that skips L1 (K/V rows are read once per launch). Q_X_COHERENT (kernels/gemv_layer.cuh,
+// where the newest key was written by other blocks of the same kernel): from L2, not the read-only path.
 __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
     uint4 v;
+#ifdef Q_X_COHERENT
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif
     return v;
 }
 
@@ -456,7 +461,13 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
 #pragma unroll
         for (int e = 0; e < VALS; e += 4) {
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (g < gn && active) a = qp[e / 4];
+            if (g < gn && active) {
+#ifdef Q_X_COHERENT
+                a = __ldcg(qp + e / 4);                 // q: phase 0's output in gemv_layer.cuh's kernel
+#else
+                a = qp[e / 4];
+#endif
+            }
             qr[g][e] = a.x * qs; qr[g][e + 1] = a.y * qs; qr[g][e + 2] = a.z * qs; qr[g][e + 3] = a.w * qs;
         }
         m[g] = NEG_INF;
