@@ -58,6 +58,7 @@ from minillm.cuda.graph import capture
 from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
 from minillm.cuda.kernels import MAX_FUSED_NORM, Kernels, KernelSettings, n_splits_for
 from minillm.cuda.qweights import QuantMatrix, is_quantized
+from minillm.cuda.widen_ahead import WidenAhead
 
 
 def _cp():
@@ -153,6 +154,8 @@ class GPUTransformer:
         # prefill widens one quantized matrix at a time into this (the largest matrix's size, reused)
         largest = max((w.shape[0] * w.shape[1] for w in quantized), default=0)
         self._dense_scratch = cp.empty(largest, device_dtype(dtype)) if largest else None
+        self._ahead_parts = None         # settings.prefill_widen_ahead: the second scratch, its stream and events
+        self._ahead = None               # inside _prefill_layers: the WidenAhead plan the GEMMs' _dense follows
         self._kv_scratch = None          # int8 KV cache: prefill's 16-bit K/V of one layer (sized on first use)
         self.rows_graph_error = None     # why a few-row forward could not be captured (then it runs eagerly)
         self._capturing = False          # inside that capture: GEMMs go through cublas_raw
@@ -433,6 +436,7 @@ class GPUTransformer:
     def _prefill_chunk(self, chunk: np.ndarray, cache: GPUKVCache, layers: list[GPULayer] | None = None):
         """The chunk's T tokens through `layers` (default: all), appended to the cache.  -> x [T, dim] fp32"""
         self.step.set(np.array([0, cache.length], dtype=np.int32))
+        self._widening_parts()
         b = self._prefill_buffers(len(chunk))
         b.tokens.set(chunk)
         x = self._prefill_layers(b, cache, self.layers if layers is None else layers)
@@ -461,11 +465,20 @@ class GPUTransformer:
     def _prefill_layers(self, b: "PrefillBuffers", cache: GPUKVCache, layers: list[GPULayer]):
         """Enqueue a forward of the T tokens in b.tokens at the position in self.step through `layers`: only
         launches (no allocation, no host copy), so it can be captured. -> b.x [T, dim] fp32"""
+        self.k.embed(b.tokens, self.embed, b.x)                                           # [T, dim]
+        self._ahead = self._plan_widening(layers)       # quantized matrices: widened one GEMM ahead
+        try:
+            self._prefill_each_layer(b, cache, layers)
+        finally:
+            self._ahead = None
+        return b.x
+
+    def _prefill_each_layer(self, b: "PrefillBuffers", cache: GPUKVCache, layers: list[GPULayer]) -> None:
+        """_prefill_layers' loop: the layers over b's T rows (b.x in and out)."""
         c, k = self.config, self.k
         T, hd, pos = len(b.tokens), c.head_dim, self.step_pos
         x, hn, qkv, attn, attn_n, gu, act_n = b.x, b.hn, b.qkv, b.attn, b.attn_n, b.gu, b.act_n
         tiled, parts = b.parts is None, b.parts
-        k.embed(b.tokens, self.embed, x)                                                  # [T, dim]
         for i, L in enumerate(layers):
             k.rmsnorm(x, L.attn_norm, hn, c.norm_eps)                                     # [T, dim] 16-bit
             self.gemm(hn, L.wqkv, qkv)                                                    # [T, qkv_width]
@@ -483,7 +496,24 @@ class GPUTransformer:
             self.gemm(hn, L.w_gate_up, gu)                                                      # [T, 2 * ffn]
             k.swiglu(gu, act_n)                                                           # [T, ffn] 16-bit
             self.gemm(act_n, L.w_down, x, accumulate=True)                                 # x += down(act)
-        return x
+
+    def _plan_widening(self, layers: list[GPULayer]) -> WidenAhead | None:
+        """The one-GEMM-ahead widening of these layers' quantized matrices, in the order the layer loop's
+        GEMMs read them (None: no quantized matrix, settings.prefill_widen_ahead off, or its buffers not
+        allocated: _widening_parts runs outside any capture)."""
+        order = [w for L in layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down) if is_quantized(w)]
+        if not order or not self.settings.prefill_widen_ahead or self._ahead_parts is None:
+            return None
+        second, side, events = self._ahead_parts
+        return WidenAhead(self.k.dequantize, order, (self._dense_scratch, second), self.stream, side, events)
+
+    def _widening_parts(self) -> None:
+        """Allocate what widening ahead needs (once, and not while a graph is captured)."""
+        if self._dense_scratch is None or self._ahead_parts is not None or not self.settings.prefill_widen_ahead:
+            return
+        cp = _cp()
+        self._ahead_parts = (cp.empty_like(self._dense_scratch), cp.cuda.Stream(non_blocking=True),
+                             tuple(cp.cuda.Event(disable_timing=True) for _ in range(3)))
 
     # ---- a few rows at once: speculative decoding's verify pass, one CUDA graph ------------------
     def _rows_graphable(self, T: int) -> bool:
@@ -520,6 +550,7 @@ class GPUTransformer:
             cache.rows_key = key
         if T not in graphs:
             cp = _cp()
+            self._widening_parts()
             b = self._prefill_buffers(T)
             hn = cp.empty((T, self.config.dim), device_dtype(self.dtype))
             logits = cp.empty((T, self.config.vocab_size), cp.float32)
@@ -609,6 +640,8 @@ class GPUTransformer:
         next call: the GEMM that reads it runs first, on the same stream)."""
         if not is_quantized(w):
             return w
+        if self._ahead is not None:                    # prefill's layer loop: widened one GEMM ahead
+            return self._ahead.dense(w)
         rows, n_in = w.shape
         out = self._dense_scratch[:rows * n_in].reshape(rows, n_in)
         self.k.dequantize(w, out)

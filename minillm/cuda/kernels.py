@@ -236,6 +236,10 @@ class KernelSettings:
     # 29.3 vs 184.1 µs a layer at T = 512 on Mistral-7B, TTFT 512 19.5 -> 14.6 ms (H200, 2026-12-02);
     # 1 = prefill_attention.cu (fp32 FMAs), kept to compare.
     prefill_attention_version: int = 2
+    # Prefill with int8/int4 weights: each matrix widened to 16 bits on a second stream one GEMM ahead, into the
+    # other of two scratch buffers (minillm/cuda/widen_ahead.py), instead of right before its GEMM on the same
+    # stream. One more scratch buffer (the largest matrix: 235 MB for Mistral-7B's gate|up).
+    prefill_widen_ahead: bool = True
     # Programmatic dependent launch (minillm/cuda/pdl.py) for the kernels that allow it (PDL_KERNEL): each may
     # start during the previous kernel's tail, its first weight loads issued before it waits for x. Decode
     # with vs without, same run (H200, 2026-12-02): fp16 1.02x, int8 1.07x (341 -> 365 tok/s), int4 1.11x

@@ -48,7 +48,7 @@ SUITE="tests/test_cuda.py tests/test_cuda_kv_int8.py tests/test_cuda_quant.py te
     tests/test_flashnorm_gpu.py tests/test_gpu_engine.py tests/test_cuda_mla.py tests/test_decode_launches.py
     tests/test_kernels_compile.py tests/test_gpu_imports.py tests/test_speculative_gpu.py tests/test_cuda_small_m.py
     tests/test_cuda_pdl.py tests/test_pdl.py tests/test_gpu_mla.py tests/test_qtma_plan.py tests/test_qfloor.py
-    tests/test_chain.py"
+    tests/test_chain.py tests/test_cuda_widen_ahead.py tests/test_widen_ahead.py tests/test_layer_kernel.py"
 for s in $STEPS; do case $s in
 suite)
     step suite 330 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" "${SELECT[@]}" $SUITE ;;
