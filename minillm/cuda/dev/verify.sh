@@ -19,6 +19,8 @@
 #           and in decode (QFLOOR_VARIANTS="a,b": only those);
 #           chain: the decode step as a chain (dev/chain.py): each kind of kernel left out, the prefetches across
 #           kernels (CHAIN_ARGS: its options), and their tests;
+#           widen: prefill's int8/int4 widening one GEMM ahead (dev/widen.py), its tests and TTFT both ways;
+#           layer: a decoder layer's GEMVs as one kernel (dev/layer.py) against the engine's launches;
 #           bprefill: the batching engine's prefill attention on the tensor cores (MINILLM_BATCH_PREFILL=mma): its
 #           GPU tests, paged vs mma µs a layer, then bench serve with it)
 set -u
@@ -97,6 +99,12 @@ qtma)      # the quantized GEMV v4 (weights streamed by the TMA): its checks, v2
 chain)     # the decode chain: what each kind of kernel adds inside it, the prefetches across its links
     step chain 100 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda_pdl.py tests/test_chain.py
     TAIL=45 step chain 420 python3 -m minillm.cuda.dev.chain ${CHAIN_ARGS:-} ;;
+widen)     # prefill's int8/int4 widening one GEMM ahead on a second stream: its tests, TTFT both ways
+    step widen 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda_widen_ahead.py tests/test_widen_ahead.py
+    TAIL=16 step widen 300 python3 -m minillm.cuda.dev.widen ;;
+layer)     # a decoder layer's GEMVs as one kernel (gemv_layer.cuh) against the engine's launches
+    step layer 60 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_layer_kernel.py
+    TAIL=16 step layer 300 python3 -m minillm.cuda.dev.layer ;;
 qfloor)
     TAIL=40 step qfloor 300 python3 -m minillm.cuda.dev.qfloor --decode ${QFLOOR_VARIANTS:+--variants "$QFLOOR_VARIANTS"} ;;
 bprefill)  # paged_prefill_attention_mma: tests, µs a layer against the group kernel, the server with it on

@@ -1,0 +1,68 @@
+"""Prefill with int8/int4 weights: each matrix widened right before its GEMM, or one GEMM ahead on a second
+stream (KernelSettings.prefill_widen_ahead, minillm/cuda/widen_ahead.py), measured.
+
+    check   the prompt's logits are the same either way, bit for bit
+    time    TTFT of a 512-token prompt, both ways in alternating rounds (the machine drifts), beside fp16's
+            (no widening at all: the floor widening ahead can reach), Mistral-7B shape, random weights
+
+    python -m minillm.cuda.dev.widen [--quick] [--rounds N] [--prompt N]
+
+Importing this module does not import CuPy.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from minillm.cuda.dev.bench import bench_config, prefill_ttft
+from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
+
+WAYS = {"widen, then GEMM": {"prefill_widen_ahead": False}, "widen one GEMM ahead": {}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.widen", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small model instead of the Mistral-7B shape")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=512)
+    args = ap.parse_args(argv)
+    if not require_gpu(ap.prog):
+        return 2
+    import cupy as cp
+    from minillm.cuda.gpu_model import GPUTransformer
+    cfg = bench_config(args.quick)
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, args.prompt)
+    rows = []
+    for method in ("float16", "int8", "int4"):
+        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if method == "float16" else method)
+        cache = gpu.new_cache(args.prompt + 8)
+        ways = {"no widening (16-bit weights)": gpu} if method == "float16" else {
+            label: gpu.with_settings(**changes) for label, changes in WAYS.items()}
+        if method != "float16":
+            logits = []
+            for model in ways.values():
+                cache.reset()
+                logits.append(model.prefill(prompt, cache))
+            diff = float(np.max(np.abs(logits[0] - logits[1])))
+            verdict(f"widen {method}", diff == 0.0, f"largest logit change {diff:g}")
+        seen: dict[str, list[float]] = {label: [] for label in ways}
+        order = list(ways)
+        for r in range(args.rounds):
+            for label in (order if r % 2 == 0 else order[::-1]):
+                seen[label].append(prefill_ttft(ways[label], cache, prompt))
+        first = float(np.median(seen[order[0]]))
+        for label, times in seen.items():
+            ms = 1e3 * float(np.median(times))
+            rows.append([method, label, f"{ms:.1f}", f"{1e3 * first / ms:.2f}x"])
+        del gpu, ways, cache
+        cp.get_default_memory_pool().free_all_blocks()
+    plain_table(f"\nTTFT of a {args.prompt}-token prompt (host logits included), median of {args.rounds} alternating "
+                "rounds of prefill_ttft's median of 3", ["weights", "prefill", "TTFT ms", "speed-up"], rows)
+    say("(speed-up: against the first row of the same weights)")
+    return finish(ap.prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
