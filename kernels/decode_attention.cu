@@ -249,16 +249,11 @@ extern "C" __global__ void attention_fused_bf16(const float* q, int q_stride, co
 #define GQA_HEAVY_FENCE 1    // flags bit: v2's __threadfence() in every thread around the ticket (to compare)
 #define GQA_PREFETCH_KV 2    // flags bit: the split's cached K/V rows prefetched into L2 before the wait
 
-// A 16-byte load that skips L1 (K/V rows are read once per launch). Q_X_COHERENT (kernels/gemv_layer.cuh,
-// where the newest key was written by other blocks of the same kernel): from L2, not the read-only path.
+// A 16-byte load that skips L1 (K/V rows are read once per launch).
 __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
     uint4 v;
-#ifdef Q_X_COHERENT
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#else
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#endif
     return v;
 }
 
@@ -407,23 +402,13 @@ __device__ __forceinline__ void prefetch_split_kv(const typename KV::Elem* k_cac
     }
 }
 
-// Which block of the grid this is: the launch's own (blockIdx.x: KV head and GM-head chunk, .y: split, .z:
-// query; gridDim.y: the scratch's split stride), or one a persistent kernel assigns (kernels/gemv_layer.cuh).
-struct GqaBlock {
-    unsigned int x;     // unsigned, as blockIdx.x: the same divisions as before there was a choice
-    int s, t, part_splits;
-    static __device__ __forceinline__ GqaBlock of_launch() {
-        return GqaBlock{blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, (int)gridDim.y};
-    }
-};
-
 template <class KV, int GM>
 __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const typename KV::Elem* __restrict__ k_cache,
                               const typename KV::Elem* __restrict__ v_cache, const float* __restrict__ k_scale,
                               const float* __restrict__ v_scale, int capacity, int n_heads, int n_kv_heads, int hd,
                               const int* pos, int window, float scale, int split_keys, int max_splits, int flags,
                               float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_acc,
-                              unsigned int* __restrict__ counters, float* __restrict__ out, GqaBlock b) {
+                              unsigned int* __restrict__ counters, float* __restrict__ out) {
     __shared__ float sm_m[GQA_WARPS][GM], sm_l[GQA_WARPS][GM];
     __shared__ float sm_acc[GQA_WARPS][GM][MAX_HD];
     __shared__ float sm_w[GM][GQA_MAX_SPLITS];
@@ -432,10 +417,10 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
     // which heads, which keys
     int group = n_heads / n_kv_heads;
     int chunks = (group + GM - 1) / GM;                 // blocks per KV head (GM query heads each)
-    int kvh = b.x / chunks, c = b.x - kvh * chunks;
+    int kvh = blockIdx.x / chunks, c = blockIdx.x - kvh * chunks;
     int h0 = kvh * group + c * GM;                      // first query head of this block
     int gn = min(GM, group - c * GM);                   // how many it serves
-    int s = b.s, t = b.t, part_splits = b.part_splits;     // part_splits: the scratch's split stride
+    int s = blockIdx.y, t = blockIdx.z, part_splits = gridDim.y;     // the scratch's split stride
     int p = pos[0] + t;
     int lo = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
 
@@ -461,13 +446,7 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
 #pragma unroll
         for (int e = 0; e < VALS; e += 4) {
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (g < gn && active) {
-#ifdef Q_X_COHERENT
-                a = __ldcg(qp + e / 4);                 // q: phase 0's output in gemv_layer.cuh's kernel
-#else
-                a = qp[e / 4];
-#endif
-            }
+            if (g < gn && active) a = qp[e / 4];
             qr[g][e] = a.x * qs; qr[g][e + 1] = a.y * qs; qr[g][e + 2] = a.z * qs; qr[g][e + 3] = a.w * qs;
         }
         m[g] = NEG_INF;
@@ -606,7 +585,7 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
     // Fused combine: the last of the n_splits blocks of (t, KV head, chunk) merges them. The barrier orders
     // the block's partial writes before thread 0's ticket, a release (and acquire) at GPU scope: the
     // pattern of a cooperative grid sync, one fence for the block instead of v2's fence in every thread.
-    unsigned int* counter = counters + (size_t)t * n_heads + b.x;
+    unsigned int* counter = counters + (size_t)t * n_heads + blockIdx.x;
     if (flags & GQA_HEAVY_FENCE) __threadfence();
     __syncthreads();
     if (tid == 0) {
@@ -664,7 +643,7 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
         pdl_wait_then_trigger();                                                                         \
         attention_gqa<KV16<W>, GM>(q, q_stride, k_cache, v_cache, nullptr, nullptr, capacity, n_heads,          \
                                    n_kv_heads, hd, pos, window, scale, split_keys, max_splits, flags, part_m,    \
-                                   part_l, part_acc, counters, out, GqaBlock::of_launch());                     \
+                                   part_l, part_acc, counters, out);                                            \
     }
 ATTENTION_GQA_KERNEL(attention_gqa1_f16, F16, 1)
 ATTENTION_GQA_KERNEL(attention_gqa1_bf16, BF16, 1)
@@ -686,7 +665,7 @@ ATTENTION_GQA_KERNEL(attention_gqa4_bf16, BF16, 4)
         pdl_wait_then_trigger();                                                                         \
         attention_gqa<KV, GM>(q, q_stride, k_cache, v_cache, k_scale, v_scale, capacity, n_heads, n_kv_heads,  \
                                hd, pos, window, scale, split_keys, max_splits, flags, part_m, part_l, part_acc,  \
-                               counters, out, GqaBlock::of_launch());                                            \
+                               counters, out);                                                                   \
     }
 ATTENTION_GQA_INT8_KERNEL(attention_gqa1_int8, KV8, 1)
 ATTENTION_GQA_INT8_KERNEL(attention_gqa2_int8, KV8, 2)

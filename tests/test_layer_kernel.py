@@ -28,9 +28,9 @@ def test_the_layer_kernels_compile_within_two_blocks_an_sm(tmp_path):
                              "-Xptxas", "-v", str(tmp_path / "layer.cu"), "-o", str(tmp_path / "k.cubin")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    used = dict(re.findall(r"Function properties for (gemv_layer_int[48](?:_attn)?)\n.*?\n.*?Used (\d+) registers",
+    used = dict(re.findall(r"Function properties for (gemv_layer_int[48])\n.*?\n.*?Used (\d+) registers",
                            result.stderr, re.S))
-    assert set(used) == {"gemv_layer_int8", "gemv_layer_int4", "gemv_layer_int8_attn", "gemv_layer_int4_attn"}
+    assert set(used) == {"gemv_layer_int8", "gemv_layer_int4"}
     assert all(int(n) <= 128 for n in used.values())          # 2 blocks of 256 threads: 65536 registers
 
 
@@ -50,34 +50,19 @@ def test_a_gemvs_arguments_become_the_kernels_words():
 
 
 def _launch(label, smem=0, args=tuple(range(WORDS + 5))):
-    name = "attention_gqa4" if label == "attention" else f"gemv {label}"
-    return (name, (264, 3, 1), (256,), args[:19] if label == "attention" else args, "" if label == "attention"
-            else label, smem)
+    return (f"gemv {label}", (264,), (256,), args, label, smem)
 
 
-def test_attentions_words_end_with_its_scratchs_split_stride():
-    """attention_gqa's 19 arguments (scale, argument 10, as float bits), then grid.y, then zeros."""
-    words = phase_words(_launch("attention"))
-    assert words[:10] == list(range(10)) and np.uint32(words[10]).view(np.float32) == np.float32(10)
-    assert words[11:19] == list(range(11, 19)) and words[19:] == [3, 0, 0, 0, 0]
-    with pytest.raises(ValueError, match="group attention"):
-        phase_words(("attention_fused", (32, 3, 1), (128,), tuple(range(16)), "", 0))
-
-
-@pytest.mark.parametrize("attention", [True, False])
-def test_a_step_becomes_embed_a_layer_kernel_a_layer_and_the_head(attention):
-    phases = [p for p in PHASES if attention or p != "attention"]
-    layer = [_launch(p, 1000 * (i + 1)) for i, p in enumerate(phases)]
-    step = plan_step([("embed", (1,), (128,), (), "", 0)] + layer + layer + [_launch("lm_head")], attention)
+def test_a_step_becomes_embed_a_layer_kernel_a_layer_and_the_head():
+    layer = [_launch(p, 1000 * (i + 1)) for i, p in enumerate(PHASES)]
+    step = plan_step([("embed", (1,), (128,), (), "", 0)] + layer + layer + [_launch("lm_head")])
     assert [s[0] for s in step] == ["embed", "layer", "layer", "gemv lm_head"]
-    assert step[1][1] == sum((phase_words(g) for g in layer), []) and len(step[1][1]) == WORDS * len(phases)
-    assert step[1][2] == 1000 * len(phases)                                   # the widest phase's shared memory
+    assert step[1][1] == sum((phase_words(g) for g in layer), []) and len(step[1][1]) == WORDS * 4
+    assert step[1][2] == 4000                                                 # the widest phase's shared memory
 
 
 def test_a_step_out_of_the_phases_order_is_refused():
     with pytest.raises(ValueError, match="expected"):
-        plan_step([_launch(p) for p in ("qkv", "gate_up", "o", "down")], False)
-    with pytest.raises(ValueError, match="expected"):                          # attention missing
-        plan_step([_launch(p) for p in ("qkv", "o", "gate_up", "down")], True)
+        plan_step([_launch(p) for p in ("qkv", "gate_up", "o", "down")])
     with pytest.raises(ValueError, match="outside"):
-        plan_step([_launch("o")], False)
+        plan_step([_launch("o")])

@@ -1,15 +1,15 @@
-"""A decoder layer as one kernel (kernels/gemv_layer.cuh), against the engine's launch a kernel.
+"""A decoder layer's four quantized GEMVs as one kernel (kernels/gemv_layer.cuh), against the engine's four
+launches.
 
-The lever the decode chain's measurements point to (lessons/BENCHMARKS.md, issue 24): fewer launch
-boundaries. The experiment keeps every kernel's code and arguments and changes only what separates them: a
+The lever the decode chain's measurements pointed to (lessons/BENCHMARKS.md, issue 24): fewer launch
+boundaries. The experiment keeps every GEMV's code and arguments and changes only what separates them: a
 grid barrier inside one resident grid instead of a kernel boundary bridged by programmatic dependent launch.
-Two layer kernels: the whole layer (qkv, attention, o, gate_up, down), and its four GEMVs alone (attention
-left out, as dev.chain's "without attention" step leaves it out of the engine's):
+Decode attention, which sits between qkv and o, is left out of both sides (dev.chain's "without attention"):
 
-    check   greedy logits of each equal the engine's same step, bit for bit (the same outputs computed by the
-            same code: only the barrier between them changed, and attention's query heads a block)
-    time    decode tok/s of the four steps in alternating rounds (int8 and int4 weights, Mistral-7B shape,
-            random weights, 16-bit KV cache)
+    check   greedy logits of the step with the layer kernels equal the engine's step without attention, bit
+            for bit (the same pairs computed by the same code: only the barrier between them changed)
+    time    decode tok/s: the engine's full step, its step without attention, and the layer kernels, in
+            alternating rounds (int8 and int4 weights; Mistral-7B shape, random weights)
 
     python -m minillm.cuda.dev.layer [--quick] [--rounds N] [--new-tokens N]
 
@@ -27,14 +27,14 @@ from minillm.cuda.dev.chain import _median_rounds, kind_of, leaving_out
 from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
 from minillm.cuda.dev.model import greedy
 
-PHASES = ("qkv", "attention", "o", "gate_up", "down")      # the layer kernel's phases, in order
-WORDS = 24                                                  # 64-bit words a phase (LAYER_ARGS)
+PHASES = ("qkv", "o", "gate_up", "down")          # the layer kernel's phases, in order
+WORDS = 24                                        # 64-bit words a phase (LAYER_ARGS)
 DEFINES = ("-DQ_X_COHERENT=1",)
-FILES = ("gemv_quant.cu", "decode_attention.cu", "gemv_layer.cuh")   # the layer kernels use the first two's code
+FILES = ("gemv_quant.cu", "gemv_layer.cuh")       # the layer kernels are gemv_quant.cu's code
 
 
 def layer_source() -> str:
-    """gemv_quant.cu, decode_attention.cu and gemv_layer.cuh as one source, each header pasted once."""
+    """gemv_quant.cu and gemv_layer.cuh as one source, each header pasted once."""
     from minillm.cuda.kernels import KERNEL_DIR, _paste_includes
     seen: set = set()
     text = "\n".join(_paste_includes((KERNEL_DIR / name).read_text(), seen) for name in FILES)
@@ -56,55 +56,43 @@ def as_words(args, floats=()) -> list[int]:
 
 
 def phase_words(launch: tuple) -> list[int]:
-    """One recorded launch (name, grid, block, args, label, shared memory) as its phase's WORDS words: a GEMV's
-    first 24 arguments (Kernels._quant_args; eps is argument 9), attention's 19 (scale is argument 10) and
-    its scratch's split stride, the launch's grid.y."""
-    name, grid, _, args, label, _ = launch
-    if kind_of(name, label) == "attention":
-        if not name.startswith("attention_gqa") or len(args) != 19:
-            raise ValueError(f"the layer kernel runs the 16-bit cache's group attention, not {name}")
-        words = as_words(args, floats=(10,)) + [int(grid[1])]
-    else:
-        words = as_words(args[:WORDS], floats=(9,))
-    return words + [0] * (WORDS - len(words))
+    """One recorded GEMV launch (name, grid, block, args, label, shared memory) as its phase's WORDS words:
+    its first 24 arguments (Kernels._quant_args; eps is argument 9)."""
+    return as_words(launch[3][:WORDS], floats=(9,))
 
 
-def plan_step(launches: list[tuple], attention: bool) -> list[tuple]:
-    """The recorded launches of one engine step -> the layer-kernel step: each layer's launches (its four GEMVs,
-    and its attention when `attention`; the recording has none without) become ("layer", words, the widest
-    shared memory); every other launch (embed, the head) stays as it was. Refuses a step whose launches do not
-    come in the phases' order."""
-    phases = PHASES if attention else tuple(p for p in PHASES if p != "attention")
+def plan_step(launches: list[tuple]) -> list[tuple]:
+    """The recorded launches of one engine step (attention already left out) -> the layer-kernel step: each
+    layer's four GEMVs become ("layer", [4 x WORDS words], the widest shared memory); every other launch
+    (embed, the head) stays as it was. Refuses a step whose GEMVs do not come in the phases' order."""
     step, i = [], 0
     while i < len(launches):
         kind = kind_of(launches[i][0], launches[i][4])
         if kind != "qkv":
-            if kind in phases:
-                raise ValueError(f"a {kind} launch outside a layer's run of {', '.join(phases)}")
+            if kind in PHASES:
+                raise ValueError(f"a {kind} GEMV outside a layer's run of {', '.join(PHASES)}")
             step.append(launches[i])
             i += 1
             continue
-        group = launches[i:i + len(phases)]
+        group = launches[i:i + len(PHASES)]
         kinds = tuple(kind_of(g[0], g[4]) for g in group)
-        if kinds != phases:
-            raise ValueError(f"a layer's launches: {kinds}, expected {phases}")
+        if kinds != PHASES:
+            raise ValueError(f"a layer's launches: {kinds}, expected {PHASES}")
         step.append(("layer", sum((phase_words(g) for g in group), []), max(g[5] for g in group)))
-        i += len(phases)
+        i += len(PHASES)
     return step
 
 
-def layer_kernel_model(gpu, method: str, attention: bool):
-    """A copy of the quantized gpu whose decode step runs a layer kernel a layer (without attention: the
-    engine's step with attention left out, as the reference it is checked against)."""
+def layer_kernel_model(gpu, method: str):
+    """A copy of the quantized gpu whose decode step runs a layer kernel a layer, attention left out."""
     import cupy as cp
     from minillm.cuda import pdl
     from minillm.cuda.kernels import _capturing
     mod = cp.RawModule(code=layer_source(), options=("--std=c++17",) + DEFINES)
-    fn = mod.get_function(f"gemv_layer_{method}" + ("_attn" if attention else ""))
+    fn = mod.get_function(f"gemv_layer_{method}")
     fn.max_dynamic_shared_size_bytes = gpu.k.max_quant_smem - fn.attributes["shared_size_bytes"]   # beside its static
     grid, block = (2 * gpu.k.n_sms,), (256,)
-    left_out = () if attention else ("attention",)
-    other = leaving_out(gpu, left_out)
+    other = leaving_out(gpu, ("attention",))
     bar = cp.zeros(2, cp.uint32)
     plans: dict[int, tuple] = {}
 
@@ -114,12 +102,12 @@ def layer_kernel_model(gpu, method: str, attention: bool):
         recorder = gpu.with_settings()
         recorder.k._launch = lambda name, g, b, args, label="", shared_mem=0: calls.append(
             (name, g, b, args, label, shared_mem))
-        leaving_out(recorder, left_out).decode_step(cache)
+        leaving_out(recorder, ("attention",)).decode_step(cache)
         return calls
 
     def decode(token, cache, n_layers=None):
         if id(cache) not in plans:                   # the arguments name this cache's buffers; uploaded here,
-            step = plan_step(recorded(cache), attention)      # not while decode_step is captured
+            step = plan_step(recorded(cache))                 # not while decode_step is captured
             words = [cp.asarray(np.array(s[1], dtype=np.uint64)) for s in step if s[0] == "layer"]
             plans[id(cache)] = step, words
         return type(other).decode(other, token, cache, n_layers)
@@ -168,23 +156,20 @@ def main(argv=None) -> int:
     rows = []
     for method in ("int8", "int4"):
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
-        models = {"engine, full step": gpu, "layer kernels": layer_kernel_model(gpu, method, True),
-                  "engine without attention": leaving_out(gpu, ("attention",)),
-                  "layer kernels without attention": layer_kernel_model(gpu, method, False)}
-        check(models["engine, full step"], models["layer kernels"], prompt, method)
-        check(models["engine without attention"], models["layer kernels without attention"], prompt,
-              f"{method} without attention")
+        models = {"engine, full step": gpu, "engine without attention": leaving_out(gpu, ("attention",)),
+                  "layer kernels without attention": layer_kernel_model(gpu, method)}
+        check(models["engine without attention"], models["layer kernels without attention"], prompt, method)
         cache = gpu.new_cache(len(prompt) + args.new_tokens + 8)
         tps = _median_rounds(models, cache, prompt, args.new_tokens, args.rounds)
         per_token, _ = decode_bytes(cfg, gpu.weight_bytes, len(prompt), args.new_tokens)
+        base = tps["engine without attention"]
         for label, t in tps.items():
-            base = tps["engine, full step" if "without" not in label else "engine without attention"]
             rows.append([method, label, f"{t:.1f}", f"{1e6 / t:.0f}", f"{100 * per_token * t / bw:.0f}%",
                          f"{t / base:.3f}x"])
         del gpu, models, cache
         cp.get_default_memory_pool().free_all_blocks()
     plain_table(f"\ndecode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating "
-                "rounds", ["weights", "step", "tok/s", "µs a token", "% of copy", "vs the engine's same step"],
+                "rounds", ["weights", "step", "tok/s", "µs a token", "% of copy", "vs the engine without attention"],
                 rows)
     return finish(ap.prog)
 
