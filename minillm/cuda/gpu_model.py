@@ -512,7 +512,8 @@ class GPUTransformer:
         if self._dense_scratch is None or self._ahead_parts is not None or not self.settings.prefill_widen_ahead:
             return
         cp = _cp()
-        self._ahead_parts = (cp.empty_like(self._dense_scratch), cp.cuda.Stream(non_blocking=True),
+        side = cp.cuda.Stream(non_blocking=True, priority=self.settings.prefill_widen_priority)
+        self._ahead_parts = (cp.empty_like(self._dense_scratch), side,
                              tuple(cp.cuda.Event(disable_timing=True) for _ in range(3)))
 
     # ---- a few rows at once: speculative decoding's verify pass, one CUDA graph ------------------

@@ -240,6 +240,9 @@ class KernelSettings:
     # other of two scratch buffers (minillm/cuda/widen_ahead.py), instead of right before its GEMM on the same
     # stream. One more scratch buffer (the largest matrix: 235 MB for Mistral-7B's gate|up).
     prefill_widen_ahead: bool = True
+    # Its side stream's priority (CUDA's convention: lower is more urgent; -1 or below, where the device has
+    # priorities, lets the widening's blocks take SMs ahead of the GEMM's next ones).
+    prefill_widen_priority: int = 0
     # Programmatic dependent launch (minillm/cuda/pdl.py) for the kernels that allow it (PDL_KERNEL): each may
     # start during the previous kernel's tail, its first weight loads issued before it waits for x. Decode
     # with vs without, same run (H200, 2026-12-02): fp16 1.02x, int8 1.07x (341 -> 365 tok/s), int4 1.11x
