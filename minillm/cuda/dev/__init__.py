@@ -10,7 +10,9 @@ bandwidth probe they all use; `model.py` checks whole small models GPU vs CPU; `
 `qbench.py` time a 7B-shaped model (`minillm bench --device cuda`); `qmma.py` (the quantized GEMV on tensor
 cores), `qtma.py` (the GEMVs with their weights streamed into shared memory by the TMA) and `qfloor.py` (the
 quantized GEMV with its staging or its arithmetic taken out: where its time goes) measure kernel versions;
-`selfcheck.py` drives them all;
+`chain.py` measures the decode step as a chain (what each kind of kernel adds inside it, prefetches across
+its links), `layer.py` a layer's GEMVs as one kernel behind grid barriers, `widen.py` prefill's int8/int4
+widening one GEMM ahead; `selfcheck.py` drives the kernel families' checks, the model checks and the bench;
 `verify.sh` is the whole GPU verification as one command for the GPU machine. Nothing in the engine
 imports this package.
 """
