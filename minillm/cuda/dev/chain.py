@@ -10,8 +10,9 @@ in L2. So this module measures inside the chain:
     prefetch  the prefetches that use a short kernel's idle HBM, against the default in alternating rounds
               (the machine drifts), after a check that each gives the same tokens and logits, bit for bit
               (a prefetch only moves bytes into L2): decode attention asking L2 for its split's cached K/V
-              before it waits for the qkv GEMV (GQA_PREFETCH_KV), and o_proj's warps asking for their whole
-              rows before they wait for attention (KernelSettings.prefetch_rows_before_wait)
+              before it waits for the qkv GEMV (GQA_PREFETCH_KV), and a GEMV's warps asking for their whole
+              rows (every round of them) before they wait for the kernel ahead (KernelSettings.
+              prefetch_rows_before_wait: o behind attention, qkv and down behind the GEMVs ahead of them)
 
     python -m minillm.cuda.dev.chain [--quick] [--rounds N] [--new-tokens N] [--formats float16,int8,int4]
 
@@ -37,7 +38,11 @@ LEFT_OUT = {"qkv": ("qkv",), "attention": ("attention",), "o": ("o",), "gate_up"
             ("qkv", "o", "gate_up", "down")}
 PREFETCHES = {"default": {}, "K/V before the wait": {"attention_flags": GQA_PREFETCH_KV},
               "o's rows before the wait": {"prefetch_rows_before_wait": ("o",)},
-              "both": {"attention_flags": GQA_PREFETCH_KV, "prefetch_rows_before_wait": ("o",)}}
+              "both": {"attention_flags": GQA_PREFETCH_KV, "prefetch_rows_before_wait": ("o",)},
+              # qkv: its warps' second round of pairs too (3072 pairs over 2112 warps: two rounds)
+              "qkv's rows before the wait": {"prefetch_rows_before_wait": ("qkv",)},
+              "down's rows before the wait": {"prefetch_rows_before_wait": ("down",)},
+              "qkv's, o's and down's": {"prefetch_rows_before_wait": ("qkv", "o", "down")}}
 
 
 def kind_of(name: str, label: str) -> str | None:
