@@ -34,6 +34,6 @@ def test_widening_ahead_changes_no_number(quant, kv_cache, chunk, n_layers):
     gpu = GPUTransformer.random(CONFIG, "float16", seed=5, quant=quant).with_options(kv_cache=kv_cache)
     prompt = np.random.default_rng(2).integers(0, CONFIG.vocab_size, 23)
     before, widened_before = logits_of(gpu.with_settings(prefill_widen_ahead=False), prompt, chunk, n_layers)
-    ahead, widened = logits_of(gpu, prompt, chunk, n_layers)
-    assert gpu.settings.prefill_widen_ahead and widened and not widened_before
+    ahead, widened = logits_of(gpu.with_settings(prefill_widen_ahead=True), prompt, chunk, n_layers)
+    assert widened and not widened_before
     np.testing.assert_array_equal(ahead, before)

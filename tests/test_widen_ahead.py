@@ -115,7 +115,7 @@ def test_the_model_plans_its_layer_loops_quantized_gemms_in_order():
     from minillm.model.config import PRESETS
     from test_qtma_plan import random_layout
     cfg = PRESETS["smollm2-135m"].config
-    m, _, _ = recording_model(cfg)
+    m, _, _ = recording_model(cfg, settings=KernelSettings(prefill_widen_ahead=True))
     assert m._plan_widening(m.layers) is None                        # 16-bit weights: nothing to widen
     q, s, mins = random_layout("int8", 2, 64, 128, np.random.default_rng(0))
     quant = lambda: QuantMatrix("int8", q, s, mins, 64, 128)

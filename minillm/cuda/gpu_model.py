@@ -29,8 +29,9 @@ matrices stay in minillm.model.quant's layout on the device (`qweights.QuantMatr
 head and the embedding stay 16-bit, as on the CPU. Decode runs gemv_quant.cu, which dequantizes in
 registers behind the same v4 fusions (gemv_version 4 only). Prefill widens each quantized matrix into
 one reused 16-bit scratch buffer (the largest matrix: 235 MB for Mistral's gate|up) right before its
-cuBLAS GEMM: ~1.3 extra bytes written per weight per prefill chunk, cheap next to the GEMM at T = 512,
-and the full 16-bit model never exists in memory.
+cuBLAS GEMM: ~1.3 extra bytes written per weight per prefill chunk, and the full 16-bit model never exists
+in memory (~6 ms of Mistral-7B's 20 ms TTFT on an H200; `KernelSettings.prefill_widen_ahead` widens each
+matrix on a second stream one GEMM ahead instead: 1.00-1.02x, off).
 
 int8 KV cache (`kv_cache="int8"`, minillm.model.kv_cache.Int8KVCache's format: a symmetric scale per token and KV
 head): kv_int8.cu quantizes each new key and value from the fp32 qkv row (the v4 qkv GEMV then only

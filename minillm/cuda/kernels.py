@@ -238,8 +238,9 @@ class KernelSettings:
     prefill_attention_version: int = 2
     # Prefill with int8/int4 weights: each matrix widened to 16 bits on a second stream one GEMM ahead, into the
     # other of two scratch buffers (minillm/cuda/widen_ahead.py), instead of right before its GEMM on the same
-    # stream. One more scratch buffer (the largest matrix: 235 MB for Mistral-7B's gate|up).
-    prefill_widen_ahead: bool = True
+    # stream; one more scratch buffer (the largest matrix: 235 MB for Mistral-7B's gate|up). TTFT 512 (dev.widen,
+    # H200, 2026-12-02): int8 20.9 -> 20.5 ms, int4 20.9 -> 20.8: not kept (cuBLAS's GEMMs likely hold every SM).
+    prefill_widen_ahead: bool = False
     # Its side stream's priority (CUDA's convention: lower is more urgent; -1 or below, where the device has
     # priorities, lets the widening's blocks take SMs ahead of the GEMM's next ones).
     prefill_widen_priority: int = 0

@@ -19,8 +19,8 @@ import numpy as np
 from minillm.cuda.dev.bench import bench_config, prefill_ttft
 from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
 
-WAYS = {"widen, then GEMM": {"prefill_widen_ahead": False}, "widen one GEMM ahead": {},
-        "ahead, side stream at high priority": {"prefill_widen_priority": -5}}
+WAYS = {"widen, then GEMM": {"prefill_widen_ahead": False}, "widen one GEMM ahead": {"prefill_widen_ahead": True},
+        "ahead, side stream at high priority": {"prefill_widen_ahead": True, "prefill_widen_priority": -5}}
 
 
 def main(argv=None) -> int:
