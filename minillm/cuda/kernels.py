@@ -213,8 +213,9 @@ class KernelSettings:
     prefetch_tail: int | None = None
     # The GEMVs (by label: "o", ...) whose warps ask L2 for their whole rows before waiting for the kernel ahead
     # (Q_PREWAIT_ROWS / V4_PREWAIT_ROWS), not only each warp's first step: for a GEMV behind a kernel that leaves
-    # HBM idle (o_proj behind decode attention), so its matrix arrives while that kernel runs. ("o",) measured
-    # (dev.chain, H200, 2026-12-02): fp16 1.000x, int8 0.990x, int4 0.998x: not kept.
+    # HBM idle (o_proj behind decode attention), so its matrix arrives while that kernel runs. Measured (dev.chain,
+    # H200, 2026-12-02): ("o",) fp16 1.000-1.002x, int8 0.990-0.996x, int4 0.981-0.998x; ("qkv",) 0.97-0.98x;
+    # ("down",) 0.96-0.99x: not kept.
     prefetch_rows_before_wait: tuple[str, ...] = ()
     # Fused-combine decode attention: 3 = a block per KV head's GQA group, splits chosen from the length at
     # run time (7.6 vs 15.4 µs a layer at 144 keys, 11.9 vs 71.8 at 4096; fp16 decode 244.4 -> 256.6 tok/s);
@@ -239,10 +240,10 @@ class KernelSettings:
     # Prefill with int8/int4 weights: each matrix widened to 16 bits on a second stream one GEMM ahead, into the
     # other of two scratch buffers (minillm/cuda/widen_ahead.py), instead of right before its GEMM on the same
     # stream; one more scratch buffer (the largest matrix: 235 MB for Mistral-7B's gate|up). TTFT 512 (dev.widen,
-    # H200, 2026-12-02): int8 20.9 -> 20.5 ms, int4 20.9 -> 20.8: not kept (cuBLAS's GEMMs likely hold every SM).
+    # H200, 2026-12-02): int8 20.9 -> 20.5 ms, int4 20.9 -> 20.7-20.8: not kept (cuBLAS's GEMMs likely hold every SM).
     prefill_widen_ahead: bool = False
-    # Its side stream's priority (CUDA's convention: lower is more urgent; -1 or below, where the device has
-    # priorities, lets the widening's blocks take SMs ahead of the GEMM's next ones).
+    # Its side stream's priority (CUDA's convention: lower is more urgent), so that the widening's blocks take SMs
+    # ahead of the GEMM's next ones: -5 measured int8 21.1 ms, int4 20.6 (widening before each GEMM: 21.0, 20.9).
     prefill_widen_priority: int = 0
     # Programmatic dependent launch (minillm/cuda/pdl.py) for the kernels that allow it (PDL_KERNEL): each may
     # start during the previous kernel's tail, its first weight loads issued before it waits for x. Decode
