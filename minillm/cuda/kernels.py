@@ -27,7 +27,6 @@ import copy
 import math
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
