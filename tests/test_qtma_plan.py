@@ -158,3 +158,16 @@ def test_wide_tma_launches_the_16_bit_twin_and_hands_over_where_it_does_not_fit(
     assert (name, block) == ("gemv_v4", (128,))
     (name, _, _, _, _), = _wide_launches(4096, 4096)
     assert name == "gemv_v4"
+
+
+def test_the_dev_modules_case_list_is_built_without_a_gpu():
+    """qtma.cases (what `python -m minillm.cuda.dev.qtma` hands run_cases) names every case once, each a check
+    of its own settings: building the list runs no kernel, so a slip in it shows here and not on the device."""
+    from minillm.cuda.dev import qtma
+
+    class Recorder:
+        def with_settings(self, **changes):
+            return changes
+    listed = qtma.cases(Recorder())
+    assert [label for label, _ in listed] == list(qtma.CASE_LABELS)
+    assert all(callable(run) for _, run in listed)

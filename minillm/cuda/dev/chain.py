@@ -26,7 +26,7 @@ import sys
 import numpy as np
 
 from minillm.cuda.dev.bench import bench_config, decode_bytes, decode_tok_s
-from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
+from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, say, verdict
 from minillm.cuda.dev.model import greedy
 from minillm.cuda.kernels import GQA_PREFETCH_KV
 
@@ -65,20 +65,15 @@ def leaving_out(gpu, kinds: tuple[str, ...]):
     return other
 
 
-def _median_rounds(models: dict, cache, prompt, n_new: int, rounds: int) -> dict[str, float]:
-    """Median decode tok/s of each model, the order of the models alternating round by round."""
-    seen: dict[str, list[float]] = {v: [] for v in models}
-    order = list(models)
-    for r in range(rounds):
-        for v in (order if r % 2 == 0 else order[::-1]):
-            seen[v].append(decode_tok_s(models[v], cache, prompt, n_new)[0])
-    return {v: float(np.median(t)) for v, t in seen.items()}
+def median_tok_s(models: dict, cache, prompt, n_new: int, rounds: int) -> dict[str, float]:
+    """Median decode tok/s of each model, in alternating rounds."""
+    return alternating_medians(models, lambda m: decode_tok_s(m, cache, prompt, n_new)[0], rounds)
 
 
 def parts(gpu, cache, prompt, n_new: int, rounds: int, fmt: str) -> list[list]:
     """What each kind adds to the step: (full step - step without it) / layers, in µs, beside the step."""
     models = {"full step": gpu} | {label: leaving_out(gpu, kinds) for label, kinds in LEFT_OUT.items()}
-    tps = _median_rounds(models, cache, prompt, n_new, rounds)
+    tps = median_tok_s(models, cache, prompt, n_new, rounds)
     n_layers, full_us = gpu.config.n_layers, 1e6 / tps["full step"]
     rows = [[fmt, "full step", f"{tps['full step']:.1f}", f"{full_us:.0f}", "", ""]]
     for label in LEFT_OUT:
@@ -103,7 +98,7 @@ def prefetches(gpu, cache, prompt, n_new: int, rounds: int, fmt: str, bw: float)
     for label, changes in list(PREFETCHES.items())[1:]:
         same_numbers(gpu, prompt, f"{fmt}: {label}", changes)
     models = {label: gpu.with_settings(**changes) for label, changes in PREFETCHES.items()}
-    tps = _median_rounds(models, cache, prompt, n_new, rounds)
+    tps = median_tok_s(models, cache, prompt, n_new, rounds)
     per_token, _ = decode_bytes(gpu.config, gpu.weight_bytes, len(prompt), n_new)
     return [[fmt, label, f"{t:.1f}", f"{100 * per_token * t / bw:.0f}%", f"{t / tps['default']:.3f}x"]
             for label, t in tps.items()]

@@ -125,6 +125,17 @@ def run_cases(make_cases: Callable[[Kernels], list], dtypes=("float16", "bfloat1
             guarded(label, one)
 
 
+def alternating_medians(variants: dict, measure: Callable, rounds: int) -> dict:
+    """{label: median of measure(variant)} over `rounds` rounds, the variants' order reversed every other round:
+    the machines drift, so each variant sees the same drift (the same-run A/B every dev sweep reports)."""
+    seen: dict = {label: [] for label in variants}
+    order = list(variants)
+    for r in range(rounds):
+        for label in (order if r % 2 == 0 else order[::-1]):
+            seen[label].append(measure(variants[label]))
+    return {label: float(np.median(values)) for label, values in seen.items()}
+
+
 def plain_table(title: str, headers, rows) -> None:
     """title, then headers and rows in columns as wide as their widest cell."""
     cells = [[str(c) for c in row] for row in [headers] + list(rows)]

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from minillm.cuda.dev.bench import bench_config, decode_bytes
-from minillm.cuda.dev.chain import _median_rounds, kind_of, leaving_out
+from minillm.cuda.dev.chain import kind_of, leaving_out, median_tok_s
 from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
 from minillm.cuda.dev.model import greedy
 
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
                   "layer kernels without attention": layer_kernel_model(gpu, method)}
         check(models["engine without attention"], models["layer kernels without attention"], prompt, method)
         cache = gpu.new_cache(len(prompt) + args.new_tokens + 8)
-        tps = _median_rounds(models, cache, prompt, args.new_tokens, args.rounds)
+        tps = median_tok_s(models, cache, prompt, args.new_tokens, args.rounds)
         per_token, _ = decode_bytes(cfg, gpu.weight_bytes, len(prompt), args.new_tokens)
         base = tps["engine without attention"]
         for label, t in tps.items():

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from minillm.cuda.dev.bench import bench_config, decode_bytes, decode_tok_s
-from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
+from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, say, verdict
 from minillm.cuda.dev.model import greedy
 
 FORMATS = ("float16", "int8", "int4")
@@ -40,11 +40,7 @@ def timed(gpu, prompt, n_new: int, rounds: int) -> dict[bool, float]:
     """Median decode tok/s without and with PDL, their rounds alternating."""
     models = {pdl: gpu.with_settings(pdl=pdl) for pdl in (False, True)}
     cache = gpu.new_cache(len(prompt) + n_new + 8)
-    seen: dict[bool, list[float]] = {False: [], True: []}
-    for r in range(rounds):
-        for pdl in ((False, True) if r % 2 == 0 else (True, False)):
-            seen[pdl].append(decode_tok_s(models[pdl], cache, prompt, n_new)[0])
-    return {pdl: float(np.median(v)) for pdl, v in seen.items()}
+    return alternating_medians(models, lambda model: decode_tok_s(model, cache, prompt, n_new)[0], rounds)
 
 
 def main(argv=None) -> int:

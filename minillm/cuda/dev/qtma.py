@@ -111,7 +111,7 @@ def _wide_cases() -> list:
 def cases(k) -> list:
     """(label, check) pairs for dev.common.run_cases: qmma.py's v3 cases (but its U=4 ones) and v4's own on the
     quantized kernels, then the 16-bit ones."""
-    return [(label, lambda check=check, s=settings: check(k.with_settings(**s))) for label, check, s in _listed()]
+    return [(label, lambda check=check, s=s: check(k.with_settings(**s))) for label, check, s in _listed()]
 
 
 def _listed() -> list:

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from minillm.cuda.dev.bench import bench_config, prefill_ttft
-from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
+from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, say, verdict
 
 WAYS = {"widen, then GEMM": {"prefill_widen_ahead": False}, "widen one GEMM ahead": {"prefill_widen_ahead": True},
         "ahead, side stream at high priority": {"prefill_widen_ahead": True, "prefill_widen_priority": -5}}
@@ -48,15 +48,10 @@ def main(argv=None) -> int:
                 logits.append(model.prefill(prompt, cache))
             diff = max(float(np.max(np.abs(other - logits[0]))) for other in logits[1:])
             verdict(f"widen {method}", diff == 0.0, f"largest logit change {diff:g}")
-        seen: dict[str, list[float]] = {label: [] for label in ways}
-        order = list(ways)
-        for r in range(args.rounds):
-            for label in (order if r % 2 == 0 else order[::-1]):
-                seen[label].append(prefill_ttft(ways[label], cache, prompt))
-        first = float(np.median(seen[order[0]]))
-        for label, times in seen.items():
-            ms = 1e3 * float(np.median(times))
-            rows.append([method, label, f"{ms:.1f}", f"{1e3 * first / ms:.2f}x"])
+        ttft = alternating_medians(ways, lambda model: prefill_ttft(model, cache, prompt), args.rounds)
+        first = next(iter(ttft.values()))
+        for label, seconds in ttft.items():
+            rows.append([method, label, f"{1e3 * seconds:.1f}", f"{first / seconds:.2f}x"])
         del gpu, ways, cache
         cp.get_default_memory_pool().free_all_blocks()
     plain_table(f"\nTTFT of a {args.prompt}-token prompt (host logits included), median of {args.rounds} alternating "
