@@ -253,7 +253,7 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
             ("decode tok/s, v4 eager", f"{eager_tps:.1f}", ""),
             ("decode tok/s, v2 graph", f"{results['v2 graph'][0]:.1f}", ""),
             ("GB/s", f"{per_token * graph_tps / 1e9:.0f}", ""),
-            ("% of copy bandwidth", f"{100 * per_token * graph_tps / bw:.0f}%", "≥ 85%"),
+            ("% of copy bandwidth", f"{100 * per_token * graph_tps / bw:.0f}%", "≥ 92%"),   # 270 of ~293 tok/s
             (f"TTFT {ttft_len} tokens, ms", f"{ttft * 1e3:.1f}", f"≤ {TTFT_TARGET_MS}" if ttft_len == 512 else "")]
     say(f"  {'':<24} {'measured':>10} {'target':>8}")
     for name, value, target in rows:
