@@ -7,6 +7,8 @@ bytes per token, GB/s, % of copy bandwidth, and where one decode step and one pr
 """
 from __future__ import annotations
 
+import argparse
+
 import statistics
 import time
 
@@ -49,6 +51,26 @@ def report_decode(cfg: ModelConfig, weight_bytes: int, prompt_len: int, n_new: i
     for mode, (tps, _) in results.items():
         say(f"  {mode:<{width}} {tps:8.1f} {1e3 / tps:9.2f} {per_token * tps / 1e9:8.0f} {100 * per_token * tps / bw:9.0f}%")
     return per_token
+
+
+def sweep_parser(module: str, doc: str, rounds: int = 3) -> argparse.ArgumentParser:
+    """The options every same-run decode sweep takes (dev.pdl, dev.chain, dev.layer): --quick, --rounds,
+    --new-tokens; `module` is its name under minillm.cuda.dev, `doc` its docstring (the first line describes it)."""
+    ap = argparse.ArgumentParser(prog=f"python -m minillm.cuda.dev.{module}", description=doc.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small model instead of the Mistral-7B shape")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    return ap
+
+
+def decode_sweep_setup(quick: bool, prompt_len: int = 16):
+    """(config, copy bandwidth B/s, a random prompt) for a same-run decode sweep (dev.pdl, dev.chain,
+    dev.layer): the Mistral-7B shape or, quick, a small one; says which, and the bandwidth."""
+    cfg = bench_config(quick)
+    bw = copy_bandwidth(2048 << 20)
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
+    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; {'quick shape' if quick else 'mistral-7b shape'}, random weights")
+    return cfg, bw, prompt
 
 
 def prefill_ttft(gpu, cache, prompt, repeats: int = 3) -> float:

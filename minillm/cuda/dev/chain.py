@@ -20,13 +20,12 @@ Importing this module does not import CuPy.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
-from minillm.cuda.dev.bench import bench_config, decode_bytes, decode_tok_s
-from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, say, verdict
+from minillm.cuda.dev.bench import decode_bytes, decode_sweep_setup, decode_tok_s, sweep_parser
+from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, verdict
 from minillm.cuda.dev.model import greedy
 from minillm.cuda.kernels import GQA_PREFETCH_KV
 
@@ -105,10 +104,7 @@ def prefetches(gpu, cache, prompt, n_new: int, rounds: int, fmt: str, bw: float)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.chain", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a small model instead of the Mistral-7B shape")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--new-tokens", type=int, default=128)
+    ap = sweep_parser("chain", __doc__)
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--no-parts", action="store_true", help="only the prefetches")
     args = ap.parse_args(argv)
@@ -116,12 +112,8 @@ def main(argv=None) -> int:
     if not require_gpu(ap.prog) or not set(formats) <= set(FORMATS):
         return 2
     import cupy as cp
-    from minillm.cuda.dev.timing import copy_bandwidth
     from minillm.cuda.gpu_model import GPUTransformer
-    cfg = bench_config(args.quick)
-    bw = copy_bandwidth(2048 << 20)
-    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, 16)
-    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; {'quick shape' if args.quick else 'mistral-7b shape'}, random weights")
+    cfg, bw, prompt = decode_sweep_setup(args.quick)
     part_rows, prefetch_rows = [], []
     for fmt in formats:
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if fmt == "float16" else fmt)

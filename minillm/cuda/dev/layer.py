@@ -17,14 +17,13 @@ Importing this module does not import CuPy.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
-from minillm.cuda.dev.bench import bench_config, decode_bytes
+from minillm.cuda.dev.bench import decode_bytes, decode_sweep_setup, sweep_parser
 from minillm.cuda.dev.chain import kind_of, leaving_out, median_tok_s
-from minillm.cuda.dev.common import finish, plain_table, require_gpu, say, verdict
+from minillm.cuda.dev.common import finish, plain_table, require_gpu, verdict
 from minillm.cuda.dev.model import greedy
 
 PHASES = ("qkv", "o", "gate_up", "down")          # the layer kernel's phases, in order
@@ -139,20 +138,13 @@ def check(reference, layered, prompt, label: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.layer", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a small model instead of the Mistral-7B shape")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--new-tokens", type=int, default=128)
+    ap = sweep_parser("layer", __doc__)
     args = ap.parse_args(argv)
     if not require_gpu(ap.prog):
         return 2
     import cupy as cp
-    from minillm.cuda.dev.timing import copy_bandwidth
     from minillm.cuda.gpu_model import GPUTransformer
-    cfg = bench_config(args.quick)
-    bw = copy_bandwidth(2048 << 20)
-    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, 16)
-    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; {'quick shape' if args.quick else 'mistral-7b shape'}, random weights")
+    cfg, bw, prompt = decode_sweep_setup(args.quick)
     rows = []
     for method in ("int8", "int4"):
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)

@@ -12,13 +12,12 @@ Importing this module does not import CuPy.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
-from minillm.cuda.dev.bench import bench_config, decode_bytes, decode_tok_s
-from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, say, verdict
+from minillm.cuda.dev.bench import decode_bytes, decode_sweep_setup, decode_tok_s, sweep_parser
+from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, verdict
 from minillm.cuda.dev.model import greedy
 
 FORMATS = ("float16", "int8", "int4")
@@ -44,20 +43,13 @@ def timed(gpu, prompt, n_new: int, rounds: int) -> dict[bool, float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.pdl", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a small model instead of the Mistral-7B shape")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=128)
+    ap = sweep_parser("pdl", __doc__, rounds=4)
     args = ap.parse_args(argv)
     if not require_gpu(ap.prog):
         return 2
     import cupy as cp
-    from minillm.cuda.dev.timing import copy_bandwidth
     from minillm.cuda.gpu_model import GPUTransformer
-    cfg = bench_config(args.quick)
-    bw = copy_bandwidth(2048 << 20)
-    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, 16)
-    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; {'quick shape' if args.quick else 'mistral-7b shape'}, random weights")
+    cfg, bw, prompt = decode_sweep_setup(args.quick)
     rows = []
     for fmt in FORMATS:
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if fmt == "float16" else fmt)
