@@ -82,20 +82,21 @@ def parts(gpu, cache, prompt, n_new: int, rounds: int, fmt: str) -> list[list]:
     return rows
 
 
-def same_numbers(gpu, prompt, label: str, changes: dict) -> None:
-    """A prefetch changes when bytes arrive, never a number: tokens and logits equal the default's exactly."""
+def same_numbers(reference, other, prompt, label: str) -> None:
+    """Two ways of running the same model give the same tokens and logits, exactly (a prefetch changes when
+    bytes arrive, never a number; dev.layer's kernels run the same code behind another barrier)."""
     runs = []
-    for model in (gpu, gpu.with_settings(**changes)):
+    for model in (reference, other):
         tokens, logits = greedy(model, prompt, 17, model.new_cache(len(prompt) + 24))
         runs.append((tokens, np.stack(logits)))
     diff = float(np.max(np.abs(runs[0][1] - runs[1][1])))
-    verdict(f"chain {label}", runs[0][0] == runs[1][0] and diff == 0.0,
+    verdict(label, runs[0][0] == runs[1][0] and diff == 0.0,
             f"tokens equal {runs[0][0] == runs[1][0]}, largest logit change {diff:g}")
 
 
 def prefetches(gpu, cache, prompt, n_new: int, rounds: int, fmt: str, bw: float) -> list[list]:
     for label, changes in list(PREFETCHES.items())[1:]:
-        same_numbers(gpu, prompt, f"{fmt}: {label}", changes)
+        same_numbers(gpu, gpu.with_settings(**changes), prompt, f"chain {fmt}: {label}")
     models = {label: gpu.with_settings(**changes) for label, changes in PREFETCHES.items()}
     tps = median_tok_s(models, cache, prompt, n_new, rounds)
     per_token, _ = decode_bytes(gpu.config, gpu.weight_bytes, len(prompt), n_new)

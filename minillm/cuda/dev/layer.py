@@ -22,9 +22,8 @@ import sys
 import numpy as np
 
 from minillm.cuda.dev.bench import decode_bytes, decode_sweep_setup, sweep_parser
-from minillm.cuda.dev.chain import kind_of, leaving_out, median_tok_s
-from minillm.cuda.dev.common import finish, plain_table, require_gpu, verdict
-from minillm.cuda.dev.model import greedy
+from minillm.cuda.dev.chain import kind_of, leaving_out, median_tok_s, same_numbers
+from minillm.cuda.dev.common import finish, plain_table, require_gpu
 
 PHASES = ("qkv", "o", "gate_up", "down")          # the layer kernel's phases, in order
 WORDS = 24                                        # 64-bit words a phase (LAYER_ARGS)
@@ -127,16 +126,6 @@ def layer_kernel_model(gpu, method: str):
     return other
 
 
-def check(reference, layered, prompt, label: str) -> None:
-    runs = []
-    for model in (reference, layered):
-        tokens, logits = greedy(model, prompt, 9, model.new_cache(len(prompt) + 16))
-        runs.append((tokens, np.stack(logits)))
-    diff = float(np.max(np.abs(runs[0][1] - runs[1][1])))
-    verdict(f"layer kernel {label}", runs[0][0] == runs[1][0] and diff == 0.0,
-            f"tokens equal {runs[0][0] == runs[1][0]}, largest logit change {diff:g}")
-
-
 def main(argv=None) -> int:
     ap = sweep_parser("layer", __doc__)
     args = ap.parse_args(argv)
@@ -150,7 +139,8 @@ def main(argv=None) -> int:
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=method)
         models = {"engine, full step": gpu, "engine without attention": leaving_out(gpu, ("attention",)),
                   "layer kernels without attention": layer_kernel_model(gpu, method)}
-        check(models["engine without attention"], models["layer kernels without attention"], prompt, method)
+        same_numbers(models["engine without attention"], models["layer kernels without attention"], prompt,
+                     f"layer kernel {method}")
         cache = gpu.new_cache(len(prompt) + args.new_tokens + 8)
         tps = median_tok_s(models, cache, prompt, args.new_tokens, args.rounds)
         per_token, _ = decode_bytes(cfg, gpu.weight_bytes, len(prompt), args.new_tokens)
