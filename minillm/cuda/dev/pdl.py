@@ -14,25 +14,16 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-
 from minillm.cuda.dev.bench import decode_bytes, decode_sweep_setup, decode_tok_s, sweep_parser
-from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, verdict
-from minillm.cuda.dev.model import greedy
+from minillm.cuda.dev.chain import same_numbers
+from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu
 
 FORMATS = ("float16", "int8", "int4")
 
 
-def check(gpu, prompt, n_new: int, label: str) -> None:
+def check(gpu, prompt, label: str) -> None:
     """The decode step with PDL gives the same tokens and the same logits, exactly."""
-    runs = {}
-    for pdl in (False, True):
-        model = gpu.with_settings(pdl=pdl)
-        tokens, logits = greedy(model, prompt, n_new + 1, model.new_cache(len(prompt) + n_new + 8))
-        runs[pdl] = tokens, np.stack(logits)                    # the prefill's logits and n_new decodes'
-    same_tokens = runs[False][0] == runs[True][0]
-    diff = float(np.max(np.abs(runs[False][1] - runs[True][1])))
-    verdict(f"pdl {label}", same_tokens and diff == 0.0, f"tokens equal {same_tokens}, largest logit change {diff:g}")
+    same_numbers(gpu.with_settings(pdl=False), gpu.with_settings(pdl=True), prompt, f"pdl {label}")
 
 
 def timed(gpu, prompt, n_new: int, rounds: int) -> dict[bool, float]:
@@ -53,9 +44,9 @@ def main(argv=None) -> int:
     rows = []
     for fmt in FORMATS:
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if fmt == "float16" else fmt)
-        check(gpu, prompt, 24, fmt)
+        check(gpu, prompt, fmt)
         if fmt == "float16":
-            check(gpu.with_options(kv_cache="int8"), prompt, 24, "float16, int8 KV cache")
+            check(gpu.with_options(kv_cache="int8"), prompt, "float16, int8 KV cache")
         tps = timed(gpu, prompt, args.new_tokens, args.rounds)
         per_token, _ = decode_bytes(cfg, gpu.weight_bytes, len(prompt), args.new_tokens)
         for pdl in (False, True):
