@@ -101,6 +101,22 @@ __device__ __forceinline__ Stage stage_at(const unsigned char* base, int P, int 
     return Stage{reinterpret_cast<const uint4*>(base), s, s + 2 * P * n_groups};
 }
 
+// Pair j's two rows in a stage, a thread's share of them: f(u, c, ra, rb) for each chunk c = c_t + L·u of the
+// row (u < J, c < n_chunks; ra, rb: the two rows' chunk c in the stage), the format's sums a and b zeroed first.
+template <int J, class F>
+__device__ __forceinline__ void each_chunk_of_pair(const Stage& st, int j, int n_chunks, int c_t, int L, float& a,
+                                                   float& b, F f) {
+    const uint4* wa = st.w + (size_t)(2 * j) * n_chunks;
+    const uint4* wb = wa + n_chunks;
+    a = 0.0f;
+    b = 0.0f;
+#pragma unroll
+    for (int u = 0; u < J; u++) {
+        int c = c_t + L * u;
+        if (c < n_chunks) f(u, c, wa + c, wb + c);
+    }
+}
+
 // ---- the formats: x as a thread holds it, and its share of one row pair -------------------------------------------
 // Each format F has C (weights a 16-byte chunk), J_MAX (chunks of x a thread holds), X (those chunks in
 // registers), load_x (fills X: chunk u of the thread is chunk c_t + L·u of x, zeros past the row; Σx² of
@@ -151,24 +167,16 @@ struct Int8Tma : PackedTma<16, 4, false> {
     static __device__ __forceinline__ void dot(const Stage& st, int j, int n_chunks, int n_groups, int cpg,
                                                int cpg_shift, int c_t, int L, const X& x,
                                                float& a, float& b) {
-        const uint4* wa = st.w + (size_t)(2 * j) * n_chunks;
-        const uint4* wb = wa + n_chunks;
-        a = 0.0f;
-        b = 0.0f;
-#pragma unroll
-        for (int u = 0; u < J_MAX; u++) {
-            int c = c_t + L * u;
-            if (c < n_chunks) {
-                uint4 va = wa[c], vb = wb[c], x0 = x.w[u][0], x1 = x.w[u][1];      // 16 values of x: 8 pairs
-                unsigned int pa = 0u, pb = 0u;
-                pa = dot4_i8_h2(va.x, x0.x, x0.y, pa); pb = dot4_i8_h2(vb.x, x0.x, x0.y, pb);
-                pa = dot4_i8_h2(va.y, x0.z, x0.w, pa); pb = dot4_i8_h2(vb.y, x0.z, x0.w, pb);
-                pa = dot4_i8_h2(va.z, x1.x, x1.y, pa); pb = dot4_i8_h2(vb.z, x1.x, x1.y, pb);
-                pa = dot4_i8_h2(va.w, x1.z, x1.w, pa); pb = dot4_i8_h2(vb.w, x1.z, x1.w, pb);
-                a = fmaf(f16x2_sum(pa), x.down[u], a);
-                b = fmaf(f16x2_sum(pb), x.down[u], b);
-            }
-        }
+        each_chunk_of_pair<J_MAX>(st, j, n_chunks, c_t, L, a, b, [&](int u, int, const uint4* ra, const uint4* rb) {
+            uint4 va = *ra, vb = *rb, x0 = x.w[u][0], x1 = x.w[u][1];           // 16 values of x: 8 pairs
+            unsigned int pa = 0u, pb = 0u;
+            pa = dot4_i8_h2(va.x, x0.x, x0.y, pa); pb = dot4_i8_h2(vb.x, x0.x, x0.y, pb);
+            pa = dot4_i8_h2(va.y, x0.z, x0.w, pa); pb = dot4_i8_h2(vb.y, x0.z, x0.w, pb);
+            pa = dot4_i8_h2(va.z, x1.x, x1.y, pa); pb = dot4_i8_h2(vb.z, x1.x, x1.y, pb);
+            pa = dot4_i8_h2(va.w, x1.z, x1.w, pa); pb = dot4_i8_h2(vb.w, x1.z, x1.w, pb);
+            a = fmaf(f16x2_sum(pa), x.down[u], a);
+            b = fmaf(f16x2_sum(pb), x.down[u], b);
+        });
     }
 
     // the row scale (int8: one fp32 a row), read by the epilogue thread
@@ -181,31 +189,23 @@ struct Int4Tma : PackedTma<32, 2, true> {
     static __device__ __forceinline__ void dot(const Stage& st, int j, int n_chunks, int n_groups, int cpg,
                                                int cpg_shift, int c_t, int L, const X& x,
                                                float& a, float& b) {
-        const uint4* wa = st.w + (size_t)(2 * j) * n_chunks;
-        const uint4* wb = wa + n_chunks;
         const u16* sa = st.s + (size_t)(2 * j) * n_groups;
         const u16* ma = st.m + (size_t)(2 * j) * n_groups;
-        a = 0.0f;
-        b = 0.0f;
-#pragma unroll
-        for (int u = 0; u < J_MAX; u++) {
-            int c = c_t + L * u;
-            if (c < n_chunks) {
-                uint4 va = wa[c], vb = wb[c];
-                int g = cpg_shift >= 0 ? c >> cpg_shift : c / cpg;          // the chunk's group
-                float s_a = F16::to_float(sa[g]), m_a = F16::to_float(ma[g]);
-                float s_b = F16::to_float(sa[n_groups + g]), m_b = F16::to_float(ma[n_groups + g]);
-                unsigned int pa = 0u, pb = 0u;
-                pa = dot8_i4_h2(va.x, x.w[u][0], pa); pb = dot8_i4_h2(vb.x, x.w[u][0], pb);
-                pa = dot8_i4_h2(va.y, x.w[u][1], pa); pb = dot8_i4_h2(vb.y, x.w[u][1], pb);
-                pa = dot8_i4_h2(va.z, x.w[u][2], pa); pb = dot8_i4_h2(vb.z, x.w[u][2], pb);
-                pa = dot8_i4_h2(va.w, x.w[u][3], pa); pb = dot8_i4_h2(vb.w, x.w[u][3], pb);
-                float X = x.sum[u], X8 = 8.0f * X;
-                // s·(Σ(n - 8)·x + 8·Σx) + m·Σx, as v2
-                a = fmaf(s_a, fmaf(f16x2_sum(pa), x.down[u], X8), fmaf(m_a, X, a));
-                b = fmaf(s_b, fmaf(f16x2_sum(pb), x.down[u], X8), fmaf(m_b, X, b));
-            }
-        }
+        each_chunk_of_pair<J_MAX>(st, j, n_chunks, c_t, L, a, b, [&](int u, int c, const uint4* ra, const uint4* rb) {
+            uint4 va = *ra, vb = *rb;
+            int g = cpg_shift >= 0 ? c >> cpg_shift : c / cpg;              // the chunk's group
+            float s_a = F16::to_float(sa[g]), m_a = F16::to_float(ma[g]);
+            float s_b = F16::to_float(sa[n_groups + g]), m_b = F16::to_float(ma[n_groups + g]);
+            unsigned int pa = 0u, pb = 0u;
+            pa = dot8_i4_h2(va.x, x.w[u][0], pa); pb = dot8_i4_h2(vb.x, x.w[u][0], pb);
+            pa = dot8_i4_h2(va.y, x.w[u][1], pa); pb = dot8_i4_h2(vb.y, x.w[u][1], pb);
+            pa = dot8_i4_h2(va.z, x.w[u][2], pa); pb = dot8_i4_h2(vb.z, x.w[u][2], pb);
+            pa = dot8_i4_h2(va.w, x.w[u][3], pa); pb = dot8_i4_h2(vb.w, x.w[u][3], pb);
+            float X = x.sum[u], X8 = 8.0f * X;
+            // s·(Σ(n - 8)·x + 8·Σx) + m·Σx, as v2
+            a = fmaf(s_a, fmaf(f16x2_sum(pa), x.down[u], X8), fmaf(m_a, X, a));
+            b = fmaf(s_b, fmaf(f16x2_sum(pb), x.down[u], X8), fmaf(m_b, X, b));
+        });
     }
 
     static __device__ __forceinline__ float row_scale(const void*, int) { return 1.0f; }   // in the groups
@@ -239,18 +239,10 @@ struct Wide16Tma {
 
     static __device__ __forceinline__ void dot(const Stage& st, int j, int n_chunks, int n_groups, int cpg,
                                                int cpg_shift, int c_t, int L, const X& x, float& a, float& b) {
-        const uint4* wa = st.w + (size_t)(2 * j) * n_chunks;
-        const uint4* wb = wa + n_chunks;
-        a = 0.0f;
-        b = 0.0f;
-#pragma unroll
-        for (int u = 0; u < J_MAX; u++) {
-            int c = c_t + L * u;
-            if (c < n_chunks) {
-                a = dot8(wa[c], x.v[u], a);
-                b = dot8(wb[c], x.v[u], b);
-            }
-        }
+        each_chunk_of_pair<J_MAX>(st, j, n_chunks, c_t, L, a, b, [&](int u, int, const uint4* ra, const uint4* rb) {
+            a = dot8(*ra, x.v[u], a);
+            b = dot8(*rb, x.v[u], b);
+        });
     }
 
     static __device__ __forceinline__ float row_scale(const void*, int) { return 1.0f; }
