@@ -95,9 +95,9 @@ def same_numbers(reference, other, prompt, label: str) -> None:
 
 
 def prefetches(gpu, cache, prompt, n_new: int, rounds: int, fmt: str, bw: float) -> list[list]:
-    for label, changes in list(PREFETCHES.items())[1:]:
-        same_numbers(gpu, gpu.with_settings(**changes), prompt, f"chain {fmt}: {label}")
     models = {label: gpu.with_settings(**changes) for label, changes in PREFETCHES.items()}
+    for label in list(models)[1:]:
+        same_numbers(models["default"], models[label], prompt, f"chain {fmt}: {label}")
     tps = median_tok_s(models, cache, prompt, n_new, rounds)
     per_token, _ = decode_bytes(gpu.config, gpu.weight_bytes, len(prompt), n_new)
     return [[fmt, label, f"{t:.1f}", f"{100 * per_token * t / bw:.0f}%", f"{t / tps['default']:.3f}x"]
