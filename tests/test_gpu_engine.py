@@ -17,6 +17,8 @@ slot, table, position or mask) gives logits unrelated to the CPU's: its picks la
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -226,6 +228,46 @@ def test_decode_meta_pads_to_the_bucket_with_slots_that_write_nothing():
     assert m.slots.tolist() == [3 * 8 + 1, 9 * 8 + 2, -1, -1]
     assert m.seq_of_row.tolist() == m.last_rows.tolist() == [0, 1, 2, 3]
     assert m.block_tables.tolist() == [[4, 0, 3, 0, 0], [9, 0, 0, 0, 0]] + [[0] * 5] * 2
+
+
+class _StreamRecordingOps(CPUOps):
+    """CPUOps that records, for each device allocation and upload, whether it was made inside ops.stream()."""
+
+    def __init__(self, model, pool):
+        super().__init__(model, pool)
+        self.inside, self.calls = False, []
+
+    @contextlib.contextmanager
+    def stream(self):
+        self.inside = True
+        try:
+            yield
+        finally:
+            self.inside = False
+
+    def _record(name):
+        def call(self, *args, **kwargs):
+            self.calls.append((name, self.inside))
+            return getattr(CPUOps, name)(self, *args, **kwargs)
+        return call
+
+    zeros_f32, zeros_narrow, zeros_i32 = _record("zeros_f32"), _record("zeros_narrow"), _record("zeros_i32")
+    copy_in = _record("copy_in")
+
+
+def test_a_bucket_graph_allocates_its_buffers_on_the_models_stream():
+    """The zero-fills of a bucket's metadata and buffers run on the model's stream, ahead of the metadata's upload.
+    On the default stream, which the model's non-blocking stream does not wait for, a late fill zeroed the
+    metadata after its upload and the warm-up step wrote K/V into slot 0 of block 0 (seen once on the H200, in
+    test_gpu_decode_graph_gives_the_eager_logits_and_pool: a block no sequence held; a live one would be overwritten)."""
+    cpu = random_cpu_model(small("gqa"), "float16")
+    pool = PagedKVCache(cpu.config, 24, 4, "float32")
+    ops = _StreamRecordingOps(cpu, pool)
+    runner = GPUBatchedRunner(cpu, pool, ops, use_graph=True)
+    assert runner.graph_for(4) is not None
+    names = [name for name, _ in ops.calls]
+    assert {"zeros_f32", "zeros_narrow", "zeros_i32", "copy_in"} <= set(names)
+    assert all(inside for _, inside in ops.calls), [name for name, inside in ops.calls if not inside]
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])

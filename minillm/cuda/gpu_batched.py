@@ -215,17 +215,20 @@ class GPUBatchedRunner:
         """The bucket's DecodeGraph, captured on first use (None if the capture failed: graph_error says why)."""
         if bucket not in self.graphs:
             ops, width = self.ops, self.table_width
-            flat = ops.zeros_i32(meta_size(bucket, width))
-            buf = StepBuffers.allocate(ops, self.model.config, bucket)
-            meta = meta_views(flat, bucket, width)
-
-            def step():                                      # embed -> layers -> final norm + LM head -> argmax
-                x = self._layers(meta, ops.embed(meta.tokens, out=buf.x), buf)
-                logits = ops.logits(x, out=buf.logits, norm_out=buf.h)  # h is free by now
-                return logits, ops.argmax(logits, out=buf.ids)
             host = ops.host_i32(meta_size(bucket, width))
             decode_meta_into(host, [], self.pool.block_size, bucket, width)   # every row padded: slot -1
             with ops.stream():
+                # allocated on the model's stream: its zero-fills come before the upload below. On the default
+                # stream (which a non-blocking stream does not wait for) a late fill could zero `flat` after the
+                # upload, and the warm-up step would write row 0's K/V into slot 0 of a live block
+                flat = ops.zeros_i32(meta_size(bucket, width))
+                buf = StepBuffers.allocate(ops, self.model.config, bucket)
+                meta = meta_views(flat, bucket, width)
+
+                def step():                                  # embed -> layers -> final norm + LM head -> argmax
+                    x = self._layers(meta, ops.embed(meta.tokens, out=buf.x), buf)
+                    logits = ops.logits(x, out=buf.logits, norm_out=buf.h)  # h is free by now
+                    return logits, ops.argmax(logits, out=buf.ids)
                 ops.copy_in(flat, host)
                 step()           # once eagerly, writing no KV: modules and cuBLAS kernels load outside the capture
                 ops.synchronize()                # and the pinned `host` is free to rewrite
