@@ -46,3 +46,19 @@ def test_bench_with_the_int8_kv_cache_counts_its_bytes_and_says_so():
     text = "\n".join(lines)
     assert "minillm (NumPy, int8 KV)" in text and "(int8 KV cache)" in text
     assert numbers["bytes_per_token"] == bench.decode_bytes_per_token(model, 24 + 2 // 2)
+
+
+def test_the_gpu_summary_says_how_far_decode_is_from_its_target(capsys):
+    """minillm bench --device cuda's summary (dev/bench.py, shared by the 16-bit and the int8/int4 runs): the rows,
+    then met/missed against the target; no verdict for a shape the targets are not for."""
+    from minillm.cuda.dev.bench import TARGETS, _summary, bench_config
+    from minillm.model.config import PRESETS
+    rows = [("decode tok/s", "247.3", "≥ 270"), ("TTFT 512 tokens, ms", "14.2", "≤ 15")]
+    _summary(rows, 247.3, TARGETS["float16"])
+    out = capsys.readouterr().out
+    assert "247.3" in out and "≥ 270" in out and "missed: -8% against 270 tok/s" in out
+    _summary(rows, 702.0, TARGETS["int4"])
+    assert "met: +8% against 650 tok/s" in capsys.readouterr().out
+    _summary([("decode tok/s", "99.0", "")], None, TARGETS["int8"])
+    assert "against" not in capsys.readouterr().out
+    assert bench_config(False) == PRESETS["mistral-7b"].config     # what `minillm bench -m mistral-7b` passes in
