@@ -56,3 +56,21 @@ def test_an_unknown_variant_is_refused_in_one_line(capsys):
     assert qfloor.main(["--variants", "no staging,sideways"]) == 2
     assert capsys.readouterr().err.strip() == (
         "qfloor: no variant sideways (there are: " + ", ".join(qfloor.VARIANTS) + ")")
+
+
+def test_a_variant_for_one_kernel_routes_only_that_kernels_launches(monkeypatch):
+    """'3 blocks qkv only': the q|k|v GEMV launches from the variant's Kernels (its functions and grid), every
+    other quantized GEMV from the default's."""
+    from minillm.cuda.kernels import Kernels
+
+    class Stub:
+        def __init__(self, label):
+            self.label, self.fn = label, {}
+    calls = []
+    monkeypatch.setattr(Kernels, "_quant", lambda self, name, *args, **kwargs: calls.append((self.label, name)))
+    default, variant = Stub("default"), Stub("variant")
+    routed = qfloor._routed(default, variant, qfloor.ONLY["3 blocks qkv only"])
+    for name in ("gemv_qkv_v4", "gemv_v4", "gemv_swiglu_v4"):
+        routed._quant(name, "w", "x")
+    assert calls == [("variant", "gemv_qkv_v4"), ("default", "gemv_v4"), ("default", "gemv_swiglu_v4")]
+    assert qfloor.VARIANTS["3 blocks qkv only"] == qfloor.VARIANTS["3 blocks"]

@@ -17,6 +17,10 @@ Each variant is the kernel's source text (variant_source: a part edited out) com
     no prefetch  the first row pair's L2 prefetch before the staging left out
     3 blocks     Q_MIN_BLOCKS 3 with int8's steps halved (Q_U8 4: 72 registers instead of 114, no spills):
                  24 warps an SM instead of 16
+    3 blocks qkv only  the same build for the q|k|v GEMV alone (its launches 3 blocks an SM, the others as v2):
+                 its 3072 Mistral-7B row pairs are 384 blocks, one round of the 396 slots 3 blocks an SM give,
+                 where v2 gives 192 blocks two rounds of 2 pairs a warp (a quarter of 264 slots idle). The
+                 per-matrix table times plain y = W·x, which stays v2's here: "3 blocks" shows the qkv shape
     int4 U=8     Q_U4 8: twice int4's chunks a lane in flight, half the dependent steps (down: 3.5 -> 1.75)
     int4 4 blocks  Q_U4 2, Q_MIN_BLOCKS 4 (64 registers): 32 warps an SM, the same bytes in flight
                  (int8 spills at 64 registers: read its int4 rows only)
@@ -58,9 +62,11 @@ VARIANTS = {"no staging": (dict(no_stage=True), {}), "no math": (dict(no_math=Tr
             "neither": (dict(no_stage=True, no_math=True), {}), "16 warps": ({}, WIDE),
             "batched": ({}, BATCHED), "16 + batched": ({}, {**WIDE, **BATCHED}),
             "no prefetch": (dict(no_prefetch=True), {}), "3 blocks": ({}, {"Q_MIN_BLOCKS": 3, "Q_U8": 4}),
+            "3 blocks qkv only": ({}, {"Q_MIN_BLOCKS": 3, "Q_U8": 4}),
             "int4 U=8": ({}, {"Q_U4": 8}), "int4 4 blocks": ({}, {"Q_U4": 2, "Q_MIN_BLOCKS": 4}),
             "prefetch rows": ({}, {"Q_PREFETCH_CHUNKS": 0}), "prefetch 256": ({}, {"Q_PREFETCH_CHUNKS": 256})}
 EXACT = [label for label in VARIANTS if label not in ("no staging", "no math", "neither")]
+ONLY = {"3 blocks qkv only": "qkv"}     # label -> the kernels (names containing it) the variant swaps; others: all
 
 
 def _replace_once(text: str, pattern: str, new: str, regex: bool = False) -> str:
@@ -98,21 +104,22 @@ class Swapped:
     """Kernels k with its v2 quantized GEMVs from another compile of gemv_quant.cu (`source`, `defines`),
     launched with its Q_WARPS warps a block (the launcher's QWARPS, set around each call) and Q_MIN_BLOCKS
     blocks an SM. Every other attribute is k's, its calls made under the same setting (so dev.gemv's checks
-    run on it as on a Kernels)."""
+    run on it as on a Kernels). only: swap just the kernels whose names contain it; the others launch as in k."""
 
-    def __init__(self, k, source: str, defines: dict):
+    def __init__(self, k, source: str, defines: dict, only: str | None = None):
         import cupy as cp
         from minillm.cuda import kernels
         self._kernels = kernels
         self.warps = defines.get("Q_WARPS", kernels.QWARPS)
         mod = cp.RawModule(code=source, options=compile_options(defines))
-        self.k = copy.copy(k.with_settings(
+        swapped = copy.copy(k.with_settings(
             quant_blocks_per_sm=defines.get("Q_MIN_BLOCKS", kernels.QUANT_BLOCKS_PER_SM)))
-        self.k.fn = dict(k.fn)
-        for name in self.k.fn:
-            if QUANT_KERNELS.match(name):
-                f = self.k.fn[name] = mod.get_function(f"{name}_{kernels.suffix(k.dtype)}")
+        swapped.fn = dict(k.fn)
+        for name in swapped.fn:
+            if QUANT_KERNELS.match(name) and (only is None or only in name):
+                f = swapped.fn[name] = mod.get_function(f"{name}_{kernels.suffix(k.dtype)}")
                 f.max_dynamic_shared_size_bytes = k.max_quant_smem
+        self.k = swapped if only is None else _routed(k, swapped, only)
 
     def __enter__(self):
         self._saved, self._kernels.QWARPS = self._kernels.QWARPS, self.warps
@@ -133,12 +140,25 @@ class Swapped:
         return under_setting
 
 
+def _routed(k, swapped, only: str):
+    """A copy of Kernels k whose quantized GEMVs named with `only` launch as `swapped` does (its functions and
+    grid); the rest as k."""
+    from minillm.cuda.kernels import Kernels
+    routed = copy.copy(k)
+    routed.fn = dict(k.fn)
+
+    def launch(name, *args, **kwargs):                  # Kernels._quant's arguments
+        return Kernels._quant(swapped if only in name else routed, name, *args, **kwargs)
+    routed._quant = launch
+    return routed
+
+
 def versions(k, labels=None) -> dict:
     """{label: Kernels or Swapped}: v2 and each variant (those named in `labels`, or all)."""
     out = {"v2": k}
     for label, (edits, defines) in VARIANTS.items():
         if labels is None or label in labels:
-            out[label] = Swapped(k, variant_source(**edits), defines)
+            out[label] = Swapped(k, variant_source(**edits), defines, ONLY.get(label))
     return out
 
 
@@ -168,22 +188,28 @@ def timings(kinds: dict) -> list[list]:
     return table
 
 
-def decode(kinds: dict, n_new: int = 128, prompt_len: int = 16) -> list[list]:
-    """Batch-1 decode tok/s of a random Mistral-7B (int8, int4) with the CUDA graph under each version."""
+def decode(kinds: dict, n_new: int = 128, prompt_len: int = 16, rounds: int = 3) -> list[list]:
+    """Batch-1 decode tok/s of a random Mistral-7B (int8, int4) with the CUDA graph under each version: the
+    median of `rounds` alternating rounds (the same-run A/B)."""
     from minillm.cuda.dev import qmma
     from minillm.cuda.dev.bench import TARGETS, _decode_tok_s
-    from minillm.cuda.dev.common import plain_table
+    from minillm.cuda.dev.common import alternating_medians, plain_table
     table = []
     for method, gpu, cache, prompt in qmma.quantized_mistrals(prompt_len, n_new):
-        row = [method, TARGETS[method]]
-        for kv in kinds.values():
+        models = {}
+        for label, kv in kinds.items():
             model = copy.copy(gpu)                        # its own decode graph (the graph key holds the model)
             model.k = kv.k if isinstance(kv, Swapped) else kv
-            with kv if isinstance(kv, Swapped) else contextlib.nullcontext():
-                row.append(f"{_decode_tok_s(model, cache, prompt, n_new)[0]:.1f}")
-        table.append(row)
-    plain_table(f"decode tok/s, random Mistral-7B, batch 1, {n_new} new tokens, CUDA graph",
-                ["method", "target"] + list(kinds), table)
+            models[label] = (model, kv if isinstance(kv, Swapped) else contextlib.nullcontext())
+
+        def measure(pair):
+            model, setting = pair
+            with setting:
+                return _decode_tok_s(model, cache, prompt, n_new)[0]
+        tps = alternating_medians(models, measure, rounds)
+        table.append([method, TARGETS[method]] + [f"{tps[label]:.1f} ({tps[label] / tps['v2']:.3f}x)" for label in kinds])
+    plain_table(f"decode tok/s, random Mistral-7B, batch 1, {n_new} new tokens, CUDA graph, median of {rounds} "
+                f"alternating rounds (vs v2)", ["method", "target"] + list(kinds), table)
     return table
 
 
@@ -192,6 +218,7 @@ def main(argv=None) -> int:
     from minillm.cuda.kernels import Kernels
     ap = argparse.ArgumentParser(prog="python -m minillm.cuda.dev.qfloor", description=__doc__.split("\n")[0])
     ap.add_argument("--decode", action="store_true", help="also decode tok/s of a random Mistral-7B with each")
+    ap.add_argument("--rounds", type=int, default=3, help="--decode: alternating rounds (median)")
     ap.add_argument("--variants", help="comma-separated labels to measure (default: all): " + ", ".join(VARIANTS))
     args = ap.parse_args(argv)
     labels = None if args.variants is None else [v.strip() for v in args.variants.split(",")]
@@ -209,7 +236,7 @@ def main(argv=None) -> int:
         guarded(label, one)
     timings(kinds)
     if args.decode:
-        decode(kinds)
+        decode(kinds, rounds=args.rounds)
     return finish("qfloor")
 
 
