@@ -103,6 +103,12 @@
 #ifndef Q_U4
 #define Q_U4 4
 #endif
+// The int8 q|k|v GEMV's own build (the _3b kernels): 3 blocks an SM with int8's steps halved (72 registers a
+// thread instead of 114). Mistral-7B's 3072 row pairs are then 384 blocks in one round of the 396 slots, where 2
+// an SM give 192 blocks two rounds (a quarter of the warps idle). Decode int8 1.032x; int4 lost (0.986x) and
+// keeps the 2-block build (H200, 2026-12-02, lessons/BENCHMARKS.md).
+#define Q_QKV_MIN_BLOCKS 3
+#define Q_QKV_U8 4
 
 // ---- v1's products: fp32 FMAs (the codes' bit tricks: quant_dot.cuh) ----------------------------------
 // acc + Σ of 4 int8 weights (one 32-bit word, element 0 in the low byte) times x.x .. x.w.
@@ -370,9 +376,10 @@ __device__ __forceinline__ float stage_x_f16(const float* __restrict__ x, const 
     return ss;
 }
 
-struct Int8RowsH {
+template <int STEP_CHUNKS>
+struct Int8RowsHU {
     static constexpr int C = 16;
-    static constexpr int U = Q_U8;         // chunks in flight per lane per row, as v1
+    static constexpr int U = STEP_CHUNKS;  // chunks in flight per lane per row (Q_U8 for every kernel but _3b's)
     static constexpr int XW = C / 2 + 4;   // 32-bit words of staged x per chunk (48 bytes)
     static constexpr bool CHUNK_SUMS = false;
 
@@ -421,6 +428,8 @@ struct Int8RowsH {
         acc_b = warp_sum(b) * s_b;
     }
 };
+
+using Int8RowsH = Int8RowsHU<Q_U8>;
 
 struct Int4RowsH {
     static constexpr int C = 32;
@@ -551,8 +560,9 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
 //   mins fp16 [rows, n_groups] (int4; int8: any pointer); cpg = chunks per group (g / 32), cpg_shift its
 //   log2 or -1; x [in] fp32; gain [in] fp32 (NORM); pairs = ceil(rows / 2) (PLAIN), rows / 2 (SWIGLU, QKV);
 //   y, the QKV arguments and next_* as in gemv.cu v4 (gemv_epilogue.cuh); flags: Q_LOOKAHEAD(_2), Q_PREWAIT_ROWS.
-#define GEMV_QUANT_KERNEL(NAME, F, W, NORM, EPI)                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * Q_WARPS, Q_MIN_BLOCKS) NAME(                               \
+#define GEMV_QUANT_KERNEL(NAME, F, W, NORM, EPI) GEMV_QUANT_KERNEL_AT(NAME, F, W, NORM, EPI, Q_MIN_BLOCKS)
+#define GEMV_QUANT_KERNEL_AT(NAME, F, W, NORM, EPI, MIN_BLOCKS)                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * Q_WARPS, MIN_BLOCKS) NAME(                                 \
         const uint4* qw, const void* scales, const u16* mins, int n_chunks, int n_groups, int cpg, int cpg_shift,\
         const float* x, const float* gain, float eps, int in, int pairs, float* y, int rows, int accumulate,     \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,            \
@@ -575,6 +585,10 @@ GEMV_QUANT_KERNEL(gemv_qkv_int8_f16, Int8RowsH, F16, false, EPI_QKV)
 GEMV_QUANT_KERNEL(gemv_qkv_int8_bf16, Int8RowsH, BF16, false, EPI_QKV)
 GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_f16, Int8RowsH, F16, true, EPI_QKV)
 GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_bf16, Int8RowsH, BF16, true, EPI_QKV)
+GEMV_QUANT_KERNEL_AT(gemv_qkv_int8_3b_f16, Int8RowsHU<Q_QKV_U8>, F16, false, EPI_QKV, Q_QKV_MIN_BLOCKS)
+GEMV_QUANT_KERNEL_AT(gemv_qkv_int8_3b_bf16, Int8RowsHU<Q_QKV_U8>, BF16, false, EPI_QKV, Q_QKV_MIN_BLOCKS)
+GEMV_QUANT_KERNEL_AT(gemv_rmsnorm_qkv_int8_3b_f16, Int8RowsHU<Q_QKV_U8>, F16, true, EPI_QKV, Q_QKV_MIN_BLOCKS)
+GEMV_QUANT_KERNEL_AT(gemv_rmsnorm_qkv_int8_3b_bf16, Int8RowsHU<Q_QKV_U8>, BF16, true, EPI_QKV, Q_QKV_MIN_BLOCKS)
 GEMV_QUANT_KERNEL(gemv_int4_f16, Int4RowsH, F16, false, EPI_PLAIN)
 GEMV_QUANT_KERNEL(gemv_int4_bf16, Int4RowsH, BF16, false, EPI_PLAIN)
 GEMV_QUANT_KERNEL(gemv_rmsnorm_int4_f16, Int4RowsH, F16, true, EPI_PLAIN)

@@ -32,22 +32,52 @@ def test_only_the_named_gemvs_ask_for_their_whole_rows_before_the_wait():
     assert {int(args[-1]) for name, _, args in decode_launches() if name.startswith("gemv_")} == {0}
 
 
-def test_the_quantized_gemv_gets_the_bit_beside_its_own_flags():
-    """gemv_quant.cu's flags (argument 23) carry Q_LOOKAHEAD and PREWAIT_ROWS together."""
+def quant_launcher(settings: KernelSettings, calls: list):
+    """A Kernels made without CuPy (an H200's 132 SMs) whose launches append (name, grid, label, args) to calls."""
     from minillm.cuda.kernels import Kernels
-    from minillm.cuda.qweights import QuantMatrix
-    from test_qtma_plan import random_layout
     k = object.__new__(Kernels)
-    k.settings = KernelSettings(quant_flags=1, prefetch_rows_before_wait=("o",))
+    k.settings = settings
     k.n_sms, k.max_quant_smem = 132, 227 * 1024
     k._nil_f32 = k._nil_u16 = k._nil_i32 = object()
+    k._launch = lambda name, grid, block, args, label="", shared_mem=0: calls.append((name, grid, label, args))
+    return k
+
+
+def quant_matrix(method: str, rows: int, n_in: int):
+    """A QuantMatrix of that shape (host arrays: only its layout is read by the launcher)."""
+    from minillm.cuda.qweights import QuantMatrix
+    from test_qtma_plan import random_layout
+    q, s, mins = random_layout(method, 2, n_in, 128, np.random.default_rng(0))
+    return QuantMatrix(method, np.zeros((rows, q.shape[1]), q.dtype), s, mins, n_in, 128)
+
+
+def test_the_quantized_gemv_gets_the_bit_beside_its_own_flags():
+    """gemv_quant.cu's flags (argument 23) carry Q_LOOKAHEAD and PREWAIT_ROWS together."""
     calls = []
-    k._launch = lambda name, grid, block, args, label="", shared_mem=0: calls.append((label, int(args[23])))
-    q, s, mins = random_layout("int8", 2, 4096, 128, np.random.default_rng(0))
-    w = QuantMatrix("int8", np.zeros((4096, q.shape[1]), q.dtype), s, mins, 4096, 128)
+    k = quant_launcher(KernelSettings(quant_flags=1, prefetch_rows_before_wait=("o",)), calls)
     for label in ("o", "down"):
-        k._quant("gemv_v4", w, None, None, 0.0, None, 2048, True, label)
-    assert calls == [("o", 1 | PREWAIT_ROWS), ("down", 1)]
+        k._quant("gemv_v4", quant_matrix("int8", 4096, 4096), None, None, 0.0, None, 2048, True, label)
+    assert [(label, int(args[23])) for _, _, label, args in calls] == [("o", 1 | PREWAIT_ROWS), ("down", 1)]
+
+
+@pytest.mark.parametrize("setting", [None, ()])
+def test_the_int8_qkv_gemv_runs_its_3_blocks_an_sm_build_in_one_round(setting):
+    """KernelSettings.qkv_3_blocks (default ("int8",)): Mistral-7B's int8 q|k|v GEMV launches gemv_quant.cu's _3b
+    kernel over 384 blocks (3072 row pairs, 8 a block, one round), where the 2-blocks-an-SM build takes 192
+    blocks of two rounds; int4's q|k|v and every other GEMV keep the 2-block build."""
+    calls = []
+    settings = KernelSettings() if setting is None else KernelSettings(qkv_3_blocks=setting)
+    k = quant_launcher(settings, calls)
+    qkv = (None, None, None, None, 32, 8, 128)                         # no cache: RoPE only
+    for method in ("int8", "int4"):
+        k._quant("gemv_qkv_v4", quant_matrix(method, 6144, 4096), None, "gain", 1e-5, None, 3072, label="qkv",
+                 qkv=qkv)
+        k._quant("gemv_v4", quant_matrix(method, 4096, 4096), None, None, 0.0, None, 2048, True, "o")
+    got = [(name, grid[0]) for name, grid, _, _ in calls]
+    first = ("gemv_rmsnorm_qkv_int8_3b", 384) if setting is None else ("gemv_rmsnorm_qkv_int8", 192)
+    assert got == [first, ("gemv_int8", 256), ("gemv_rmsnorm_qkv_int4", 192), ("gemv_int4", 256)]
+    with pytest.raises(ValueError, match="only int8"):
+        KernelSettings(qkv_3_blocks=("int4",))
 
 
 @pytest.mark.parametrize("flags", [0, GQA_PREFETCH_KV])

@@ -1,6 +1,7 @@
 """Programmatic dependent launch on the GPU: the decode graph with PDL (KernelSettings.pdl) gives the same
 tokens and the same logits, bit for bit, as without it (the same kernels; only when each may start
-changes), for 16-bit, int8 and int4 weights and both KV caches. Skipped without a CUDA device."""
+changes), for 16-bit, int8 and int4 weights and both KV caches; so do the chain's prefetches and int8's
+q|k|v GEMV at 3 blocks an SM. Skipped without a CUDA device."""
 import numpy as np
 import pytest
 
@@ -46,3 +47,17 @@ def test_the_chains_prefetches_change_no_number(quant, kv_cache):
     tokens_pf, logits_pf = greedy_run(both, prompt, 12)
     assert tokens_pf == tokens
     np.testing.assert_array_equal(logits_pf, logits)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kv_cache", ["auto", "int8"])
+def test_the_int8_qkv_gemvs_3_blocks_build_changes_no_number(dtype, kv_cache):
+    """gemv_quant.cu's _3b q|k|v kernels (KernelSettings.qkv_3_blocks, int8's default) walk each lane's chunks in
+    the order the 2-blocks-an-SM build does, 4 a step instead of 8, over another grid: the same sums, bit for bit."""
+    gpu = GPUTransformer.random(CONFIG, dtype, seed=3, quant="int8").with_options(kv_cache=kv_cache)
+    assert gpu.k.settings.qkv_3_blocks == ("int8",)
+    prompt = np.random.default_rng(2).integers(0, CONFIG.vocab_size, 9)
+    tokens, logits = greedy_run(gpu, prompt, 12)
+    tokens_2, logits_2 = greedy_run(gpu.with_settings(qkv_3_blocks=()), prompt, 12)
+    assert tokens_2 == tokens
+    np.testing.assert_array_equal(logits_2, logits)

@@ -79,7 +79,7 @@ def defined_kernels() -> dict[str, str]:
         text = path.read_text()
         for name in re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(', text):
             names[name] = text
-        for name in re.findall(r"^(?:GEMV_V4|GEMV_QUANT|GEMV_MMA|ATTENTION_GQA(?:_INT8)?)_KERNEL\((\w+),", text, re.M):
+        for name in re.findall(r"^(?:GEMV_V4|GEMV_QUANT|GEMV_MMA|ATTENTION_GQA(?:_INT8)?)_KERNEL(?:_AT)?\((\w+),", text, re.M):
             names[name] = text
     return names
 

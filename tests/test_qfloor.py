@@ -74,3 +74,10 @@ def test_a_variant_for_one_kernel_routes_only_that_kernels_launches(monkeypatch)
         routed._quant(name, "w", "x")
     assert calls == [("variant", "gemv_qkv_v4"), ("default", "gemv_v4"), ("default", "gemv_swiglu_v4")]
     assert qfloor.VARIANTS["3 blocks qkv only"] == qfloor.VARIANTS["3 blocks"]
+
+
+def test_the_variants_settings_are_kernel_settings():
+    from minillm.cuda.kernels import KernelSettings
+    assert set(qfloor.SETTINGS) | set(qfloor.ONLY) <= set(qfloor.VARIANTS)
+    for changes in qfloor.SETTINGS.values():
+        assert KernelSettings(**changes) != KernelSettings()

@@ -51,11 +51,12 @@ QWARPS = 8                             # as #defined in gemv_quant.cu (row pairs
 PREWAIT_ROWS = 4                       # gemv_quant.cu's Q_PREWAIT_ROWS = gemv.cu's V4_PREWAIT_ROWS (a flags bit)
 QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
+QKV_BLOCKS_PER_SM = 3                  # as #defined there (Q_QKV_MIN_BLOCKS): the grid of its int8 q|k|v _3b kernels
 # The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
 # may be launched with programmatic dependent launch (settings.pdl): the decode step's embed, GEMVs (16-bit v4
 # and every gemv_quant.cu / gemv_quant_mma.cu / gemv_quant_tma.cu kernel: the last's producer warp reads only
 # weights, its consumers wait) and attention v3. Any other kernel launched so would race.
-PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4|tma)(_v1|_v3|_v3u4|_v4)?"
+PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4|tma)(_v1|_v3|_v3u4|_v4|_3b)?"
                         r"|attention_gqa[124](_int8(x16)?)?")
 MMA_SOURCE = "gemv_quant_mma"          # the quantized GEMV v3 (tensor cores), loaded when settings ask for it
 MMA_WARPS = 8                          # as #defined there (M_WARPS): warps a block, on one tile's k range
@@ -169,6 +170,11 @@ class KernelSettings:
     # QWARPS row pairs, no looping). With both L2 prefetches on, int8 decode went 259.7 tok/s at 2 blocks/SM,
     # 240.9 at 1, 252.6 with no looping.
     quant_blocks_per_sm: int = QUANT_BLOCKS_PER_SM
+    # The formats whose q|k|v GEMV (v2) runs gemv_quant.cu's _3b build, QKV_BLOCKS_PER_SM blocks an SM with half
+    # the steps in flight (int8: 72 registers instead of 110), so Mistral-7B's 3072 row pairs take one round of
+    # 384 blocks instead of two of 192. Decode, median of 5 alternating rounds (dev.qfloor "3 blocks qkv only",
+    # H200, 2026-12-02): int8 382.2 -> 394.4 tok/s (1.032x); int4 (Q_U4 steps, 3 blocks) 465.9 -> 459.5 (0.986x).
+    qkv_3_blocks: tuple[str, ...] = ("int8",)
     # gemv_quant.cu's Q_LOOKAHEAD bits: 1 = each warp prefetches its next row pair into L2, 3 = two pairs ahead.
     # Slower: int8 284.5 -> 269.2 tok/s, int4 313.2 -> 303.3 (the GEMVs are issue-bound, not waiting on HBM).
     quant_flags: int = 0
@@ -250,6 +256,10 @@ class KernelSettings:
     # (416 -> 460); logits bit-identical.
     pdl: bool = True
 
+    def __post_init__(self):
+        if not set(self.qkv_3_blocks) <= {"int8"}:
+            raise ValueError(f"qkv_3_blocks: only int8 has a 3-blocks-an-SM q|k|v build, not {self.qkv_3_blocks}")
+
 
 class Kernels:
     """Launch helpers for one weight dtype ("float16" or "bfloat16"). Every function is fetched at
@@ -304,6 +314,8 @@ class Kernels:
             "gemv_rmsnorm_swiglu_int8": get("gemv_quant", f"gemv_rmsnorm_swiglu_int8_{sfx}"),
             "gemv_qkv_int8": get("gemv_quant", f"gemv_qkv_int8_{sfx}"),
             "gemv_rmsnorm_qkv_int8": get("gemv_quant", f"gemv_rmsnorm_qkv_int8_{sfx}"),
+            "gemv_qkv_int8_3b": get("gemv_quant", f"gemv_qkv_int8_3b_{sfx}"),          # settings.qkv_3_blocks
+            "gemv_rmsnorm_qkv_int8_3b": get("gemv_quant", f"gemv_rmsnorm_qkv_int8_3b_{sfx}"),
             "gemv_int4": get("gemv_quant", f"gemv_int4_{sfx}"),
             "gemv_rmsnorm_int4": get("gemv_quant", f"gemv_rmsnorm_int4_{sfx}"),
             "gemv_swiglu_int4": get("gemv_quant", f"gemv_swiglu_int4_{sfx}"),
@@ -498,6 +510,9 @@ class Kernels:
             smem = w.n_chunks * (chunk + 4) * 4 + sums
         else:                                # v2: x as fp16, chunk/2 + 4 words a chunk, 2^-e per chunk (+ Σx)
             smem = w.n_chunks * (chunk // 2 + 5) * 4 + sums
+            if "qkv" in name and w.method in self.settings.qkv_3_blocks:
+                name += "_3b"                # its own build: 3 blocks an SM, one round of the q|k|v rows
+                grid = self.quant_grid(pairs, QKV_BLOCKS_PER_SM)
         if smem > self.max_quant_smem:
             raise ValueError(f"{name}: a {n_in}-wide row needs {smem} bytes of shared memory for x "
                              f"(this device allows {self.max_quant_smem})")
@@ -553,11 +568,11 @@ class Kernels:
             return np.uint64(ptr), n, np.uint64(ptr + half), n, tail
         return np.uint64(ptr), np.uint64(min(a.nbytes, most)), np.uint64(0), np.uint64(0), tail
 
-    def quant_grid(self, pairs: int) -> int:
-        """Blocks for a quantized GEMV over `pairs` row pairs: about settings.quant_blocks_per_sm per SM, each
-        warp taking the same number of pairs in turn (0: one pair per warp, as v4 does)."""
+    def quant_grid(self, pairs: int, per_sm: int | None = None) -> int:
+        """Blocks for a quantized GEMV over `pairs` row pairs: about per_sm (default settings.quant_blocks_per_sm)
+        an SM, each warp taking the same number of pairs in turn (0: one pair per warp, as v4 does)."""
         need = -(-pairs // QWARPS)
-        per_sm = self.settings.quant_blocks_per_sm
+        per_sm = self.settings.quant_blocks_per_sm if per_sm is None else per_sm
         if not per_sm:
             return need
         per_warp = -(-need // (per_sm * self.n_sms))

@@ -19,8 +19,11 @@ Each variant is the kernel's source text (variant_source: a part edited out) com
                  24 warps an SM instead of 16
     3 blocks qkv only  the same build for the q|k|v GEMV alone (its launches 3 blocks an SM, the others as v2):
                  its 3072 Mistral-7B row pairs are 384 blocks, one round of the 396 slots 3 blocks an SM give,
-                 where v2 gives 192 blocks two rounds of 2 pairs a warp (a quarter of 264 slots idle). The
-                 per-matrix table times plain y = W·x, which stays v2's here: "3 blocks" shows the qkv shape
+                 where 2 an SM give 192 blocks two rounds of 2 pairs a warp (a quarter of 264 slots idle). Since
+                 2026-12-02 int8's default (gemv_quant.cu's _3b kernels, KernelSettings.qkv_3_blocks): here it
+                 measures int4. The per-matrix table times plain y = W·x, which stays v2's here: "3 blocks"
+                 shows the qkv shape
+    qkv 2 blocks the default before that: int8's q|k|v GEMV on the 2-blocks-an-SM build too (qkv_3_blocks=())
     int4 U=8     Q_U4 8: twice int4's chunks a lane in flight, half the dependent steps (down: 3.5 -> 1.75)
     int4 4 blocks  Q_U4 2, Q_MIN_BLOCKS 4 (64 registers): 32 warps an SM, the same bytes in flight
                  (int8 spills at 64 registers: read its int4 rows only)
@@ -62,11 +65,12 @@ VARIANTS = {"no staging": (dict(no_stage=True), {}), "no math": (dict(no_math=Tr
             "neither": (dict(no_stage=True, no_math=True), {}), "16 warps": ({}, WIDE),
             "batched": ({}, BATCHED), "16 + batched": ({}, {**WIDE, **BATCHED}),
             "no prefetch": (dict(no_prefetch=True), {}), "3 blocks": ({}, {"Q_MIN_BLOCKS": 3, "Q_U8": 4}),
-            "3 blocks qkv only": ({}, {"Q_MIN_BLOCKS": 3, "Q_U8": 4}),
+            "3 blocks qkv only": ({}, {"Q_MIN_BLOCKS": 3, "Q_U8": 4}), "qkv 2 blocks": ({}, {}),
             "int4 U=8": ({}, {"Q_U4": 8}), "int4 4 blocks": ({}, {"Q_U4": 2, "Q_MIN_BLOCKS": 4}),
             "prefetch rows": ({}, {"Q_PREFETCH_CHUNKS": 0}), "prefetch 256": ({}, {"Q_PREFETCH_CHUNKS": 256})}
 EXACT = [label for label in VARIANTS if label not in ("no staging", "no math", "neither")]
 ONLY = {"3 blocks qkv only": "qkv"}     # label -> the kernels (names containing it) the variant swaps; others: all
+SETTINGS = {"qkv 2 blocks": {"qkv_3_blocks": ()}}    # label -> KernelSettings it changes (others: the defaults)
 
 
 def _replace_once(text: str, pattern: str, new: str, regex: bool = False) -> str:
@@ -97,23 +101,24 @@ def compile_options(defines: dict) -> tuple:
     return ("--std=c++17",) + tuple(f"-D{name}={value}" for name, value in defines.items())
 
 
-QUANT_KERNELS = re.compile(r"gemv_(rmsnorm_)?(swiglu_|qkv_)?int[48]$")      # Kernels.fn's v2 quantized GEMVs
+QUANT_KERNELS = re.compile(r"gemv_(rmsnorm_)?(swiglu_|qkv_)?int[48](_3b)?$")  # Kernels.fn's v2 quantized GEMVs
 
 
 class Swapped:
     """Kernels k with its v2 quantized GEMVs from another compile of gemv_quant.cu (`source`, `defines`),
     launched with its Q_WARPS warps a block (the launcher's QWARPS, set around each call) and Q_MIN_BLOCKS
     blocks an SM. Every other attribute is k's, its calls made under the same setting (so dev.gemv's checks
-    run on it as on a Kernels). only: swap just the kernels whose names contain it; the others launch as in k."""
+    run on it as on a Kernels). only: swap just the kernels whose names contain it, the others launch as in k;
+    settings: KernelSettings changed on top."""
 
-    def __init__(self, k, source: str, defines: dict, only: str | None = None):
+    def __init__(self, k, source: str, defines: dict, only: str | None = None, settings: dict | None = None):
         import cupy as cp
         from minillm.cuda import kernels
         self._kernels = kernels
         self.warps = defines.get("Q_WARPS", kernels.QWARPS)
         mod = cp.RawModule(code=source, options=compile_options(defines))
         swapped = copy.copy(k.with_settings(
-            quant_blocks_per_sm=defines.get("Q_MIN_BLOCKS", kernels.QUANT_BLOCKS_PER_SM)))
+            quant_blocks_per_sm=defines.get("Q_MIN_BLOCKS", kernels.QUANT_BLOCKS_PER_SM), **(settings or {})))
         swapped.fn = dict(k.fn)
         for name in swapped.fn:
             if QUANT_KERNELS.match(name) and (only is None or only in name):
@@ -158,7 +163,7 @@ def versions(k, labels=None) -> dict:
     out = {"v2": k}
     for label, (edits, defines) in VARIANTS.items():
         if labels is None or label in labels:
-            out[label] = Swapped(k, variant_source(**edits), defines, ONLY.get(label))
+            out[label] = Swapped(k, variant_source(**edits), defines, ONLY.get(label), SETTINGS.get(label))
     return out
 
 
