@@ -294,9 +294,18 @@ def test_a_padded_decode_step_gives_the_real_rows_logits_and_writes_nothing_else
     assert list(padded.graphs) == [4] and padded.graph_error is None and not eager.graphs
     assert got.shape == want.shape == (3, config.vocab_size)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    # the same bytes, except in the real rows' own slots, where a 4-row matmul may round otherwise than a 3-row
+    # one (BLAS picks kernels by shape: seen on one machine's CPUs, not another's)
+    written = {c.block_table[c.start // 4] * 4 + c.start % 4 for c in step}          # block size 4
     for name in ("k", "v", "k_scale", "v_scale"):
         if hasattr(pools[0], name):
-            np.testing.assert_array_equal(getattr(pools[1], name), getattr(pools[0], name))
+            a, b = getattr(pools[0], name), getattr(pools[1], name)   # [layers, blocks, bs, n_kv(, hd)]
+            differ = np.argwhere(a != b)
+            assert {int(block) * 4 + int(off) for block, off in differ[:, 1:3]} <= written, name
+            if a.dtype == np.int8:
+                assert np.abs(a.astype(int) - b).max() <= 1
+            else:
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])
