@@ -103,8 +103,8 @@
 #ifndef Q_U4
 #define Q_U4 4
 #endif
-// The int8 q|k|v GEMV's own build (the _3b kernels): 3 blocks an SM with int8's steps halved (72 registers a
-// thread instead of 114). Mistral-7B's 3072 row pairs are then 384 blocks in one round of the 396 slots, where 2
+// The int8 q|k|v GEMV's own build (the _3b kernels): 3 blocks an SM with int8's steps halved (74 registers a
+// thread instead of 110). Mistral-7B's 3072 row pairs are then 384 blocks in one round of the 396 slots, where 2
 // an SM give 192 blocks two rounds (a quarter of the warps idle). Decode int8 1.032x; int4 lost (0.986x) and
 // keeps the 2-block build (H200, 2026-12-02, lessons/BENCHMARKS.md).
 #define Q_QKV_MIN_BLOCKS 3

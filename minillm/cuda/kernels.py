@@ -171,7 +171,7 @@ class KernelSettings:
     # 240.9 at 1, 252.6 with no looping.
     quant_blocks_per_sm: int = QUANT_BLOCKS_PER_SM
     # The formats whose q|k|v GEMV (v2) runs gemv_quant.cu's _3b build, QKV_BLOCKS_PER_SM blocks an SM with half
-    # the steps in flight (int8: 72 registers instead of 110), so Mistral-7B's 3072 row pairs take one round of
+    # the steps in flight (int8: 74 registers instead of 110), so Mistral-7B's 3072 row pairs take one round of
     # 384 blocks instead of two of 192. Decode, median of 5 alternating rounds (dev.qfloor "3 blocks qkv only",
     # H200, 2026-12-02): int8 382.2 -> 394.4 tok/s (1.032x); int4 (Q_U4 steps, 3 blocks) 465.9 -> 459.5 (0.986x).
     qkv_3_blocks: tuple[str, ...] = ("int8",)
