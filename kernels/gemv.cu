@@ -141,6 +141,11 @@ extern "C" __global__ void gemv_rmsnorm_v3_bf16(const u16* w, const float* x, co
 #define V4_U 8              // 16-byte loads in flight per lane per row per step (x 2 rows)
 #define V4_WARPS 4          // row pairs per block (block = 128 threads)
 #define V4_PREWAIT_ROWS 4   // flags bit: the warp's whole rows into L2 before the wait (gemv_quant.cu's twin)
+// The q|k|v GEMV's own build (the _6b kernels): 6 blocks an SM with half the loads in flight a step (<= 80
+// registers instead of 102-104, where 4 blocks an SM fit): Mistral-7B's 3072 row pairs are 768 blocks, one round
+// of the 792 slots, where 4 an SM (528 slots) take 1.45 rounds. Each lane sums its chunks in the same order.
+#define V4_QKV_BLOCKS 6
+#define V4_QKV_U 4
 
 template <class W>
 __device__ __forceinline__ float dot8v(uint4 w, const float* v) {
@@ -163,7 +168,7 @@ __device__ __forceinline__ void load_x8(const float4* __restrict__ x4, const flo
     }
 }
 
-template <class W, bool NORM, int EPI>
+template <class W, bool NORM, int EPI, int U = V4_U>        // U: 16-byte loads in flight a lane and row a step
 __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* __restrict__ x,
                                         const float* __restrict__ gain, float eps, float* __restrict__ y,
                                         int rows, int in, int accumulate, u16* __restrict__ k_cache,
@@ -185,35 +190,35 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
     int base = 0;
     if (lane == 0) {          // the first step's bytes of both rows on their way to L2 before x is ready (PDL);
         // (L2, not registers: the loop is as before); V4_PREWAIT_ROWS: the whole rows (gemv_quant.cu's Q_PREWAIT_ROWS)
-        unsigned int first = (unsigned int)((flags & V4_PREWAIT_ROWS) ? n8 : min(n8, 32 * V4_U)) * 16u;
+        unsigned int first = (unsigned int)((flags & V4_PREWAIT_ROWS) ? n8 : min(n8, 32 * V4_U)) * 16u;   // (_6b: 2 steps)
         prefetch_l2(wa, first);
         if (rb != ra) prefetch_l2(wb, first);
     }
     pdl_wait_then_trigger();                                           // x, y and the cache: the last kernel's
-    for (; base + 32 * V4_U <= n8; base += 32 * V4_U) {
-        uint4 va[V4_U], vb[V4_U];
+    for (; base + 32 * U <= n8; base += 32 * U) {
+        uint4 va[U], vb[U];
 #pragma unroll
-        for (int u = 0; u < V4_U; u++) {                               // 2 x V4_U loads in flight
+        for (int u = 0; u < U; u++) {                                  // 2 x U loads in flight
             va[u] = ld_stream(wa + base + 32 * u + lane);
             vb[u] = ld_stream(wb + base + 32 * u + lane);
         }
 #pragma unroll
-        for (int u = 0; u < V4_U; u++) {
+        for (int u = 0; u < U; u++) {
             float v[8];
             load_x8<NORM>(x4, g4, base + 32 * u + lane, v, ss);
             acc_a += dot8v<W>(va[u], v);
             acc_b += dot8v<W>(vb[u], v);
         }
     }
-    if (base < n8) {                                                   // the ragged end (in % 2048 != 0)
-        uint4 va[V4_U], vb[V4_U];
+    if (base < n8) {                                                   // the ragged end (in % (256 U) != 0)
+        uint4 va[U], vb[U];
 #pragma unroll
-        for (int u = 0; u < V4_U; u++) {
+        for (int u = 0; u < U; u++) {
             int i = base + 32 * u + lane;
             if (i < n8) { va[u] = ld_stream(wa + i); vb[u] = ld_stream(wb + i); }
         }
 #pragma unroll
-        for (int u = 0; u < V4_U; u++) {
+        for (int u = 0; u < U; u++) {
             int i = base + 32 * u + lane;
             if (i < n8) {
                 float v[8];
@@ -241,14 +246,15 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
 //   k_cache, v_cache: one layer [n_kv_heads, capacity, hd] (QKV); pos [1] int32; inv_freq [hd / 2] fp32;
 //   next_*: the next GEMV's weights to prefetch into L2 from the last next_tail blocks (null / 0: none);
 //   flags: V4_PREWAIT_ROWS.
-#define GEMV_V4_KERNEL(NAME, W, NORM, EPI)                                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * V4_WARPS) NAME(                                           \
+#define GEMV_V4_KERNEL(NAME, W, NORM, EPI) GEMV_V4_KERNEL_AT(NAME, W, NORM, EPI, V4_U, (32 * V4_WARPS))
+#define GEMV_V4_KERNEL_AT(NAME, W, NORM, EPI, U, BOUNDS)                                                        \
+    extern "C" __global__ void __launch_bounds__ BOUNDS NAME(                                                   \
         const u16* w, const float* x, const float* gain, float eps, float* y, int rows, int in, int accumulate, \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,          \
         int n_kv_heads, int hd, const unsigned char* next_a, unsigned long long next_bytes_a,                  \
         const unsigned char* next_b, unsigned long long next_bytes_b, int next_tail, int flags) {              \
         NextWeights next{next_a, next_bytes_a, next_b, next_bytes_b, next_tail};                               \
-        gemv_v4<W, NORM, EPI>(w, x, gain, eps, y, rows, in, accumulate, k_cache, v_cache, capacity, pos,        \
+        gemv_v4<W, NORM, EPI, U>(w, x, gain, eps, y, rows, in, accumulate, k_cache, v_cache, capacity, pos,     \
                               inv_freq, n_heads, n_kv_heads, hd, next, flags);                                  \
     }
 GEMV_V4_KERNEL(gemv_v4_f16, F16, false, EPI_PLAIN)
@@ -263,3 +269,7 @@ GEMV_V4_KERNEL(gemv_qkv_v4_f16, F16, false, EPI_QKV)
 GEMV_V4_KERNEL(gemv_qkv_v4_bf16, BF16, false, EPI_QKV)
 GEMV_V4_KERNEL(gemv_rmsnorm_qkv_v4_f16, F16, true, EPI_QKV)
 GEMV_V4_KERNEL(gemv_rmsnorm_qkv_v4_bf16, BF16, true, EPI_QKV)
+GEMV_V4_KERNEL_AT(gemv_qkv_v4_6b_f16, F16, false, EPI_QKV, V4_QKV_U, (32 * V4_WARPS, V4_QKV_BLOCKS))
+GEMV_V4_KERNEL_AT(gemv_qkv_v4_6b_bf16, BF16, false, EPI_QKV, V4_QKV_U, (32 * V4_WARPS, V4_QKV_BLOCKS))
+GEMV_V4_KERNEL_AT(gemv_rmsnorm_qkv_v4_6b_f16, F16, true, EPI_QKV, V4_QKV_U, (32 * V4_WARPS, V4_QKV_BLOCKS))
+GEMV_V4_KERNEL_AT(gemv_rmsnorm_qkv_v4_6b_bf16, BF16, true, EPI_QKV, V4_QKV_U, (32 * V4_WARPS, V4_QKV_BLOCKS))

@@ -251,7 +251,7 @@ def main():
           "A grid runs in rounds: int8's q|k|v GEMV (Mistral-7B's 3072 row pairs, 8 a block) took two rounds\n"
           "of 192 blocks at 2 blocks an SM, a quarter of the warps idle in both; compiled for 3 an SM (4 loads\n"
           "in flight a step instead of 8: 74 registers instead of 110) its 384 blocks fit one round, +3% decode\n"
-          "on the H200 with the same numbers bit for bit (KernelSettings.qkv_3_blocks; int4 lost 1%: not it).\n"
+          "on the H200 with the same numbers bit for bit (KernelSettings.qkv_one_round; int4 lost 1%: not it).\n"
           "Streaming the weights with the TMA instead (kernels/gemv_quant_tma.cu: a producer warp copies whole\n"
           "rows into a ring of shared-memory stages, x stays in the consumers' registers, no staging) reaches\n"
           "98-99% of copy on fp16's large matrices, yet loses on int8 and int4 (their consumers hold each\n"

@@ -62,11 +62,11 @@ def test_the_quantized_gemv_gets_the_bit_beside_its_own_flags():
 
 @pytest.mark.parametrize("setting", [None, ()])
 def test_the_int8_qkv_gemv_runs_its_3_blocks_an_sm_build_in_one_round(setting):
-    """KernelSettings.qkv_3_blocks (default ("int8",)): Mistral-7B's int8 q|k|v GEMV launches gemv_quant.cu's _3b
+    """KernelSettings.qkv_one_round (default ("int8",)): Mistral-7B's int8 q|k|v GEMV launches gemv_quant.cu's _3b
     kernel over 384 blocks (3072 row pairs, 8 a block, one round), where the 2-blocks-an-SM build takes 192
     blocks of two rounds; int4's q|k|v and every other GEMV keep the 2-block build."""
     calls = []
-    settings = KernelSettings() if setting is None else KernelSettings(qkv_3_blocks=setting)
+    settings = KernelSettings() if setting is None else KernelSettings(qkv_one_round=setting)
     k = quant_launcher(settings, calls)
     qkv = (None, None, None, None, 32, 8, 128)                         # no cache: RoPE only
     for method in ("int8", "int4"):
@@ -76,8 +76,20 @@ def test_the_int8_qkv_gemv_runs_its_3_blocks_an_sm_build_in_one_round(setting):
     got = [(name, grid[0]) for name, grid, _, _ in calls]
     first = ("gemv_rmsnorm_qkv_int8_3b", 384) if setting is None else ("gemv_rmsnorm_qkv_int8", 192)
     assert got == [first, ("gemv_int8", 256), ("gemv_rmsnorm_qkv_int4", 192), ("gemv_int4", 256)]
-    with pytest.raises(ValueError, match="only int8"):
-        KernelSettings(qkv_3_blocks=("int4",))
+    with pytest.raises(ValueError, match="'int8' and/or '16-bit'"):
+        KernelSettings(qkv_one_round=("int4",))
+
+
+@pytest.mark.parametrize("one_round", [(), ("16-bit",)])
+def test_the_16_bit_qkv_gemv_runs_its_6_blocks_an_sm_build_when_asked(one_round):
+    """qkv_one_round with "16-bit": the decode step's q|k|v GEMV launches gemv.cu's _6b kernel (same grid: its 768
+    blocks all resident at 6 an SM), every other launch as before."""
+    calls = decode_launches(KernelSettings(qkv_one_round=one_round))
+    default = decode_launches(KernelSettings(qkv_one_round=()))
+    qkv = {(name, label) for name, label, _ in calls if label == "qkv"}
+    assert qkv == {("gemv_rmsnorm_qkv_v4_6b" if one_round else "gemv_rmsnorm_qkv_v4", "qkv")}
+    others = lambda launches: [(name, label) for name, label, _ in launches if label != "qkv"]
+    assert others(calls) == others(default) and len(others(calls)) == len(calls) - MISTRAL.n_layers
 
 
 @pytest.mark.parametrize("flags", [0, GQA_PREFETCH_KV])

@@ -87,7 +87,7 @@ def test_the_launchers_sizes_are_the_kernels_own():
             ("gemv", "V4_WARPS", k.V4_WARPS), ("prefill_attention", "PF_ROWS", k.PF_ROWS),
             ("prefill_attention_mma", "MM_WARPS", k.MM_THREADS // 32),
             ("gemv_quant", "Q_WARPS", k.QWARPS), ("gemv_quant", "Q_MIN_BLOCKS", k.QUANT_BLOCKS_PER_SM),
-            ("gemv_quant", "Q_QKV_MIN_BLOCKS", k.QKV_BLOCKS_PER_SM),
+            ("gemv_quant", "Q_QKV_MIN_BLOCKS", k.QKV_BLOCKS_PER_SM), ("gemv", "V4_QKV_BLOCKS", k.V4_QKV_BLOCKS),
             ("gemv_quant_mma", "M_WARPS", k.MMA_WARPS), ("gemv_quant_tma", "T_WARPS", k.TMA_THREADS // 32 - 1),
             ("gemv_quant_tma", "T_MAX_STAGES", k.TMA_MAX_STAGES), ("gemv_quant_tma", "T_MAX_PAIRS", k.TMA_MAX_PAIRS),
             ("paged_attention", "PA_WARPS", gpu_batched.PA_WARPS), ("paged_attention", "PA_MAX_HD", gpu_batched.PA_MAX_HD),

@@ -52,11 +52,12 @@ PREWAIT_ROWS = 4                       # gemv_quant.cu's Q_PREWAIT_ROWS = gemv.c
 QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
 QKV_BLOCKS_PER_SM = 3                  # as #defined there (Q_QKV_MIN_BLOCKS): the grid of its int8 q|k|v _3b kernels
+V4_QKV_BLOCKS = 6                      # as #defined in gemv.cu: the blocks an SM its 16-bit q|k|v _6b kernels allow
 # The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
 # may be launched with programmatic dependent launch (settings.pdl): the decode step's embed, GEMVs (16-bit v4
 # and every gemv_quant.cu / gemv_quant_mma.cu / gemv_quant_tma.cu kernel: the last's producer warp reads only
 # weights, its consumers wait) and attention v3. Any other kernel launched so would race.
-PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4|tma)(_v1|_v3|_v3u4|_v4|_3b)?"
+PDL_KERNEL = re.compile(r"embed|gemv_(rmsnorm_)?(swiglu_|qkv_)?(v4|int8|int4|tma)(_v1|_v3|_v3u4|_v4|_3b|_6b)?"
                         r"|attention_gqa[124](_int8(x16)?)?")
 MMA_SOURCE = "gemv_quant_mma"          # the quantized GEMV v3 (tensor cores), loaded when settings ask for it
 MMA_WARPS = 8                          # as #defined there (M_WARPS): warps a block, on one tile's k range
@@ -170,11 +171,14 @@ class KernelSettings:
     # QWARPS row pairs, no looping). With both L2 prefetches on, int8 decode went 259.7 tok/s at 2 blocks/SM,
     # 240.9 at 1, 252.6 with no looping.
     quant_blocks_per_sm: int = QUANT_BLOCKS_PER_SM
-    # The formats whose q|k|v GEMV (v2) runs gemv_quant.cu's _3b build, QKV_BLOCKS_PER_SM blocks an SM with half
-    # the steps in flight (int8: 74 registers instead of 110), so Mistral-7B's 3072 row pairs take one round of
-    # 384 blocks instead of two of 192. Decode, median of 5 alternating rounds (dev.qfloor "3 blocks qkv only",
-    # H200, 2026-12-02): int8 382.2 -> 394.4 tok/s (1.032x); int4 (Q_U4 steps, 3 blocks) 465.9 -> 459.5 (0.986x).
-    qkv_3_blocks: tuple[str, ...] = ("int8",)
+    # The weights ("int8", "16-bit") whose q|k|v GEMV runs a build that holds more blocks an SM with half the loads
+    # in flight a step, so Mistral-7B's 3072 row pairs take one round instead of 1.45 (a quarter of the warps idle
+    # in the last): int8, gemv_quant.cu's _3b kernels (v2), QKV_BLOCKS_PER_SM blocks an SM (74 registers instead
+    # of 110), 384 blocks; 16-bit, gemv.cu's _6b kernels (v4), 6 blocks an SM instead of 4 (80 registers instead
+    # of 102-104), its 768 blocks all resident. Decode, median of 5 alternating rounds (dev.qfloor "3 blocks qkv
+    # only", H200, 2026-12-02): int8 382.2 -> 394.4 tok/s (1.032x); int4 (Q_U4 steps, 3 blocks) 465.9 -> 459.5
+    # (0.986x): not for int4. 16-bit: see lessons/BENCHMARKS.md, stop 37.
+    qkv_one_round: tuple[str, ...] = ("int8",)
     # gemv_quant.cu's Q_LOOKAHEAD bits: 1 = each warp prefetches its next row pair into L2, 3 = two pairs ahead.
     # Slower: int8 284.5 -> 269.2 tok/s, int4 313.2 -> 303.3 (the GEMVs are issue-bound, not waiting on HBM).
     quant_flags: int = 0
@@ -257,8 +261,8 @@ class KernelSettings:
     pdl: bool = True
 
     def __post_init__(self):
-        if not set(self.qkv_3_blocks) <= {"int8"}:
-            raise ValueError(f"qkv_3_blocks: only int8 has a 3-blocks-an-SM q|k|v build, not {self.qkv_3_blocks}")
+        if not set(self.qkv_one_round) <= {"int8", "16-bit"}:
+            raise ValueError(f"qkv_one_round: 'int8' and/or '16-bit' (the builds there are), not {self.qkv_one_round}")
 
 
 class Kernels:
@@ -287,6 +291,8 @@ class Kernels:
             "gemv_rmsnorm_swiglu_v4": get("gemv", f"gemv_rmsnorm_swiglu_v4_{sfx}"),
             "gemv_qkv_v4": get("gemv", f"gemv_qkv_v4_{sfx}"),
             "gemv_rmsnorm_qkv_v4": get("gemv", f"gemv_rmsnorm_qkv_v4_{sfx}"),
+            "gemv_qkv_v4_6b": get("gemv", f"gemv_qkv_v4_6b_{sfx}"),                    # settings.qkv_one_round
+            "gemv_rmsnorm_qkv_v4_6b": get("gemv", f"gemv_rmsnorm_qkv_v4_6b_{sfx}"),
             "attention_fused": get("decode_attention", f"attention_fused_{sfx}"),
             "attention_gqa1": get("decode_attention", f"attention_gqa1_{sfx}"),
             "attention_gqa2": get("decode_attention", f"attention_gqa2_{sfx}"),
@@ -314,7 +320,7 @@ class Kernels:
             "gemv_rmsnorm_swiglu_int8": get("gemv_quant", f"gemv_rmsnorm_swiglu_int8_{sfx}"),
             "gemv_qkv_int8": get("gemv_quant", f"gemv_qkv_int8_{sfx}"),
             "gemv_rmsnorm_qkv_int8": get("gemv_quant", f"gemv_rmsnorm_qkv_int8_{sfx}"),
-            "gemv_qkv_int8_3b": get("gemv_quant", f"gemv_qkv_int8_3b_{sfx}"),          # settings.qkv_3_blocks
+            "gemv_qkv_int8_3b": get("gemv_quant", f"gemv_qkv_int8_3b_{sfx}"),          # settings.qkv_one_round
             "gemv_rmsnorm_qkv_int8_3b": get("gemv_quant", f"gemv_rmsnorm_qkv_int8_3b_{sfx}"),
             "gemv_int4": get("gemv_quant", f"gemv_int4_{sfx}"),
             "gemv_rmsnorm_int4": get("gemv_quant", f"gemv_rmsnorm_int4_{sfx}"),
@@ -464,6 +470,8 @@ class Kernels:
                          label, shared_mem=plan.smem)
             return
         kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
+        if "qkv" in name and "16-bit" in self.settings.qkv_one_round:
+            name += "_6b"                    # its own build: V4_QKV_BLOCKS blocks an SM, every block resident at once
         self._launch(name, ((pairs + V4_WARPS - 1) // V4_WARPS,), (32 * V4_WARPS,),
                      (w, x, self._nil_f32 if gain is None else gain, np.float32(eps), y, np.int32(rows),
                       np.int32(n_in), np.int32(1 if accumulate else 0), kc, vc, np.int32(capacity), pos,
@@ -510,7 +518,7 @@ class Kernels:
             smem = w.n_chunks * (chunk + 4) * 4 + sums
         else:                                # v2: x as fp16, chunk/2 + 4 words a chunk, 2^-e per chunk (+ Σx)
             smem = w.n_chunks * (chunk // 2 + 5) * 4 + sums
-            if "qkv" in name and w.method in self.settings.qkv_3_blocks:
+            if "qkv" in name and w.method in self.settings.qkv_one_round:
                 name += "_3b"                # its own build: 3 blocks an SM, one round of the q|k|v rows
                 grid = self.quant_grid(pairs, QKV_BLOCKS_PER_SM)
         if smem > self.max_quant_smem:

@@ -20,10 +20,10 @@ Each variant is the kernel's source text (variant_source: a part edited out) com
     3 blocks qkv only  the same build for the q|k|v GEMV alone (its launches 3 blocks an SM, the others as v2):
                  its 3072 Mistral-7B row pairs are 384 blocks, one round of the 396 slots 3 blocks an SM give,
                  where 2 an SM give 192 blocks two rounds of 2 pairs a warp (a quarter of 264 slots idle). Since
-                 2026-12-02 int8's default (gemv_quant.cu's _3b kernels, KernelSettings.qkv_3_blocks): here it
+                 2026-12-02 int8's default (gemv_quant.cu's _3b kernels, KernelSettings.qkv_one_round): here it
                  measures int4. The per-matrix table times plain y = W·x, which stays v2's here: "3 blocks"
                  shows the qkv shape
-    qkv 2 blocks the default before that: int8's q|k|v GEMV on the 2-blocks-an-SM build too (qkv_3_blocks=())
+    qkv 2 blocks the default before that: int8's q|k|v GEMV on the 2-blocks-an-SM build too (qkv_one_round=())
     int4 U=8     Q_U4 8: twice int4's chunks a lane in flight, half the dependent steps (down: 3.5 -> 1.75)
     int4 4 blocks  Q_U4 2, Q_MIN_BLOCKS 4 (64 registers): 32 warps an SM, the same bytes in flight
                  (int8 spills at 64 registers: read its int4 rows only)
@@ -70,7 +70,7 @@ VARIANTS = {"no staging": (dict(no_stage=True), {}), "no math": (dict(no_math=Tr
             "prefetch rows": ({}, {"Q_PREFETCH_CHUNKS": 0}), "prefetch 256": ({}, {"Q_PREFETCH_CHUNKS": 256})}
 EXACT = [label for label in VARIANTS if label not in ("no staging", "no math", "neither")]
 ONLY = {"3 blocks qkv only": "qkv"}     # label -> the kernels (names containing it) the variant swaps; others: all
-SETTINGS = {"qkv 2 blocks": {"qkv_3_blocks": ()}}    # label -> KernelSettings it changes (others: the defaults)
+SETTINGS = {"qkv 2 blocks": {"qkv_one_round": ()}}    # label -> KernelSettings it changes (others: the defaults)
 
 
 def _replace_once(text: str, pattern: str, new: str, regex: bool = False) -> str:
