@@ -144,6 +144,7 @@ extern "C" __global__ void gemv_rmsnorm_v3_bf16(const u16* w, const float* x, co
 // The q|k|v GEMV's own build (the _6b kernels): 6 blocks an SM with half the loads in flight a step (<= 80
 // registers instead of 102-104, where 4 blocks an SM fit): Mistral-7B's 3072 row pairs are 768 blocks, one round
 // of the 792 slots, where 4 an SM (528 slots) take 1.45 rounds. Each lane sums its chunks in the same order.
+// Measured (H200, 2026-12-02): fp16 decode 0.993x, so KernelSettings.qkv_one_round leaves 16-bit out.
 #define V4_QKV_BLOCKS 6
 #define V4_QKV_U 4
 

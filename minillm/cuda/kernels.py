@@ -177,7 +177,7 @@ class KernelSettings:
     # of 110), 384 blocks; 16-bit, gemv.cu's _6b kernels (v4), 6 blocks an SM instead of 4 (80 registers instead
     # of 102-104), its 768 blocks all resident. Decode, median of 5 alternating rounds (dev.qfloor "3 blocks qkv
     # only", H200, 2026-12-02): int8 382.2 -> 394.4 tok/s (1.032x); int4 (Q_U4 steps, 3 blocks) 465.9 -> 459.5
-    # (0.986x): not for int4. 16-bit: see lessons/BENCHMARKS.md, stop 37.
+    # (0.986x): not for int4. 16-bit (python -m minillm.cuda.dev.ab, same day): fp16 244.4 -> 242.8 (0.993x): off.
     qkv_one_round: tuple[str, ...] = ("int8",)
     # gemv_quant.cu's Q_LOOKAHEAD bits: 1 = each warp prefetches its next row pair into L2, 3 = two pairs ahead.
     # Slower: int8 284.5 -> 269.2 tok/s, int4 313.2 -> 303.3 (the GEMVs are issue-bound, not waiting on HBM).
