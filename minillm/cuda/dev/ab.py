@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from typing import Callable
 
 from minillm.cuda.dev.bench import decode_bytes, decode_sweep_setup, decode_tok_s, sweep_parser
 from minillm.cuda.dev.chain import same_numbers
@@ -38,6 +39,33 @@ def parse_change(text: str) -> dict:
     return change
 
 
+def decode_ab(args, formats, variants: Callable, check: Callable | None = None, header: str = "settings") -> None:
+    """For each weight format, a random model of the sweep's shape (args: sweep_parser's options) run as each of
+    variants(gpu) = {label: model}, the first the baseline: check(gpu, models, prompt, fmt) first, then decode
+    tok/s in alternating rounds, printed beside GB/s, % of copy and the ratio to the baseline."""
+    import cupy as cp
+    from minillm.cuda.gpu_model import GPUTransformer
+    cfg, bw, prompt = decode_sweep_setup(args.quick)
+    rows, base = [], None
+    for fmt in formats:
+        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if fmt == "float16" else fmt)
+        models = variants(gpu)
+        base = next(iter(models))
+        if check is not None:
+            check(gpu, models, prompt, fmt)
+        cache = gpu.new_cache(len(prompt) + args.new_tokens + 8)
+        tps = alternating_medians(models, lambda model: decode_tok_s(model, cache, prompt, args.new_tokens)[0],
+                                  args.rounds)
+        per_token, _ = decode_bytes(cfg, gpu.weight_bytes, len(prompt), args.new_tokens)
+        for label in models:
+            rows.append([fmt, label, f"{tps[label]:.1f}", f"{per_token * tps[label] / 1e9:.0f}",
+                         f"{100 * per_token * tps[label] / bw:.0f}%", f"{tps[label] / tps[base]:.3f}x"])
+        del gpu, models
+        cp.get_default_memory_pool().free_all_blocks()
+    plain_table(f"\ndecode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating "
+                "rounds", ["weights", header, "tok/s", "GB/s", "% of copy", f"vs {base}"], rows)
+
+
 def main(argv=None) -> int:
     ap = sweep_parser("ab", __doc__, rounds=5)
     ap.add_argument("--set", dest="change", required=True, help="NAME=VALUE: the KernelSettings field to change")
@@ -54,26 +82,11 @@ def main(argv=None) -> int:
         return 2
     if not require_gpu(ap.prog):
         return 2
-    import cupy as cp
-    from minillm.cuda.gpu_model import GPUTransformer
-    cfg, bw, prompt = decode_sweep_setup(args.quick)
-    rows = []
-    for fmt in formats:
-        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if fmt == "float16" else fmt)
-        models = {"defaults": gpu, args.change: gpu.with_settings(**change)}
-        if not args.no_check:
-            same_numbers(*models.values(), prompt, f"{args.change} {fmt}")
-        cache = gpu.new_cache(len(prompt) + args.new_tokens + 8)
-        tps = alternating_medians(models, lambda model: decode_tok_s(model, cache, prompt, args.new_tokens)[0],
-                                  args.rounds)
-        per_token, _ = decode_bytes(cfg, gpu.weight_bytes, len(prompt), args.new_tokens)
-        for label in models:
-            rows.append([fmt, label, f"{tps[label]:.1f}", f"{per_token * tps[label] / 1e9:.0f}",
-                         f"{100 * per_token * tps[label] / bw:.0f}%", f"{tps[label] / tps['defaults']:.3f}x"])
-        del gpu, models
-        cp.get_default_memory_pool().free_all_blocks()
-    plain_table(f"\ndecode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating "
-                "rounds", ["weights", "settings", "tok/s", "GB/s", "% of copy", "vs defaults"], rows)
+
+    def check(gpu, models, prompt, fmt):
+        same_numbers(*models.values(), prompt, f"{args.change} {fmt}")
+    decode_ab(args, formats, lambda gpu: {"defaults": gpu, args.change: gpu.with_settings(**change)},
+              None if args.no_check else check)
     return finish(ap.prog)
 
 

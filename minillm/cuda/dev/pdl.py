@@ -14,23 +14,21 @@ from __future__ import annotations
 
 import sys
 
-from minillm.cuda.dev.bench import decode_bytes, decode_sweep_setup, decode_tok_s, sweep_parser
+from minillm.cuda.dev.ab import decode_ab
+from minillm.cuda.dev.bench import sweep_parser
 from minillm.cuda.dev.chain import same_numbers
-from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu
+from minillm.cuda.dev.common import finish, require_gpu
 
 FORMATS = ("float16", "int8", "int4")
 
 
-def check(gpu, prompt, label: str) -> None:
-    """The decode step with PDL gives the same tokens and the same logits, exactly."""
-    same_numbers(gpu.with_settings(pdl=False), gpu.with_settings(pdl=True), prompt, f"pdl {label}")
-
-
-def timed(gpu, prompt, n_new: int, rounds: int) -> dict[bool, float]:
-    """Median decode tok/s without and with PDL, their rounds alternating."""
-    models = {pdl: gpu.with_settings(pdl=pdl) for pdl in (False, True)}
-    cache = gpu.new_cache(len(prompt) + n_new + 8)
-    return alternating_medians(models, lambda model: decode_tok_s(model, cache, prompt, n_new)[0], rounds)
+def check(gpu, models, prompt, fmt: str) -> None:
+    """The decode step with PDL gives the same tokens and the same logits, exactly (fp16: both KV caches)."""
+    same_numbers(models["off"], models["on"], prompt, f"pdl {fmt}")
+    if fmt == "float16":
+        int8_kv = gpu.with_options(kv_cache="int8")
+        same_numbers(int8_kv.with_settings(pdl=False), int8_kv.with_settings(pdl=True), prompt,
+                     "pdl float16, int8 KV cache")
 
 
 def main(argv=None) -> int:
@@ -38,24 +36,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not require_gpu(ap.prog):
         return 2
-    import cupy as cp
-    from minillm.cuda.gpu_model import GPUTransformer
-    cfg, bw, prompt = decode_sweep_setup(args.quick)
-    rows = []
-    for fmt in FORMATS:
-        gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if fmt == "float16" else fmt)
-        check(gpu, prompt, fmt)
-        if fmt == "float16":
-            check(gpu.with_options(kv_cache="int8"), prompt, "float16, int8 KV cache")
-        tps = timed(gpu, prompt, args.new_tokens, args.rounds)
-        per_token, _ = decode_bytes(cfg, gpu.weight_bytes, len(prompt), args.new_tokens)
-        for pdl in (False, True):
-            rows.append([fmt, "on" if pdl else "off", f"{tps[pdl]:.1f}", f"{per_token * tps[pdl] / 1e9:.0f}",
-                         f"{100 * per_token * tps[pdl] / bw:.0f}%", f"{tps[pdl] / tps[False]:.3f}x"])
-        del gpu
-        cp.get_default_memory_pool().free_all_blocks()
-    plain_table(f"\ndecode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating "
-                "rounds", ["weights", "PDL", "tok/s", "GB/s", "% of copy", "vs off"], rows)
+    decode_ab(args, FORMATS, lambda gpu: {"off": gpu.with_settings(pdl=False), "on": gpu.with_settings(pdl=True)},
+              check, header="PDL")
     return finish(ap.prog)
 
 
