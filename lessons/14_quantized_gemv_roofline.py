@@ -127,7 +127,8 @@ def check_magic(rows: int, cols: int) -> list[list]:
 # ---- on a GPU ---------------------------------------------------------------------------------------
 def gpu_gemvs(cfg) -> None:
     from minillm.cuda.dev.gemv import gemv_points
-    from minillm.cuda.dev.timing import copy_bandwidth
+    from minillm.cuda.dev.timing import copy_bandwidth, device_name
+    RESULTS["gpu"] = device_name()                 # the plot's title names the card it measured
     bw = RESULTS["copy_bw"] = copy_bandwidth(1 << 30)
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + write), the memory roof")
     points = RESULTS["gemv"] = gemv_points(cfg, ("float16", "int8", "int4"))
@@ -208,7 +209,8 @@ def draw_roofline(ax, cfg) -> None:
             ax.plot([], [], "o", color=colors[fmt], label=f"{'fp16' if fmt == 'float16' else fmt} GEMVs (4 matrices)")
     ax.set_xlabel("arithmetic intensity (FLOP per byte of weights read)")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title("H200 roofline: batch-1 decode, Mistral-7B shape")
+    measured_on = RESULTS.get("gpu", "H200 (quoted bandwidth, nothing measured)")
+    ax.set_title(f"{measured_on} roofline: batch-1 decode, Mistral-7B shape")
     ax.set_xlim(0.1, 3000)
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=7, loc="upper left")

@@ -50,15 +50,21 @@ def test_bench_with_the_int8_kv_cache_counts_its_bytes_and_says_so():
 
 def test_the_gpu_summary_says_how_far_decode_is_from_its_target(capsys):
     """minillm bench --device cuda's summary (dev/bench.py, shared by the 16-bit and the int8/int4 runs): the rows,
-    then met/missed against the target; no verdict for a shape the targets are not for."""
+    then met/missed against the target; no verdict for a shape the targets are not for, nor on another card
+    than the H200 the targets are for."""
     from minillm.cuda.dev.bench import TARGETS, _summary, bench_config
     from minillm.model.config import PRESETS
     rows = [("decode tok/s", "247.3", "≥ 270"), ("TTFT 512 tokens, ms", "14.2", "≤ 15")]
-    _summary(rows, 247.3, TARGETS["float16"])
+    _summary(rows, 247.3, TARGETS["float16"], "NVIDIA H200")
     out = capsys.readouterr().out
-    assert "247.3" in out and "≥ 270" in out and "missed: -8% against 270 tok/s" in out
-    _summary(rows, 702.0, TARGETS["int4"])
+    assert "247.3" in out and "≥ 270" in out and "target (H200)" in out
+    assert "missed: -8% against 270 tok/s" in out
+    _summary(rows, 702.0, TARGETS["int4"], "NVIDIA H200")
     assert "met: +8% against 650 tok/s" in capsys.readouterr().out
-    _summary([("decode tok/s", "99.0", "")], None, TARGETS["int8"])
+    _summary([("decode tok/s", "99.0", "")], None, TARGETS["int8"], "NVIDIA H200")
     assert "against" not in capsys.readouterr().out
+    _summary(rows, 191.1, TARGETS["float16"], "NVIDIA H100 80GB HBM3")
+    out = capsys.readouterr().out
+    assert "against" not in out and "missed" not in out
+    assert "no verdict: the targets are for an H200, this is an NVIDIA H100 80GB HBM3" in out
     assert bench_config(False) == PRESETS["mistral-7b"].config     # what `minillm bench -m mistral-7b` passes in

@@ -66,6 +66,13 @@ class EventTimer:
         return out
 
 
+def device_name() -> str:
+    """The current GPU as its driver names it ("NVIDIA H200", "NVIDIA H100 80GB HBM3")."""
+    import cupy as cp
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else name
+
+
 def copy_bandwidth(nbytes: int) -> float:
     """Device-to-device copy, bytes read + written per second (the memory roofline)."""
     import cupy as cp
