@@ -120,36 +120,36 @@ def decode_timings(preset: str, n_tokens: int) -> list[dict]:
     cache = gpu.new_cache(n_tokens + 8)
     rows = []
     for label, version, fuse in CONFIGS:
-        gpu.gemv_version, gpu.fuse_norm = version, fuse
+        run = gpu.with_options(gemv_version=version, fuse_norm=fuse)    # same weights, that step's kernels
         counted = []
 
         def count(name, launch):
             counted.append(name)
             launch()
-        with gpu.stream:                                        # one eager step, every launch counted
-            gpu.step.set(np.array([1, 0], dtype=np.int32))
-            gpu.k.timer = count
+        with run.stream:                                        # one eager step, every launch counted
+            run.step.set(np.array([1, 0], dtype=np.int32))
+            run.k.timer = count
             try:
-                gpu.decode_step(cache)
+                run.decode_step(cache)
             finally:
-                gpu.k.timer = None
-            gpu.stream.synchronize()
+                run.k.timer = None
+            run.stream.synchronize()
         expected = len(record_decode_launches(cfg, version, fuse, capacity=cache.max_seq_len))
         if len(counted) != expected:
             raise AssertionError(f"{label}: {len(counted)} launches on the GPU, the CPU recording says {expected}")
-        per_token = {mode: token_us(gpu, cache, mode, n_tokens) for mode in (False, True)}   # graph off, on
+        per_token = {mode: token_us(run.with_options(use_graph=mode), cache, n_tokens)      # graph off, on
+                     for mode in (False, True)}
         rows.append(dict(label=label, launches=len(counted), eager=per_token[False], graph=per_token[True],
-                         queue=queue_us(gpu, cache), replay=replay_us(gpu, cache),
+                         queue=queue_us(run, cache), replay=replay_us(run, cache),
                          python=python_us_per_launch(cfg, version, fuse, 5)))
     del gpu, cache
     cp.get_default_memory_pool().free_all_blocks()
     return rows
 
 
-def token_us(gpu, cache, use_graph: bool, n: int) -> float:
+def token_us(gpu, cache, n: int) -> float:
     """Median µs of gpu.decode (step buffer up, the step, logits down, sync), after 3 warm-up tokens
-    (the first graph decode captures the graph)."""
-    gpu.use_graph = use_graph
+    (with gpu.use_graph, the first decode captures the graph)."""
     cache.reset()
     for _ in range(3):
         gpu.decode(1, cache)

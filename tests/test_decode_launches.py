@@ -72,6 +72,7 @@ def test_a_settings_variant_leaves_the_original_as_it_was():
     k.settings, k.fn = KernelSettings(), {"gemv_v4": "loaded"}
     gpu = GPUTransformer.__new__(GPUTransformer)
     gpu.config, gpu.k, gpu.kv_cache, gpu.prefill_chunk, gpu.use_graph = MISTRAL, k, "auto", 1024, True
+    gpu.quant, gpu.gemv_version, gpu.fuse_norm, gpu.prefill_attention = None, 4, True, "tiled"
     variant = gpu.with_settings(quant_flags=1, prefetch_next=True)
     assert (variant.settings.quant_flags, variant.settings.prefetch_next) == (1, True)
     assert gpu.settings == KernelSettings() and variant.k.fn is k.fn            # the loaded kernels are shared
@@ -88,3 +89,13 @@ def test_a_settings_variant_leaves_the_original_as_it_was():
         gpu.with_options(kv_cache="fp8")
     with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
         gpu.with_options(prefill_chunk=0)
+    first = gpu.with_options(gemv_version=2, fuse_norm=False, prefill_attention="decode")    # the first kernels
+    assert (first.gemv_version, first.fuse_norm, first.prefill_attention) == (2, False, "decode")
+    assert (gpu.gemv_version, gpu.fuse_norm, gpu.prefill_attention, first.use_graph) == (4, True, "tiled", True)
+    with pytest.raises(ValueError, match="prefill_attention is 'tiled' or 'decode'"):
+        gpu.with_options(prefill_attention="flash")
+    gpu.quant = "int8"
+    with pytest.raises(ValueError, match="v4-shaped kernels only"):
+        gpu.with_options(gemv_version=2)
+    with pytest.raises(TypeError, match="unknown option"):
+        gpu.with_options(gemv=2)

@@ -121,15 +121,10 @@ class GPUTransformer:
                              "(cuda/device_model.py)")
         self.config, self.layers, self.dtype = config, layers, dtype
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
-        self.use_graph, self.gemv_version = use_graph, gemv_version
         quantized = [w for L in layers for w in L.matrices() if is_quantized(w)]
         self.quant = quantized[0].method if quantized else None     # "int8", "int4" or None (16-bit)
-        if quantized and gemv_version < 4:
-            raise ValueError("int8/int4 weights decode with the v4-shaped kernels only (gemv_version=4)")
-        self.fuse_norm = fuse_norm          # decode only; v3 (gemv_version < 4) also needs dim <= MAX_FUSED_NORM
-        if prefill_attention not in ("tiled", "decode"):
-            raise ValueError(f"prefill_attention is 'tiled' or 'decode', not {prefill_attention!r}")
-        self.prefill_attention = prefill_attention   # "tiled": prefill_attention.cu; "decode": the decode kernel
+        self.use_graph = use_graph
+        self._set_kernel_choices(gemv_version, fuse_norm, prefill_attention)
         self.k = Kernels(dtype, settings)
         self.stream = cp.cuda.Stream(non_blocking=True)
         c, hd = config, config.head_dim
@@ -249,17 +244,32 @@ class GPUTransformer:
                               prefill_attention=self.prefill_attention, kv_cache=self.kv_cache,
                               prefill_chunk=self.prefill_chunk, settings=self.settings)
 
+    def _set_kernel_choices(self, gemv_version: int, fuse_norm: bool, prefill_attention: str) -> None:
+        """Which kernels run: the decode GEMVs' version and norm fusion, and the prefill attention."""
+        if self.quant and gemv_version < 4:
+            raise ValueError("int8/int4 weights decode with the v4-shaped kernels only (gemv_version=4)")
+        if prefill_attention not in ("tiled", "decode"):
+            raise ValueError(f"prefill_attention is 'tiled' or 'decode', not {prefill_attention!r}")
+        self.gemv_version = gemv_version
+        self.fuse_norm = fuse_norm          # decode only; v3 (gemv_version < 4) also needs dim <= MAX_FUSED_NORM
+        self.prefill_attention = prefill_attention   # "tiled": prefill_attention.cu; "decode": the decode kernel
+
     def with_options(self, **options) -> "GPUTransformer":
         """The same weights run another way: a copy with kv_cache and/or prefill_chunk changed (as
-        Transformer.with_options), or use_graph (False: the same launches one by one). It shares the
-        device buffers: run one of the two at a time."""
-        unknown = set(options) - {"kv_cache", "prefill_chunk", "use_graph"}
+        Transformer.with_options), use_graph (False: the same launches one by one), or the kernels the
+        constructor chooses (gemv_version, fuse_norm, prefill_attention: the earlier versions, to compare).
+        It shares the device buffers: run one of the two at a time."""
+        kernels = {"gemv_version": self.gemv_version, "fuse_norm": self.fuse_norm,
+                   "prefill_attention": self.prefill_attention}
+        cache = {"kv_cache": self.kv_cache, "prefill_chunk": self.prefill_chunk}
+        unknown = set(options) - set(kernels) - set(cache) - {"use_graph"}
         if unknown:
             raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
-        current = {"kv_cache": self.kv_cache, "prefill_chunk": self.prefill_chunk}
         other = copy.copy(self)
-        other.use_graph = bool(options.pop("use_graph", self.use_graph))
-        other.kv_cache, other.prefill_chunk = _checked_options(self.config, **(current | options))
+        other.use_graph = bool(options.get("use_graph", self.use_graph))
+        other.kv_cache, other.prefill_chunk = _checked_options(
+            self.config, **{name: options.get(name, now) for name, now in cache.items()})
+        other._set_kernel_choices(**{name: options.get(name, now) for name, now in kernels.items()})
         return other
 
     def with_settings(self, **changes) -> "GPUTransformer":

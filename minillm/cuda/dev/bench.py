@@ -178,9 +178,8 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
     modes = {"v2 eager": (2, False, False), "v2 graph": (2, True, False), "v2 graph+fused-norm": (2, True, True),
              "v4 eager": (4, False, True), "v4 graph": (4, True, True)}
     for mode, (version, use_graph, fuse) in modes.items():
-        gpu.gemv_version, gpu.use_graph, gpu.fuse_norm = version, use_graph, fuse
-        results[mode] = decode_tok_s(gpu, cache, short, n_new)
-    gpu.gemv_version, gpu.use_graph, gpu.fuse_norm = 4, True, True
+        run = gpu.with_options(gemv_version=version, use_graph=use_graph, fuse_norm=fuse)
+        results[mode] = decode_tok_s(run, cache, short, n_new)
     same = results["v2 eager"][1] == results["v2 graph"][1] and results["v4 eager"][1] == results["v4 graph"][1]
     verdict(f"{label} decode: graph tokens == eager tokens",
             same, "" if same else "the graph replay diverged from eager launches")
@@ -192,15 +191,15 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
 
     # -- one decode step, per kernel (v4, then the first version for comparison)
     for version, fuse in ((4, True), (2, False)):
-        gpu.gemv_version, gpu.fuse_norm = version, fuse
+        run = gpu.with_options(gemv_version=version, fuse_norm=fuse)
         timer = EventTimer()
-        with gpu.stream:
-            gpu.step.set(np.array([1, cache.length], dtype=np.int32))
-            gpu.k.timer = timer
+        with run.stream:
+            run.step.set(np.array([1, cache.length], dtype=np.int32))
+            run.k.timer = timer
             try:
-                gpu.decode_step(cache)
+                run.decode_step(cache)
             finally:
-                gpu.k.timer = None
+                run.k.timer = None
             totals = timer.totals()
         step_ms = sum(ms for _, ms in totals.values())
         graph_mode = "v4 graph" if version == 4 else "v2 graph"
@@ -212,7 +211,6 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
             say(f"  {name:<34} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / step_ms:5.1f}%")
         n_launches = sum(n for n, _ in totals.values())
         say(f"  {n_launches} launches per step")
-    gpu.gemv_version, gpu.fuse_norm = 4, True
 
     # -- one prefill, per kernel (cuBLAS GEMMs included): where TTFT goes
     timer = EventTimer()
@@ -240,27 +238,24 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
 
     # -- prefill attention: the tiled kernel vs the decode kernel with one query per token (the first version)
     def attention_us(mode: str) -> tuple[float, float]:
-        """(µs of attention launches in one prefill, TTFT ms) with gpu.prefill_attention = mode."""
-        gpu.prefill_attention = mode
-        try:
-            ts = []
-            for _ in range(3):
-                cache.reset()
-                start = time.perf_counter()
-                gpu.prefill(prompt, cache)
-                ts.append(time.perf_counter() - start)
-            t = EventTimer()
+        """(µs of attention launches in one prefill, TTFT ms) with prefill_attention = mode."""
+        run = gpu.with_options(prefill_attention=mode)
+        ts = []
+        for _ in range(3):
             cache.reset()
-            with gpu.stream:
-                gpu.k.timer = t
-                try:
-                    gpu.prefill(prompt, cache)
-                finally:
-                    gpu.k.timer = None
-            us = sum(ms for name, (_, ms) in t.totals().items() if "attention" in name) * 1e3
-            return us, statistics.median(ts[1:]) * 1e3
-        finally:
-            gpu.prefill_attention = "tiled"
+            start = time.perf_counter()
+            run.prefill(prompt, cache)
+            ts.append(time.perf_counter() - start)
+        t = EventTimer()
+        cache.reset()
+        with run.stream:
+            run.k.timer = t
+            try:
+                run.prefill(prompt, cache)
+            finally:
+                run.k.timer = None
+        us = sum(ms for name, (_, ms) in t.totals().items() if "attention" in name) * 1e3
+        return us, statistics.median(ts[1:]) * 1e3
     old_us, old_ttft = attention_us("decode")
     new_us, new_ttft = attention_us("tiled")
     say(f"\nprefill attention: old vs new µs: {old_us:.0f} vs {new_us:.0f} ({old_us / max(new_us, 1e-9):.1f}x; "
@@ -389,15 +384,6 @@ def step_kernels_in_graphs(gpu, bw: float) -> dict:
     return out
 
 
-def _decode_tok_s(gpu, cache, prompt, n_new: int, use_graph: bool = True) -> tuple[float, list[int]]:
-    """selfcheck.decode_tok_s with or without the CUDA graph (the graph is back on after)."""
-    gpu.use_graph = use_graph
-    try:
-        return decode_tok_s(gpu, cache, prompt, n_new)
-    finally:
-        gpu.use_graph = True
-
-
 def _per_kernel(gpu, cache, run) -> tuple[dict, float]:
     """CUDA events around every launch of run() (eager): {kernel: (launches, ms)}, total ms."""
     timer = EventTimer()
@@ -446,8 +432,8 @@ def bench_quant(cfg: ModelConfig, label: str, quant: str, dtype: str = "float16"
 
     # -- decode: eager, graph (and the grid sweep)
     short = rng.integers(0, cfg.vocab_size, prompt_len)
-    results = {"eager": _decode_tok_s(gpu, cache, short, n_new, use_graph=False),
-               "graph": _decode_tok_s(gpu, cache, short, n_new)}
+    results = {"eager": decode_tok_s(gpu.with_options(use_graph=False), cache, short, n_new),
+               "graph": decode_tok_s(gpu, cache, short, n_new)}
     same = results["eager"][1] == results["graph"][1]
     verdict(f"{label} {quant} decode: graph tokens == eager tokens", same,
             "" if same else "the graph replay diverged from eager launches")
@@ -457,7 +443,7 @@ def bench_quant(cfg: ModelConfig, label: str, quant: str, dtype: str = "float16"
                                            ("look-ahead 2 + next GEMV", 2, 3, True),
                                            ("1 block/SM", 1, 0, False), ("unbounded grid", 0, 0, False)]:
             variant = gpu.with_settings(quant_blocks_per_sm=blocks, quant_flags=flags, prefetch_next=nxt)
-            results[f"graph, {label_}"] = _decode_tok_s(variant, cache, short, n_new)
+            results[f"graph, {label_}"] = decode_tok_s(variant, cache, short, n_new)
     per_token = report_decode(cfg, wbytes, prompt_len, n_new, results, bw, width=34)
 
     # -- where one prefill spends its time (the decode step's kernels: the graph table above)

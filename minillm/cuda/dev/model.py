@@ -139,9 +139,9 @@ def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, 
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8 + n)
     runs = []
     for use_graph in (False, True):
-        gpu.use_graph = use_graph
-        cache = gpu.new_cache(64)
-        out = [gpu.prefill(ids[:8], cache)] + [gpu.decode(int(t), cache) for t in ids[8:]]
+        run = gpu.with_options(use_graph=use_graph)
+        cache = run.new_cache(64)
+        out = [run.prefill(ids[:8], cache)] + [run.decode(int(t), cache) for t in ids[8:]]
         runs.append(np.stack(out))
     same = bool(np.array_equal(runs[0], runs[1]))
     return same, "bit-identical" if same else f"max diff {np.abs(runs[0] - runs[1]).max():.3e}"

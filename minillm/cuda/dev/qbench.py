@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from minillm.cuda.dev.attention import attention_us
-from minillm.cuda.dev.bench import TARGETS, _decode_tok_s, bench_config, decode_bytes, step_kernels_in_graphs
+from minillm.cuda.dev.bench import TARGETS, bench_config, decode_bytes, decode_tok_s, step_kernels_in_graphs
 from minillm.cuda.dev.common import say
 from minillm.cuda.dev.gemv import quant_versions_us
 from minillm.cuda.dev.timing import BANDWIDTH, copy_bandwidth
@@ -42,10 +42,10 @@ def report(cfg: ModelConfig, label: str, formats=("float16", "int8", "int4"), n_
         cache = gpu.new_cache(prompt_len + n_new + 8)
         short = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
         per_token, _ = decode_bytes(cfg, gpu.weight_bytes, prompt_len, n_new)
-        runs = {"graph": _decode_tok_s(gpu, cache, short, n_new)[0]}
+        runs = {"graph": decode_tok_s(gpu, cache, short, n_new)[0]}
         if fmt == "float16":
             v2 = gpu.with_settings(attention_version=2)
-            runs["graph, attention v2"] = _decode_tok_s(v2, cache, short, n_new)[0]
+            runs["graph, attention v2"] = decode_tok_s(v2, cache, short, n_new)[0]
         for mode, tps in runs.items():
             target = TARGETS[fmt]
             say(f"  decode {mode}: {tps:.1f} tok/s, {per_token * tps / 1e9:.0f} GB/s, {100 * per_token * tps / bw:.0f}% "

@@ -197,7 +197,7 @@ def decode(kinds: dict, n_new: int = 128, prompt_len: int = 16, rounds: int = 3)
     """Batch-1 decode tok/s of a random Mistral-7B (int8, int4) with the CUDA graph under each version: the
     median of `rounds` alternating rounds (the same-run A/B)."""
     from minillm.cuda.dev import qmma
-    from minillm.cuda.dev.bench import TARGETS, _decode_tok_s
+    from minillm.cuda.dev.bench import TARGETS, decode_tok_s
     from minillm.cuda.dev.common import alternating_medians, plain_table
     table = []
     for method, gpu, cache, prompt in qmma.quantized_mistrals(prompt_len, n_new):
@@ -210,7 +210,7 @@ def decode(kinds: dict, n_new: int = 128, prompt_len: int = 16, rounds: int = 3)
         def measure(pair):
             model, setting = pair
             with setting:
-                return _decode_tok_s(model, cache, prompt, n_new)[0]
+                return decode_tok_s(model, cache, prompt, n_new)[0]
         tps = alternating_medians(models, measure, rounds)
         table.append([method, TARGETS[method]] + [f"{tps[label]:.1f} ({tps[label] / tps['v2']:.3f}x)" for label in kinds])
     plain_table(f"decode tok/s, random Mistral-7B, batch 1, {n_new} new tokens, CUDA graph, median of {rounds} "

@@ -398,13 +398,13 @@ def decode(n_new: int = 128, prompt_len: int = 16, variants: dict | None = None,
     of `variants` ({label: KernelSettings changes}; default v2 vs v3): tok/s against the first, and how many
     greedy tokens each agrees with the first on (random weights: a near-tie may part them; a broken kernel
     parts at once)."""
-    from minillm.cuda.dev.bench import TARGETS, _decode_tok_s
+    from minillm.cuda.dev.bench import TARGETS, decode_tok_s
     from minillm.cuda.dev.common import plain_table
     variants = variants or {"v2": {}, "v3": {"quant_version": 3}}
     base = next(iter(variants))
     table = []
     for method, gpu, cache, prompt in quantized_mistrals(prompt_len, n_new, methods):
-        runs = {v: _decode_tok_s(gpu.with_settings(**changes), cache, prompt, n_new) for v, changes in variants.items()}
+        runs = {v: decode_tok_s(gpu.with_settings(**changes), cache, prompt, n_new) for v, changes in variants.items()}
         tps0, tok0 = runs[base]
         for v, (tps, tok) in runs.items():
             same = next((i for i, (a, b) in enumerate(zip(tok0, tok)) if a != b), len(tok0))
