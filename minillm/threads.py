@@ -13,9 +13,12 @@ and the generation loop, the batching engine and the benchmark call `for_rows(ro
 forward pass. The count is set through threadpoolctl in the BLAS library NumPy already loaded
 ($OPENBLAS_NUM_THREADS is read only once, when NumPy is imported).
 
-The count never changes a result: OpenBLAS splits a matmul's outputs among its threads, not the sum
-behind each output, so greedy tokens, seeded samples and int4 calibration are bit for bit the same
-at 1 and 2 threads (measured, and pinned by tests/test_threads.py).
+Whether the count changes a result depends on the BLAS's kernels. OpenBLAS's SkylakeX kernels (issue
+16's machine) round a matmul the same at 1 and 2 threads, so greedy tokens, seeded samples and int4
+calibration were bit for bit the same; its Haswell kernels, as OpenBLAS 0.3.31 picks them on an AMD EPYC
+VM, round a 67-row prefill matmul otherwise in the last bits (~1e-6 relative), so there the logits agree
+within fp32 rounding and a near-tie can pick another token. tests/test_threads.py probes the BLAS and
+holds whichever of the two applies.
 
 The pool. NumPy's elementwise functions and reductions (exp, multiply, sum, ...) run on one core, but
 release the GIL while they loop over a large array, so plain Python threads, each given its own

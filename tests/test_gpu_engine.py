@@ -305,7 +305,7 @@ def test_a_padded_decode_step_gives_the_real_rows_logits_and_writes_nothing_else
             if a.dtype == np.int8:
                 assert np.abs(a.astype(int) - b).max() <= 1
             else:
-                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())   # fp32 rounding
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])
