@@ -67,4 +67,7 @@ def test_the_gpu_summary_says_how_far_decode_is_from_its_target(capsys):
     out = capsys.readouterr().out
     assert "against" not in out and "missed" not in out
     assert "no verdict: the targets are for an H200, this is an NVIDIA H100 80GB HBM3" in out
+    from minillm.cuda.dev.bench import against_target                  # the line dev/qbench prints too
+    assert against_target(393.6, TARGETS["int8"], "NVIDIA H200") == "missed: -8% against 430 tok/s"
+    assert against_target(322.4, TARGETS["int8"], "NVIDIA H100 80GB HBM3").startswith("no verdict")
     assert bench_config(False) == PRESETS["mistral-7b"].config     # what `minillm bench -m mistral-7b` passes in

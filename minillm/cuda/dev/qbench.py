@@ -8,10 +8,11 @@ import time
 import numpy as np
 
 from minillm.cuda.dev.attention import attention_us
-from minillm.cuda.dev.bench import TARGETS, bench_config, decode_bytes, decode_tok_s, step_kernels_in_graphs
+from minillm.cuda.dev.bench import (TARGETS, against_target, bench_config, decode_bytes, decode_tok_s,
+                                    step_kernels_in_graphs)
 from minillm.cuda.dev.common import say
 from minillm.cuda.dev.gemv import quant_versions_us
-from minillm.cuda.dev.timing import BANDWIDTH, copy_bandwidth
+from minillm.cuda.dev.timing import BANDWIDTH, copy_bandwidth, device_name
 from minillm.model.config import ModelConfig
 
 
@@ -47,9 +48,8 @@ def report(cfg: ModelConfig, label: str, formats=("float16", "int8", "int4"), n_
             v2 = gpu.with_settings(attention_version=2)
             runs["graph, attention v2"] = decode_tok_s(v2, cache, short, n_new)[0]
         for mode, tps in runs.items():
-            target = TARGETS[fmt]
             say(f"  decode {mode}: {tps:.1f} tok/s, {per_token * tps / 1e9:.0f} GB/s, {100 * per_token * tps / bw:.0f}% "
-                f"of copy, target {target} ({100 * (tps / target - 1):+.0f}%)")
+                f"of copy; {against_target(tps, TARGETS[fmt], device_name())}")
         results[fmt] = {"tok_s": runs, "step_kernels": table}
         del gpu, cache
         cp.get_default_memory_pool().free_all_blocks()

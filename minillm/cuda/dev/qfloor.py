@@ -214,7 +214,7 @@ def decode(kinds: dict, n_new: int = 128, prompt_len: int = 16, rounds: int = 3)
         tps = alternating_medians(models, measure, rounds)
         table.append([method, TARGETS[method]] + [f"{tps[label]:.1f} ({tps[label] / tps['v2']:.3f}x)" for label in kinds])
     plain_table(f"decode tok/s, random Mistral-7B, batch 1, {n_new} new tokens, CUDA graph, median of {rounds} "
-                f"alternating rounds (vs v2)", ["method", "target"] + list(kinds), table)
+                f"alternating rounds (vs v2)", ["method", "H200 target"] + list(kinds), table)
     return table
 
 
