@@ -26,9 +26,9 @@ def why_no_gpu() -> str | None:
 def gpu_description() -> str:
     """One line naming the GPU, for the top of a lesson's GPU measurements."""
     import cupy as cp
+    from minillm.cuda.dev.timing import device_name
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-    return (f"{name} (sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs, "
+    return (f"{device_name()} (sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs, "
             f"{props['totalGlobalMem'] / 2**30:.0f} GiB), CuPy {cp.__version__}")
 
 

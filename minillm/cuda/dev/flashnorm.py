@@ -725,9 +725,8 @@ def main(argv=None) -> int:
     if not available():
         print("minillm.cuda.dev.flashnorm: no CUDA device (or no CuPy): nothing to time", file=sys.stderr)
         return 1
-    cp = _cp()
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
-    print(f"device: {name.decode() if isinstance(name, bytes) else name}")
+    from minillm.cuda.dev.timing import device_name
+    print(f"device: {device_name()}")
     if args.e2e:
         tokens, repeats = (16, 1) if args.quick else (args.tokens, args.repeats)
         rows = e2e(tuple(args.presets.split(",")), args.dtype, n_new=tokens, repeats=repeats)

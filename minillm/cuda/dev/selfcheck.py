@@ -33,9 +33,9 @@ def main(argv=None) -> int:
     if not require_gpu("selfcheck"):
         return 2
     import cupy as cp
+    from minillm.cuda.dev.timing import device_name
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-    say(f"minillm GPU selfcheck on {name} (sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs, "
+    say(f"minillm GPU selfcheck on {device_name()} (sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs, "
         f"{props['totalGlobalMem'] / 2**30:.0f} GiB), CuPy {cp.__version__}, CUDA runtime "
         f"{cp.cuda.runtime.runtimeGetVersion()}, {time.strftime('%Y-%m-%d')}")
     t0 = time.perf_counter()
