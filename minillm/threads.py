@@ -10,7 +10,8 @@ machine and on what else runs, so `choose` measures it: a decode step (1 row) an
 (PREFILL_ROWS rows) through the model's first layers, a few interleaved rounds at each count, a
 fraction of a second at `minillm.load` (llm.thread_policy). The result is a ThreadPolicy(decode, prefill); `install` makes it the process's,
 and the generation loop, the batching engine and the benchmark call `for_rows(rows)` before each
-forward pass. The count is set through threadpoolctl in the BLAS library NumPy already loaded
+forward pass; `pinned(n)` holds one count for both phases a while (bench compares minillm with HF at
+equal counts). The count is set through threadpoolctl in the BLAS library NumPy already loaded
 ($OPENBLAS_NUM_THREADS is read only once, when NumPy is imported).
 
 Whether the count changes a result depends on the BLAS's kernels. OpenBLAS's SkylakeX kernels (issue
@@ -35,6 +36,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, TypeVar
 
@@ -91,9 +93,12 @@ def user_limit() -> tuple[int, str] | None:
 
 
 def fix(threads: int) -> None:
-    """Use `threads` threads from now on, unmeasured (--threads N): BLAS, and the pool below."""
+    """Use `threads` threads from now on, unmeasured (--threads N): BLAS, and the pool below. At most
+    cores(): more is refused."""
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise InvalidValue(f"threads must be an integer >= 1, got {threads}")
+    if threads > cores():   # threads past the cores wait on each other: decode ran 100-1000x slower (issue 40)
+        raise InvalidValue(f"{threads} threads is more than the {cores()} cores this process may use")
     _state["user_threads"] = int(threads)
     set_blas_threads(int(threads))
 
@@ -128,6 +133,19 @@ def install(policy: ThreadPolicy | None) -> None:
 def policy() -> ThreadPolicy | None:
     """The installed policy (None before any `minillm.load` or `install`)."""
     return _state["policy"]
+
+
+@contextmanager
+def pinned(n: int):
+    """Every forward pass on `n` BLAS threads, decode and prefill alike, until the block ends (bench
+    compares minillm and its peer at equal counts); then the policy and the count as they were."""
+    saved_policy, saved_count = _state["policy"], blas_threads() if _state["count"] is None else _state["count"]
+    install(ThreadPolicy(n, n, f"pinned to {n}"))
+    try:
+        yield
+    finally:
+        _state["policy"] = saved_policy
+        set_blas_threads(saved_count)
 
 
 def for_rows(rows: int) -> None:

@@ -1,10 +1,19 @@
-"""`minillm bench` on the CPU at a tiny size, so that it cannot rot: its table, the HF peer in both forms
-(generate-style last-row logits and the plain forward), the prefill floor, and where prefill time goes.
-It is run, not timed: speed is measured by the command itself, never asserted here."""
+"""`minillm bench` on the CPU at a tiny size, so that it cannot rot: its table, the HF peer in its own
+process at the same thread counts (generate-style last-row logits and the plain forward), the prefill
+floor, and where prefill time goes. It is run, not timed: speed is measured by the command itself, never
+asserted here."""
+import os
+import re
 import time
 
+import pytest
+from click.testing import CliRunner
+from hf_models import llama_config, save_random_model
+
 import minillm
+from minillm.cli import cli
 from minillm.tools import bench
+from minillm.tools.hf_peer import HFPeer, PeerError
 
 
 def tiny_model():
@@ -12,13 +21,47 @@ def tiny_model():
     return bench.random_model(cfg)
 
 
-def test_bench_prints_both_peers_the_ratios_and_the_floor():
-    lines = []
-    numbers = bench.run(tiny_model(), prompt_tokens=24, new_tokens=2, repeats=1, echo=lines.append)
-    text = "\n".join(lines)
-    assert "minillm / HF: decode" in text and "HF's plain forward, logits for all 24 positions" in text
-    assert "floor: the weight matmuls alone take" in text
-    assert numbers["minillm"].ttft_s > 0 and numbers["hf"].decode_tok_s > 0 and numbers["hf_all_logits_ttft_s"] > 0
+def test_the_peer_is_another_process_on_the_threads_asked_and_decodes_minillms_greedy_tokens(tmp_path):
+    """The HF peer (tools/hf_peer.py) runs in a process of its own, on exactly the torch threads each request
+    asks for, and its numbers are its own: on the same weights its greedy tokens are minillm's."""
+    save_random_model(llama_config(), tmp_path)
+    model = minillm.load(str(tmp_path)).model
+    prompt = [5, 17, 42, 99, 3, 250, 7, 64]
+    ours = bench.bench_minillm(model, prompt, new_tokens=6, repeats=1)
+    with HFPeer(tmp_path) as peer:
+        replies = {n: peer.measure(prompt, 6, threads=n) for n in (1, 2)}
+    assert peer.pid != os.getpid()
+    for n, reply in replies.items():
+        assert reply["pid"] == peer.pid and reply["threads"] == n
+        assert reply["tokens"] == ours.tokens and len(reply["tokens"]) == 1 + 6
+        assert reply["ttft_s"] > 0 and reply["decode_tok_s"] > 0
+
+
+def test_a_peer_that_cannot_load_says_why_in_one_line(tmp_path):
+    with pytest.raises(PeerError, match=r"the HF peer process stopped \(exit 1\): \S"):
+        HFPeer(tmp_path / "no-such-folder")
+
+
+def test_bench_headline_compares_both_sides_at_the_same_thread_count(tmp_path):
+    """`minillm bench`: every count measured for both sides, the headline ratio at one count for both (as each
+    side reports it), each side's own best count on a labelled line, the peer's pid, and its greedy tokens."""
+    save_random_model(llama_config(), tmp_path)
+    result = CliRunner().invoke(cli, ["bench", "-m", str(tmp_path), "--prompt-tokens", "24", "--new-tokens", "2",
+                                      "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    headline = re.search(r"minillm / HF on the same thread count \(minillm (\d+) threads?, HF (\d+) threads?\): "
+                         r"decode [\d.]+×, prefill [\d.]+×", out)
+    assert headline and headline[1] == headline[2], out
+    assert re.search(r"minillm / HF, each on its own best count: decode [\d.]+× \(minillm \d+ threads?, "
+                     r"HF \d+ threads?\), prefill", out)
+    table = {name: [int(row[len(name):].split()[0]) for row in out.splitlines() if row.startswith(name)]
+             for name in ("minillm (NumPy)", "HF transformers (eager)")}
+    assert table["minillm (NumPy)"] == table["HF transformers (eager)"] == bench.thread_counts()
+    assert int(headline[1]) == bench.thread_counts()[0]
+    assert int(re.search(r"HF transformers in its own process \(pid (\d+)", out)[1]) != os.getpid()
+    assert "minillm's and HF's first 3 of 3 agree" in out
+    assert "HF's plain forward, logits for all 24 positions" in out and "floor: the weight matmuls alone take" in out
 
 
 def test_bench_prefill_breakdown_accounts_for_the_whole_prefill():

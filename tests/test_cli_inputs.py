@@ -5,6 +5,8 @@ the library refuses the same values from Python with an InvalidValue (a MiniLLME
 file that does not import is a failed check that names its line."""
 import math
 import shutil
+import subprocess
+import sys
 
 import click
 import pytest
@@ -182,3 +184,116 @@ def test_exercise_check_refuses_a_file_that_is_not_python(tmp_path):
     text = tmp_path / "answer.txt"
     text.write_text("def rmsnorm(): pass\n")
     assert_one_line_error(run("exercise", "check", 1, "--file", text), "Python file")
+
+
+# ---- issue 40: what a newcomer met ------------------------------------------------------------------
+def _stdin(*args, data: bytes):
+    return CliRunner().invoke(cli, [str(a) for a in args], input=data)
+
+
+def test_a_prompt_that_is_not_utf8_is_refused_naming_the_byte(tiny_model, tmp_path):
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(b"hi \xff there")
+    assert_one_line_error(_stdin("generate", "-m", tiny_model, "-n", 1, "-", data=b"hi \xff"),
+                          "standard input", "not UTF-8", "byte 3")
+    assert_one_line_error(_stdin("generate", "-m", tiny_model, "-n", 1, "-f", "-", data=b"hi \xff"), "byte 3")
+    assert_one_line_error(run("generate", "-m", tiny_model, "-n", 1, "-f", latin1), str(latin1), "byte 3")
+    # an argument's bytes reach Python as surrogate escapes (os.fsdecode)
+    assert_one_line_error(run("generate", "-m", tiny_model, "-n", 1, "hi \udcff"), "PROMPT", "byte 3")
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line_from_a_pipe(tiny_model):
+    """`printf 'hi \\xff' | minillm generate -`, as a shell runs it."""
+    done = subprocess.run([sys.executable, "-m", "minillm", "generate", "-m", str(tiny_model), "-n", "1", "-"],
+                          input=b"hi \xff", capture_output=True)
+    assert done.returncode != 0 and done.stdout == b""
+    assert done.stderr.decode().splitlines() == \
+        ["minillm: error: standard input: not UTF-8 text (byte 3: invalid start byte)"]
+
+
+@pytest.mark.parametrize("prompt", ["", " ", "  \n\t "])
+def test_an_empty_or_whitespace_prompt_is_refused(tiny_model, tmp_path, prompt):
+    for chat in ("--chat", "--no-chat"):
+        assert_one_line_error(run("generate", "-m", tiny_model, "-n", 1, chat, prompt), "the prompt is")
+    assert_one_line_error(_stdin("generate", "-m", tiny_model, "-n", 1, "-", data=prompt.encode()), "the prompt is")
+    blank = tmp_path / "blank.txt"
+    blank.write_text(prompt)
+    assert_one_line_error(run("generate", "-m", tiny_model, "-n", 1, "-f", blank), "the prompt is")
+
+
+def test_more_threads_than_this_process_may_use_are_refused(tiny_model):
+    from minillm import threads
+    n = threads.cores()
+    assert_one_line_error(run("generate", "-m", tiny_model, "-n", 1, "--threads", n + 1, "hi"),
+                          "--threads", f"more than the {n} cores")
+    assert_one_line_error(run("bench", "-m", tiny_model, "--threads", 64 * n, "--no-peer"), "--threads")
+    with pytest.raises(InvalidValue, match="cores"):                  # load(threads=N) says the same
+        threads.fix(n + 1)
+    result = run("generate", "-m", tiny_model, "-n", 1, "--threads", n, "hi")   # every core is fine
+    assert result.exit_code == 0, result.output
+
+
+def test_convert_into_a_folder_that_holds_files_needs_force(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()                                          # an empty folder is fine
+    assert run("convert", tiny_model, out).exit_code == 0
+    weights = out / "model.safetensors"
+    weights.write_bytes(b"the user's own file")
+    assert_one_line_error(run("convert", tiny_model, out, "--quant", "int8"), str(out), "--force")
+    assert weights.read_bytes() == b"the user's own file"
+    for rewrite in ([], ["--flashnorm"], ["--kv-heads", 1]):
+        assert_one_line_error(run("convert", tiny_model, out, *rewrite), "--force")
+    result = run("convert", tiny_model, out, "--quant", "int8", "--force")
+    assert result.exit_code == 0, result.output
+    from minillm.checkpoints.weights import load_hf_dir
+    assert load_hf_dir(out)[0].quantization["method"] == "int8"
+
+
+def test_help_texts_have_no_placeholders_and_every_sampling_option_says_what_it_does():
+    def helps(command, path):
+        yield path, command.get_help(click.Context(command, info_name=" ".join(path)))
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from helps(sub, path + [name])
+    for path, text in helps(cli, ["minillm"]):
+        assert "None" not in text, (path, text)
+    generate = cli.commands["generate"]
+    for param in generate.params:
+        if param.name in ("max_tokens", "temperature", "top_k", "top_p", "seed"):
+            assert param.help, param.name
+
+
+def test_every_command_with_a_model_takes_dash_m(tiny_model):
+    models = [(path, p) for path, p in _every_option() if "--model" in p.opts]
+    assert {tuple(path) for path, _ in models} >= {("generate",), ("info",), ("lesson",), ("bench",)}
+    for path, param in models:
+        assert "-m" in param.opts, path
+    described = run("info", "-m", tiny_model)
+    assert described.exit_code == 0 and described.output == run("info", tiny_model).output
+    assert_one_line_error(run("info", "-m", tiny_model, tiny_model), "not both")
+
+
+def test_the_metrics_line_counts_in_words_and_gives_a_rate_only_for_decoded_tokens(tiny_model):
+    one = run("generate", "-m", tiny_model, "-n", 1, "--no-chat", "hi").stderr
+    assert "[prompt 1 token · " in one and " · 1 new token · " in one and "tok/s" not in one, one
+    three = run("generate", "-m", tiny_model, "-n", 3, "--no-chat", "hi there").stderr
+    assert "[prompt 2 tokens · " in three and " · 3 new tokens · decode " in three, three
+
+
+def test_a_missing_path_reads_the_same_in_every_command(tiny_model, tmp_path):
+    missing = tmp_path / "nowhere"
+    lines = {" ".join(map(str, args)): run(*args).output.strip() for args in [
+        ("generate", "-m", missing, "hi"), ("info", missing), ("convert", missing, tmp_path / "out"),
+        ("convert", missing, tmp_path / "out", "--flashnorm"), ("convert", missing, tmp_path / "out", "--kv-heads", 1)]}
+    assert len(set(lines.values())) == 1, lines
+    assert_one_line_error(run("info", missing), f"unknown model '{missing}': not a file or folder")
+    # a file the user names: -f reads like --text and --file
+    for args in [("generate", "-f", missing), ("eval", "perplexity", "--text", missing),
+                 ("exercise", "check", 1, "--file", missing)]:
+        assert_one_line_error(run(*args), f"File '{missing}' does not exist.")
+
+
+def test_a_missing_preset_folder_says_how_to_pull_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                      # README's tour, run where weights/ holds nothing
+    result = CliRunner().invoke(cli, ["convert", "weights/smollm2-135m", str(tmp_path / "out")],
+                                env={"MINILLM_WEIGHTS": str(tmp_path / "w")})
+    assert_one_line_error(result, "`minillm pull smollm2-135m` fetches it into " + str(tmp_path / "w" / "smollm2-135m"))

@@ -130,21 +130,7 @@ def tiny_preset(monkeypatch):
     return preset
 
 
-# ---- weights_root / resolve ------------------------------------------------------------------------
-def test_weights_root_order(tmp_path, monkeypatch):
-    monkeypatch.setenv("MINILLM_WEIGHTS", str(tmp_path / "env"))
-    assert pulling.weights_root() == tmp_path / "env"
-    monkeypatch.delenv("MINILLM_WEIGHTS")
-    checkout = tmp_path / "checkout"
-    (checkout / "weights").mkdir(parents=True)
-    (checkout / "weights" / "README.md").write_text("weights live here\n")
-    monkeypatch.setattr(pulling, "__file__", str(checkout / "minillm" / "pull.py"))
-    assert pulling.weights_root() == checkout / "weights"
-    (checkout / "weights" / "README.md").unlink()  # an installed package: no checkout around it
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert pulling.weights_root() == tmp_path / "home" / ".cache" / "minillm" / "weights"
-
-
+# ---- resolve (weights_root's rule: test_pull_location.py) ------------------------------------------
 def test_resolve_names_and_paths(weights_root, tmp_path):
     with pytest.raises(WeightsNotFound, match="`minillm pull mistral-7b`"):
         pulling.resolve("mistral-7b")
@@ -294,6 +280,7 @@ def test_pull_hub_unreachable(weights_root, tiny_preset, monkeypatch):
     assert "\n" not in message
     assert "cannot fetch test-org/tiny-llama" in message and f"127.0.0.1:{port}" in message
     assert str(weights_root / "tiny-test") in message and "config.json" in message
+    assert "model.safetensors.index.json" in message     # sharded weights do not load without it
     with pytest.raises(WeightsNotFound):
         pulling.resolve("tiny-test")
 

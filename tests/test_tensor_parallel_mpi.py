@@ -3,10 +3,15 @@
 Small on purpose (CI has 2 cores and ranks poll while they wait): tiny random models, a few tokens, and
 every run bounded by a timeout so a hang fails the test instead of stalling CI."""
 import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+import uuid
+from contextlib import contextmanager, suppress
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,50 +142,115 @@ def test_bench_tp2_measures_both_runs(model_dir):
     assert "one all-reduce alone: 64 values" in result.stdout          # dim = 64
 
 
-def test_serve_with_tp2_answers_like_generate(tiny_chat_model):
-    import signal
-    import socket
-    import httpx
+# ---- `minillm serve --tp 2`: every process of the launch ends with the launcher ----------------------
+TAG_VAR = "MINILLM_TEST_LAUNCH"      # set for one launch; hydra passes the environment on to the ranks
+
+
+def launch_processes(tag: str) -> dict[int, str | None]:
+    """The live processes of one launch (launcher, mpiexec, hydra's proxy, the ranks) -> pid: its PMI_RANK,
+    None for all but the ranks. Found by environment in /proc: hydra starts each rank in a session of its
+    own, so neither the process tree nor a process group reaches them once the launcher is gone."""
+    marker = f"{TAG_VAR}={tag}".encode()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:                     # ended meanwhile (a zombie reads as empty: gone too)
+            continue
+        if marker in env:
+            found[int(entry.name)] = next((v.split(b"=")[1].decode() for v in env if v.startswith(b"PMI_RANK=")), None)
+    return found
+
+
+def launch_left_after(tag: str, seconds: float) -> dict[int, str | None]:
+    """What of the launch is still alive once all of it ended, or `seconds` passed (a bound, not a timing)."""
+    deadline = time.monotonic() + seconds
+    while (left := launch_processes(tag)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def kill_launch(launcher: subprocess.Popen, tag: str) -> None:
+    """Kill whatever of a launch is left, so that no rank outlives a failed test: the launcher's process
+    group (itself and mpiexec), then the ranks, which hydra starts in sessions of their own."""
+    with suppress(ProcessLookupError):
+        os.killpg(launcher.pid, signal.SIGKILL)
+    for pid in launch_processes(tag):
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    launcher.wait()
+
+
+@contextmanager
+def tp_server(model_dir, tmp_path):
+    """`minillm serve --tp 2` answering on a free port -> (the launcher, its URL, the launch's tag). However
+    the test ends, every process of the launch is killed afterwards: none may outlive a failed test."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "minillm", "serve", "-m", str(tiny_chat_model), "--tp", "2", "--port", str(port)]
-    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    tag, url, log = uuid.uuid4().hex, f"http://127.0.0.1:{port}", tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "minillm", "serve", "-m", str(model_dir), "--tp", "2", "--port", str(port)]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("w"), env=dict(ENV, **{TAG_VAR: tag}),
+                              start_new_session=True)
     try:
+        import httpx
+        deadline = time.monotonic() + 60
+        while server.poll() is None and time.monotonic() < deadline:
+            with suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            time.sleep(0.3)
+        else:
+            pytest.fail(f"serve --tp 2 did not answer /health: {log.read_text()}")
+        yield server, url, tag
+    finally:
+        kill_launch(server, tag)
+
+
+def test_serve_with_tp2_answers_like_generate_and_ctrl_c_ends_every_rank(tiny_chat_model, tmp_path):
+    import httpx
+    with tp_server(tiny_chat_model, tmp_path) as (server, url, tag):
         body = {"model": str(tiny_chat_model), "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
-        deadline, answer = time.time() + 60, None
-        while answer is None and time.time() < deadline and server.poll() is None:
-            try:
-                answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30).json()
-            except httpx.TransportError:
-                time.sleep(0.3)
-        assert answer is not None, server.stderr.read() if server.poll() is not None else "no answer in 60 s"
+        answer = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
         want = minillm.load(tiny_chat_model).generate("Once upon a time", max_tokens=6, chat=False).text
         assert answer["choices"][0]["text"] == want
-    finally:
-        server.send_signal(signal.SIGINT)              # rank 0 stops serving and releases rank 1
-        try:
-            code = server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            raise
-    assert code in (0, 130)
+        assert sorted(filter(None, launch_processes(tag).values())) == ["0", "1"]
+        server.send_signal(signal.SIGINT)               # Ctrl-C to the launcher alone
+        assert launch_left_after(tag, 5) == {}
+        assert server.wait(timeout=5) in (0, 130)
+
+
+@pytest.mark.parametrize("how, within_s", [(signal.SIGTERM, 5), (signal.SIGKILL, 10)], ids=["sigterm", "sigkill"])
+def test_serve_tp2_ranks_end_when_the_launcher_is_stopped_or_killed(tiny_chat_model, tmp_path, how, within_s):
+    """SIGTERM: the launcher passes it on, rank 0 drains and stops the other, and all exit cleanly. SIGKILL:
+    the launcher can pass nothing on; each rank sees it gone and exits (an orphaned rank 0 would go on
+    answering requests)."""
+    with tp_server(tiny_chat_model, tmp_path) as (server, url, tag):
+        assert sorted(filter(None, launch_processes(tag).values())) == ["0", "1"]
+        server.send_signal(how)
+        assert launch_left_after(tag, within_s) == {}
+        if how == signal.SIGTERM:
+            assert server.wait(timeout=5) == 0          # drained and stopped, not killed
 
 
 def test_ctrl_c_ends_every_rank_with_one_line(tiny_chat_model):
-    """Ctrl-C in a terminal signals the whole process group: the launcher, mpiexec and the ranks."""
-    import signal
+    """Ctrl-C in a terminal signals the foreground process group: the launcher and mpiexec, which passes it
+    on to the ranks."""
     cmd = [sys.executable, "-m", "minillm", "generate", "-m", str(tiny_chat_model), "--tp", "2", "--no-chat", "-n",
            "4000", "Hi"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
-                            start_new_session=True)
-    lines = [proc.stderr.readline()]
-    while lines[-1] and "[tp 2" not in lines[-1]:            # loaded on both ranks: generating now
-        lines.append(proc.stderr.readline())
-    time.sleep(0.5)
-    start = time.perf_counter()
-    os.killpg(proc.pid, signal.SIGINT)
-    rest = proc.communicate(timeout=30)[1]
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(ENV, **{TAG_VAR: tag}), start_new_session=True)
+    try:
+        lines = [proc.stderr.readline()]
+        while lines[-1] and "[tp 2" not in lines[-1]:            # loaded on both ranks: generating now
+            lines.append(proc.stderr.readline())
+        time.sleep(0.5)
+        start = time.perf_counter()
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = proc.communicate(timeout=30)[1]
+    finally:
+        kill_launch(proc, tag)
     assert proc.returncode == 130 and time.perf_counter() - start < 10
     errors = [line for line in rest.splitlines() if line.strip()]
     assert errors and all(line.startswith("minillm: error:") for line in errors) and "Traceback" not in rest, rest

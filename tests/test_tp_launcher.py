@@ -1,6 +1,11 @@
-"""The tensor-parallel launcher's error relay, without MPI: a rank's error line reaches the user even when
-its abort ends mpiexec before mpiexec forwarded the rank's stderr (test_tensor_parallel_mpi runs it for real)."""
+"""The tensor-parallel launcher without MPI: a rank's error line reaches the user even when its abort ends
+mpiexec before mpiexec forwarded the rank's stderr, and a stop that mpiexec ignores ends in a kill
+(test_tensor_parallel_mpi runs the launcher for real)."""
 from __future__ import annotations
+
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -45,3 +50,19 @@ def test_outside_a_launch_nothing_is_written(rank, tmp_path, monkeypatch):
     monkeypatch.delenv(launcher.ERRORS_VAR, raising=False)
     launcher.exit_rank(1, "minillm: error: x")
     assert rank.aborted == 1 and not list(tmp_path.iterdir())
+
+
+def test_ranks_that_ignore_the_stop_signal_are_killed_after_the_grace(monkeypatch):
+    """`_stop` passes SIGTERM on to mpiexec; one that has not ended STOP_GRACE_S later is killed (its hydra
+    proxies then kill the ranks), so a stuck rank cannot keep the launcher, or itself, alive."""
+    monkeypatch.setattr(launcher, "STOP_GRACE_S", 0.5)
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                 "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert stubborn.stdout.readline() == "ready\n"
+        assert launcher._stop(stubborn, signal.SIGTERM) == 128 + signal.SIGKILL
+        assert stubborn.poll() == -signal.SIGKILL
+    finally:
+        stubborn.kill()
+        stubborn.wait()

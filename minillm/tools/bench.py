@@ -5,24 +5,32 @@ Decode at batch 1 reads every weight once per token, so its ceiling is memory ba
 Prefill of T tokens does 2 × params × T FLOPs in a few large matrix products, so its ceiling is
 the machine's matmul FLOP/s. Both ceilings are measured here, with NumPy, in the same run, and the
 same workload runs through HF transformers (eager PyTorch) on the same weights for comparison.
+
+The comparison is only fair at equal thread counts (issue 40: minillm on one BLAS thread against
+torch's default two, in one process, printed "decode 20x"; one thread each gave 1.9x). So HF runs in
+a process of its own (tools/hf_peer.py), both sides run at each count of `thread_counts()`, the
+headline ratio is at the first (the same for both), and a second line lets each side use its best.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
 from minillm.backend import as_f32
 from minillm.errors import MiniLLMError
-from minillm.threads import for_rows, policy
+from minillm.threads import blas_threads, candidates, for_rows, pinned, policy, user_limit
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import int8_kv_bytes_per_token
 from minillm.resources import install_hint
+from minillm.tools.hf_peer import HFPeer, PeerError
 
 
 # ---- the machine ---------------------------------------------------------------------------------
@@ -45,7 +53,7 @@ def gemv_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
 
 
 def matmul_flops(n: int = 1536, repeats: int = 3) -> float:
-    """FLOP/s of a square fp32 matrix product (NumPy's BLAS on all cores)."""
+    """FLOP/s of a square fp32 matrix product (on the BLAS threads of the moment)."""
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     best = min(_time(lambda: a @ a) for _ in range(repeats))
     return 2 * n ** 3 / best
@@ -73,8 +81,14 @@ def machine_description() -> str:
 @dataclass
 class Result:
     name: str
+    threads: int             # the threads it ran on, as its library reports them (BLAS for minillm, torch for HF)
     ttft_s: float            # prefill of the prompt (median)
     decode_tok_s: float      # tokens per second at decode (median step)
+    tokens: list[int]        # the greedy tokens: one from the prefill, one per decode step
+    all_logits_ttft_s: float | None = None    # HF only: its plain forward, logits for every position (median)
+
+
+HF_NAME = "HF transformers (eager)"
 
 
 def decode_bytes_per_token(model, context: int) -> int:
@@ -114,85 +128,103 @@ def bench_minillm(model, prompt: list[int], new_tokens: int, repeats: int) -> Re
     for _ in range(repeats):
         cache = model.new_cache(len(prompt) + new_tokens + 1)
         for_rows(len(prompt))                     # each phase on the policy's BLAS threads, as generate does
+        threads = blas_threads()
         start = time.perf_counter()
         logits = model.prefill(prompt, cache)
         ttfts.append(time.perf_counter() - start)
-        token = int(np.argmax(logits))
+        tokens = [int(np.argmax(logits))]
         for_rows(1)
         for _ in range(new_tokens):
             start = time.perf_counter()
-            token = int(np.argmax(model.decode(token, cache)))
+            tokens.append(int(np.argmax(model.decode(tokens[-1], cache))))
             steps.append(time.perf_counter() - start)
-    return Result(minillm_name(model), statistics.median(ttfts), 1.0 / statistics.median(steps))
+    return Result(minillm_name(model), threads, statistics.median(ttfts), 1.0 / statistics.median(steps), tokens)
 
 
+def bench_hf(peer: HFPeer, prompt: list[int], new_tokens: int, threads: int, plain_forward: bool = False) -> Result:
+    """One round of the same workload in the HF peer process, on `threads` torch threads."""
+    reply = peer.measure(prompt, new_tokens, threads, plain_forward)
+    return Result(HF_NAME, reply["threads"], reply["ttft_s"], reply["decode_tok_s"], reply["tokens"],
+                  reply.get("plain_forward_s"))
+
+
+@contextmanager
 def hf_peer(model):
-    """The same weights in HF transformers (fp32, eager), or None when torch/transformers are absent."""
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM
-    except ImportError:
-        return None
+    """The same weights in HF transformers (fp32, eager), in a process of its own; None when torch or
+    transformers are not installed."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        yield None
+        return
     from minillm.checkpoints.weights import save_hf_dir
     with tempfile.TemporaryDirectory() as tmp:
         save_hf_dir(tmp, model.config.replace(torch_dtype="float32"),
                     {k: as_f32(v) for k, v in model.hf_tensors().items()})
-        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-    return hf.eval()
+        try:
+            with HFPeer(tmp) as peer:
+                yield peer
+        except PeerError as e:
+            raise MiniLLMError(str(e)) from None
 
 
-def bench_hf(hf, prompt: list[int], new_tokens: int, repeats: int) -> Result:
-    import warnings
-
-    import torch
-    warnings.filterwarnings("ignore", category=FutureWarning)   # transformers renames cache arguments often
-    ttfts, steps = [], []
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            out = hf(ids, use_cache=True, logits_to_keep=1)   # like HF generate: LM head on the last row only
-            ttfts.append(time.perf_counter() - start)
-            cache = out.past_key_values
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-            for _ in range(new_tokens):
-                start = time.perf_counter()
-                out = hf(token, past_key_values=cache, use_cache=True)
-                cache = out.past_key_values
-                token = out.logits[:, -1].argmax(-1, keepdim=True)
-                steps.append(time.perf_counter() - start)
-    return Result("HF transformers (eager)", statistics.median(ttfts), 1.0 / statistics.median(steps))
+def thread_counts() -> list[int]:
+    """The counts both sides are measured at: the user's (--threads N, $OMP_NUM_THREADS, ...) alone, else
+    threads.candidates() (1, half the cores, all). The first is the headline's."""
+    fixed = user_limit()
+    return [fixed[0]] if fixed is not None else candidates()
 
 
-def hf_prefill_all_logits(hf, prompt: list[int], repeats: int) -> float:
-    """HF's plain forward over the prompt, `hf(ids)`: logits for every position, the LM head included
-    (what a bare model call computes; `generate` keeps only the last row). Median seconds."""
-    import torch
-    ids = torch.tensor([prompt])
-    times = []
-    with torch.inference_mode():
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            hf(ids, use_cache=True)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])                     # the first call warms up
-
-
-def interleaved(model, hf, prompt: list[int], new_tokens: int, repeats: int) -> list[Result]:
-    """minillm and (when given) HF measured in alternating rounds, after one warm-up round each:
-    on a shared machine a burst of someone else's work then slows both sides, not one. Each
-    result is the median over rounds (TTFT; decode tok/s of each round's median step)."""
-    sides = [(minillm_name(model), lambda: bench_minillm(model, prompt, new_tokens, 1))]
-    if hf is not None:
-        sides.append(("HF transformers (eager)", lambda: bench_hf(hf, prompt, new_tokens, 1)))
-    rounds: dict[str, list[Result]] = {name: [] for name, _ in sides}
+def interleaved(model, peer: HFPeer | None, prompt: list[int], new_tokens: int, repeats: int,
+                counts: list[int]) -> list[Result]:
+    """minillm and (when given) the HF peer at each thread count, measured in alternating rounds after
+    one warm-up round: on a shared machine a burst of someone else's work then slows every row, not
+    one. Each result is the median over rounds (TTFT; decode tok/s of each round's median step). The
+    headline count's HF rounds also time HF's plain forward."""
+    def minillm_at(n):
+        with pinned(n):
+            return bench_minillm(model, prompt, new_tokens, 1)
+    sides = []
+    for n in counts:
+        sides.append(lambda n=n: minillm_at(n))
+        if peer is not None:
+            sides.append(lambda n=n: bench_hf(peer, prompt, new_tokens, n, plain_forward=n == counts[0]))
+    rounds: list[list[Result]] = [[] for _ in sides]
     for i in range(repeats + 1):
-        for name, measure in sides:
+        for measure, results in zip(sides, rounds):
             result = measure()
             if i > 0:                                   # round 0 warms caches and thread pools
-                rounds[name].append(result)
-    return [Result(name, statistics.median(r.ttft_s for r in rs), statistics.median(r.decode_tok_s for r in rs))
-            for name, rs in rounds.items()]
+                results.append(result)
+    return [_median(rs) for rs in rounds]
+
+
+def _median(rounds: list[Result]) -> Result:
+    full = [r.all_logits_ttft_s for r in rounds if r.all_logits_ttft_s is not None]
+    return Result(rounds[0].name, rounds[-1].threads, statistics.median(r.ttft_s for r in rounds),
+                  statistics.median(r.decode_tok_s for r in rounds), rounds[-1].tokens,
+                  statistics.median(full) if full else None)
+
+
+def ratio_lines(results: list[Result]) -> list[str]:
+    """The headline (minillm / HF at the first count, the same for both) and each side at its own best count."""
+    ours = [r for r in results if r.name != HF_NAME]
+    theirs = [r for r in results if r.name == HF_NAME]
+    a, b = ours[0], theirs[0]
+    same = (f"minillm / HF on the same thread count (minillm {threads_text(a.threads)}, HF {threads_text(b.threads)}): "
+            f"decode {a.decode_tok_s / b.decode_tok_s:.2f}×, prefill {b.ttft_s / a.ttft_s:.2f}×")
+    a, b = (max(side, key=lambda r: r.decode_tok_s) for side in (ours, theirs))
+    own = (f"minillm / HF, each on its own best count: decode {a.decode_tok_s / b.decode_tok_s:.2f}× "
+           f"(minillm {threads_text(a.threads)}, HF {threads_text(b.threads)}), ")
+    a, b = (min(side, key=lambda r: r.ttft_s) for side in (ours, theirs))
+    own += f"prefill {b.ttft_s / a.ttft_s:.2f}× (minillm {threads_text(a.threads)}, HF {threads_text(b.threads)})"
+    return [same, own]
+
+
+def threads_text(n: int) -> str:
+    return f"{n} thread{'s' if n != 1 else ''}"
+
+
+def agreeing_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two greedy runs share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def random_model(cfg: ModelConfig, seed: int = 0):
@@ -256,38 +288,47 @@ def run(model, prompt_tokens: int = 512, new_tokens: int = 32, repeats: int = 3,
         raise MiniLLMError(f"{prompt_tokens} prompt + {new_tokens} new tokens exceed this model's context of "
                            f"{cfg.max_seq_len}: lower --prompt-tokens or --new-tokens")
     prompt = np.random.default_rng(0).integers(100, cfg.vocab_size, prompt_tokens).tolist()
+    counts = thread_counts()
     echo(f"machine: {machine_description()}")
-    echo(f"threads: {policy() or 'BLAS as NumPy set it up (no policy installed)'}")
+    echo(f"threads: {policy() or 'BLAS as NumPy set it up (no policy installed)'} (minillm's, for generate and serve)")
+    echo(f"compared at {' and '.join(map(str, counts))} thread(s) a side (minillm's BLAS through threadpoolctl, "
+         f"HF's torch.set_num_threads); the headline ratio is at {threads_text(counts[0])} for both")
     load_before = os.getloadavg()[0]
-    copy_bw, gemv_bw, flops = copy_bandwidth(), gemv_bandwidth(), matmul_flops()
-    echo(f"measured: copy {copy_bw / 1e9:.1f} GB/s · fp32 GEMV {gemv_bw / 1e9:.1f} GB/s · "
-         f"fp32 matmul {flops / 1e9:.0f} GFLOP/s")
-    hf = hf_peer(model) if peer else None
-    if peer and hf is None:
-        echo(f"peer: HF transformers not installed ({install_hint('test')})")
-    results = interleaved(model, hf, prompt, new_tokens, repeats)
+    with pinned(counts[-1]):                   # the ceilings at the most threads either side gets, stated
+        copy_bw, gemv_bw, flops = copy_bandwidth(), gemv_bandwidth(), matmul_flops()
+    echo(f"measured on {threads_text(counts[-1])}: copy {copy_bw / 1e9:.1f} GB/s · fp32 GEMV {gemv_bw / 1e9:.1f} GB/s"
+         f" · fp32 matmul {flops / 1e9:.0f} GFLOP/s")
+    with hf_peer(model) if peer else nullcontext() as hf:
+        if peer and hf is None:
+            echo(f"peer: HF transformers not installed ({install_hint('test')})")
+        elif hf is not None:
+            echo(f"peer: HF transformers in its own process (pid {hf.pid}; this one is {os.getpid()}), {hf.versions}")
+        results = interleaved(model, hf, prompt, new_tokens, repeats, counts)
     bytes_per_token = decode_bytes_per_token(model, prompt_tokens + new_tokens // 2)
     work = prefill_flops(cfg, prompt_tokens)
     echo(f"decode reads {bytes_per_token / 1e6:.1f} MB per token ({kv_name(model)} KV cache); prefill of {prompt_tokens} tokens "
          f"is {work / 1e9:.1f} GFLOP")
-    echo(f"{'':26s} {'decode tok/s':>12s} {'GB/s':>7s} {'% GEMV bw':>9s} {'% copy bw':>9s}"
+    echo(f"{'':26s} {'threads':>7s} {'decode tok/s':>12s} {'GB/s':>7s} {'% GEMV bw':>9s} {'% copy bw':>9s}"
          f" {'TTFT ms':>8s} {'GFLOP/s':>8s} {'% matmul':>8s}")
     for r in results:
         gbs = r.decode_tok_s * bytes_per_token
         gflops = work / r.ttft_s
-        echo(f"{r.name:26s} {r.decode_tok_s:12.1f} {gbs / 1e9:7.1f} {100 * gbs / gemv_bw:8.0f}% "
+        echo(f"{r.name:26s} {r.threads:7d} {r.decode_tok_s:12.1f} {gbs / 1e9:7.1f} {100 * gbs / gemv_bw:8.0f}% "
              f"{100 * gbs / copy_bw:8.0f}% {r.ttft_s * 1e3:8.0f} {gflops / 1e9:8.0f} {100 * gflops / flops:7.0f}%")
-    numbers = {"minillm": results[0], "copy_bw": copy_bw, "gemv_bw": gemv_bw, "flops": flops,
+    ours = results[0]
+    numbers = {"minillm": ours, "results": results, "copy_bw": copy_bw, "gemv_bw": gemv_bw, "flops": flops,
                "bytes_per_token": bytes_per_token}
-    if len(results) == 2:
-        ours, theirs = results
+    if hf is not None:
+        theirs = results[1]                             # HF at the headline count, measured right after minillm
         numbers["hf"] = theirs
-        echo(f"minillm / HF: decode {ours.decode_tok_s / theirs.decode_tok_s:.2f}×, "
-             f"prefill {theirs.ttft_s / ours.ttft_s:.2f}×")
-        full = hf_prefill_all_logits(hf, prompt, repeats)
+        for line in ratio_lines(results):
+            echo(line)
+        agree = agreeing_prefix(ours.tokens, theirs.tokens)
+        echo(f"greedy tokens on the same weights: minillm's and HF's first {agree} of {len(ours.tokens)} agree")
+        full = theirs.all_logits_ttft_s
         numbers["hf_all_logits_ttft_s"] = full
         echo(f"HF's plain forward, logits for all {prompt_tokens} positions: {full * 1e3:.0f} ms "
-             f"(minillm prefill {full / ours.ttft_s:.2f}× that)")
+             f"(minillm prefill {full / ours.ttft_s:.2f}× that, both on {threads_text(ours.threads)})")
         floor = (work - attention_flops(cfg, prompt_tokens)) / flops
         echo(f"floor: the weight matmuls alone take {floor * 1e3:.0f} ms at this machine's measured sgemm peak; "
              f"1.5× HF's prefill ({theirs.ttft_s * 1e3:.0f} ms) would need {theirs.ttft_s / 1.5 * 1e3:.0f} ms "

@@ -11,16 +11,16 @@ from minillm.checkpoints.convert import convert, convert_flashnorm
 from minillm.checkpoints.kv_heads import convert_kv_heads_dir
 from minillm.checkpoints.pull import resolve
 from minillm.errors import MiniLLMError
-from minillm.model.config import PRESETS
 
 
 def convert_checkpoint(src: str, dst: str, kv_heads: int | None = None, quant: str | None = None,
                        group_size: int = 128, dtype: str | None = None, flashnorm: bool = False,
-                       untie: bool = False) -> str:
+                       untie: bool = False, force: bool = False) -> str:
     """`minillm convert`: SRC (a .gguf, an HF folder, or a pulled preset's name) -> DST, with at most
-    one rewrite besides quantizing; returns what to tell the user."""
-    if src in PRESETS and not Path(src).exists():
-        src = str(resolve(src))          # a preset name -> its weights folder (or: `minillm pull NAME` first)
+    one rewrite besides quantizing; returns what to tell the user. A DST holding files needs `force`."""
+    if not Path(src).exists():
+        src = str(resolve(src))   # a preset's name -> its weights folder; a missing path is refused as `-m` refuses it
+    _check_destination(src, dst, force)
     if untie and not flashnorm:
         raise MiniLLMError("--untie only goes with --flashnorm (it unties the LM head so the final norm folds)")
     if kv_heads is not None and (flashnorm or quant):
@@ -35,6 +35,14 @@ def convert_checkpoint(src: str, dst: str, kv_heads: int | None = None, quant: s
             source = convert(src, tmp, dtype=dtype) if str(src).endswith(".gguf") else src
             _user_error(convert_kv_heads_dir, source, dst, kv_heads)
     return f"wrote {dst}"
+
+
+def _check_destination(src: str, dst: str, force: bool) -> None:
+    """A folder that already holds files is written into only with --force: a typo must not silently
+    replace another model. Writing into SRC itself is refused by each conversion step."""
+    out = Path(dst)
+    if not force and out.is_dir() and any(out.iterdir()) and out.resolve() != Path(src).resolve():
+        raise MiniLLMError(f"{dst} already holds files: pass --force to write over them")
 
 
 def _user_error(fn, *args, **kwargs):

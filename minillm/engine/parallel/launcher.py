@@ -5,6 +5,12 @@ line as 2 ranks under `mpiexec -n 2` (one BLAS thread a rank unless the environm
 streams rank 0's output, and returns their exit code. `mpiexec -n 2 minillm generate --tp 2 ...`
 skips that step: each process already is a rank.
 
+The ranks never outlive the launcher. Ctrl-C or SIGTERM to it goes on to every rank through mpiexec, and
+mpiexec is killed if they have not ended within STOP_GRACE_S. A launcher killed outright (SIGKILL) can
+pass nothing on, so each rank it started watches it (its pid comes in LAUNCHER_VAR; the ranks' parent is
+hydra's proxy, not the launcher) and exits as soon as it is gone: an orphaned `serve` rank would go on
+answering requests.
+
 In a rank, `rank_setup` (called once its MPI communicator exists) silences the other ranks' output
 when our launcher started them (rank 0 prints for all), and turns any uncaught exception into an MPI
 abort. `exit_rank` is what the CLI calls on an error: it aborts the whole job, because a rank that
@@ -14,19 +20,24 @@ A rank killed outright is seen by mpiexec itself, which stops the rest.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from minillm.errors import MiniLLMError
 from minillm.resources import install_hint
 
 QUIET_VAR = "MINILLM_TP_QUIET"        # set by relaunch: ranks other than 0 print nothing but errors
 ERRORS_VAR = "MINILLM_TP_ERRORS"      # set by relaunch: a file each rank appends its error line to before aborting
+LAUNCHER_VAR = "MINILLM_TP_LAUNCHER"  # set by relaunch: its pid; a rank exits once that process has ended
+STOP_GRACE_S = 3                      # after Ctrl-C or SIGTERM, how long the ranks get to end before mpiexec is killed
 ERROR_PREFIX = "minillm: error:"
 _active = None                        # this process's MPI communicator, once it is a rank
 
@@ -68,6 +79,8 @@ def relaunch(tp: int, argv: Sequence[str] | None = None, threads_per_rank: int =
     """Run this command line as `tp` MPI ranks and return their exit code; None when there is nothing
     to launch (tp = 1, or this process already is one of the ranks)."""
     size = launched_size()
+    if tp > 1 and size == tp and os.environ.get(LAUNCHER_VAR, "").isdigit():
+        _exit_with_launcher(int(os.environ[LAUNCHER_VAR]))    # a rank we started: watched from its first moment
     if tp <= 1 or size == tp:
         return None
     if size > 1:
@@ -75,27 +88,50 @@ def relaunch(tp: int, argv: Sequence[str] | None = None, threads_per_rank: int =
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ)
     env[QUIET_VAR] = "1"
+    env[LAUNCHER_VAR] = str(os.getpid())
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, str(threads_per_rank))          # ranks share the cores: one BLAS thread each
     cmd = [find_mpiexec(), "-n", str(tp), sys.executable, "-m", "minillm", *argv]
     with tempfile.TemporaryDirectory(prefix="minillm-tp-") as tmp:
         env[ERRORS_VAR] = errors = os.path.join(tmp, "errors")
         proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+        on_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             seen_error = _forward_stderr(proc)
             code = proc.wait()
-        except KeyboardInterrupt:                           # Ctrl-C: the ranks got it too; give them a moment
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        except KeyboardInterrupt:                           # Ctrl-C: every rank gets it from mpiexec
+            _stop(proc, signal.SIGINT)
             raise
+        except _Terminated:                                 # a service manager or `kill`: the same, quietly
+            return _stop(proc, signal.SIGTERM)
+        finally:
+            signal.signal(signal.SIGTERM, on_sigterm)
         if code != 0 and not seen_error:    # the abort outran mpiexec's forwarding of the ranks' stderr
             seen_error = _show_reported_errors(errors)
     if code != 0 and not seen_error:
         raise MiniLLMError(f"a rank ended with exit code {code}; mpiexec stopped the others")
     return code
+
+
+class _Terminated(Exception):
+    """SIGTERM reached the launcher."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)      # a second SIGTERM ends the launcher at once; the ranks follow
+    raise _Terminated
+
+
+def _stop(mpiexec: subprocess.Popen, signum: int) -> int:
+    """Pass `signum` on to the ranks (mpiexec forwards it to each) and wait for them; past STOP_GRACE_S kill
+    mpiexec (its proxies then kill the ranks). -> mpiexec's exit code (128 + the signal that ended it)."""
+    mpiexec.send_signal(signum)
+    try:
+        code = mpiexec.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        mpiexec.kill()
+        code = mpiexec.wait()
+    return code if code >= 0 else 128 - code
 
 
 def _show_reported_errors(path: str) -> bool:
@@ -138,6 +174,33 @@ def _mpi_noise(line: str) -> bool:
 
 
 # ---- inside a rank ------------------------------------------------------------------------------------
+def _exit_with_launcher(pid: int) -> None:
+    """End this process as soon as process `pid` (the launcher) has ended, from a watching thread."""
+    def watch():
+        _wait_for_exit(pid)
+        os._exit(1)                     # nobody is left to read our output, nor to stop us otherwise
+
+    threading.Thread(target=watch, name="minillm-launcher-watch", daemon=True).start()
+
+
+def _wait_for_exit(pid: int) -> None:
+    """Return once process `pid` has ended. On Linux a pidfd turns readable at its exit (so no polling, and a
+    launcher left a zombie by its own parent counts as ended); elsewhere, check once a second."""
+    try:
+        select.select([os.pidfd_open(pid)], [], [])
+        return
+    except ProcessLookupError:          # ended already
+        return
+    except (AttributeError, OSError):   # no pidfd_open here (not Linux, or a kernel before 5.3)
+        pass
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(1)
+
+
 def rank_setup(comm) -> None:
     """Called once a process's MPI communicator exists: remember it (for exit_rank), abort every rank on
     an uncaught exception, and leave printing to rank 0 when our launcher started the ranks."""
@@ -172,14 +235,14 @@ def exit_rank(code: int, message: str | None = None) -> None:
     _active.abort(code)
 
 
-def read_turn(prompt: str, model=None) -> str | None:
-    """The user's next line, None at an empty line, EOF or Ctrl-C. With tensor parallelism rank 0 reads
-    it (mpiexec gives stdin to rank 0 only) and every rank gets it, waiting as long as the user takes."""
+def read_turn(prompt: str, model=None, read: Callable[[str], str | None] = input) -> str | None:
+    """The user's next message (`read(prompt)`), None at an empty line, EOF or Ctrl-C. With tensor parallelism
+    rank 0 reads it (mpiexec gives stdin to rank 0 only) and every rank gets it, waiting as long as the user takes."""
     comm = getattr(model, "comm", None)
     line = None
     if comm is None or comm.rank == 0:
         try:
-            line = input(prompt)
+            line = read(prompt)
         except (EOFError, KeyboardInterrupt):
             line = None
         line = line if line and line.strip() else None

@@ -11,10 +11,16 @@ KV heads) and drops the logits. The pool's size travels the same way, once, befo
 
 A follower waits for the next batch as long as it takes (a server may sit idle for hours); rank 0 tells
 it to stop when its process ends normally, and a rank that dies takes the others down (launcher.py).
+Ctrl-C and SIGTERM, which mpiexec forwards to every rank, stop rank 0's server; the followers ignore them
+and end at rank 0's stop, so a server shutting down gracefully is not killed by a follower's exit. After
+SIGTERM rank 0 exits normally once drained (uvicorn would re-raise the signal and end it before it could
+send the stop, and mpiexec would report a failed rank).
 """
 from __future__ import annotations
 
 import atexit
+import signal
+import sys
 
 from minillm.engine.batched import BatchedRunner, CPUBatching, SeqChunk
 from minillm.errors import MiniLLMError
@@ -100,7 +106,12 @@ def follows(llm) -> bool:
     """On a tensor-parallel rank other than 0: follow rank 0's Engine until it stops, then True (the caller
     is done). Elsewhere False at once: this process runs the Engine itself. (`minillm serve --tp N`.)"""
     comm = getattr(llm.model, "comm", None)
-    if comm is None or comm.rank == 0:
+    if comm is None:
         return False
+    if comm.rank == 0:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+        return False
+    for signum in (signal.SIGINT, signal.SIGTERM):     # rank 0 says when to stop, once its server has drained
+        signal.signal(signum, signal.SIG_IGN)
     follow(llm)
     return True
