@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -56,12 +58,6 @@ def _model_option(f):
                         help="A preset name, an HF-layout weights folder, or a .gguf file.")(f)
 
 
-def _top_p(ctx, param, value):
-    if value is not None and not 0.0 < value <= 1.0:
-        raise click.BadParameter(f"must be in (0, 1], got {value}", ctx=ctx, param=param)
-    return value
-
-
 class Finite(click.FloatRange):
     """A float option in a range that also refuses nan and inf: FloatRange lets NaN through, since every
     comparison with NaN is False."""
@@ -73,6 +69,10 @@ class Finite(click.FloatRange):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
 
+    def _describe_range(self) -> str:
+        # click would print "x<=None" for a range open at both ends
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
 
 def _nonempty(ctx, param, value):
     if value is not None and not str(value).strip():
@@ -82,25 +82,30 @@ def _nonempty(ctx, param, value):
 
 def _sampling_options(f):
     f = click.option("--seed", type=click.IntRange(min=0), default=None, help="Random seed for sampling (>= 0).")(f)
-    f = click.option("--top-p", type=Finite(), default=None, callback=_top_p, help="Nucleus sampling mass, in (0, 1].")(f)
+    f = click.option("--top-p", type=Finite(0.0, 1.0, min_open=True), default=None,
+                     help="Nucleus sampling: sample among the most likely tokens whose probabilities add up to P.")(f)
     f = click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens.")(f)
     f = click.option("--temperature", "-t", type=Finite(min=0.0), default=0.0, show_default=True,
                      help="0 is greedy decoding.")(f)
-    f = click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)(f)
+    f = click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True,
+                     help="The most new tokens to generate (fewer if the model stops or the context fills).")(f)
     return f
 
 
 def _fix_threads(ctx, param, value):
     if value is not None:
         from minillm.threads import fix
-        fix(value)
+        try:
+            fix(value)
+        except MiniLLMError as e:
+            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
     return value
 
 
 def _threads_option(f):
-    return click.option("--threads", type=click.IntRange(1, 1024), default=None, expose_value=False,
-                        callback=_fix_threads, help="BLAS threads for decode and prefill [default: measured at "
-                        "load, fewer on a busy machine].")(f)
+    return click.option("--threads", type=click.IntRange(min=1), default=None, expose_value=False,
+                        callback=_fix_threads, help="BLAS threads for decode and prefill, at most the cores this "
+                        "process may use [default: measured at load, fewer on a busy machine].")(f)
 
 
 def _load_options(f):
@@ -154,8 +159,9 @@ def _load(model, device, dtype, quant=None, group_size=128, kv_cache="auto", fla
 
 @cli.command()
 @click.argument("prompt", required=False)
-@click.option("--prompt-file", "-f", type=click.File("r", encoding="utf-8"), default=None,
-              help="Read the prompt from this file ('-': standard input); for prompts over the command-line limit.")
+@click.option("--prompt-file", "-f", type=click.Path(exists=True, dir_okay=False, allow_dash=True), default=None,
+              help="Read the prompt (UTF-8 text) from this file ('-': standard input); for prompts over the "
+              "command-line limit.")
 @_load_options
 @_sampling_options
 @click.option("--chat/--no-chat", default=None,
@@ -188,14 +194,26 @@ def generate(prompt, prompt_file, model, device, dtype, quant, group_size, kv_ca
 
 
 def _prompt_text(prompt, prompt_file) -> str:
-    """The prompt: the argument, the file given with -f, or standard input for '-'."""
+    """The prompt: the argument, the file given with -f, or standard input for '-'. Refused in one line
+    when it is not UTF-8 or holds nothing but whitespace."""
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give the prompt as an argument or with -f FILE, not both")
-    if prompt_file is None and prompt in (None, "-"):
-        if prompt is None:
-            raise click.UsageError("missing the prompt: give it as an argument, with -f FILE, or '-' for stdin")
-        prompt_file = click.open_file("-", "r", encoding="utf-8")
-    return prompt_file.read() if prompt_file is not None else prompt
+    if prompt is None and prompt_file is None:
+        raise click.UsageError("missing the prompt: give it as an argument, with -f FILE, or '-' for stdin")
+    if prompt_file is None and prompt != "-":
+        where, data = "PROMPT", os.fsencode(prompt)     # the argument's bytes as the shell passed them
+    elif (prompt_file or prompt) == "-":
+        where, data = "standard input", click.open_file("-", "rb").read()
+    else:
+        where, data = prompt_file, Path(prompt_file).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise click.UsageError(f"{where}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    if not text.strip():
+        raise click.UsageError(f"the prompt is {'only whitespace' if text else 'empty'}: give some text to "
+                               "answer or complete")
+    return text
 
 
 def _stream_out(piece: str) -> None:
@@ -206,8 +224,14 @@ def _stream_out(piece: str) -> None:
 def _metrics_line(g) -> str:
     spec = "" if g.speculative is None else \
         f" · accepted {g.acceptance_rate:.0%} · {g.mean_accepted_length:.2f} tokens/pass"
-    return (f"[prompt {g.prompt_tokens} tokens · TTFT {g.ttft_s * 1000:.0f} ms · "
-            f"{len(g.token_ids)} new tokens · decode {g.decode_tok_s:.1f} tok/s{spec} · {g.finish_reason}]")
+    # the first new token comes out of the prefill: a decode rate needs a token after it
+    decode = f" · decode {g.decode_tok_s:.1f} tok/s" if len(g.token_ids) > 1 else ""
+    return (f"[prompt {_count(g.prompt_tokens, 'token')} · TTFT {g.ttft_s * 1000:.0f} ms · "
+            f"{_count(len(g.token_ids), 'new token')}{decode}{spec} · {g.finish_reason}]")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 @cli.command()
@@ -219,15 +243,17 @@ def _metrics_line(g) -> str:
 def chat(model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k, top_p, seed, system, tp,
          speculative, draft_tokens):
     """Talk with a model in the terminal. Each line you type is a user message (the chat template is
-    applied). Ctrl-C during an answer stops it and returns to the prompt; an empty line or Ctrl-C at
-    the prompt ends the conversation."""
+    applied); a line ending in a backslash goes on to the next line, and a paste of several lines is one
+    message. The arrow keys edit the line and bring back earlier messages. Ctrl-C during an answer stops
+    it and returns to the prompt; an empty line or Ctrl-C at the prompt ends the conversation."""
     from minillm.engine.parallel.launcher import read_turn
+    from minillm.tools.chat_input import read_message
     llm = _load(model, device, dtype, quant, group_size, kv_cache, tp=tp)
     messages = [{"role": "system", "content": system}] if system else []
-    click.echo(f"Chatting with {model}. Ctrl-C stops an answer; an empty line or Ctrl-C at the prompt ends.",
-               err=True)
+    click.echo(f"Chatting with {model}. A line ending in \\ goes on; Ctrl-C stops an answer; an empty line or "
+               "Ctrl-C at the prompt ends.", err=True)
     while True:
-        user = read_turn("> ", llm.model)      # with --tp: rank 0 reads, every rank gets the line
+        user = read_turn("> ", llm.model, read=read_message)   # with --tp: rank 0 reads, every rank gets it
         if user is None:
             break
         messages.append({"role": "user", "content": user})
@@ -274,24 +300,48 @@ def _serve_guard_options(f):
     return f
 
 
+def _step_budget_options(f):
+    """How much prompt work one engine step takes while others wait on it (engine/step_budget.py)."""
+    f = click.option("--target-step-ms", type=Finite(min=1.0), default=None,
+                     help="The adaptive budget: while requests decode, each step takes only the prompt tokens "
+                     "that keep it near this many ms on this machine, measured as it runs, so a long prompt "
+                     "cannot stall the other streams [default: 200].")(f)
+    f = click.option("--max-batch-tokens", type=click.IntRange(min=0), default=None,
+                     help="A fixed budget instead: each engine step computes at most N tokens, decodes first, "
+                     "then prompt chunks (0: 512-token chunks (2048 on a GPU) in arrival order, as before "
+                     "the budget; for comparisons) [default: adaptive, see --target-step-ms].")(f)
+    return f
+
+
+def _step_budget(max_batch_tokens: int | None, target_step_ms: float | None) -> dict:
+    """The Engine's options for the step budget: a fixed one, or the adaptive one and its target."""
+    if max_batch_tokens is not None and target_step_ms is not None:
+        raise click.UsageError("--max-batch-tokens fixes the step budget and --target-step-ms adapts it: give one")
+    if max_batch_tokens is not None:
+        return {"max_batch_tokens": max_batch_tokens}
+    return {} if target_step_ms is None else {"target_step_ms": target_step_ms}
+
+
 @cli.command()
 @_load_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
               help="Most requests decoded together; the rest wait their turn [default: the engine's].")
+@_step_budget_options
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
               help="Reuse the KV blocks of prompt prefixes seen before.")
 @click.option("--served-model-name", default=None, help="The model id clients send [default: --model as given].")
 @_speculative_options
 @_serve_guard_options
 @_tp_option
-def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, prefix_caching, speculative,
-          draft_tokens,
+def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, max_batch_tokens,
+          target_step_ms, prefix_caching, speculative, draft_tokens,
           served_model_name, tp, **guard):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics), with a page at /
     (chat, the engine live) and the capacity planner at /plan."""
     from minillm.serve import server     # fails in one line without FastAPI, naming the serve extra
+    budget = _step_budget(max_batch_tokens, target_step_ms)
     server.check_address(host, port)
     guard["allowed_hosts"] = tuple(h.strip() for h in (guard["allowed_hosts"] or "").split(",") if h.strip())
     warning = server.exposure_warning(host, guard["api_key"])
@@ -302,7 +352,7 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
     if follows(llm):                   # --tp: ranks other than 0 run the batches rank 0's engine sends
         return
     options = {"kv_cache": kv_cache, "prefix_caching": prefix_caching, "speculative": speculative,
-               "draft_tokens": draft_tokens}
+               "draft_tokens": draft_tokens, **budget}
     if max_concurrency is not None:
         options["max_batch"] = max_concurrency
     from minillm.tools.planner import PlannerAPI     # the /plan page's numbers: the CLI's own planner
@@ -335,11 +385,14 @@ def pull(name, revision, force):
               help="Store the float tensors in this dtype.")
 @click.option("--flashnorm", is_flag=True, help="Fold every RMSNorm gain into the projections after it (FlashNorm).")
 @click.option("--untie", is_flag=True, help="With --flashnorm: copy a tied LM head so the final norm folds too.")
-def convert(src, dst, kv_heads, quant, group_size, dtype, flashnorm, untie):
-    """Convert a .gguf file, an HF-layout folder or a pulled preset SRC into a minillm weights folder DST."""
+@click.option("--force", is_flag=True, help="Write into DST even if it already holds files (files of the same "
+              "names are replaced, others stay).")
+def convert(src, dst, kv_heads, quant, group_size, dtype, flashnorm, untie, force):
+    """Convert a .gguf file, an HF-layout folder or a pulled preset SRC into a minillm weights folder DST
+    (a new or empty folder, unless --force)."""
     from minillm.tools.convert import convert_checkpoint
     click.echo(convert_checkpoint(src, dst, kv_heads=kv_heads, quant=quant, group_size=group_size, dtype=dtype,
-                                  flashnorm=flashnorm, untie=untie))
+                                  flashnorm=flashnorm, untie=untie, force=force))
 
 
 @cli.group("eval")
@@ -368,11 +421,16 @@ def perplexity(model, quant, group_size, dtype, kv_cache, text_file, chars, cont
 
 
 @cli.command()
-@click.argument("model", default=DEFAULT_MODEL)
-def info(model):
+@click.argument("model_argument", metavar="[MODEL]", required=False)
+@click.option("--model", "-m", default=None,
+              help="A preset name, an HF-layout weights folder, or a .gguf file (or give it as MODEL).  "
+                   f"[default: {DEFAULT_MODEL}]")
+def info(model_argument, model):
     """Show a model's shape, parameter count, bytes, and KV-cache bytes per token."""
     from minillm.tools.info import describe
-    click.echo(describe(model))
+    if model_argument is not None and model is not None:
+        raise click.UsageError("give the model as MODEL or with -m, not both")
+    click.echo(describe(model_argument or model or DEFAULT_MODEL))
 
 
 @cli.group(invoke_without_command=True)
@@ -382,7 +440,9 @@ def info(model):
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=512, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--repeats", type=click.IntRange(1, 1000), default=3, show_default=True)
-@click.option("--peer/--no-peer", default=True, show_default=True, help="Run HF transformers on the same weights too.")
+@click.option("--peer/--no-peer", default=True, show_default=True,
+              help="Run HF transformers on the same weights too (on the CPU in its own process, at the same "
+              "thread counts).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--quant", type=click.Choice(QUANT_METHODS), default=None, help="Quantized layer weights.")
 @click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,
@@ -395,7 +455,8 @@ def info(model):
 def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats, peer, device, quant, group_size,
           kv_cache, speculative, draft_tokens, tp):
     """Prefill and decode speed: tok/s, GB/s, % of this machine's limits, side by side with HF.
-    `minillm bench serve`: many concurrent requests through the batching engine."""
+    Both sides run at 1, half the cores and all cores (or --threads N); the headline ratio is at the
+    first count for both. `minillm bench serve`: many concurrent requests through the batching engine."""
     if ctx.invoked_subcommand is not None:
         return
     if tp > 1:                     # tp = 1 with tp threads vs tp MPI ranks with one thread each
@@ -417,9 +478,17 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
 @click.option("--concurrency", type=click.IntRange(1, 4096), default=8, show_default=True, help="Clients in flight.")
 @click.option("--prefix-share", type=Finite(0.0, 0.99), default=0.75, show_default=True,
               help="Agentic workload: the fraction of each prompt that is the shared system prompt.")
-@click.option("--workload", type=click.Choice(["random", "agentic", "both"]), default="both", show_default=True)
-@click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True, help="Mean prompt tokens.")
-@click.option("--output-len", type=click.IntRange(min=1), default=32, show_default=True, help="Mean output tokens.")
+@click.option("--workload", type=click.Choice(["random", "agentic", "both", "mixed"]), default="both", show_default=True,
+              help="mixed: a chat streams while a long prompt arrives; the chat's longest token gap and the long "
+              "prompt's TTFT, before vs after the step budget (in process only).")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Mean prompt tokens (mixed: the chat's).")
+@click.option("--output-len", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Mean output tokens (mixed: the chat's replies).")
+@click.option("--long-prompt-len", type=click.IntRange(min=1), default=7500, show_default=True,
+              help="Mixed: the long prompt's tokens (7500: about 40 KB of text for SmolLM2).")
+@click.option("--target-step-ms", type=Finite(min=1.0), default=None,
+              help="Mixed: the step budget's target in the 'after' engine [default: serve's, 200].")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Write the table here.")
 @click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None, help="Write a chart here.")
@@ -430,12 +499,14 @@ def bench(ctx, model, random_weights, dtype, prompt_tokens, new_tokens, repeats,
 @click.option("--api-key", envvar="MINILLM_API_KEY", default=None,
               help="With --url: the server's key, sent as 'Authorization: Bearer KEY' [env: MINILLM_API_KEY].")
 def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
-                output_len, seed, csv_path, png_path, rounds, url, api_key):
+                output_len, long_prompt_len, target_step_ms, seed, csv_path, png_path, rounds, url, api_key):
     """Serving throughput and latency: sequential vs continuous batching, + prefix caching, + int8 KV,
-    measured in interleaved rounds so that other work on the machine slows every mode alike."""
+    measured in interleaved rounds so that other work on the machine slows every mode alike
+    (--workload mixed: whether a long prompt stalls a chat, before and after the step budget)."""
     from minillm.tools.serve_bench_cli import run_from_cli
     run_from_cli(model, device, random_weights, n_requests, concurrency, prefix_share, workload, prompt_len,
-                 output_len, seed, csv_path, png_path, url, rounds, api_key, echo=click.echo)
+                 output_len, seed, csv_path, png_path, url, rounds, api_key, echo=click.echo,
+                 long_prompt_len=long_prompt_len, target_step_ms=target_step_ms)
 
 
 @cli.command()
@@ -481,7 +552,7 @@ def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot, late
 @cli.command()
 @click.argument("number", type=int, required=False)
 @click.option("--quick", is_flag=True, help="Tiny sizes: a smoke run in seconds.")
-@click.option("--model", default=None, help="A preset, folder, .gguf, or random:PRESET (default: smollm2-135m).")
+@click.option("--model", "-m", default=None, help="A preset, folder, .gguf, or random:PRESET (default: smollm2-135m).")
 def lesson(number, quick, model):
     """Run lesson NUMBER of the course (without NUMBER: list the lessons)."""
     from minillm import course
@@ -494,35 +565,46 @@ def lesson(number, quick, model):
 
 @cli.group()
 def exercise():
-    """Classroom exercises: write the function, then check it."""
+    """Classroom exercises: write the function, then check it. Start with `minillm exercise handout DIR`
+    (the exercises, in a folder of yours), then run `check` and `list` in DIR."""
+
+
+_EXERCISE_FOLDER_HELP = ("The folder with your exNN_*.py files [default: this folder when it holds any, else a "
+                         "checkout's lessons/exercises/].")
 
 
 @exercise.command("check")
 @click.argument("number", type=int)
+@click.option("--folder", type=click.Path(exists=True, file_okay=False), default=None, help=_EXERCISE_FOLDER_HELP)
 @click.option("--file", "path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Grade this file instead of lessons/exercises/exNN_*.py.")
-def exercise_check(number, path):
-    """Grade exercise NUMBER against the engine's own implementation on random inputs."""
+              help="Grade this file instead of the folder's exNN_*.py.")
+def exercise_check(number, folder, path):
+    """Grade exercise NUMBER (your exNN_*.py) against the engine's own implementation on random inputs."""
     from minillm import course
-    report = course.check_exercise(number, path)
+    if folder is not None and path is not None:
+        raise click.UsageError("give --folder or --file, not both")
+    report = course.check_exercise(number, path or course.student_file(number, folder))
     click.echo(str(report))
     sys.exit(0 if report.passed else 1)
 
 
 @exercise.command("list")
-def exercise_list():
-    """Every exercise, its lesson, and the status of your file: not written / failing n of m / passed."""
+@click.option("--folder", type=click.Path(exists=True, file_okay=False), default=None, help=_EXERCISE_FOLDER_HELP)
+def exercise_list(folder):
+    """Every exercise, its lesson, and the status of your file: no file / not written / failing n of m / passed."""
     from minillm.course import classroom
-    click.echo(classroom.format_exercise_list(classroom.exercise_list()))
+    folder = classroom.student_folder(folder)
+    click.echo(classroom.format_exercise_list(classroom.exercise_list(folder), folder))
 
 
 @exercise.command("handout")
 @click.argument("folder", type=click.Path(file_okay=False))
 def exercise_handout(folder):
-    """Write every exercise's stub (and only the stubs: no solutions) into FOLDER, to hand out."""
+    """Write every exercise's stub and a README (how to check, how to submit) into FOLDER: no solutions."""
     from minillm.course import classroom
     written = classroom.write_handout(folder)
-    click.echo(f"wrote {len(written)} exercise stubs into {folder}/ ({written[0].name} ... {written[-1].name})")
+    click.echo(f"wrote {len(written)} exercise stubs and README.md into {folder}/ ({written[0].name} ... "
+               f"{written[-1].name}); in {folder}/, `minillm exercise check N` grades exercise N")
 
 
 @exercise.command("grade")

@@ -95,7 +95,7 @@ def test_grading_has_no_network_where_the_os_allows_it(tmp_path):
 def test_handout_holds_the_stubs_and_no_solution_code(tmp_path):
     written = write_handout(tmp_path / "handout")
     assert sorted(p.name for p in written) == sorted(exercise_path(n).name for n in EXERCISES)
-    assert sorted(p.name for p in (tmp_path / "handout").iterdir()) == sorted(p.name for p in written)
+    assert sorted(p.name for p in (tmp_path / "handout").iterdir()) == sorted(["README.md"] + [p.name for p in written])
     for number, ex in EXERCISES.items():
         handed = (tmp_path / "handout" / exercise_path(number).name).read_text()
         assert is_stub(tmp_path / "handout" / exercise_path(number).name, ex.function)
@@ -136,3 +136,73 @@ def test_cli_grade_handout_and_list(tmp_path):
     assert result.exit_code == 0 and f"wrote {len(EXERCISES)} exercise stubs" in result.output, result.output
     result = CliRunner().invoke(cli, ["exercise", "list"])
     assert result.exit_code == 0 and "merge_softmax_partials" in result.output, result.output
+
+
+# ---- a student's loop in a handed-out folder: handout, write, check, list -----------------------------------------
+
+def _handout(tmp_path) -> Path:
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    folder = tmp_path / "my-exercises"
+    result = CliRunner().invoke(cli, ["exercise", "handout", str(folder)])
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+def test_check_in_a_handout_folder_grades_the_students_file(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    folder = _handout(tmp_path)
+    _copy(1, folder)                                                   # a correct rmsnorm
+    wrong = next(WRONG_DIR.glob("ex02_*.py"))
+    _copy(2, folder, wrong)                                            # a kv_cache_update that is not in place
+    monkeypatch.chdir(folder)
+    passed = CliRunner().invoke(cli, ["exercise", "check", "1"])
+    assert passed.exit_code == 0, passed.output
+    n1 = len(EXERCISES[1].cases())
+    assert "(ex01_rmsnorm.py)" in passed.output and f"passed: {n1}/{n1} cases" in passed.output
+    failed = CliRunner().invoke(cli, ["exercise", "check", "2"])
+    assert failed.exit_code == 1 and "FAIL  prefill" in failed.output and "not written" not in failed.output, \
+        failed.output
+    stub = CliRunner().invoke(cli, ["exercise", "check", "3"])         # untouched: it says which file to open
+    assert stub.exit_code == 1 and "open ex03_apply_rope.py" in stub.output, stub.output
+
+
+def test_list_with_a_folder_shows_what_the_folder_holds(tmp_path):
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    folder = _handout(tmp_path)
+    _copy(1, folder)
+    (folder / exercise_path(4).name).unlink()                          # a student who removed one
+    result = CliRunner().invoke(cli, ["exercise", "list", "--folder", str(folder)])
+    assert result.exit_code == 0, result.output
+    lines = {line[:2]: line for line in result.output.splitlines()}
+    n1 = len(EXERCISES[1].cases())
+    assert "my-exercises" in result.output.splitlines()[0]
+    assert f"passed {n1}/{n1}" in lines["01"] and "not written" in lines["02"] and "no file" in lines["04"]
+    assert result.output.rstrip().endswith(f"1 of {len(EXERCISES)} exercises pass")
+
+
+def test_handout_readme_says_how_to_check_and_submit(tmp_path):
+    readme = (_handout(tmp_path) / "README.md").read_text()
+    for command in ("minillm exercise check 1", "minillm exercise list", "--folder", "minillm exercise grade"):
+        assert command in readme, command
+    assert "## Submit" in readme and "names unchanged" in readme
+    assert all(f"`{exercise_path(n).name}`" in readme for n in EXERCISES)
+
+
+def test_an_installed_wheel_points_at_handout_not_at_its_own_files(tmp_path, monkeypatch):
+    """From a wheel, the shipped stubs sit inside site-packages: check and list outside a handout folder
+    say how to make one, in one line, instead of grading (and naming) the package's own copy."""
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    from minillm import resources
+    from minillm.course import grader
+    monkeypatch.setattr(resources, "CHECKOUT_DIR", tmp_path / "not-a-checkout")    # as installed from a wheel
+    assert not resources.is_checkout()
+    monkeypatch.chdir(tmp_path)
+    for command in (["exercise", "check", "1"], ["exercise", "list"]):
+        result = CliRunner().invoke(cli, command)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("minillm: error:"), result.output
+        assert "minillm exercise handout DIR" in lines[0] and str(grader.EXERCISES_DIR) not in lines[0]

@@ -1,7 +1,8 @@
 """The course: the numbered lessons, what they share, and the exercise grader.
 
 Lessons live in `lessons/NN_name.py` and exercises in `lessons/exercises/exNN_name.py` of a source
-checkout. Every exercise's reference solution is the engine's own code (`minillm.model.layers.rmsnorm`,
+checkout; a student works on a copy of the exercises (`minillm exercise handout DIR`). Every exercise's
+reference solution is the engine's own code (`minillm.model.layers.rmsnorm`,
 `minillm.model.kv_cache.KVCache.append`, ...), so a student who passes has written what the engine runs.
 
     lessons.py       finding and running lessons; what every lesson shares (its model, tables, plots)
@@ -16,8 +17,8 @@ checkout. Every exercise's reference solution is the engine's own code (`minillm
     ex_parallel.py   exercise 21: one rank's shard of a block and its partial outputs (tensor parallelism)
     ex_flash.py      exercise 24: merging two online-softmax partials (FlashAttention, split-K decode)
     registry.py      EXERCISES: every exercise by number
-    grader.py        check_exercise: grade a student's file, case by case
-    classroom.py     a teacher's tools: the exercise list, the handout (stubs only), the solutions
+    grader.py        check_exercise: find a student's file (their handout folder) and grade it, case by case
+    classroom.py     a teacher's tools: the exercise list, the handout (stubs and a README), the solutions
     grading.py       grading a class: a subprocess per student, the CSV, the feedback
     sandbox.py       the child process that grades one student: no network, memory/CPU/time limits
 
@@ -34,7 +35,8 @@ from minillm.course.ex_quant import (dequantize_int4_words_reference, quantize_i
                        quantize_kv_int8_reference)
 from minillm.course.ex_serving import cached_prefix_reference, gather_reference, pack_reference, stream_text_reference
 from minillm.course.gpu_parts import gpu_description, record_decode_launches, recording_decode_step, run_gpu_parts, why_no_gpu
-from minillm.course.grader import CaseResult, Report, check_exercise, exercise_path, load_exercise
+from minillm.course.grader import (CaseResult, Report, check_exercise, exercise_path, load_exercise, student_file,
+                                   student_folder)
 from minillm.course.lessons import (DEFAULT_LESSON_MODEL, EXERCISES_DIR, LESSONS_DIR, MODEL_ENV, OUT_ENV, QUICK_ENV, Lesson,
                       StandInTokenizer, best_time, default_lesson_model, find_lesson, hf_tensors, lesson_model,
                       list_lessons, out_dir, print_table, quick, run_lesson, save_plot)
@@ -49,7 +51,7 @@ __all__ = [
     "gpu_description", "record_decode_launches", "recording_decode_step", "run_gpu_parts", "why_no_gpu",
     # exercises and the grader
     "Case", "CaseFailed", "CaseResult", "EXERCISES", "Exercise", "Report", "check_exercise", "exercise_path",
-    "expect_close", "expect_unchanged", "load_exercise",
+    "expect_close", "expect_unchanged", "load_exercise", "student_file", "student_folder",
     # the engine's references (the lessons measure with some of them)
     "block_sum_reference", "cached_prefix_reference", "decode_launches_reference",
     "dequantize_int4_words_reference", "fold_rmsnorm_reference", "gather_reference", "merge_partials_reference",

@@ -1,5 +1,5 @@
-"""A teacher's tools: the exercise list with a student's status, the handout (the stubs and nothing
-else) and the reference solutions. Grading a class is grading.py.
+"""A teacher's tools: the exercise list with a student's status, the handout (the stubs, a README, and
+nothing else) and the reference solutions. Grading a class is grading.py.
 
     lessons/exercises/exNN_name.py            the stubs students fill in (what the handout copies)
     lessons/exercises/solutions/exNN_name.py  a reference solution for every exercise (never handed out)
@@ -7,12 +7,11 @@ else) and the reference solutions. Grading a class is grading.py.
 from __future__ import annotations
 
 import ast
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from minillm.errors import MiniLLMError
-from minillm.course.grader import check_exercise, exercise_path
+from minillm.course.grader import display_path, check_exercise, exercise_path, student_folder
 from minillm.course.lessons import EXERCISES_DIR
 from minillm.course.registry import EXERCISES
 
@@ -54,12 +53,15 @@ class ExerciseStatus:
     passed: bool = False
 
 
-def exercise_list(folder: Path | None = None) -> list[ExerciseStatus]:
-    """Every exercise with its lesson and the status of the student's file (in `folder`, default
-    lessons/exercises/). Written files are graded in this process: it is the student's own code."""
+def exercise_list(folder: str | Path | None = None) -> list[ExerciseStatus]:
+    """Every exercise with its lesson and the status of the student's file (in `folder`, default: the
+    student's folder, see `student_folder`). Written files are graded in this process: it is the
+    student's own code."""
+    folder = student_folder(folder)
     rows = []
     for number, ex in sorted(EXERCISES.items()):
-        path = _student_file(number, folder)
+        matches = sorted(folder.glob(f"ex{number:02d}_*.py"))
+        path = matches[0] if matches else None
         if path is None:
             rows.append(ExerciseStatus(number, ex.lesson, ex.function, "-", "no file"))
             continue
@@ -83,18 +85,9 @@ def exercise_list(folder: Path | None = None) -> list[ExerciseStatus]:
     return rows
 
 
-def _student_file(number: int, folder: Path | None) -> Path | None:
-    if folder is None:
-        try:
-            return exercise_path(number)
-        except MiniLLMError:
-            return None
-    matches = sorted(Path(folder).glob(f"ex{number:02d}_*.py"))
-    return matches[0] if matches else None
-
-
 def write_handout(dest: str | Path) -> list[Path]:
-    """Copy every exercise's stub (and nothing else: no solutions, no graders) into `dest`.
+    """Copy every exercise's stub into `dest`, with a README.md on checking and submitting them (and
+    nothing else: no solutions, no graders). -> the stubs written.
 
     Refuses a stub that is no longer a stub (someone filled in lessons/exercises/ in this checkout),
     and refuses to overwrite a different file already in `dest`."""
@@ -105,23 +98,65 @@ def write_handout(dest: str | Path) -> list[Path]:
         if not is_stub(src, ex.function):
             raise MiniLLMError(f"{src} is not a stub any more ({ex.function}() has code in it): restore it "
                                f"(git checkout {src.relative_to(EXERCISES_DIR.parents[1])}) before writing a handout")
-        target = dest / src.name
-        if target.exists() and target.read_bytes() != src.read_bytes():
-            raise MiniLLMError(f"{target} exists and differs from the stub: choose an empty folder")
-        plan.append((src, target))
+        plan.append((src.read_bytes(), dest / src.name))
+    plan.append((handout_readme().encode(), dest / "README.md"))
+    for content, target in plan:
+        if target.exists() and target.read_bytes() != content:
+            raise MiniLLMError(f"{target} exists and differs from the handout's: choose an empty folder")
     if dest.exists() and not dest.is_dir():
         raise MiniLLMError(f"{dest} is a file, not a folder")
     dest.mkdir(parents=True, exist_ok=True)
-    for src, target in plan:
-        shutil.copyfile(src, target)
-    return [target for _, target in plan]
+    for content, target in plan:
+        target.write_bytes(content)
+    return [target for _, target in plan[:-1]]
+
+
+HANDOUT_README = """\
+# minillm exercises
+
+One exercise per lesson of minillm's course. In each `exNN_name.py`, write the function whose body is
+`raise NotImplementedError`: its docstring gives the shapes and the contract. The grader runs your
+function on random inputs and compares it with the engine's own code.
+
+## Check your work
+
+In this folder:
+
+    minillm exercise check 1     # grade ex01_rmsnorm.py: each case, and by how much a failing one is off
+    minillm exercise list        # every exercise here: not written / failing n of m / passed
+    python ex01_rmsnorm.py       # the same check as `minillm exercise check 1`
+
+From another folder, name this one with `--folder PATH` (`check` and `list` take it). The lessons that
+go with the exercises: `minillm lesson` lists them, `minillm lesson 1` runs one.
+
+## Submit
+
+Hand in your `exNN_*.py` files as they are, with their names unchanged: this whole folder, or the
+files you finished. Your teacher grades a folder per student with `minillm exercise grade`, which runs
+the same cases as `minillm exercise check`.
+
+## The exercises
+
+| # | lesson | file | you write |
+|---|---|---|---|
+"""
+
+
+def handout_readme() -> str:
+    """The README.md of a handout: how to check an exercise and how to hand it in, and the exercises."""
+    rows = [f"| {n:02d} | {ex.lesson:02d} | `{exercise_path(n).name}` | `{ex.function}` |"
+            for n, ex in sorted(EXERCISES.items())]
+    return HANDOUT_README + "\n".join(rows) + "\n"
 
 
 # ---- what `minillm exercise list` prints --------------------------------------------------------------------------------
 
-def format_exercise_list(rows: list[ExerciseStatus]) -> str:
-    """`minillm exercise list`: one line per exercise: number, lesson, function, file, status."""
+def format_exercise_list(rows: list[ExerciseStatus], folder: str | Path | None = None) -> str:
+    """`minillm exercise list`: the folder listed, then one line per exercise: number, lesson, function,
+    status, file."""
     width = max(len(r.function) for r in rows)
-    lines = [f"{r.number:02d}  lesson {r.lesson:02d}  {r.function:<{width}}  {r.status:<20}  {r.file}" for r in rows]
+    header = [f"exercises in {display_path(Path(folder))}/"] if folder is not None else []
+    lines = header + [f"{r.number:02d}  lesson {r.lesson:02d}  {r.function:<{width}}  {r.status:<20}  {r.file}"
+                      for r in rows]
     done = sum(r.passed for r in rows)
     return "\n".join(lines + [f"{done} of {len(rows)} exercises pass"])

@@ -1,5 +1,5 @@
-"""The exercise grader: load a student's `lessons/exercises/exNN_name.py`, run every case of the
-exercise on its function, and report each case's verdict.
+"""The exercise grader: find a student's `exNN_name.py` (in their handout folder, or a checkout's
+lessons/exercises/), run every case of the exercise on its function, and report each case's verdict.
 
 `minillm exercise check N` and `pytest lessons/exercises --exercise N` both call `check_exercise`."""
 from __future__ import annotations
@@ -12,8 +12,11 @@ from typing import Callable
 
 from minillm.errors import MiniLLMError
 from minillm.course.cases import CaseFailed
-from minillm.course.lessons import EXERCISES_DIR, LESSONS_DIR
+from minillm.course.lessons import EXERCISES_DIR
 from minillm.course.registry import EXERCISES
+from minillm.resources import is_checkout
+
+HANDOUT_HINT = "`minillm exercise handout DIR` writes the exercises into a folder of yours; run this command in DIR"
 
 
 @dataclass
@@ -51,10 +54,9 @@ class Report:
 
 
 def check_exercise(number: int, module: ModuleType | Callable | str | Path | None = None) -> Report:
-    """Grade exercise `number`: the student's file by default, or a given module, file or function."""
-    exercise = EXERCISES.get(number)
-    if exercise is None:
-        raise MiniLLMError(f"no exercise {number:02d} (exercises: {', '.join(f'{n:02d}' for n in EXERCISES)})")
+    """Grade exercise `number`: the student's file by default (`student_file`), or a given module, file
+    or function."""
+    exercise = _exercise(number)
     try:
         fn, source = _student_function(exercise, module)
     except StudentFileError as e:                # the file does not even import: a failed check, not a crash
@@ -81,10 +83,42 @@ def check_exercise(number: int, module: ModuleType | Callable | str | Path | Non
     return report
 
 
+def _exercise(number: int):
+    if number not in EXERCISES:
+        raise MiniLLMError(f"no exercise {number:02d} (exercises: {', '.join(f'{n:02d}' for n in EXERCISES)})")
+    return EXERCISES[number]
+
+
 def exercise_path(number: int) -> Path:
+    """The stub of exercise `number` that minillm ships (lessons/exercises/exNN_*.py): what a handout copies."""
     matches = sorted(EXERCISES_DIR.glob(f"ex{number:02d}_*.py"))
     if not matches:
         raise MiniLLMError(f"no file lessons/exercises/ex{number:02d}_*.py in {EXERCISES_DIR}")
+    return matches[0]
+
+
+def student_folder(folder: str | Path | None = None) -> Path:
+    """Where the student's exercise files are: `folder`; else the current folder when it holds an
+    exNN_*.py (a handout); else a checkout's lessons/exercises/. An installed wheel's copies sit among
+    the package's files, not for editing, so there the student is pointed at `exercise handout`."""
+    if folder is not None:
+        return Path(folder)
+    here = Path.cwd()
+    if any(here.glob("ex[0-9][0-9]_*.py")):
+        return here
+    if is_checkout():
+        return EXERCISES_DIR
+    raise MiniLLMError(f"no exercise files (exNN_*.py) in this folder: {HANDOUT_HINT} (or give --folder DIR)")
+
+
+def student_file(number: int, folder: str | Path | None = None) -> Path:
+    """The file `minillm exercise check N` grades: exNN_*.py in the student's folder (`student_folder`)."""
+    _exercise(number)
+    where = student_folder(folder)
+    matches = sorted(where.glob(f"ex{number:02d}_*.py"))
+    if not matches:
+        raise MiniLLMError(f"no ex{number:02d}_*.py in {display_path(where)}/: the handout's file for exercise "
+                           f"{number:02d} is {exercise_path(number).name}")
     return matches[0]
 
 
@@ -97,9 +131,9 @@ class StudentFileError(MiniLLMError):
 
 
 def load_exercise(number: int, path: str | Path | None = None) -> ModuleType:
-    """Import a student's exercise file as a fresh module (edits are picked up every time).
-    A file that does not import raises StudentFileError naming the line, not the import's traceback."""
-    path = Path(path) if path is not None else exercise_path(number)
+    """Import a student's exercise file (default: `student_file`) as a fresh module (edits are picked up
+    every time). A file that does not import raises StudentFileError naming the line, not the traceback."""
+    path = Path(path) if path is not None else student_file(number)
     if path.suffix != ".py":
         raise MiniLLMError(f"{path}: an exercise is a Python file (exNN_name.py)")
     spec = importlib.util.spec_from_file_location(f"minillm_exercise_{number:02d}", path)
@@ -108,9 +142,9 @@ def load_exercise(number: int, path: str | Path | None = None) -> ModuleType:
         spec.loader.exec_module(module)
     except SyntaxError as e:                     # IndentationError and TabError too: the file never ran
         where = "" if e.filename and Path(e.filename).resolve() == path.resolve() else f" (in {e.filename})"
-        raise StudentFileError(f"line {e.lineno}{where}: {type(e).__name__}: {e.msg}", _display(path)) from None
+        raise StudentFileError(f"line {e.lineno}{where}: {type(e).__name__}: {e.msg}", display_path(path)) from None
     except Exception as e:  # its top level raised: `import` of a missing module, a NameError, ... (not Ctrl-C)
-        raise StudentFileError(f"line {_student_line(e, path)}: {type(e).__name__}: {e}", _display(path)) from None
+        raise StudentFileError(f"line {_student_line(e, path)}: {type(e).__name__}: {e}", display_path(path)) from None
     return module
 
 
@@ -126,18 +160,19 @@ def _student_line(error: BaseException, path: Path) -> int | str:
 
 def _student_function(exercise, module) -> tuple[Callable | None, str]:
     if module is None or isinstance(module, (str, Path)):
-        path = Path(module) if module is not None else exercise_path(exercise.number)
+        path = Path(module) if module is not None else student_file(exercise.number)
         module = load_exercise(exercise.number, path)
-        source = _display(path)
+        source = display_path(path)
     elif isinstance(module, ModuleType):
-        source = _display(Path(module.__file__)) if getattr(module, "__file__", None) else module.__name__
+        source = display_path(Path(module.__file__)) if getattr(module, "__file__", None) else module.__name__
     else:
         return module, getattr(module, "__qualname__", repr(module))   # a function given directly
     return getattr(module, exercise.function, None), source
 
 
-def _display(path: Path) -> str:
+def display_path(path: Path) -> str:
+    """The path as the student would type it: from the current folder when it is inside, else in full."""
     try:
-        return str(path.resolve().relative_to(LESSONS_DIR.parent))
-    except ValueError:
-        return str(path)
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path.resolve())
