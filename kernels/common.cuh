@@ -72,42 +72,13 @@ __device__ __forceinline__ void pdl_wait_then_trigger() {
     pdl_trigger();
 }
 
-// A barrier across every block of the grid, for a kernel whose blocks are all resident at once (a grid of at
-// most the blocks an SM holds times the SMs: kernels/gemv_layer.cuh). bar: two uint32 in global memory,
-// {arrived, generation}, zero before the first launch; the last block to arrive resets `arrived` and moves
-// the generation on, which the others wait to see. The block's writes before it are visible to every block
-// after it (the fence and the release / acquire at GPU scope, as cooperative groups' grid sync does).
-__device__ __forceinline__ void grid_barrier(unsigned int* bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned int gen, arrived, now;
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
-        __threadfence();
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");
-        if (arrived == gridDim.x * gridDim.y * gridDim.z - 1) {
-            asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" :: "l"(bar), "r"(0u) : "memory");
-            asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(bar + 1), "r"(gen + 1) : "memory");
-        } else {
-            do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar + 1) : "memory");
-            } while (now == gen);
-        }
-    }
-    __syncthreads();
-}
-
-// L2 prefetches (sm_90's bulk form: one instruction for a whole 16-byte-aligned range, size % 16 == 0). They
-// move bytes from HBM into L2 without registers or a wait, so a warp can have the next rows on their way
-// while it computes, and a kernel can start fetching the next kernel's weights while its own tail runs.
+// An L2 prefetch (sm_90's bulk form: one instruction for a whole 16-byte-aligned range, size % 16 == 0). It
+// moves bytes from HBM into L2 without registers or a wait, so a GEMV can have its first rows on their way
+// before it waits for its input (PDL). Before sm_90 there is no such instruction and no PDL to overlap: nothing.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-}
-
-// The same for any byte range: only the 16-byte-aligned lines inside [p, p + bytes) (rounded inward, so a
-// range at the end of an allocation never reaches past it); nothing when that is empty.
-__device__ __forceinline__ void prefetch_l2_inside(const void* p, unsigned long long bytes) {
-    unsigned long long a = reinterpret_cast<unsigned long long>(p), lo = (a + 15) & ~15ull, hi = (a + bytes) & ~15ull;
-    if (hi > lo) prefetch_l2(reinterpret_cast<const void*>(lo), (unsigned int)(hi - lo));
+#endif
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

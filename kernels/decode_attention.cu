@@ -217,7 +217,7 @@ extern "C" __global__ void attention_fused_bf16(const float* q, int q_stride, co
 //    SMs (24.9 instead of 14.8 µs at 2048 keys, first version). Blocks past n_splits return at once. One
 //    split: no partials, no ticket; the block writes the normalized output itself.
 //  - The ticket: a barrier, then one thread's acquire-release atomic (a cooperative grid sync's pattern),
-//    not a fence in every thread (measured the same: 7.6 vs 7.8 µs; flags GQA_HEAVY_FENCE keeps v2's way).
+//    not a fence in every thread (measured the same: 7.6 vs 7.8 µs).
 //    The combine loads every split's (m, l) at once (a warp per head: lanes over splits, warp max/sum),
 //    then each output element sums the splits' acc with independent L2 loads (ld.global.cg, unrolled).
 // Inside a block, thread = (slot, piece): a K/V row is hd/8 16-byte pieces (8 values), held by lpk lanes
@@ -246,8 +246,6 @@ extern "C" __global__ void attention_fused_bf16(const float* q, int q_stride, co
 #define GQA_WARPS (GQA_THREADS / 32)
 #define GQA_LOADS 4          // K (and V) 16-byte loads in flight per thread per tile
 #define GQA_MAX_SPLITS 64    // the combine's lanes: two splits per lane
-#define GQA_HEAVY_FENCE 1    // flags bit: v2's __threadfence() in every thread around the ticket (to compare)
-#define GQA_PREFETCH_KV 2    // flags bit: the split's cached K/V rows prefetched into L2 before the wait
 
 // A 16-byte load that skips L1 (K/V rows are read once per launch).
 __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
@@ -375,38 +373,11 @@ __device__ __forceinline__ bool split_of(int hd, int p, int lo, int split_keys, 
     return true;
 }
 
-// GQA_PREFETCH_KV, before the wait for the kernel ahead (the qkv GEMV, which appends the newest key): thread 0
-// asks L2 for the K and V rows (and int8 scales) of this block's split that earlier steps cached, so the
-// first tile's loads after the wait find them there instead of in HBM. pos is read before the wait, so it may
-// be one a kernel ahead is still writing: the range is a hint only, kept inside the cache.
-template <class KV, int GM>
-__device__ __forceinline__ void prefetch_split_kv(const typename KV::Elem* k_cache, const typename KV::Elem* v_cache,
-                                                  const float* k_scale, const float* v_scale, int capacity,
-                                                  int n_heads, int n_kv_heads, int hd, const int* pos, int window,
-                                                  int split_keys, int max_splits, int flags) {
-    if (!(flags & GQA_PREFETCH_KV) || threadIdx.x != 0 || capacity <= 0) return;
-    int group = n_heads / n_kv_heads;
-    int kvh = blockIdx.x / ((group + GM - 1) / GM);     // as attention_gqa: GM query heads a block
-    int p = min(max(pos[0] + (int)blockIdx.z, 0), capacity - 1);
-    int lo = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
-    int n_splits, start, end;
-    if (!split_of<KV>(hd, p, lo, split_keys, max_splits, gridDim.y, blockIdx.y, n_splits, start, end)) return;
-    end = min(end, p);                                  // the newest key is the qkv kernel's to write
-    if (end <= start) return;
-    size_t row = (size_t)kvh * capacity, bytes = (size_t)(end - start) * hd * sizeof(typename KV::Elem);
-    prefetch_l2_inside(k_cache + (row + start) * hd, bytes);
-    prefetch_l2_inside(v_cache + (row + start) * hd, bytes);
-    if (KV::SCALED) {
-        prefetch_l2_inside(k_scale + row + start, (size_t)(end - start) * sizeof(float));
-        prefetch_l2_inside(v_scale + row + start, (size_t)(end - start) * sizeof(float));
-    }
-}
-
 template <class KV, int GM>
 __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const typename KV::Elem* __restrict__ k_cache,
                               const typename KV::Elem* __restrict__ v_cache, const float* __restrict__ k_scale,
                               const float* __restrict__ v_scale, int capacity, int n_heads, int n_kv_heads, int hd,
-                              const int* pos, int window, float scale, int split_keys, int max_splits, int flags,
+                              const int* pos, int window, float scale, int split_keys, int max_splits,
                               float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_acc,
                               unsigned int* __restrict__ counters, float* __restrict__ out) {
     __shared__ float sm_m[GQA_WARPS][GM], sm_l[GQA_WARPS][GM];
@@ -586,18 +557,11 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
     // the block's partial writes before thread 0's ticket, a release (and acquire) at GPU scope: the
     // pattern of a cooperative grid sync, one fence for the block instead of v2's fence in every thread.
     unsigned int* counter = counters + (size_t)t * n_heads + blockIdx.x;
-    if (flags & GQA_HEAVY_FENCE) __threadfence();
     __syncthreads();
-    if (tid == 0) {
-        if (flags & GQA_HEAVY_FENCE) {
-            ticket = atomicAdd(counter, 1u);
-        } else {
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(ticket) : "l"(counter) : "memory");
-        }
-    }
+    if (tid == 0)
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(ticket) : "l"(counter) : "memory");
     __syncthreads();
     if (ticket != (unsigned int)(n_splits - 1)) return;
-    if (flags & GQA_HEAVY_FENCE) __threadfence();
     if (warp < gn) {                                    // a warp per head: the splits' weights 2^(m_i - M) / L
         size_t base = ((size_t)t * n_heads + h0 + warp) * part_splits;
         float mi[2], li[2];
@@ -630,19 +594,17 @@ __device__ void attention_gqa(const float* __restrict__ q, int q_stride, const t
 
 // grid (n_kv_heads * ceil(group / GM), max_splits, T), block (GQA_THREADS = 256); group = n_heads / n_kv_heads.
 // v2's arguments with, before the scratch, split_keys (fewest keys per split; 0: one tile), max_splits (the
-// most splits to use, <= gridDim.y: the launcher keeps the grid to one wave) and flags (GQA_HEAVY_FENCE);
+// most splits to use, <= gridDim.y: the launcher keeps the grid to one wave);
 // part_m, part_l [T, n_heads, S], part_acc [T, n_heads, S, hd] fp32, S = gridDim.y <= 64,
 // counters [T, n_heads] uint32 (0 before, 0 after), out [T, n_heads * hd] fp32. hd % 8 == 0, hd <= 256.
 #define ATTENTION_GQA_KERNEL(NAME, W, GM)                                                                        \
     extern "C" __global__ void __launch_bounds__(GQA_THREADS, 1) NAME(                                           \
         const float* q, int q_stride, const u16* k_cache, const u16* v_cache, int capacity, int n_heads,         \
         int n_kv_heads, int hd, const int* pos, int window, float scale, int split_keys, int max_splits,         \
-        int flags, float* part_m, float* part_l, float* part_acc, unsigned int* counters, float* out) {         \
-        prefetch_split_kv<KV16<W>, GM>(k_cache, v_cache, nullptr, nullptr, capacity, n_heads, n_kv_heads, hd, pos,  \
-                                   window, split_keys, max_splits, flags);                                      \
-        pdl_wait_then_trigger();                                                                         \
+        float* part_m, float* part_l, float* part_acc, unsigned int* counters, float* out) {                    \
+        pdl_wait_then_trigger();                                                                                 \
         attention_gqa<KV16<W>, GM>(q, q_stride, k_cache, v_cache, nullptr, nullptr, capacity, n_heads,          \
-                                   n_kv_heads, hd, pos, window, scale, split_keys, max_splits, flags, part_m,    \
+                                   n_kv_heads, hd, pos, window, scale, split_keys, max_splits, part_m,           \
                                    part_l, part_acc, counters, out);                                            \
     }
 ATTENTION_GQA_KERNEL(attention_gqa1_f16, F16, 1)
@@ -658,13 +620,11 @@ ATTENTION_GQA_KERNEL(attention_gqa4_bf16, BF16, 4)
     extern "C" __global__ void __launch_bounds__(GQA_THREADS, 1) NAME(                                           \
         const float* q, int q_stride, const signed char* k_cache, const signed char* v_cache,                    \
         const float* k_scale, const float* v_scale, int capacity, int n_heads, int n_kv_heads, int hd,           \
-        const int* pos, int window, float scale, int split_keys, int max_splits, int flags, float* part_m,       \
+        const int* pos, int window, float scale, int split_keys, int max_splits, float* part_m,                 \
         float* part_l, float* part_acc, unsigned int* counters, float* out) {                                   \
-        prefetch_split_kv<KV, GM>(k_cache, v_cache, k_scale, v_scale, capacity, n_heads, n_kv_heads, hd, pos, window, \
-                              split_keys, max_splits, flags);                                                   \
-        pdl_wait_then_trigger();                                                                         \
+        pdl_wait_then_trigger();                                                                                 \
         attention_gqa<KV, GM>(q, q_stride, k_cache, v_cache, k_scale, v_scale, capacity, n_heads, n_kv_heads,  \
-                               hd, pos, window, scale, split_keys, max_splits, flags, part_m, part_l, part_acc,  \
+                               hd, pos, window, scale, split_keys, max_splits, part_m, part_l, part_acc,         \
                                counters, out);                                                                   \
     }
 ATTENTION_GQA_INT8_KERNEL(attention_gqa1_int8, KV8, 1)

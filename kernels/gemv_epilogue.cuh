@@ -23,34 +23,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return v;
 }
 
-// The weights of the decode step's next GEMV, prefetched into L2 by this kernel's last `tail` blocks
-// (thread 0 of each): up to two ranges (the gate and up halves of [gate; up] start far apart), each split
-// evenly over those blocks. The launch gap and the next kernel's ramp then read L2 instead of waiting on
-// HBM. Only the tail: a block of an early wave would prefetch lines that the rest of this kernel's own
-// stream evicts again. Null pointers / 0 bytes: nothing.
-struct NextWeights {
-    const unsigned char* a;
-    unsigned long long bytes_a;
-    const unsigned char* b;
-    unsigned long long bytes_b;
-    int tail;
-
-    __device__ __forceinline__ void prefetch() const {
-        int n = (int)gridDim.x < tail ? (int)gridDim.x : tail;
-        int k = (int)blockIdx.x - ((int)gridDim.x - n);                 // this block's place in the tail
-        if (k < 0) return;
-        for (int r = 0; r < 2; r++) {
-            const unsigned char* base = r == 0 ? a : b;
-            unsigned long long bytes = (r == 0 ? bytes_a : bytes_b) & ~15ull;
-            if (base == nullptr || bytes == 0) continue;
-            unsigned long long share = ((bytes + n - 1) / n + 15) & ~15ull;
-            unsigned long long start = share * k, end = start + share < bytes ? start + share : bytes;
-            for (unsigned long long off = start; off < end; off += 32768)
-                prefetch_l2(base + off, (unsigned int)(end - off < 32768 ? end - off : 32768));
-        }
-    }
-};
-
 // The two rows of row pair p. has_b is false only for the last pair of an odd PLAIN matrix, which then
 // reads row a twice (rb = ra) and stores once.
 struct RowPair {

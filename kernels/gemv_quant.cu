@@ -15,44 +15,21 @@
 //   A 16-byte load is 16 int8 or 32 int4 weights of one row ("a chunk"); with g % 32 == 0 an int4 chunk
 //   never straddles two groups, so it needs one scale and one min.
 //
-// v1 (gemv_int8_v1_*, gemv_int4_v1_*: plain y = W·x only, kept to compare) is gemv.cu v4's structure with
-// a dequantizing inner loop: one warp per row pair, 16-byte streaming loads (several in flight per lane
-// before any arithmetic), fp32 accumulation, one warp-shuffle reduction, and the same prologue/epilogues
-// (RMSNorm fused in; plain / + residual, SwiGLU, RoPE + KV append: gemv_epilogue.cuh). What is new:
-//  - Dequantization by bit tricks on fp16 (no <cuda_fp16.h>: common.cuh): a byte or a nibble OR-ed under
-//    the fp16 exponent of 1024 (0x6400) reads as 1024 + code; one f16x2 subtraction (or fused
-//    multiply-add, for a high nibble, which reads as 1024 + 16·code) leaves the code as an exact small
-//    float, two at a time. Per weight that is ~1 integer/half instruction, one fp16->fp32 widening and
-//    one FMA, all exact: the only rounding is fp32 accumulation, as in the fp16 kernel.
-//  - int4: Σ_k (q·s + m)·x_k over a chunk = s·Σ q·x + m·Σ x, so the min costs one FMA per chunk and row,
-//    given Σ x of the chunk, which the block computes once (x is shared by all rows).
-//  - x (times the norm gain when fused) is staged in shared memory once per block. A lane's chunk needs
-//    64 (int8) or 128 (int4) bytes of x; read from global memory, one such float4 load across a warp would
-//    touch 16 or 32 cache lines. In shared memory, padding each chunk of x by 4 floats makes the same
-//    reads conflict-free (32 consecutive chunks start in 32 different 4-bank groups... eight per phase).
-//  - Blocks loop over row pairs (the launcher sizes the grid to ~2 blocks per SM), so x is staged a few
-//    hundred times per matrix instead of once per 16 rows. The first 128 chunks (2 KB) of the first pair's
-//    rows are prefetched into L2 before the staging (Q_PREFETCH_CHUNKS: int4's first step of a 4096-wide
-//    row; whole rows, the first round of int8 down's pairs was 60 MB, more than the 50 MB L2, and H200
-//    decode measured 1-6% slower for int8, the same for int4: lessons/BENCHMARKS.md). Optionally (flags:
-//    Q_LOOKAHEAD) each warp also prefetches its next pair while it computes this one
-//    (cp.async.bulk.prefetch: no registers held). Measured on the H200 that was 1-3% slower
-//    (lessons/BENCHMARKS.md), so the launcher leaves it off.
+// The first version (v1: x staged as fp32, fp32 FMAs a weight) is in
+// minillm/cuda/dev/kernels/gemv_quant_versions.cu, with its story; this is v2. What both share with gemv.cu v4: one warp per row pair, 16-byte streaming loads
+// (several in flight per lane before any arithmetic), fp32 accumulation, one warp-shuffle reduction, the same
+// prologue/epilogues (RMSNorm fused in; plain / + residual, SwiGLU, RoPE + KV append: gemv_epilogue.cuh), x
+// (times the norm gain when fused) staged in shared memory once per block, and blocks that loop over row pairs
+// (the launcher sizes the grid to ~2 blocks per SM). The first Q_PREFETCH_CHUNKS (2 KB) of a warp's first pair's
+// rows are prefetched into L2 before the staging (whole rows measured slower: lessons/BENCHMARKS.md).
 //
-// Where v1 stood (H200, Mistral-7B shapes, in a CUDA graph): int8 2.3-2.8 TB/s on gate_up/down but
-// 1.6-1.7 on qkv/o; int4 1.0-1.8 TB/s. The compiled loop spends ~4.2 (int8) and ~5.2 (int4) instructions
-// per weight against the ~4 that 4 TB/s leaves at int4 (lesson 14), and all warps of an SM load, then
-// compute, in step. What would close the gap: the products on tensor cores (mma.sync with the codes
-// widened to fp16 in the A fragment, x as B: no per-weight widening or FMA), and loads of the next step
-// issued before the current step's arithmetic (register double-buffering).
-//
-// v2 (every other kernel here: the decode step's) keeps v1's structure and cuts the instructions per weight:
+// v2 (every GEMV kernel here: the decode step's) keeps v1's structure and cuts the instructions per weight:
 // the products are done two at a time in fp16 (HFMA2) and only a chunk's sum is widened to fp32.
 //  - x is staged in shared memory as fp16 (half of v1's bytes: shared-memory bandwidth was near its limit at
 //    int4 rates), each chunk of C values scaled by its own power of two 2^e_c and stored in the order the
 //    dequantizer produces code pairs: (x0, x2), (x1, x3) per 4 for int8; (x0, x4) .. (x3, x7) per 8 for int4;
 //    then 16 bytes of padding a chunk (conflict-free 16-byte reads, as in v1).
-//  - Per 16-byte chunk and row: the codes become exact f16x2 pairs (v1's bit tricks; int4 centred, n - 8),
+//  - Per 16-byte chunk and row: the codes become exact f16x2 pairs (quant_dot.cuh's bit tricks; int4 centred, n - 8),
 //    HFMA2 with the x pairs into one f16x2 partial (8 instructions for 16 int8 weights, 16 for 32 int4),
 //    then the two halves are widened, added and multiplied by 2^-e_c into the fp32 accumulator; the row's
 //    scale (int8), or the group's scale and (min + 8·scale)·Σx (int4, Σx of the chunk in fp32 from the
@@ -74,17 +51,8 @@
 // (int8) and 1.1e-1 (int4) of that scale: 26x and 160x what the fp16 products add. Whole small models,
 // GPU vs CPU, stay within the fp16 model tolerance (5e-3; emulated: 1.0-1.6e-3 from this alone).
 //
-// Where v2 stands (H200, 2026-11-29, Mistral-7B shapes, µs a launch in a CUDA graph over the 32 layers'
-// matrices; v1 -> v2, plain y = W·x):
-//     int8: qkv 13.2 -> 12.1, o 10.8 -> 9.9, gate_up 34.2 -> 32.5 (3.6 TB/s), down 25.4 -> 22.8
-//     int4: qkv 11.6 -> 9.8,  o 8.4 -> 8.0,  gate_up 31.5 -> 23.8 (2.6 TB/s), down 22.3 -> 18.2
-// int4's large matrices gain 18-24%, int8's 5-10%: int8 was less issue-bound than counted. What remains is
-// mostly not arithmetic: the small matrices (qkv, o: 9-17 MB) sit at an 8-12 µs floor of launch, staging x
-// and one HBM round trip whatever their bytes, and a warp's steps still load, then compute, in turn (int4
-// down: 448 chunks a row in 4 sequential steps of 4). Next: register double-buffering of the steps,
-// and fewer, larger launches (o_proj in attention's epilogue; a persistent per-layer kernel).
-// v3 (gemv_quant_mma.cu, KernelSettings.quant_version = 3) tries the first: tensor-core products and loads
-// one step ahead, same arguments and epilogues.
+// Where v2 stands, and the versions tried after it (tensor-core products, weights streamed by the TMA; both
+// slower, both in minillm/cuda/dev/kernels/): lessons/BENCHMARKS.md.
 #include "gemv_epilogue.cuh"
 #include "quant_dot.cuh"
 
@@ -110,86 +78,16 @@
 #define Q_QKV_MIN_BLOCKS 3
 #define Q_QKV_U8 4
 
-// ---- v1's products: fp32 FMAs (the codes' bit tricks: quant_dot.cuh) ----------------------------------
-// acc + Σ of 4 int8 weights (one 32-bit word, element 0 in the low byte) times x.x .. x.w.
-// Flipping each byte's sign bit gives b + 128 in 0..255; under the exponent of 1024 that reads 1152 + b.
-__device__ __forceinline__ float dot4_i8(unsigned int w, float4 x, float acc) {
-    unsigned int u = w ^ 0x80808080u;
-    unsigned int b02 = hsub2(__byte_perm(u, 0x64646464u, 0x4240), F16X2_1152);   // (b0, b2)
-    unsigned int b13 = hsub2(__byte_perm(u, 0x64646464u, 0x4341), F16X2_1152);   // (b1, b3)
-    acc = fmaf(F16::lo(b02), x.x, acc);
-    acc = fmaf(F16::lo(b13), x.y, acc);
-    acc = fmaf(F16::hi(b02), x.z, acc);
-    acc = fmaf(F16::hi(b13), x.w, acc);
-    return acc;
-}
-
-// acc + Σ of 8 int4 codes (one 32-bit word: nibble i, bits 4i..4i+3, is element i) times xa (elements
-// 0..3) and xb (4..7). Masking nibbles 0 and 4 into the two halves gives (1024 + n0, 1024 + n4); nibbles
-// 1 and 5 sit 4 bits higher and read (1024 + 16·n1, 1024 + 16·n5): /16 - 64 gives n1, n5 exactly.
-__device__ __forceinline__ float dot8_i4(unsigned int w, float4 xa, float4 xb, float acc) {
-    unsigned int n04 = hsub2((w & 0x000F000Fu) | F16X2_1024, F16X2_1024);
-    unsigned int n15 = hfma2((w & 0x00F000F0u) | F16X2_1024, F16X2_SIXTEENTH, F16X2_MINUS_64);
-    w >>= 8;
-    unsigned int n26 = hsub2((w & 0x000F000Fu) | F16X2_1024, F16X2_1024);
-    unsigned int n37 = hfma2((w & 0x00F000F0u) | F16X2_1024, F16X2_SIXTEENTH, F16X2_MINUS_64);
-    acc = fmaf(F16::lo(n04), xa.x, acc);
-    acc = fmaf(F16::lo(n15), xa.y, acc);
-    acc = fmaf(F16::lo(n26), xa.z, acc);
-    acc = fmaf(F16::lo(n37), xa.w, acc);
-    acc = fmaf(F16::hi(n04), xb.x, acc);
-    acc = fmaf(F16::hi(n15), xb.y, acc);
-    acc = fmaf(F16::hi(n26), xb.z, acc);
-    acc = fmaf(F16::hi(n37), xb.w, acc);
-    return acc;
-}
-
-// ---- staging x in shared memory ------------------------------------------------------------------------
-// x (times gain when NORM) -> xs, chunk c of C floats at xs[c * (C + 4)], zeros from `in` up to the padded
-// width n_chunks · C. Returns Σ x² (NORM; every thread must call: block barriers inside).
-template <int C, bool NORM>
-__device__ __forceinline__ float stage_x(const float* __restrict__ x, const float* __restrict__ gain, int in,
-                                         int n_chunks, float* __restrict__ xs) {
-    int n4 = n_chunks * (C / 4);
-    bool vec = (in & 3) == 0;              // whole float4s (x itself is 16-byte aligned: a CuPy allocation)
-    float ss = 0.0f;
-#pragma unroll 4
-    for (int i4 = threadIdx.x; i4 < n4; i4 += blockDim.x) {
-        int i = 4 * i4;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f), g = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-        if (vec) {
-            if (i < in) {
-                v = reinterpret_cast<const float4*>(x)[i4];
-                if (NORM) g = reinterpret_cast<const float4*>(gain)[i4];
-            }
-        } else {
-            if (i < in) { v.x = x[i]; if (NORM) g.x = gain[i]; }
-            if (i + 1 < in) { v.y = x[i + 1]; if (NORM) g.y = gain[i + 1]; }
-            if (i + 2 < in) { v.z = x[i + 2]; if (NORM) g.z = gain[i + 2]; }
-            if (i + 3 < in) { v.w = x[i + 3]; if (NORM) g.w = gain[i + 3]; }
-        }
-        if (NORM) {
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            v.x *= g.x; v.y *= g.y; v.z *= g.z; v.w *= g.w;
-        }
-        *reinterpret_cast<float4*>(xs + (i / C) * (C + 4) + (i % C)) = v;
-    }
-    if (NORM) ss = block_sum(ss);
-    __syncthreads();
-    return ss;
-}
-
 // Row pair p's weights into L2 (one bulk prefetch a row, by lane 0) and, for int4, its rows' scales and mins
-// (lanes 1-4, a 128-byte line at a time): issued a pair or two ahead, the loads of pair p then hit L2.
-// whole: the rows' every chunk (Q_PREWAIT_ROWS), not just their first Q_PREFETCH_CHUNKS.
+// (lanes 1-4, a 128-byte line at a time): issued before the staging, the first loads of pair p then hit L2.
 template <int EPI, bool INT4>
 __device__ __forceinline__ void prefetch_pair(int p, int pairs, int rows, int hd, const uint4* qw, int n_chunks,
-                                              const void* scales, const u16* mins, int n_groups, bool whole = false) {
+                                              const void* scales, const u16* mins, int n_groups) {
     RowPair r;
     if (p >= pairs || !row_pair<EPI>(p, rows, hd, r)) return;
     int lane = threadIdx.x & 31;
     if (lane == 0) {
-        unsigned int chunks = !whole && Q_PREFETCH_CHUNKS > 0 && n_chunks > Q_PREFETCH_CHUNKS ? Q_PREFETCH_CHUNKS : n_chunks;
+        unsigned int chunks = Q_PREFETCH_CHUNKS > 0 && n_chunks > Q_PREFETCH_CHUNKS ? Q_PREFETCH_CHUNKS : n_chunks;
         prefetch_l2(qw + (size_t)r.ra * n_chunks, chunks * 16u);
         if (r.rb != r.ra) prefetch_l2(qw + (size_t)r.rb * n_chunks, chunks * 16u);
     } else if (INT4 && lane <= 4) {
@@ -200,128 +98,6 @@ __device__ __forceinline__ void prefetch_pair(int p, int pairs, int rows, int hd
         asm volatile("prefetch.global.L2 [%0];" :: "l"(row + 2 * n_groups - 1));   // the last line
     }
 }
-
-// ---- the two formats: a row pair's dot products --------------------------------------------------------
-struct Int8Rows {
-    static constexpr int C = 16;           // weights (and floats of x) per 16-byte chunk
-    static constexpr int U = 8;            // chunks in flight per lane per row (x 2 rows: 4 KB a warp)
-    static constexpr bool CHUNK_SUMS = false;
-
-    // x -> shared memory (returns Σ x² for the norm): v1 keeps it fp32, C + 4 floats a chunk
-    template <bool NORM>
-    static __device__ __forceinline__ float stage(const float* x, const float* gain, int in, int n_chunks, float* smem) {
-        return stage_x<C, NORM>(x, gain, in, n_chunks, smem);
-    }
-
-    // acc_a, acc_b = Σ_k W[r, k]·xs[k] for r = ra, rb (every lane gets them)
-    static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales, const u16* mins,
-                                               int n_chunks, int n_groups, int cpg, int cpg_shift,
-                                               const float* xs, int ra, int rb, float& acc_a, float& acc_b) {
-        int lane = threadIdx.x & 31;
-        float s_a = static_cast<const float*>(scales)[ra], s_b = static_cast<const float*>(scales)[rb];
-        const uint4* wa = qw + (size_t)ra * n_chunks;
-        const uint4* wb = qw + (size_t)rb * n_chunks;
-        float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f;            // two chains a row: more in flight
-        for (int base = 0; base < n_chunks; base += 32 * U) {
-            uint4 va[U], vb[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int i = base + 32 * u + lane;
-                if (i < n_chunks) { va[u] = ld_stream(wa + i); vb[u] = ld_stream(wb + i); }
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int i = base + 32 * u + lane;
-                if (i < n_chunks) {
-                    const float4* x4 = reinterpret_cast<const float4*>(xs + i * (C + 4));
-                    float4 x0 = x4[0], x1 = x4[1], x2 = x4[2], x3 = x4[3];
-                    a0 = dot4_i8(va[u].x, x0, a0); b0 = dot4_i8(vb[u].x, x0, b0);
-                    a1 = dot4_i8(va[u].y, x1, a1); b1 = dot4_i8(vb[u].y, x1, b1);
-                    a0 = dot4_i8(va[u].z, x2, a0); b0 = dot4_i8(vb[u].z, x2, b0);
-                    a1 = dot4_i8(va[u].w, x3, a1); b1 = dot4_i8(vb[u].w, x3, b1);
-                }
-            }
-        }
-        acc_a = warp_sum(a0 + a1) * s_a;
-        acc_b = warp_sum(b0 + b1) * s_b;
-    }
-};
-
-struct Int4Rows {
-    static constexpr int C = 32;
-    static constexpr int U = 4;            // x 2 rows x 16 bytes: 4 KB a warp; a 4096-wide row is one step
-    static constexpr bool CHUNK_SUMS = true;
-
-    // x -> shared memory as fp32, then Σ x of each chunk after it (the min's term)
-    template <bool NORM>
-    static __device__ __forceinline__ float stage(const float* x, const float* gain, int in, int n_chunks, float* smem) {
-        float ss = stage_x<C, NORM>(x, gain, in, n_chunks, smem);
-        float* xsum = smem + (size_t)n_chunks * (C + 4);
-        for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
-            const float4* x4 = reinterpret_cast<const float4*>(smem + c * (C + 4));
-            float s = 0.0f;
-#pragma unroll
-            for (int k = 0; k < C / 4; k++) {
-                float4 v = x4[k];
-                s += (v.x + v.y) + (v.z + v.w);
-            }
-            xsum[c] = s;
-        }
-        __syncthreads();
-        return ss;
-    }
-
-    static __device__ __forceinline__ void dot(const uint4* __restrict__ qw, const void* scales,
-                                               const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
-                                               int cpg_shift, const float* xs, int ra, int rb,
-                                               float& acc_a, float& acc_b) {
-        int lane = threadIdx.x & 31;
-        const float* xsum = xs + (size_t)n_chunks * (C + 4);
-        const u16* sa = static_cast<const u16*>(scales) + (size_t)ra * n_groups;
-        const u16* sb = static_cast<const u16*>(scales) + (size_t)rb * n_groups;
-        const u16* ma = mins + (size_t)ra * n_groups;
-        const u16* mb = mins + (size_t)rb * n_groups;
-        const uint4* wa = qw + (size_t)ra * n_chunks;
-        const uint4* wb = qw + (size_t)rb * n_chunks;
-        acc_a = 0.0f;
-        acc_b = 0.0f;
-        for (int base = 0; base < n_chunks; base += 32 * U) {
-            uint4 va[U], vb[U];
-            u16 s_a[U], m_a[U], s_b[U], m_b[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) {                              // weights, scales and mins all in flight
-                int i = base + 32 * u + lane;
-                if (i < n_chunks) {
-                    va[u] = ld_stream(wa + i);
-                    vb[u] = ld_stream(wb + i);
-                    int g = cpg_shift >= 0 ? i >> cpg_shift : i / cpg;   // the chunk's group
-                    s_a[u] = sa[g]; m_a[u] = ma[g]; s_b[u] = sb[g]; m_b[u] = mb[g];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int i = base + 32 * u + lane;
-                if (i < n_chunks) {
-                    const float4* x4 = reinterpret_cast<const float4*>(xs + i * (C + 4));
-                    float pa0 = 0.0f, pa1 = 0.0f, pb0 = 0.0f, pb1 = 0.0f;   // Σ q·x over the chunk
-                    float4 xa = x4[0], xb = x4[1];
-                    pa0 = dot8_i4(va[u].x, xa, xb, pa0); pb0 = dot8_i4(vb[u].x, xa, xb, pb0);
-                    xa = x4[2]; xb = x4[3];
-                    pa1 = dot8_i4(va[u].y, xa, xb, pa1); pb1 = dot8_i4(vb[u].y, xa, xb, pb1);
-                    xa = x4[4]; xb = x4[5];
-                    pa0 = dot8_i4(va[u].z, xa, xb, pa0); pb0 = dot8_i4(vb[u].z, xa, xb, pb0);
-                    xa = x4[6]; xb = x4[7];
-                    pa1 = dot8_i4(va[u].w, xa, xb, pa1); pb1 = dot8_i4(vb[u].w, xa, xb, pb1);
-                    float X = xsum[i];                                      // Σ x over the chunk
-                    acc_a = fmaf(F16::to_float(s_a[u]), pa0 + pa1, fmaf(F16::to_float(m_a[u]), X, acc_a));
-                    acc_b = fmaf(F16::to_float(s_b[u]), pb0 + pb1, fmaf(F16::to_float(m_b[u]), X, acc_b));
-                }
-            }
-        }
-        acc_a = warp_sum(acc_a);
-        acc_b = warp_sum(acc_b);
-    }
-};
 
 // ---- v2: x in fp16, two products per instruction (HFMA2, quant_dot.cuh), one fp32 widening per chunk -------
 #ifndef Q_STAGE_BATCH
@@ -504,48 +280,24 @@ struct Int4RowsH {
 };
 
 // ---- the kernel -----------------------------------------------------------------------------------------
-#define Q_LOOKAHEAD 1        // flags bit: prefetch each warp's next row pair into L2 while computing this one
-#define Q_LOOKAHEAD_2 2      // flags bit: two pairs ahead instead of one
-// flags bit: before the wait for the kernel ahead, every row of every pair a warp will compute is asked of L2
-// (not just each warp's first Q_PREFETCH_CHUNKS): for a GEMV behind a short kernel that leaves HBM idle
-// (o_proj behind decode attention), whose whole matrix can then arrive during that kernel.
-#define Q_PREWAIT_ROWS 4
-
 template <class F, class W, bool NORM, int EPI>
 __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const void* __restrict__ scales,
                                            const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
                                            int cpg_shift, const float* __restrict__ x, const float* __restrict__ gain,
-                                           float eps, int in, int pairs, int rows, const Epilogue<W>& ep, int flags,
-                                           const NextWeights& next, unsigned int* grid_bar = nullptr) {
+                                           float eps, int in, int pairs, int rows, const Epilogue<W>& ep) {
     extern __shared__ float4 smem4[];
     float* smem = reinterpret_cast<float*>(smem4);                    // x as the format stages it (F::stage)
     int lane = threadIdx.x & 31;
     int first = blockIdx.x * Q_WARPS + (threadIdx.x >> 5);            // this warp's first row pair
     int stride = gridDim.x * Q_WARPS;                                  // ... and the distance to its next
-    int ahead = (flags & Q_LOOKAHEAD) ? ((flags & Q_LOOKAHEAD_2) ? 2 : 1) : 0;
-    if (flags & Q_PREWAIT_ROWS) {
-        for (int p = first; p < pairs; p += stride)
-            prefetch_pair<EPI, F::CHUNK_SUMS>(p, pairs, rows, ep.hd, qw, n_chunks, scales, mins, n_groups, true);
-    } else {
-        for (int d = 0; d <= ahead; d++)                               // on their way during the staging
-            prefetch_pair<EPI, F::CHUNK_SUMS>(first + d * stride, pairs, rows, ep.hd, qw, n_chunks, scales, mins,
-                                              n_groups);
-    }
-    if (threadIdx.x == 0 && first + stride >= pairs) next.prefetch();  // a block with one round: now
-    if (grid_bar != nullptr)                  // a later phase of gemv_layer.cuh's kernel: x is an earlier phase's
-        grid_barrier(grid_bar);
-    else
-        pdl_wait_then_trigger();              // x is the last kernel's output: the prefetches above were not
+    prefetch_pair<EPI, F::CHUNK_SUMS>(first, pairs, rows, ep.hd, qw, n_chunks, scales, mins, n_groups);  // during the staging
+    pdl_wait_then_trigger();                  // x is the last kernel's output: the prefetch above was not
 
     float ss = F::template stage<NORM>(x, gain, in, n_chunks, smem);
     float inv_rms = NORM ? rsqrtf(ss / (float)in + eps) : 1.0f;
 
     RowPair r;
     for (int p = first; p < pairs; p += stride) {                      // warp-uniform
-        if (ahead)
-            prefetch_pair<EPI, F::CHUNK_SUMS>(p + (ahead + 1) * stride, pairs, rows, ep.hd, qw, n_chunks, scales,
-                                              mins, n_groups);
-        if (threadIdx.x == 0 && p > first && p + stride >= pairs) next.prefetch();   // this block's last round
         if (!row_pair<EPI>(p, rows, ep.hd, r)) break;
         float acc_a, acc_b;
         F::dot(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, smem, r.ra, r.rb, acc_a, acc_b);
@@ -554,24 +306,21 @@ __device__ __forceinline__ void gemv_quant(const uint4* __restrict__ qw, const v
 }
 
 // grid (any; the launcher: ~2 blocks per SM), block (32 * Q_WARPS = 256), dynamic shared memory
-// v2: n_chunks * (C / 2 + 5) * 4 bytes (+ n_chunks * 4 for int4); v1: n_chunks * (C + 4) * 4 (+ n_chunks * 4
-// for int4). One signature for both formats and every variant:
+// n_chunks * (C / 2 + 5) * 4 bytes (+ n_chunks * 4 for int4). One signature for both formats and every variant:
 //   qw [rows, n_chunks] 16-byte chunks; scales: fp32 [rows] (int8) or fp16 [rows, n_groups] (int4);
 //   mins fp16 [rows, n_groups] (int4; int8: any pointer); cpg = chunks per group (g / 32), cpg_shift its
 //   log2 or -1; x [in] fp32; gain [in] fp32 (NORM); pairs = ceil(rows / 2) (PLAIN), rows / 2 (SWIGLU, QKV);
-//   y, the QKV arguments and next_* as in gemv.cu v4 (gemv_epilogue.cuh); flags: Q_LOOKAHEAD(_2), Q_PREWAIT_ROWS.
+//   y and the QKV arguments as in gemv.cu v4 (gemv_epilogue.cuh).
 #define GEMV_QUANT_KERNEL(NAME, F, W, NORM, EPI) GEMV_QUANT_KERNEL_AT(NAME, F, W, NORM, EPI, Q_MIN_BLOCKS)
 #define GEMV_QUANT_KERNEL_AT(NAME, F, W, NORM, EPI, MIN_BLOCKS)                                                  \
     extern "C" __global__ void __launch_bounds__(32 * Q_WARPS, MIN_BLOCKS) NAME(                                 \
         const uint4* qw, const void* scales, const u16* mins, int n_chunks, int n_groups, int cpg, int cpg_shift,\
         const float* x, const float* gain, float eps, int in, int pairs, float* y, int rows, int accumulate,     \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,            \
-        int n_kv_heads, int hd, int flags, const unsigned char* next_a, unsigned long long next_bytes_a,         \
-        const unsigned char* next_b, unsigned long long next_bytes_b, int next_tail) {                          \
+        int n_kv_heads, int hd) {                                                                               \
         Epilogue<W> ep{y, accumulate, k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads, hd};       \
-        NextWeights next{next_a, next_bytes_a, next_b, next_bytes_b, next_tail};                                \
         gemv_quant<F, W, NORM, EPI>(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in,    \
-                                    pairs, rows, ep, flags, next);                                               \
+                                    pairs, rows, ep);                                                            \
     }
 GEMV_QUANT_KERNEL(gemv_int8_f16, Int8RowsH, F16, false, EPI_PLAIN)
 GEMV_QUANT_KERNEL(gemv_int8_bf16, Int8RowsH, BF16, false, EPI_PLAIN)
@@ -581,10 +330,6 @@ GEMV_QUANT_KERNEL(gemv_swiglu_int8_f16, Int8RowsH, F16, false, EPI_SWIGLU)
 GEMV_QUANT_KERNEL(gemv_swiglu_int8_bf16, Int8RowsH, BF16, false, EPI_SWIGLU)
 GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_f16, Int8RowsH, F16, true, EPI_SWIGLU)
 GEMV_QUANT_KERNEL(gemv_rmsnorm_swiglu_int8_bf16, Int8RowsH, BF16, true, EPI_SWIGLU)
-GEMV_QUANT_KERNEL(gemv_qkv_int8_f16, Int8RowsH, F16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_qkv_int8_bf16, Int8RowsH, BF16, false, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_f16, Int8RowsH, F16, true, EPI_QKV)
-GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int8_bf16, Int8RowsH, BF16, true, EPI_QKV)
 GEMV_QUANT_KERNEL_AT(gemv_qkv_int8_3b_f16, Int8RowsHU<Q_QKV_U8>, F16, false, EPI_QKV, Q_QKV_MIN_BLOCKS)
 GEMV_QUANT_KERNEL_AT(gemv_qkv_int8_3b_bf16, Int8RowsHU<Q_QKV_U8>, BF16, false, EPI_QKV, Q_QKV_MIN_BLOCKS)
 GEMV_QUANT_KERNEL_AT(gemv_rmsnorm_qkv_int8_3b_f16, Int8RowsHU<Q_QKV_U8>, F16, true, EPI_QKV, Q_QKV_MIN_BLOCKS)
@@ -601,12 +346,6 @@ GEMV_QUANT_KERNEL(gemv_qkv_int4_f16, Int4RowsH, F16, false, EPI_QKV)
 GEMV_QUANT_KERNEL(gemv_qkv_int4_bf16, Int4RowsH, BF16, false, EPI_QKV)
 GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_f16, Int4RowsH, F16, true, EPI_QKV)
 GEMV_QUANT_KERNEL(gemv_rmsnorm_qkv_int4_bf16, Int4RowsH, BF16, true, EPI_QKV)
-// v1, plain y (+)= W·x only: kept to compare (minillm.cuda.qbench times both)
-GEMV_QUANT_KERNEL(gemv_int8_v1_f16, Int8Rows, F16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_int8_v1_bf16, Int8Rows, BF16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_int4_v1_f16, Int4Rows, F16, false, EPI_PLAIN)
-GEMV_QUANT_KERNEL(gemv_int4_v1_bf16, Int4Rows, BF16, false, EPI_PLAIN)
-
 // ---- prefill: the whole matrix back to 16 bits for cuBLAS ---------------------------------------------------
 // out [rows, in] 16-bit = W, 8 consecutive elements of a row per thread (one 16-byte store when in % 8 == 0).
 // An int4 run of 8 is one 32-bit word of codes in one group (c0 % 8 == 0, g % 32 == 0).

@@ -75,23 +75,13 @@ __device__ __forceinline__ unsigned int dot8_i4_h2(unsigned int w, uint4 x, unsi
 // ---- x in chunks: loaded, scaled, packed --------------------------------------------------------------------
 #define X_TOP 5              // each chunk of x is scaled so that its largest |value| lies in [2^(X_TOP-1), 2^X_TOP)
 
-// x's loads. By default through the read-only path; with Q_X_COHERENT (the one-kernel-a-layer experiment,
-// kernels/gemv_layer.cuh, whose phases read an x that other blocks of the same kernel have just written) from
-// L2, where those writes are: an SM's L1 may still hold the lines it read in an earlier phase.
+// x's loads (through the read-only path)
 __device__ __forceinline__ float4 ld_x4(const float* __restrict__ base, int k) {     // float4 k from base
-#ifdef Q_X_COHERENT
-    return __ldcg(reinterpret_cast<const float4*>(base) + k);
-#else
     return reinterpret_cast<const float4*>(base)[k];
-#endif
 }
 
 __device__ __forceinline__ float ld_x(const float* __restrict__ base, int i) {
-#ifdef Q_X_COHERENT
-    return __ldcg(base + i);
-#else
     return base[i];
-#endif
 }
 
 // chunk c of x (times gain when NORM) -> v[C] (zeros past `in`); Σ x² of it added to ss in x's order (NORM)

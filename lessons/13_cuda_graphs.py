@@ -10,6 +10,8 @@ arguments and their order) and replayed with one launch per token. What changes 
 the token id and its position, sits in a device buffer that the kernels read, so one graph serves every
 step (`GPUTransformer(use_graph=True)`, the default; `use_graph=False` launches the same kernels one by
 one). Fusing kernels (gemv v4: RMSNorm, RoPE, KV append, SwiGLU folded into the GEMVs) cuts the count.
+The engine ships only v4 with every fusion; the earlier decode steps (gemv v2, norms as their own launches)
+live in the laboratory, minillm/cuda/dev/lab.py, which runs them on the same weights (llm.c's dev/cuda way).
 
 On the CPU we count the launches of each decode configuration by running the engine's own decode step
 with a recording stand-in for the GPU, and time the engine's Python per launch. On a GPU we measure what
@@ -33,7 +35,7 @@ from minillm.course import (print_table, quick, record_decode_launches, recordin
                             transfer_bytes_reference, why_no_gpu)
 
 SHAPES = {"SmolLM2-135M": "smollm2-135m", "Mistral-7B": "mistral-7b"}
-# (label, gemv_version, fuse_norm): the engine's decode configurations, first version to default
+# (label, gemv_version, fuse_norm): the decode step's versions, the first (the lab's) to the shipped one
 CONFIGS = [("v2, norm separate", 2, False), ("v2 + norm fused (v3)", 2, True),
            ("v4, norm separate", 4, False), ("v4 + norm fused (default)", 4, True)]
 # Measured on an H200 (2026-11-29, CuPy 14.2; the copy bandwidth is in lessons/BENCHMARKS.md), quoted for the
@@ -111,6 +113,7 @@ def decode_timings(preset: str, n_tokens: int) -> list[dict]:
     """For each configuration: launches counted on the GPU, µs per token eager and with the graph, host µs
     to queue one eager step, and GPU µs of one graph replay. Random fp16 weights made on the device."""
     import cupy as cp
+    from minillm.cuda.dev.lab import LabTransformer
     from minillm.cuda.gpu_model import GPUTransformer
     cfg = PRESETS[preset].config
     start = time.perf_counter()
@@ -120,7 +123,7 @@ def decode_timings(preset: str, n_tokens: int) -> list[dict]:
     cache = gpu.new_cache(n_tokens + 8)
     rows = []
     for label, version, fuse in CONFIGS:
-        run = gpu.with_options(gemv_version=version, fuse_norm=fuse)    # same weights, that step's kernels
+        run = LabTransformer.of(gpu, gemv_version=version, fuse_norm=fuse)   # same weights, that step's kernels
         counted = []
 
         def count(name, launch):

@@ -44,7 +44,7 @@ INSTR_PER_WEIGHT = {"fp16": 2.0, "int8": 7 / 4, "int4-g128": 13 / 8}
 # (v1, fp32 products with one widening per weight, took 1065/256 and 1330/256)
 SASS_INSTR_PER_WEIGHT = {"int8": 715 / 256, "int4-g128": 752 / 256}
 RESULTS = {}                      # what the GPU parts measured, for the plot
-TMA_SETTINGS = {"quant_version": 4, "wide_tma": True}   # kernels/gemv_quant_tma.cu for every format
+TMA_SETTINGS = {"quant_version": 4, "wide_tma": True}   # the lab's dev/kernels/gemv_quant_tma.cu, every format
 
 
 # ---- bytes per token ------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def gpu_gemvs(cfg) -> None:
                      f"{2 * r * c / nbytes:.2f}"])
     print_table("one GEMV y = W·x (no fusion), in a CUDA graph over copies that do not fit in L2",
                 ["format", "matrix", "shape", "MB", "µs", "GB/s", "% copy", "FLOP/byte"], rows)
-    # the same matrices with the weights streamed into shared memory by the TMA (kernels/gemv_quant_tma.cu)
+    # the same matrices with the weights streamed into shared memory by the TMA (the lab's gemv_quant_tma.cu)
     tma = RESULTS["gemv_tma"] = gemv_points(cfg, ("float16", "int8", "int4"), settings=TMA_SETTINGS)
     rows = []
     for (fmt, name, (r, c), nbytes, us), (_, _, _, _, us_tma) in zip(points, tma):
@@ -153,8 +153,9 @@ def gpu_models(cfg, n_new: int) -> None:
     """Decode tok/s of each format with the engine's step, and with the step as it was before programmatic
     dependent launch (settings.pdl off: each kernel waits for the last one to drain before it starts)."""
     import cupy as cp
-    from minillm.cuda.gpu_model import GPUTransformer
     from minillm.cuda.dev.bench import decode_tok_s
+    from minillm.cuda.dev.lab import LabTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
     bw = RESULTS.get("copy_bw", QUOTED_COPY_BW)
     rows, RESULTS["model"], RESULTS["model_before"] = [], [], []
     for fmt, quant in (("fp16", None), ("int8", "int8"), ("int4-g128", "int4")):
@@ -162,7 +163,7 @@ def gpu_models(cfg, n_new: int) -> None:
         cache = gpu.new_cache(n_new + 32)
         before, _ = decode_tok_s(gpu.with_settings(pdl=False), cache, np.arange(1, 17), n_new)
         tps, _ = decode_tok_s(gpu, cache, np.arange(1, 17), n_new)         # greedy, the CUDA graph
-        streamed, _ = decode_tok_s(gpu.with_settings(**TMA_SETTINGS), cache, np.arange(1, 17), n_new)
+        streamed, _ = decode_tok_s(LabTransformer.of(gpu, **TMA_SETTINGS), cache, np.arange(1, 17), n_new)
         nbytes = gpu.weight_bytes
         RESULTS["model"].append((fmt, nbytes, tps))
         RESULTS["model_before"].append((fmt, nbytes, before))
@@ -240,28 +241,10 @@ def main():
           "per 16-byte chunk: ~3 per weight compiled (the SASS columns), under the roof. What keeps int4 below\n"
           "its roofline now is the small matrices' fixed cost per launch (~8-12 us: launch, staging x, one\n"
           "memory round trip) and loads that still wait for the arithmetic (lessons/BENCHMARKS.md).\n"
-          "Programmatic dependent launch (Hopper) hides part of that fixed cost: each GEMV may start while\n"
-          "the one before drains, its first weight loads in flight before it waits for x (cuda/pdl.py):\n"
-          "on the H200 int4 decode went 416 -> 460 tok/s, int8 341 -> 365, fp16 +2%.\n"
-          "Where the rest goes (python -m minillm.cuda.dev.qfloor: the kernel recompiled with one part taken\n"
-          "out): with x's staging in shared memory free, int8 would decode 9% faster and int4 17%, yet staging\n"
-          "it half as often, with fewer round trips, or with the first weights already copied in during it\n"
-          "did not help: within one launch, every block must stage x before its first product. An L2 prefetch\n"
-          "issued before the staging hides part of that; whole rows were too much (int8 down's first rows,\n"
-          "60 MB, overflowed the 50 MB L2), a row's first 2 KB is +1-6% for int8. What is left needs x staged\n"
-          "once per GEMV, and fewer launches (lessons/BENCHMARKS.md, issue 24).\n"
-          "A grid runs in rounds: int8's q|k|v GEMV (Mistral-7B's 3072 row pairs, 8 a block) took two rounds\n"
-          "of 192 blocks at 2 blocks an SM, a quarter of the warps idle in both; compiled for 3 an SM (4 loads\n"
-          "in flight a step instead of 8: 74 registers instead of 110) its 384 blocks fit one round, +3% decode\n"
-          "on the H200 with the same numbers bit for bit (KernelSettings.qkv_one_round; int4 lost 1%: not it).\n"
-          "Streaming the weights with the TMA instead (kernels/gemv_quant_tma.cu: a producer warp copies whole\n"
-          "rows into a ring of shared-memory stages, x stays in the consumers' registers, no staging) reaches\n"
-          "98-99% of copy on fp16's large matrices, yet loses on int8 and int4 (their consumers hold each\n"
-          "stage longer) and in every whole decode, fp16 too (0.93x, though each of its GEMVs alone is as fast\n"
-          "or faster). The likely reason, not isolated by a measurement: 208 KB of shared memory an SM leaves\n"
-          "no room for the next kernel's blocks to start early (programmatic dependent launch) and forces the\n"
-          "SM's largest shared-memory split between kernels that want L1. The GPU parts below measure both;\n"
-          "the decode step keeps gemv_quant.cu v2 and gemv.cu v4.")
+          "What was tried after v2 (programmatic dependent launch, L2 prefetches, int8's q|k|v grid in one\n"
+          "round, the weights streamed into shared memory by the TMA) and what each measured is the project's\n"
+          "history: lessons/BENCHMARKS_HISTORY.md. The engine ships gemv_quant.cu v2 and gemv.cu v4; the GPU\n"
+          "parts below also run the TMA version from the laboratory (minillm/cuda/dev/lab.py) beside them.")
 
     print_table("the kernel's dequantization, reproduced in NumPy (0 = exact)", ["check", "max |difference|", "over"],
                 check_magic(8 if small else 64, 576 if small else 4096))

@@ -198,7 +198,7 @@ def gpu_prefill_attention() -> None:
     print("A decode row has one query, so reading its keys one by one is all there is to do. A prompt chunk has\n"
           "128 queries over the same keys: the tensor-core kernel loads a tile of keys once for 64 query rows and\n"
           "multiplies them as matrices (lesson 24's FlashAttention, its K/V tiles read through the block table).\n"
-          "The engine uses it for every step with a prompt chunk (MINILLM_BATCH_PREFILL=paged turns it off).")
+          "The engine uses it for every step with a prompt chunk (GPUBatching(model, prefill=\"paged\") does not).")
 
 
 if __name__ == "__main__":

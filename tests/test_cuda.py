@@ -16,6 +16,7 @@ from minillm.cuda.dev.attention import check_attention, check_kv_append, check_p
 from minillm.cuda.dev.common import rel_err  # noqa: E402
 from minillm.cuda.dev.elementwise import check_embed_cast, check_rmsnorm, check_rope, check_swiglu  # noqa: E402
 from minillm.cuda.dev.gemv import check_gemv, check_gemv_qkv, check_gemv_rmsnorm, check_gemv_swiglu  # noqa: E402
+from minillm.cuda.dev.lab import as_lab  # noqa: E402
 from minillm.cuda.dev.model import (check_graph_equals_eager, check_greedy, check_model_logits,  # noqa: E402
                                     random_cpu_model, small_config)
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
@@ -97,11 +98,11 @@ def test_attention_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, wind
     ok(check_attention(k, T, n_heads, n_kv, hd, length, n_splits, window, fused=version >= 2))
 
 
-def attention_version(k: Kernels, version: int, split_keys: int = 0, one_wave: bool = True, flags: int = 0) -> Kernels:
-    """k launching the fused-combine attention as KernelSettings.attention_version = version, with v3's
-    attention_split_keys, attention_one_wave and attention_flags."""
-    return k.with_settings(attention_version=version, attention_split_keys=split_keys, attention_one_wave=one_wave,
-                           attention_flags=flags)
+def attention_version(k: Kernels, version: int, split_keys: int = 0, one_wave: bool = True) -> Kernels:
+    """k launching the fused-combine attention as the lab's LabSettings.attention_version = version (3: the
+    shipped kernel; 2: its fallback everywhere), with v3's attention_split_keys and attention_one_wave."""
+    return as_lab(k).with_settings(attention_version=version, attention_split_keys=split_keys,
+                                   attention_one_wave=one_wave)
 
 
 # v3 (attention_gqa*): a block per KV head serving up to 4 query heads, splits chosen at run time
@@ -126,13 +127,10 @@ def test_attention_v3_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, w
     ok(check_attention(attention_version(k, 3, split_keys), T, n_heads, n_kv, hd, length, n_splits, window, fused=True))
 
 
-@pytest.mark.parametrize("one_wave,flags", [(False, 0), (True, 1), (False, 1)],
-                         ids=["all splits", "v2's fences", "all splits, v2's fences"])
 @pytest.mark.parametrize("length", [65, 2100])
-def test_attention_v3_settings_give_the_same_result(k, one_wave, flags, length):
-    """The grid capped at one wave of blocks or not (17 splits on 8 KV heads: 136 blocks), and the ticket
-    with one thread's release/acquire or v2's fences in every thread: the same attention."""
-    ok(check_attention(attention_version(k, 3, 0, one_wave, flags), 1, 32, 8, 128, length, 17, fused=True))
+def test_attention_v3_without_the_one_wave_cap_gives_the_same_result(k, length):
+    """The grid not capped at one wave of blocks (17 splits on 8 KV heads: 136 blocks): the same attention."""
+    ok(check_attention(attention_version(k, 3, 0, one_wave=False), 1, 32, 8, 128, length, 17, fused=True))
 
 
 def test_attention_v3_falls_back_to_v2_when_head_dim_is_not_a_multiple_of_8(k):

@@ -42,7 +42,7 @@ def test_kv_append_int8_quantizes_like_the_cpu_cache(k, T, n_heads, n_kv, hd, ca
 ])
 @pytest.mark.parametrize("codes_per_lane", [16, 8])   # 16: attention_gqa*_int8x16 where hd % 16 == 0
 def test_attention_over_int8_cache_matches_numpy(k, T, n_heads, n_kv, hd, length, n_splits, window, codes_per_lane):
-    k = k.with_settings(attention_int8_codes_per_lane=codes_per_lane)
+    k = as_lab(k).with_settings(attention_int8_codes_per_lane=codes_per_lane)
     ok(check_attention_int8(k, T, n_heads, n_kv, hd, length, n_splits, window))
 
 

@@ -1,7 +1,7 @@
 """Programmatic dependent launch on the GPU: the decode graph with PDL (KernelSettings.pdl) gives the same
 tokens and the same logits, bit for bit, as without it (the same kernels; only when each may start
-changes), for 16-bit, int8 and int4 weights and both KV caches; so do the chain's prefetches and int8's
-q|k|v GEMV at 3 blocks an SM, the 16-bit one at 6. Skipped without a CUDA device."""
+changes), for 16-bit, int8 and int4 weights and both KV caches; so does int8's q|k|v GEMV at 3 blocks an SM
+against the lab's 2-blocks build. Skipped without a CUDA device."""
 import numpy as np
 import pytest
 
@@ -9,6 +9,7 @@ from gpu_skip import cupy_with_a_device
 
 cp = cupy_with_a_device()
 
+from minillm.cuda.dev.lab import LabTransformer  # noqa: E402
 from minillm.cuda.dev.model import greedy  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.model.config import ModelConfig  # noqa: E402
@@ -34,42 +35,15 @@ def test_pdl_changes_no_number(quant, kv_cache):
     np.testing.assert_array_equal(logits_pdl, logits)
 
 
-@pytest.mark.parametrize("quant", [None, "int8", "int4"])
-@pytest.mark.parametrize("kv_cache", ["auto", "int8"])
-def test_the_chains_prefetches_change_no_number(quant, kv_cache):
-    """Attention asking L2 for its cached K/V before its wait, o_proj for its whole rows before its own
-    (minillm.cuda.dev.chain): only when bytes arrive changes, so tokens and logits are the same, bit for bit."""
-    from minillm.cuda.kernels import GQA_PREFETCH_KV
-    gpu = GPUTransformer.random(CONFIG, "float16", seed=3, quant=quant).with_options(kv_cache=kv_cache)
-    prompt = np.random.default_rng(1).integers(0, CONFIG.vocab_size, 9)
-    tokens, logits = greedy_run(gpu, prompt, 12)
-    both = gpu.with_settings(attention_flags=GQA_PREFETCH_KV, prefetch_rows_before_wait=("o", "down"))
-    tokens_pf, logits_pf = greedy_run(both, prompt, 12)
-    assert tokens_pf == tokens
-    np.testing.assert_array_equal(logits_pf, logits)
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("kv_cache", ["auto", "int8"])
 def test_the_int8_qkv_gemvs_3_blocks_build_changes_no_number(dtype, kv_cache):
-    """gemv_quant.cu's _3b q|k|v kernels (KernelSettings.qkv_one_round, int8's default) walk each lane's chunks in
-    the order the 2-blocks-an-SM build does, 4 a step instead of 8, over another grid: the same sums, bit for bit."""
+    """gemv_quant.cu's _3b q|k|v kernels (int8's shipped build) walk each lane's chunks in the order the
+    2-blocks-an-SM build (the lab's qkv_one_round=False) does, 4 a step instead of 8, over another grid: the same
+    sums, bit for bit."""
     gpu = GPUTransformer.random(CONFIG, dtype, seed=3, quant="int8").with_options(kv_cache=kv_cache)
-    assert gpu.k.settings.qkv_one_round == ("int8",)
     prompt = np.random.default_rng(2).integers(0, CONFIG.vocab_size, 9)
     tokens, logits = greedy_run(gpu, prompt, 12)
-    tokens_2, logits_2 = greedy_run(gpu.with_settings(qkv_one_round=()), prompt, 12)
+    tokens_2, logits_2 = greedy_run(LabTransformer.of(gpu, qkv_one_round=False), prompt, 12)
     assert tokens_2 == tokens
     np.testing.assert_array_equal(logits_2, logits)
-
-
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_the_16_bit_qkv_gemvs_6_blocks_build_changes_no_number(dtype):
-    """gemv.cu's _6b q|k|v kernels (qkv_one_round with "16-bit") walk each lane's chunks in the order the default
-    build does, 4 loads a step instead of 8: the same sums, bit for bit."""
-    gpu = GPUTransformer.random(CONFIG, dtype, seed=3)
-    prompt = np.random.default_rng(5).integers(0, CONFIG.vocab_size, 9)
-    tokens, logits = greedy_run(gpu, prompt, 12)
-    tokens_6, logits_6 = greedy_run(gpu.with_settings(qkv_one_round=("int8", "16-bit")), prompt, 12)
-    assert tokens_6 == tokens
-    np.testing.assert_array_equal(logits_6, logits)

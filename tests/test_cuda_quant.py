@@ -24,6 +24,7 @@ from minillm.cuda.dev.model import (check_graph_equals_eager, check_greedy, chec
                                     random_cpu_model, small_config)
 from minillm.cuda.dev import qtma  # noqa: E402
 from minillm.cuda.dev.qmma import CASE_LABELS, check_case  # noqa: E402
+from minillm.cuda.dev.lab import LabKernels, LabTransformer, as_lab  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.cuda.kernels import Kernels  # noqa: E402
 from minillm.cuda.qweights import QuantMatrix  # noqa: E402
@@ -64,7 +65,7 @@ def test_quantized_gemv_matches_numpy(k, method, group, rows, n_in, accumulate):
 @pytest.mark.parametrize("rows,n_in", [(13, 40), (257, 4096), (64, 14336)])
 def test_quantized_gemv_v1_matches_numpy_to_fp32_rounding(k, method, group, rows, n_in):
     """v1 (x in fp32, fp32 products), kept to compare: within checks' fp32 tolerance, as before."""
-    k = k.with_settings(quant_version=1)
+    k = as_lab(k).with_settings(quant_version=1)
     ok(check_gemv(k, rows, n_in, 4, quant=method, group_size=group))
     with pytest.raises(ValueError, match="plain"):                 # no fused variants in v1
         k.gemv_swiglu(weights(k, 4, 32, np.random.default_rng(0), method, group)[1],
@@ -195,10 +196,10 @@ def test_quantized_graph_replay_equals_eager(method, fuse_norm):
     assert same, detail
 
 
-def test_quantized_models_refuse_the_old_gemv_versions():
+def test_quantized_models_refuse_the_labs_old_gemv_versions():
     cpu = random_cpu_model(small_config("gqa"), "float16", quant="int8")
     with pytest.raises(ValueError, match="gemv_version=4"):
-        GPUTransformer.from_cpu(cpu, "float16", gemv_version=2)
+        LabTransformer.of(GPUTransformer.from_cpu(cpu, "float16"), gemv_version=2)
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
@@ -280,7 +281,7 @@ def test_load_on_cuda_with_quant_matches_cpu(smollm2):
     assert err <= QUANT_MODEL_TOL
 
 
-# ---- v3 (kernels/gemv_quant_mma.cu, tensor cores): every epilogue, odd widths, Mistral-7B's shapes -------
+# ---- v3 (dev/kernels/gemv_quant_mma.cu, tensor cores): every epilogue, odd widths, Mistral-7B's shapes -------
 @pytest.mark.parametrize("label", CASE_LABELS)
 def test_quantized_gemv_v3_matches_numpy(k, label):
     ok_fp16_products(check_case(k, label))
@@ -290,7 +291,7 @@ def test_quantized_gemv_v3_matches_numpy(k, label):
 def test_quantized_gemv_v3_is_the_same_for_any_grid(method, group):
     """v3's blocks loop over tiles; each row's sum runs in the same order (8 warps, then their sum in warp
     order) whichever block takes the tile: bit-identical outputs."""
-    k = Kernels("float16").with_settings(quant_version=3)
+    k = LabKernels("float16").with_settings(quant_version=3)
     rng = np.random.default_rng(4)
     _, w = weights(k, 3001, 4096, rng, method, group or 128)
     x = cp.asarray(rng.standard_normal(4096).astype(np.float32))
@@ -302,7 +303,7 @@ def test_quantized_gemv_v3_is_the_same_for_any_grid(method, group):
     assert all(np.array_equal(o, outs[0]) for o in outs) and not np.isnan(outs[0]).any()
 
 
-# ---- v4 (kernels/gemv_quant_tma.cu: weights streamed into shared memory by the TMA; 16-bit twin too) -------
+# ---- v4 (dev/kernels/gemv_quant_tma.cu: weights streamed into shared memory by the TMA; 16-bit twin too) -------
 TMA_SETTINGS = {"quant_version": 4, "wide_tma": True}
 
 
@@ -315,7 +316,7 @@ def test_tma_gemvs_match_numpy(k, label):
 def test_tma_gemvs_are_the_same_for_any_grid_or_ring(method, group):
     """Each pair's sums are made by the same threads (chunk c_t + L·u) and added in the same order whichever
     block, slot or stage takes the pair: bit-identical outputs for any grid and ring (the lanes fixed)."""
-    k = Kernels("float16").with_settings(**TMA_SETTINGS)
+    k = LabKernels("float16").with_settings(**TMA_SETTINGS)
     rng = np.random.default_rng(4)
     _, w = weights(k, 3001, 4096, rng, method, group or 128)
     x = cp.asarray(rng.standard_normal(4096).astype(np.float32))
@@ -323,7 +324,7 @@ def test_tma_gemvs_are_the_same_for_any_grid_or_ring(method, group):
     for changes in ({}, {"quant_tma_blocks_per_sm": 1, "wide_tma_blocks_per_sm": 1},
                     {"quant_tma_ring_bytes": 64 << 10, "wide_tma_ring_bytes": 64 << 10}):
         y = poisoned(3001, np.float32)
-        k.with_settings(**changes).gemv(w, x, y, version=4)
+        k.with_settings(**changes).gemv(w, x, y)
         outs.append(cp.asnumpy(y))
     assert all(np.array_equal(o, outs[0]) for o in outs) and not np.isnan(outs[0]).any()
 

@@ -1,6 +1,6 @@
-"""Prefill with int8/int4 weights widened one GEMM ahead on a second stream (KernelSettings.prefill_widen_ahead,
-minillm/cuda/widen_ahead.py) on the GPU: the same widened matrices reach the same GEMMs, so the logits equal
-those of widening each matrix right before its GEMM, bit for bit: a whole prompt, a prompt in chunks, the
+"""Prefill with int8/int4 weights widened one GEMM ahead on a second stream (the lab's
+LabSettings.prefill_widen_ahead, minillm/cuda/dev/widen_ahead.py) on the GPU: the same widened matrices reach
+the same GEMMs, so the logits equal those of widening each matrix right before its GEMM, bit for bit: a whole prompt, a prompt in chunks, the
 speculative verify pass (all rows' logits, replayed from a CUDA graph), an early exit, the int8 KV cache.
 Skipped without a CUDA device."""
 import numpy as np
@@ -10,6 +10,7 @@ from gpu_skip import cupy_with_a_device
 
 cp = cupy_with_a_device()
 
+from minillm.cuda.dev.lab import LabTransformer  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 from minillm.model.config import ModelConfig  # noqa: E402
 
@@ -33,7 +34,7 @@ def logits_of(model, prompt, chunk: int | None = None, n_layers: int | None = No
 def test_widening_ahead_changes_no_number(quant, kv_cache, chunk, n_layers):
     gpu = GPUTransformer.random(CONFIG, "float16", seed=5, quant=quant).with_options(kv_cache=kv_cache)
     prompt = np.random.default_rng(2).integers(0, CONFIG.vocab_size, 23)
-    before, widened_before = logits_of(gpu.with_settings(prefill_widen_ahead=False), prompt, chunk, n_layers)
-    ahead, widened = logits_of(gpu.with_settings(prefill_widen_ahead=True), prompt, chunk, n_layers)
+    before, widened_before = logits_of(LabTransformer.of(gpu, prefill_widen_ahead=False), prompt, chunk, n_layers)
+    ahead, widened = logits_of(LabTransformer.of(gpu, prefill_widen_ahead=True), prompt, chunk, n_layers)
     assert widened and not widened_before
     np.testing.assert_array_equal(ahead, before)

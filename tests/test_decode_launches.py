@@ -51,15 +51,28 @@ def test_an_early_exit_step_runs_the_first_layers_then_the_head(n_layers):
     assert layers == full[:n_layers]
 
 
-def test_kernel_settings_reach_the_launches():
-    """KernelSettings choose the kernel: attention v2 (a block per query head) instead of v3, and the int8
-    cache's first kernel (8 codes a lane) instead of 16."""
-    from minillm.cuda.kernels import KernelSettings
-    v2 = per_layer(record_decode_launches(MISTRAL, settings=KernelSettings(attention_version=2)), MISTRAL.n_layers)
+def test_the_fallback_kernels_take_the_head_dims_the_winners_cannot():
+    """Decode attention v3 needs head_dim % 8 == 0 (else v2, attention_fused), its 16-codes-a-lane int8 kernel
+    head_dim % 16 == 0 (else 8 codes a lane)."""
+    from minillm.model.config import ModelConfig
+    hd36 = ModelConfig(vocab_size=512, dim=144, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
+    hd40 = ModelConfig(vocab_size=512, dim=160, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
+    assert per_layer(record_decode_launches(hd36), 2)[0][1] == "attention_fused"
+    assert per_layer(record_decode_launches(hd40), 2)[0][1] == "attention_gqa2"
+    assert per_layer(record_decode_launches(hd40, kv_cache="int8"), 2)[0][2] == "attention_gqa2_int8"
+
+
+def test_the_labs_settings_reach_the_launches():
+    """minillm/cuda/dev/lab.py's LabSettings launch the fallbacks everywhere: attention v2 (a block per query
+    head) instead of v3, the int8 cache's first kernel (8 codes a lane) instead of 16."""
+    from minillm.cuda.dev.lab import lab_settings
+    v2 = per_layer(record_decode_launches(MISTRAL, settings=lab_settings(attention_version=2)), MISTRAL.n_layers)
     assert v2[0][1] == "attention_fused"
-    first_int8 = KernelSettings(attention_int8_codes_per_lane=8)
+    first_int8 = lab_settings(attention_int8_codes_per_lane=8)
     eight = per_layer(record_decode_launches(MISTRAL, kv_cache="int8", settings=first_int8), MISTRAL.n_layers)
     assert eight[0][2] == "attention_gqa4_int8"
+    same = per_layer(record_decode_launches(MISTRAL, settings=lab_settings()), MISTRAL.n_layers)
+    assert same == per_layer(record_decode_launches(MISTRAL), MISTRAL.n_layers)    # the lab's defaults: shipped
 
 
 def test_a_settings_variant_leaves_the_original_as_it_was():
@@ -72,13 +85,13 @@ def test_a_settings_variant_leaves_the_original_as_it_was():
     k.settings, k.fn = KernelSettings(), {"gemv_v4": "loaded"}
     gpu = GPUTransformer.__new__(GPUTransformer)
     gpu.config, gpu.k, gpu.kv_cache, gpu.prefill_chunk, gpu.use_graph = MISTRAL, k, "auto", 1024, True
-    gpu.quant, gpu.gemv_version, gpu.fuse_norm, gpu.prefill_attention = None, 4, True, "tiled"
-    variant = gpu.with_settings(quant_flags=1, prefetch_next=True)
-    assert (variant.settings.quant_flags, variant.settings.prefetch_next) == (1, True)
+    gpu.quant, gpu.prefill_attention = None, "tiled"
+    variant = gpu.with_settings(quant_blocks_per_sm=1, pdl=False)
+    assert (variant.settings.quant_blocks_per_sm, variant.settings.pdl) == (1, False)
     assert gpu.settings == KernelSettings() and variant.k.fn is k.fn            # the loaded kernels are shared
     assert variant.settings != gpu.settings and hash(variant.settings)          # hashable: a graph key of its own
     with pytest.raises(dataclasses.FrozenInstanceError):
-        gpu.settings.quant_flags = 1
+        gpu.settings.pdl = False
     with pytest.raises(TypeError, match="no_such_knob"):
         gpu.with_settings(no_such_knob=1)
     other = gpu.with_options(kv_cache="int8", prefill_chunk=7)
@@ -89,13 +102,17 @@ def test_a_settings_variant_leaves_the_original_as_it_was():
         gpu.with_options(kv_cache="fp8")
     with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
         gpu.with_options(prefill_chunk=0)
-    first = gpu.with_options(gemv_version=2, fuse_norm=False, prefill_attention="decode")    # the first kernels
-    assert (first.gemv_version, first.fuse_norm, first.prefill_attention) == (2, False, "decode")
-    assert (gpu.gemv_version, gpu.fuse_norm, gpu.prefill_attention, first.use_graph) == (4, True, "tiled", True)
     with pytest.raises(ValueError, match="prefill_attention is 'tiled' or 'decode'"):
         gpu.with_options(prefill_attention="flash")
-    gpu.quant = "int8"
-    with pytest.raises(ValueError, match="v4-shaped kernels only"):
-        gpu.with_options(gemv_version=2)
     with pytest.raises(TypeError, match="unknown option"):
-        gpu.with_options(gemv=2)
+        gpu.with_options(gemv_version=2)            # the earlier decode steps are the lab's (below), not a switch
+    from minillm.cuda.dev.lab import LabTransformer
+    lab = LabTransformer.__new__(LabTransformer)    # LabTransformer.of without its kernels' compile
+    lab.__dict__.update(gpu.__dict__)
+    lab._set_ladder(4, True)
+    first = lab.with_options(gemv_version=2, fuse_norm=False, prefill_attention="decode")    # the first kernels
+    assert (first.gemv_version, first.fuse_norm, first.prefill_attention) == (2, False, "decode")
+    assert (lab.gemv_version, lab.fuse_norm, lab.prefill_attention, first.use_graph) == (4, True, "tiled", True)
+    lab.quant = "int8"
+    with pytest.raises(ValueError, match="v4-shaped kernels only"):
+        lab.with_options(gemv_version=2)

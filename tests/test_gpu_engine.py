@@ -170,27 +170,20 @@ def test_the_group_reference_equals_the_per_head_reference(shape, window):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_gpu_batching_switches_come_from_the_model_and_the_environment(monkeypatch):
-    """Graphs on when the model decodes by graph, unless MINILLM_BATCH_GRAPHS=0; MINILLM_PAGED_ATTENTION picks
-    the kernel, and a wrong value is one clear error."""
+def test_gpu_batching_choices_come_from_the_model_and_the_arguments():
+    """Graphs on when the model decodes by graph (or as asked); the group attention and the tensor-core prefill by
+    default, the paged kernels when asked; a wrong value is one clear error. No environment variable is read."""
     from types import SimpleNamespace
     from minillm.cuda.gpu_batched import GPUBatching
     from minillm.errors import MiniLLMError
     on, off = SimpleNamespace(use_graph=True), SimpleNamespace(use_graph=False)
     assert GPUBatching(on).use_graph and not GPUBatching(off).use_graph and GPUBatching(on).attention == "group"
-    monkeypatch.setenv("MINILLM_BATCH_GRAPHS", "0")
-    monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "head")
-    assert not GPUBatching(on).use_graph and GPUBatching(on).attention == "head"
-    monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "grp")
+    assert not GPUBatching(on, use_graph=False).use_graph and GPUBatching(on, attention="head").attention == "head"
     with pytest.raises(MiniLLMError, match="'head' or 'group'"):
-        GPUBatching(on)
-    monkeypatch.setenv("MINILLM_PAGED_ATTENTION", "group")
-    assert GPUBatching(on).prefill == "mma"                     # 60 vs 554 µs a layer on the H200
-    monkeypatch.setenv("MINILLM_BATCH_PREFILL", "paged")
-    assert GPUBatching(on).prefill == "paged"
-    monkeypatch.setenv("MINILLM_BATCH_PREFILL", "flash")
+        GPUBatching(on, attention="grp")
+    assert GPUBatching(on).prefill == "mma" and GPUBatching(on, prefill="paged").prefill == "paged"
     with pytest.raises(MiniLLMError, match="'paged' or 'mma'"):
-        GPUBatching(on)
+        GPUBatching(on, prefill="flash")
 
 
 def test_batch_meta_knows_its_longest_chunk_on_the_host():
@@ -614,12 +607,12 @@ def test_paged_prefill_mma_matches_numpy(dtype, shape, window):
 @pytest.mark.parametrize("prefill", ["mma", "paged"])
 @pytest.mark.parametrize("options", [dict(), dict(max_batch_tokens=8), dict(num_blocks=16, block_size=4)],
                          ids=["default", "chunked-prefill", "tiny-pool-preempts"])
-def test_gpu_engine_with_either_prefill_attention_decodes_like_the_cpu(models, options, prefill, monkeypatch):
-    """MINILLM_BATCH_PREFILL: prompt steps on paged_prefill_attention_mma (the default) or the paged kernels;
+def test_gpu_engine_with_either_prefill_attention_decodes_like_the_cpu(models, options, prefill):
+    """GPUBatching(prefill=...): prompt steps on paged_prefill_attention_mma (the default) or the paged kernels;
     greedy outputs teacher-forced against the CPU model either way."""
-    monkeypatch.setenv("MINILLM_BATCH_PREFILL", prefill)
+    from minillm.cuda.gpu_batched import GPUBatching
     cpu, gpu = models["hd64"]
-    engine = Engine(LLM(gpu.config, gpu), **options)
+    engine = Engine(LLM(gpu.config, gpu, batching=GPUBatching(gpu, prefill=prefill)), **options)
     assert ("prefill" in engine.runner.ops.fn) == (prefill == "mma")
     results = engine.generate(prompts(), max_tokens=16)
     assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)

@@ -65,9 +65,11 @@ from importlib.metadata import distribution
 from minillm.resources import install_hint
 from minillm.course.lessons import LESSONS_DIR
 from minillm.cuda.kernels import KERNEL_DIR, SOURCES, kernel_source
+from minillm.cuda.dev.lab import LAB_KERNEL_DIR, lab_source
 sources = {name: len(kernel_source(name)) for name in SOURCES}     # each .cu with its #includes pasted in
+lab = {p.stem: len(lab_source(p.stem)) for p in LAB_KERNEL_DIR.glob("*.cu")}
 print(json.dumps({"package": minillm.__file__, "kernels": str(KERNEL_DIR), "lessons": str(LESSONS_DIR),
-                  "sources": sources, "hint": install_hint("gpu"), "dist": distribution("minillm-engine").metadata["Name"],
+                  "sources": sources, "lab": str(LAB_KERNEL_DIR), "lab_sources": lab, "hint": install_hint("gpu"), "dist": distribution("minillm-engine").metadata["Name"],
                   "scripts": [e.value for e in distribution("minillm-engine").entry_points]}))
 """
 
@@ -99,6 +101,15 @@ def test_every_kernel_source_is_installed_and_assembles(installed):
     assert all(n > 0 for n in installed["sources"].values())
     if shutil.which("nvcc"):
         _run("nvcc", "-arch=sm_90", "-std=c++17", "-c", kernel_dir / "rmsnorm.cu", "-o", kernel_dir.parent / "k.o")
+
+
+def test_the_labs_kernels_are_installed_and_assemble(installed):
+    """The earlier versions the lessons show (minillm/cuda/dev/kernels, package data) are in the wheel, and their
+    #includes of the shipped headers resolve there."""
+    lab = Path(installed["lab"])
+    assert lab == Path(installed["package"]).parent / "cuda" / "dev" / "kernels"
+    assert sorted(p.name for p in lab.iterdir()) == sorted(p.name for p in (ROOT / "minillm/cuda/dev/kernels").iterdir())
+    assert installed["lab_sources"] and all(n > 0 for n in installed["lab_sources"].values())
 
 
 def test_a_lesson_runs_from_the_installed_wheel(venv):

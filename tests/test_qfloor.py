@@ -20,7 +20,7 @@ def test_each_edit_takes_out_only_what_it_names():
     assert "dot4_i8_h2(va[u].x" not in no_math and "dot8_i4_h2(va[u].x" not in no_math
     no_prefetch = qfloor.variant_source(no_prefetch=True)
     assert qfloor.FIRST_PREFETCH in plain and qfloor.FIRST_PREFETCH not in no_prefetch
-    assert no_prefetch.replace("for (int d = 0; d < 0; d++)", qfloor.FIRST_PREFETCH) == plain
+    assert no_prefetch.replace("/* no prefetch before the staging */", qfloor.FIRST_PREFETCH) == plain
 
 
 def test_the_defines_the_variants_change_are_the_kernels_own():
@@ -76,8 +76,5 @@ def test_a_variant_for_one_kernel_routes_only_that_kernels_launches(monkeypatch)
     assert qfloor.VARIANTS["3 blocks qkv only"] == qfloor.VARIANTS["3 blocks"]
 
 
-def test_the_variants_settings_are_kernel_settings():
-    from minillm.cuda.kernels import KernelSettings
-    assert set(qfloor.SETTINGS) | set(qfloor.ONLY) <= set(qfloor.VARIANTS)
-    for changes in qfloor.SETTINGS.values():
-        assert KernelSettings(**changes) != KernelSettings()
+def test_the_routed_variants_are_variants():
+    assert set(qfloor.ONLY) <= set(qfloor.VARIANTS)

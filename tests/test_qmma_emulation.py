@@ -58,11 +58,11 @@ def test_int4_groups_of_32_are_refused():
 
 
 def _launches(method: str, group: int, n_in: int, version: int, name: str = "gemv_v4", **settings) -> list:
-    """What Kernels._quant launches for a quantized matrix (no GPU: the launch is recorded, not run)."""
-    from minillm.cuda.kernels import KernelSettings, Kernels
+    """What LabKernels._quant launches for a quantized matrix (no GPU: the launch is recorded, not run)."""
+    from minillm.cuda.dev.lab import LabKernels, lab_settings
     from minillm.cuda.qweights import QuantMatrix
-    k = object.__new__(Kernels)                       # no __init__: nothing is compiled or loaded
-    k.settings = KernelSettings(quant_version=version, **settings)
+    k = object.__new__(LabKernels)                    # no __init__: nothing is compiled or loaded
+    k.settings = lab_settings(quant_version=version, **settings)
     k.n_sms, k.max_quant_smem = 132, 227 * 1024
     k._nil_f32 = k._nil_u16 = k._nil_i32 = object()
     calls = []
@@ -94,6 +94,6 @@ def test_quant_version_3_launches_the_mma_kernels():
 
 def test_the_launcher_and_the_dev_module_name_the_same_kernels():
     from minillm.cuda.dev.qmma import KERNELS
-    from minillm.cuda.kernels import MMA_VARIANTS
-    assert ({f"{v}_v3_{{sfx}}" for v in MMA_VARIANTS} | {f"gemv_{m}_v3u4_{{sfx}}" for m in ("int8", "int4")}
-            == set(KERNELS.values()))
+    from minillm.cuda.dev.lab import VARIANTS
+    assert ({f"gemv_{e}{m}_v3_{{sfx}}" for m in ("int8", "int4") for e in VARIANTS}
+            | {f"gemv_{m}_v3u4_{{sfx}}" for m in ("int8", "int4")} == set(KERNELS.values()))

@@ -1,6 +1,6 @@
-"""The quantized GEMV v4 (kernels/gemv_quant_tma.cu) without a GPU: the launcher's split of each matrix
-(tma_plan), the kernel's indexing replayed in Python (every row pair's every chunk computed exactly once,
-every epilogue applied once), and what Kernels._quant launches. The kernel's numbers against float64 are
+"""The quantized GEMV v4 (minillm/cuda/dev/kernels/gemv_quant_tma.cu) without a GPU: the lab's split of each
+matrix (lab.tma_plan), the kernel's indexing replayed in Python (every row pair's every chunk computed exactly
+once, every epilogue applied once), and what LabKernels._quant launches. The kernel's numbers against float64 are
 checked on the GPU by `python -m minillm.cuda.dev.qtma` (tests/gpu/ runs it)."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 
 from minillm.cuda.dev.qmma import random_layout
 from minillm.cuda.dev.qtma import KERNELS, coverage
-from minillm.cuda.kernels import (MMA_VARIANTS, TMA_CHUNKS_A_THREAD, TMA_MAX_PAIRS, TMA_MAX_STAGES, TMA_THREADS,
-                                  KernelSettings, tma_plan)
+from minillm.cuda.dev.lab import (TMA_CHUNKS_A_THREAD, TMA_MAX_PAIRS, TMA_MAX_STAGES, TMA_THREADS, VARIANTS, LabKernels,
+                                  lab_settings, tma_plan)
 
-RING = KernelSettings().quant_tma_ring_bytes
+RING = lab_settings().quant_tma_ring_bytes
 
 
 def chunks_and_groups(method: str, n_in: int, group: int = 128) -> tuple[int, int]:
@@ -79,11 +79,10 @@ def test_every_pair_and_chunk_is_computed_once(method, n_in, pairs, grid):
 
 
 def _launches(method: str, n_in: int, name: str = "gemv_v4", group: int = 128, rows: int = 4096, **settings):
-    """What Kernels._quant launches for a quantized matrix (no GPU: the launch is recorded, not run)."""
-    from minillm.cuda.kernels import Kernels
+    """What LabKernels._quant launches for a quantized matrix (no GPU: the launch is recorded, not run)."""
     from minillm.cuda.qweights import QuantMatrix
-    k = object.__new__(Kernels)                       # no __init__: nothing is compiled or loaded
-    k.settings = KernelSettings(**settings)
+    k = object.__new__(LabKernels)                    # no __init__: nothing is compiled or loaded
+    k.settings = lab_settings(**settings)
     k.n_sms, k.max_quant_smem = 132, 227 * 1024
     k._nil_f32 = k._nil_u16 = k._nil_i32 = object()
     calls = []
@@ -111,30 +110,29 @@ def test_quant_version_4_launches_the_tma_kernels():
 def test_v4_hands_over_to_v2_where_it_does_not_apply():
     (name, _, block, _, args), = _launches("int4", 576, quant_version=4)           # 5 groups a row
     assert (name, block) == ("gemv_int4", (256,))
-    assert len(args) == 29                                                       # v2's signature, no (L, P, stages)
+    assert len(args) == 23                                                       # v2's signature, no (L, P, stages)
     (name, _, _, _, _), = _launches("int8", 16384 + 16, quant_version=4)
     assert name == "gemv_int8"
 
 
 def test_the_launcher_and_the_dev_module_name_the_same_kernels():
-    from minillm.cuda.kernels import WIDE_TMA_VARIANTS
-    assert ({f"{v}_v4_{{sfx}}" for v in MMA_VARIANTS} | {f"{v}_{{sfx}}" for v in WIDE_TMA_VARIANTS}
-            == set(KERNELS.values()))
+    assert ({f"gemv_{e}{m}_v4_{{sfx}}" for m in ("int8", "int4") for e in VARIANTS}
+            | {f"gemv_{e}tma_{{sfx}}" for e in VARIANTS} == set(KERNELS.values()))
 
 
 def test_the_chunks_a_thread_holds_are_the_kernels_own():
-    from minillm.cuda.kernels import KERNEL_DIR
     import re
-    text = (KERNEL_DIR / "gemv_quant_tma.cu").read_text()
+
+    from minillm.cuda.dev.lab import LAB_KERNEL_DIR
+    text = (LAB_KERNEL_DIR / "gemv_quant_tma.cu").read_text()
     held = {m.lower(): int(j) for m, j in re.findall(r"struct (Int[48])Tma : PackedTma<\d+, (\d+), \w+>", text)}
     held |= {"wide16": int(j) for j in re.findall(r"static constexpr int C = 8, J_MAX = (\d+);", text)}
     assert held == TMA_CHUNKS_A_THREAD
 
 
 def _wide_launches(rows: int, n_in: int, name: str = "gemv_v4", **settings):
-    from minillm.cuda.kernels import Kernels
-    k = object.__new__(Kernels)
-    k.settings = KernelSettings(**settings)
+    k = object.__new__(LabKernels)
+    k.settings = lab_settings(**settings)
     k.n_sms = 132
     k._nil_f32 = k._nil_u16 = k._nil_i32 = object()
     calls = []

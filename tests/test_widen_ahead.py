@@ -1,4 +1,4 @@
-"""WidenAhead (minillm/cuda/widen_ahead.py) on the CPU, with streams and events that only record what they
+"""WidenAhead (minillm/cuda/dev/widen_ahead.py, the lab's LabSettings.prefill_widen_ahead) on the CPU, with streams and events that only record what they
 are asked: each GEMM's matrix is widened before the GEMM reads it, and never over a buffer a GEMM still reads,
 whatever the two streams' speeds; and GPUTransformer plans the widening in its layer loop's GEMM order.
 The numbers (logits with and without it, bit for bit) are checked on the GPU (tests/test_cuda_widen_ahead.py)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minillm.cuda.widen_ahead import WidenAhead
+from minillm.cuda.dev.widen_ahead import WidenAhead
 
 
 class Timeline:
@@ -110,12 +110,12 @@ def test_the_model_plans_its_layer_loops_quantized_gemms_in_order():
     """Every layer's qkv, o, gate_up, down (the order _prefill_each_layer's GEMMs read them), quantized ones
     only; nothing to plan with the setting off, without quantized weights, or before the buffers exist."""
     from minillm.course.gpu_parts import recording_model
-    from minillm.cuda.kernels import KernelSettings
+    from minillm.cuda.dev.lab import lab_settings
     from minillm.cuda.qweights import QuantMatrix
     from minillm.model.config import PRESETS
     from test_qtma_plan import random_layout
     cfg = PRESETS["smollm2-135m"].config
-    m, _, _ = recording_model(cfg, settings=KernelSettings(prefill_widen_ahead=True))
+    m, _, _ = recording_model(cfg, settings=lab_settings(prefill_widen_ahead=True))
     assert m._plan_widening(m.layers) is None                        # 16-bit weights: nothing to widen
     q, s, mins = random_layout("int8", 2, 64, 128, np.random.default_rng(0))
     quant = lambda: QuantMatrix("int8", q, s, mins, 64, 128)
@@ -127,4 +127,6 @@ def test_the_model_plans_its_layer_loops_quantized_gemms_in_order():
     L0, L1 = m.layers[:2]
     assert plan.order == [L0.wqkv, L0.wo, L0.w_gate_up, L0.w_down, L1.wqkv, L1.wo, L1.w_gate_up, L1.w_down]
     assert plan.main == "main" and plan.side == "side" and plan.buffers[0] is m._dense_scratch
-    assert m.with_settings(prefill_widen_ahead=False)._plan_widening(m.layers) is None
+    off, _, _ = recording_model(cfg, settings=lab_settings(prefill_widen_ahead=False))
+    off.layers, off._dense_scratch, off._ahead_parts = m.layers, m._dense_scratch, m._ahead_parts
+    assert off._plan_widening(off.layers) is None

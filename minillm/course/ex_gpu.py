@@ -204,7 +204,7 @@ def _launch_cases() -> list[Case]:
 def _check_launches(fn, case: Case) -> str:
     import dataclasses
 
-    from minillm.cuda.kernels import MAX_FUSED_NORM
+    from minillm.cuda.dev.lab import MAX_FUSED_NORM
     cfg, version, fuse = case.inputs["config"], case.inputs["gemv_version"], case.inputs["fuse_norm"]
     got = fn(cfg, version, fuse)
     if isinstance(got, bool) or not isinstance(got, (int, np.integer)):
@@ -218,7 +218,7 @@ def _check_launches(fn, case: Case) -> str:
         if got == decode_launches_reference(narrow, version, fuse):
             raise CaseFailed(f"{got}, expected {want}: below gemv v4, fuse_norm uses gemv.cu v3, which keeps x in "
                              f"shared memory and fuses only when dim <= MAX_FUSED_NORM ({MAX_FUSED_NORM}); at dim "
-                             f"{cfg.dim} every RMSNorm stays its own launch (GPUTransformer._fused)")
+                             f"{cfg.dim} every RMSNorm stays its own launch (LabTransformer._fused, minillm/cuda/dev/lab.py)")
     outside = record_decode_launches(dataclasses.replace(cfg, n_layers=0), version, fuse)
     one = record_decode_launches(dataclasses.replace(cfg, n_layers=1), version, fuse)
     per_layer = len(one) - len(outside)

@@ -72,9 +72,9 @@ def record_decode_launches(config, gemv_version: int = 4, fuse_norm: bool = True
 def recording_decode_step(config, gemv_version: int = 4, fuse_norm: bool = True, capacity: int = 256,
                           kv_cache: str = "auto", settings=None,
                           n_layers: int | None = None) -> tuple[Callable[[], None], list[str]]:
-    """(step, launches): step() runs the engine's own `GPUTransformer.decode_step` on the CPU and
-    appends the name of each kernel it would launch to `launches`. settings: a kernels.KernelSettings
-    (default: the engine's).
+    """(step, launches): step() runs the engine's own `GPUTransformer.decode_step` on the CPU (or, for
+    gemv_version 2 or fuse_norm off, the earlier steps kept in minillm/cuda/dev/lab.py) and appends the name
+    of each kernel it would launch to `launches`. settings: a kernels.KernelSettings (default: the engine's).
 
     Its `Kernels` records each launch through the `timer` hook (the one the selfcheck times kernels
     with) instead of running it, and every array is a shape-only NumPy view (np.broadcast_to: no
@@ -90,23 +90,31 @@ def shaped(*shape, dtype=np.float32) -> np.ndarray:
 
 def recording_model(config, gemv_version: int = 4, fuse_norm: bool = True, capacity: int = 256,
                     kv_cache: str = "auto", cls=None, record=None, settings=None) -> tuple[object, object, list[str]]:
-    """(model, cache, launches) behind `recording_decode_step`: a `cls` (GPUTransformer or a subclass) made
-    without __init__, its arrays shape-only, its Kernels recording into `launches` through
-    `record(name)` (default: launches.append). A subclass sets what its own __init__ would on top."""
+    """(model, cache, launches) behind `recording_decode_step`: a `cls` (GPUTransformer or a subclass; the
+    lab's LabTransformer for an earlier decode step) made without __init__, its arrays shape-only, its Kernels
+    recording into `launches` through `record(name)` (default: launches.append). A subclass sets what its own
+    __init__ would on top. The recorded device is a Hopper one (arch 90: PDL on)."""
     from collections import defaultdict
 
+    from minillm.cuda.dev.lab import LabKernels, LabTransformer, lab_settings
     from minillm.cuda.gpu_kv_cache import GPUInt8KVCache, GPUKVCache
     from minillm.cuda.gpu_model import GPULayer, GPUTransformer
     from minillm.cuda.kernels import Kernels, KernelSettings, n_splits_for
 
     launches: list[str] = []
     record = record or launches.append
-    k = Kernels.__new__(Kernels)                       # no __init__: nothing to compile, no CuPy
+    from minillm.cuda.dev.lab import LabSettings
+    ladder = gemv_version < 4 or not fuse_norm or isinstance(settings, LabSettings)   # the lab's step or settings
+    kind = LabKernels if ladder else Kernels
+    k = kind.__new__(kind)                             # no __init__: nothing to compile, no CuPy
     k.dtype, k.fn, k.settings = "float16", defaultdict(lambda: None), settings or KernelSettings()
+    if ladder:
+        k.settings = lab_settings(k.settings)
     k._nil_f32 = k._nil_u16 = k._nil_i32 = None
+    k.arch = 90
     k.timer = lambda name, launch: record(name)                    # record; never call launch()
     c, hd, w16 = config, config.head_dim, np.float16
-    cls = cls or GPUTransformer
+    cls = cls or (LabTransformer if ladder else GPUTransformer)
     m = cls.__new__(cls)
     m.config, m.k, m.dtype, m.use_graph, m.quant = c, k, "float16", False, None     # 16-bit weights
     m.gemv_version, m.fuse_norm, m.kv_cache = gemv_version, fuse_norm, kv_cache

@@ -7,8 +7,11 @@ our kernels and preallocated buffers, captured once in a CUDA graph and replayed
 layout, read by kernels/gemv_quant.cu). `gpu_batched.py` is the engine's batched runner on the device
 (the paged pool, paged attention) and `GPUBatching`, what `minillm.load` hands the Engine. Every model
 without kernels (MLA) runs as the engine's own Transformer on CuPy arrays (`device_model.py`).
-Measuring code (references, checks, sweeps, benchmarks) lives apart, in `dev/`;
-`python -m minillm.cuda.selfcheck` checks every kernel and times a 7B-shaped model.
+Each operation ships one kernel, the fastest measured, and a named fallback only for the shapes it cannot
+take (kernels.py says which). Earlier versions, losing experiments and the measuring code (references,
+checks, sweeps, benchmarks) live apart, in the laboratory `dev/` (its entry point `dev/lab.py`; nothing here
+imports it); `python -m minillm.cuda.selfcheck` checks every kernel and times a 7B-shaped model. No
+environment variable is read here: choices are constructor arguments.
 
 Importing this package does not import CuPy; `available()` says whether a GPU can be used.
 """

@@ -38,7 +38,7 @@ with prompt chunks may instead run paged_prefill_attention_mma (prefill_attentio
 launch on the tensor cores, K/V tiles through the block tables; prefill="mma", 16-bit pool, head_dim 64 or
 128): the paged kernels score each prompt row's keys one at a time, ~half of a 2048-token prefill step on
 the H200; the tensor-core kernel takes a Mistral-7B layer of 16 x 128 prompt rows from 554 to 60 µs (lessons/
-BENCHMARKS.md). The engine's default (GPUBatching); MINILLM_BATCH_PREFILL=paged goes back to the paged kernels.
+BENCHMARKS.md). The engine's default (GPUBatching); GPUBatching(model, prefill="paged") goes back to the paged kernels.
 
 Greedy sampling on the device: forward_greedy(chunks) -> int32 [B], np.argmax of each chunk's logits row
 exactly (the first maximum; a row's first NaN if it has one), picked by argmax_rows after the eager LM head
@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import os
 import weakref
 from dataclasses import dataclass
 
@@ -551,22 +550,18 @@ class GPUBatching:
 
     def __init__(self, model, use_graph: bool | None = None, attention: str | None = None,
                  prefill: str | None = None):
-        """use_graph: decode steps as bucket graphs (default: the model's use_graph, unless MINILLM_BATCH_GRAPHS=0);
-        attention: "head" or "group" (default: MINILLM_PAGED_ATTENTION, else "group": 64.9 vs 108.0 µs a layer
-        at 64 rows on the H200); prefill: "paged" or "mma" for steps with prompt chunks (default: MINILLM_BATCH_PREFILL,
-        else "mma": 60 vs 554 µs a Mistral-7B layer for 16 prompts of 128 rows on the H200). The environment lets a
-        benchmark (`minillm bench serve --device cuda`) compare them without new flags."""
-        env_graphs = os.environ.get("MINILLM_BATCH_GRAPHS", "1") != "0"
+        """use_graph: decode steps as bucket graphs (default: the model's use_graph); attention: "head" or
+        "group" (default "group": faster, lessons/BENCHMARKS.md); prefill: "paged" or "mma" for steps with prompt
+        chunks (default "mma": faster). A benchmark compares them by passing them (LLM(..., batching=...))."""
         self.model = model
         self._spares: dict[tuple, tuple] = {}     # (blocks, block_size, storage) -> (weakref to the pool, its arrays)
-        self.use_graph = (model.use_graph and env_graphs) if use_graph is None else use_graph
-        self.attention = attention or os.environ.get("MINILLM_PAGED_ATTENTION", "group")
+        self.use_graph = model.use_graph if use_graph is None else use_graph
+        self.attention = attention or "group"
         if self.attention not in ("head", "group"):
-            raise MiniLLMError(f"paged attention is 'head' or 'group', not {self.attention!r} "
-                               "(MINILLM_PAGED_ATTENTION)")
-        self.prefill = prefill or os.environ.get("MINILLM_BATCH_PREFILL", "mma")
+            raise MiniLLMError(f"paged attention is 'head' or 'group', not {self.attention!r}")
+        self.prefill = prefill or "mma"
         if self.prefill not in PREFILL_KERNELS:
-            raise MiniLLMError(f"the prefill attention is 'paged' or 'mma', not {self.prefill!r} (MINILLM_BATCH_PREFILL)")
+            raise MiniLLMError(f"the prefill attention is 'paged' or 'mma', not {self.prefill!r}")
 
     def storage(self, kv_cache: str) -> str:
         """The pool's storage for a kv_cache format: int8 codes, or the weights' 16 bits for "auto"."""

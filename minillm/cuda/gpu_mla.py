@@ -438,8 +438,8 @@ class GPUMLATransformer:
         for i, L in enumerate(self.layers[:n_layers]):
             self.attention(i, L, cache.latent[i], parts)                                  # x += o_proj(mla(x))
             k.gemv_swiglu(L.w_gate_up, x, L.mlp_norm, c.norm_eps, self.act, "gate_up")    # [ffn]
-            k.gemv(L.w_down, self.act, x, True, 4, "down")                                # x += down(act)
-        k.gemv_rmsnorm(self.lm_head, x, self.final_norm, c.norm_eps, self.logits, "lm_head", version=4)
+            k.gemv(L.w_down, self.act, x, True, "down")                                  # x += down(act)
+        k.gemv_rmsnorm(self.lm_head, x, self.final_norm, c.norm_eps, self.logits, "lm_head")
 
     def attention(self, i: int, L: MLALayer, latent, parts) -> None:
         """Layer i's MLA half: norm, projections, the latent append, absorbed attention, o_proj + residual.
@@ -447,13 +447,13 @@ class GPUMLATransformer:
         c, k, m = self.config, self.k, self.m
         H, nope, rope, v, r = c.n_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
         pos, x = self.step_pos, self.x[0]
-        k.gemv_rmsnorm(L.w_in, x, L.attn_norm, c.norm_eps, self.first, "q_a|kv_a", version=4)   # [q_in + r + rope]
+        k.gemv_rmsnorm(L.w_in, x, L.attn_norm, c.norm_eps, self.first, "q_a|kv_a")   # [q_in + r + rope]
         if L.wq_b is not None:
-            k.gemv_rmsnorm(L.wq_b, self.first[:self.q_in], L.q_norm, LATENT_NORM_EPS, self.q, "q_b", version=4)
+            k.gemv_rmsnorm(L.wq_b, self.first[:self.q_in], L.q_norm, LATENT_NORM_EPS, self.q, "q_b")
         m.kv_append(self.kv, L.kv_norm, LATENT_NORM_EPS, r, rope, pos, self.inv_freq, self.rope_gain,
                     c.rope_interleave, latent)
         m.q_absorb(self.q, L.wkv_b, H, nope, rope, v, r, pos, self.inv_freq, self.rope_gain, c.rope_interleave,
                    self.q_cat)                                                            # [H, r + rope]
         m.attention(self.q_cat, latent, H, r, pos, self.scale, parts, self.o_lat)        # [H, r]
         m.v_up(self.o_lat, L.wkv_b, H, nope, v, r, self.o)                                # [H * v]
-        k.gemv(L.wo, self.o, x, True, 4, "o")                                             # x += W_o · o
+        k.gemv(L.wo, self.o, x, True, "o")                                               # x += W_o · o

@@ -15,23 +15,21 @@ whose K/V tiles serve 32 (token, query head) rows at once (`prefill_attention="t
 head_dim <= 128); `prefill_attention="decode"` reuses the decode kernel with one query per token (the
 first version, kept to compare; also the fallback for larger heads).
 
-Decode (memory-bound, one token): only our kernels (gemv.cu for every matrix: cuBLAS cannot be captured
+Decode (memory-bound, one token): only our kernels (gemv.cu v4 for every matrix: cuBLAS cannot be captured
 from CuPy) over preallocated buffers, with the token and position in a device buffer. So the whole step
 is captured once per cache as a CUDA graph and replayed per token (`use_graph=True`, the default);
-`use_graph=False` runs the same launches eagerly, for comparison.
-`gemv_version=4` (default): 5 launches a layer: [rmsnorm + qkv GEMV + RoPE + KV append], [attention with
-the split combine fused], [o GEMV + residual], [rmsnorm + gate/up GEMV + SwiGLU], [down GEMV + residual]
-(`fuse_norm=False` puts a separate rmsnorm launch before the two normed GEMVs). `gemv_version=2` is the
-first version: ~11 launches a layer (9 with `fuse_norm`, which then uses gemv.cu v3), kept to compare.
+`use_graph=False` runs the same launches eagerly, for comparison. 5 launches a layer: [rmsnorm + qkv GEMV +
+RoPE + KV append], [attention with the split combine fused], [o GEMV + residual], [rmsnorm + gate/up GEMV +
+SwiGLU], [down GEMV + residual]. The earlier decode steps (separate norms, gemv.cu v2/v3: ~11 launches a
+layer) run from minillm/cuda/dev/lab.py, to compare and to teach (lesson 13).
 
 int8/int4 weights (`from_cpu` of a model loaded with quant=..., or `random(..., quant=...)`): the layer
 matrices stay in minillm.model.quant's layout on the device (`qweights.QuantMatrix`, uploaded as is); the LM
 head and the embedding stay 16-bit, as on the CPU. Decode runs gemv_quant.cu, which dequantizes in
-registers behind the same v4 fusions (gemv_version 4 only). Prefill widens each quantized matrix into
+registers behind the same v4 fusions. Prefill widens each quantized matrix into
 one reused 16-bit scratch buffer (the largest matrix: 235 MB for Mistral's gate|up) right before its
 cuBLAS GEMM: ~1.3 extra bytes written per weight per prefill chunk, and the full 16-bit model never exists
-in memory (~6 ms of Mistral-7B's 20 ms TTFT on an H200; `KernelSettings.prefill_widen_ahead` widens each
-matrix on a second stream one GEMM ahead instead: 1.00-1.02x, off).
+in memory (widening one GEMM ahead on a second stream measured no faster: minillm/cuda/dev/lab.py).
 
 int8 KV cache (`kv_cache="int8"`, minillm.model.kv_cache.Int8KVCache's format: a symmetric scale per token and KV
 head): kv_int8.cu quantizes each new key and value from the fp32 qkv row (the v4 qkv GEMV then only
@@ -57,9 +55,8 @@ from minillm.model.layers import rope_inv_freq
 from minillm.cuda import cublas_raw
 from minillm.cuda.graph import capture
 from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
-from minillm.cuda.kernels import MAX_FUSED_NORM, Kernels, KernelSettings, n_splits_for
+from minillm.cuda.kernels import Kernels, KernelSettings, n_splits_for
 from minillm.cuda.qweights import QuantMatrix, is_quantized
-from minillm.cuda.widen_ahead import WidenAhead
 
 
 def _cp():
@@ -109,8 +106,8 @@ def _checked_options(config: ModelConfig, kv_cache: str, prefill_chunk: int) -> 
 
 class GPUTransformer:
     def __init__(self, config: ModelConfig, layers: list[GPULayer], embed, final_norm, lm_head,
-                 dtype: str = "float16", use_graph: bool = True, gemv_version: int = 4, fuse_norm: bool = True,
-                 prefill_attention: str = "tiled", kv_cache: str = "auto", prefill_chunk: int = 1024,
+                 dtype: str = "float16", use_graph: bool = True, prefill_attention: str = "tiled",
+                 kv_cache: str = "auto", prefill_chunk: int = 1024,
                  settings: KernelSettings = KernelSettings()):
         """kv_cache: "auto" (the weights' 16 bits) or "int8". prefill_chunk: tokens per prefill pass (bounds
         the [T, 2 * ffn] fp32 scratch). settings: how the decode kernels launch (kernels.KernelSettings)."""
@@ -124,7 +121,7 @@ class GPUTransformer:
         quantized = [w for L in layers for w in L.matrices() if is_quantized(w)]
         self.quant = quantized[0].method if quantized else None     # "int8", "int4" or None (16-bit)
         self.use_graph = use_graph
-        self._set_kernel_choices(gemv_version, fuse_norm, prefill_attention)
+        self._set_prefill_attention(prefill_attention)
         self.k = Kernels(dtype, settings)
         self.stream = cp.cuda.Stream(non_blocking=True)
         c, hd = config, config.head_dim
@@ -150,8 +147,6 @@ class GPUTransformer:
         # prefill widens one quantized matrix at a time into this (the largest matrix's size, reused)
         largest = max((w.shape[0] * w.shape[1] for w in quantized), default=0)
         self._dense_scratch = cp.empty(largest, device_dtype(dtype)) if largest else None
-        self._ahead_parts = None         # settings.prefill_widen_ahead: the second scratch, its stream and events
-        self._ahead = None               # inside _prefill_layers: the WidenAhead plan the GEMMs' _dense follows
         self._kv_scratch = None          # int8 KV cache: prefill's 16-bit K/V of one layer (sized on first use)
         self.rows_graph_error = None     # why a few-row forward could not be captured (then it runs eagerly)
         self._capturing = False          # inside that capture: GEMMs go through cublas_raw
@@ -240,40 +235,33 @@ class GPUTransformer:
         layers = [GPULayer(L.attn_norm, narrow(L.wqkv), narrow(L.wo), L.mlp_norm, narrow(L.w_gate_up), narrow(L.w_down))
                   for L in self.layers]
         return GPUTransformer(self.config, layers, self.embed, self.final_norm, self.lm_head, dtype=self.dtype,
-                              use_graph=self.use_graph, fuse_norm=self.fuse_norm,
-                              prefill_attention=self.prefill_attention, kv_cache=self.kv_cache,
-                              prefill_chunk=self.prefill_chunk, settings=self.settings)
+                              use_graph=self.use_graph, prefill_attention=self.prefill_attention,
+                              kv_cache=self.kv_cache, prefill_chunk=self.prefill_chunk, settings=self.settings)
 
-    def _set_kernel_choices(self, gemv_version: int, fuse_norm: bool, prefill_attention: str) -> None:
-        """Which kernels run: the decode GEMVs' version and norm fusion, and the prefill attention."""
-        if self.quant and gemv_version < 4:
-            raise ValueError("int8/int4 weights decode with the v4-shaped kernels only (gemv_version=4)")
+    def _set_prefill_attention(self, prefill_attention: str) -> None:
+        """prefill_attention "tiled": prefill_attention(_mma).cu; "decode": the decode kernel, a query a token (the
+        first prefill path, and the fallback for head_dims the tiles do not take)."""
         if prefill_attention not in ("tiled", "decode"):
             raise ValueError(f"prefill_attention is 'tiled' or 'decode', not {prefill_attention!r}")
-        self.gemv_version = gemv_version
-        self.fuse_norm = fuse_norm          # decode only; v3 (gemv_version < 4) also needs dim <= MAX_FUSED_NORM
-        self.prefill_attention = prefill_attention   # "tiled": prefill_attention.cu; "decode": the decode kernel
+        self.prefill_attention = prefill_attention
 
     def with_options(self, **options) -> "GPUTransformer":
         """The same weights run another way: a copy with kv_cache and/or prefill_chunk changed (as
-        Transformer.with_options), use_graph (False: the same launches one by one), or the kernels the
-        constructor chooses (gemv_version, fuse_norm, prefill_attention: the earlier versions, to compare).
+        Transformer.with_options), use_graph (False: the same launches one by one) or prefill_attention.
         It shares the device buffers: run one of the two at a time."""
-        kernels = {"gemv_version": self.gemv_version, "fuse_norm": self.fuse_norm,
-                   "prefill_attention": self.prefill_attention}
         cache = {"kv_cache": self.kv_cache, "prefill_chunk": self.prefill_chunk}
-        unknown = set(options) - set(kernels) - set(cache) - {"use_graph"}
+        unknown = set(options) - set(cache) - {"use_graph", "prefill_attention"}
         if unknown:
             raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
         other = copy.copy(self)
         other.use_graph = bool(options.get("use_graph", self.use_graph))
         other.kv_cache, other.prefill_chunk = _checked_options(
             self.config, **{name: options.get(name, now) for name, now in cache.items()})
-        other._set_kernel_choices(**{name: options.get(name, now) for name, now in kernels.items()})
+        other._set_prefill_attention(options.get("prefill_attention", self.prefill_attention))
         return other
 
     def with_settings(self, **changes) -> "GPUTransformer":
-        """A copy whose kernels launch with some KernelSettings changed (a sweep's variant); it shares the
+        """A copy whose kernels launch with some KernelSettings changed (a benchmark's variant); it shares the
         weights and device buffers: run one of the two at a time."""
         other = copy.copy(self)
         other.k = self.k.with_settings(**changes)
@@ -319,7 +307,7 @@ class GPUTransformer:
                     outputs.append(self._head_all(x).get())
                 elif start + self.prefill_chunk >= len(tokens):
                     self.k.rmsnorm(x[-1:], self.final_norm, self.h, self.config.norm_eps)
-                    self.k.gemv(self.lm_head, self.h[0], self.logits, version=self.gemv_version)
+                    self.k.gemv(self.lm_head, self.h[0], self.logits)
                     outputs.append(self.logits.get())
             self.stream.synchronize()
         return np.concatenate(outputs) if all_logits else outputs[-1]
@@ -344,46 +332,28 @@ class GPUTransformer:
         """Enqueue one decode step on the current stream: token and position from `self.step`,
         logits into `self.logits`. No allocation, no host sync, no cuBLAS: capturable.
         n_layers: only the first n_layers layers run (early exit), then the final norm and head."""
-        c, k, v = self.config, self.k, self.gemv_version
+        c, k = self.config, self.k
         layers = self.layers[:n_layers]
-        hd = c.head_dim
-        if self.quant and v < 4:
-            raise ValueError("int8/int4 weights decode with the v4-shaped kernels only (gemv_version=4)")
+        hd, x = c.head_dim, self.x[0]
         parts = self._decode_parts(cache)
         k.embed(self.step_tokens, self.embed, self.x)                                  # [1, dim]
-        if v >= 4:
-            # v4: 5 launches a layer. norm+qkv+rope+kv_append | attention (+combine) | o (+residual) |
-            # norm+gate_up+swiglu | down (+residual)
-            # Each GEMV can name the next one's weights (nxt, with settings.prefetch_next): its last blocks
-            # then prefetch their start into L2 during the launch gap and the next kernel's ramp.
-            x = self.x[0]
-            prefetch = self.settings.prefetch_next
-            nxt = (lambda w, halves=False: (w, halves)) if prefetch else (lambda w, halves=False: None)
-            for i, L in enumerate(layers):
-                after = layers[i + 1].wqkv if i + 1 < len(layers) else self.lm_head
-                src, gain = self._norm_input(L.attn_norm)
-                into = (None, None) if self.kv_cache == "int8" else (cache.k[i], cache.v[i])   # int8: next line
-                k.gemv_qkv(L.wqkv, src, gain, c.norm_eps, self.qkv[0], self.step_pos, self.inv_freq,
-                           *into, c.n_heads, c.n_kv_heads, hd, "qkv", next_w=nxt(L.wo))
-                if self.kv_cache == "int8":
-                    self._append_kv(i, cache, self.qkv, 1)
-                self._attend(i, cache, self.qkv, 1, parts, self.attn)                  # [1, n_heads * hd]
-                k.gemv(L.wo, self.attn[0], x, True, v, "o", next_w=nxt(L.w_gate_up, True))   # x += o_proj(attn)
-                src, gain = self._norm_input(L.mlp_norm)
-                k.gemv_swiglu(L.w_gate_up, src, gain, c.norm_eps, self.act[0], "gate_up", next_w=nxt(L.w_down))  # [ffn]
-                k.gemv(L.w_down, self.act[0], x, True, v, "down", next_w=nxt(after))     # x += down(act)
-            self._norm_gemv(self.x, self.final_norm, self.lm_head, self.logits[None], "lm_head")
-            return
+        # 5 launches a layer: norm+qkv+rope+kv_append | attention (+combine) | o (+residual) |
+        # norm+gate_up+swiglu | down (+residual)
         for i, L in enumerate(layers):
-            self._norm_gemv(self.x, L.attn_norm, L.wqkv, self.qkv, "qkv")               # [1, qkv_width]
-            k.rope(self.qkv, 1, c.n_heads + c.n_kv_heads, hd, self.step_pos, self.inv_freq)
-            self._append_kv(i, cache, self.qkv, 1)
-            self._attend(i, cache, self.qkv, 1, parts if self.kv_cache == "int8" else parts[:3], self.attn)
-            k.gemv(L.wo, self.attn[0], self.x[0], True, v, "o")                        # x += o_proj(attn)
-            self._norm_gemv(self.x, L.mlp_norm, L.w_gate_up, self.gu, "gate_up")              # [1, 2 * ffn]
-            k.swiglu(self.gu, self.act)                                                # [1, ffn]
-            k.gemv(L.w_down, self.act[0], self.x[0], True, v, "down")                   # x += down(act)
-        self._norm_gemv(self.x, self.final_norm, self.lm_head, self.logits[None], "lm_head")   # [vocab]
+            into = (None, None) if self.kv_cache == "int8" else (cache.k[i], cache.v[i])   # int8: next line
+            k.gemv_qkv(L.wqkv, x, L.attn_norm, c.norm_eps, self.qkv[0], self.step_pos, self.inv_freq,
+                       *into, c.n_heads, c.n_kv_heads, hd, "qkv")
+            if self.kv_cache == "int8":
+                self._append_kv(i, cache, self.qkv, 1)
+            self._attend(i, cache, self.qkv, 1, parts, self.attn)                      # [1, n_heads * hd]
+            k.gemv(L.wo, self.attn[0], x, True, "o")                                   # x += o_proj(attn)
+            k.gemv_swiglu(L.w_gate_up, x, L.mlp_norm, c.norm_eps, self.act[0], "gate_up")   # [ffn]
+            k.gemv(L.w_down, self.act[0], x, True, "down")                             # x += down(act)
+        self._decode_head()
+
+    def _decode_head(self) -> None:
+        """logits [vocab] = lm_head · rmsnorm(x, final_norm): one fused GEMV."""
+        self.k.gemv_rmsnorm(self.lm_head, self.x[0], self.final_norm, self.config.norm_eps, self.logits, "lm_head")
 
     def _append_kv(self, i: int, cache, qkv, T: int) -> None:
         """Layer i's keys and values of the T qkv rows [T, width] into the cache at step_pos: a copy into
@@ -402,26 +372,6 @@ class GPUTransformer:
         self.k.attention(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i], self.step_pos,
                          c.sliding_window, parts, out, scales=scales)
 
-    def _fused(self) -> bool:
-        """Is the RMSNorm folded into the GEMV that follows it? (v3 keeps x in shared memory: dim-bound)"""
-        return self.fuse_norm and (self.gemv_version >= 4 or self.config.dim <= MAX_FUSED_NORM)
-
-    def _norm_input(self, gain):
-        """(GEMV input, gain to fuse or None): x itself when the norm is fused, else rmsnorm(x) in self.h."""
-        if self._fused():
-            return self.x[0], gain
-        self.k.rmsnorm(self.x, gain, self.h, self.config.norm_eps)
-        return self.h[0], None
-
-    def _norm_gemv(self, x, gain, w, out, label: str) -> None:
-        """out [1, rows] = w · rmsnorm(x [1, dim]): one fused kernel (v3/v4) or rmsnorm then GEMV."""
-        if self._fused():
-            self.k.gemv_rmsnorm(w, x[0], gain, self.config.norm_eps, out[0], label,
-                                version=4 if self.gemv_version >= 4 else 3)
-        else:
-            self.k.rmsnorm(x, gain, self.h, self.config.norm_eps)
-            self.k.gemv(w, self.h[0], out[0], False, self.gemv_version, label)
-
     def _decode_parts(self, cache: GPUKVCache):
         cp = _cp()
         s = n_splits_for(self.config.n_heads, cache.max_seq_len, self.n_sms)
@@ -434,11 +384,9 @@ class GPUTransformer:
     def _graph_for(self, cache: GPUKVCache, n_layers: int | None = None):
         """The decode step captured as a CUDA graph for this cache (captured on first use)."""
         k = self.k
-        key = (self, n_layers, self._fused(), self.gemv_version, k.settings)   # what the captured launches depend on
+        key = (self, n_layers, k.settings)              # what the captured launches depend on
         if cache.graph is None or cache.graph_key != key:
             self._decode_parts(cache)                    # allocate scratch before capturing
-            if self.gemv_version < 4 or k.settings.quant_version < 2:
-                k.load_older()                           # and load the earlier kernels it may launch
             cache.graph = capture(self.stream, lambda: self.decode_step(cache, n_layers))
             cache.graph_key = key
         return cache.graph
@@ -447,7 +395,6 @@ class GPUTransformer:
     def _prefill_chunk(self, chunk: np.ndarray, cache: GPUKVCache, layers: list[GPULayer] | None = None):
         """The chunk's T tokens through `layers` (default: all), appended to the cache.  -> x [T, dim] fp32"""
         self.step.set(np.array([0, cache.length], dtype=np.int32))
-        self._widening_parts()
         b = self._prefill_buffers(len(chunk))
         b.tokens.set(chunk)
         x = self._prefill_layers(b, cache, self.layers if layers is None else layers)
@@ -477,11 +424,7 @@ class GPUTransformer:
         """Enqueue a forward of the T tokens in b.tokens at the position in self.step through `layers`: only
         launches (no allocation, no host copy), so it can be captured. -> b.x [T, dim] fp32"""
         self.k.embed(b.tokens, self.embed, b.x)                                           # [T, dim]
-        self._ahead = self._plan_widening(layers)       # quantized matrices: widened one GEMM ahead
-        try:
-            self._prefill_each_layer(b, cache, layers)
-        finally:
-            self._ahead = None
+        self._prefill_each_layer(b, cache, layers)
         return b.x
 
     def _prefill_each_layer(self, b: "PrefillBuffers", cache: GPUKVCache, layers: list[GPULayer]) -> None:
@@ -507,25 +450,6 @@ class GPUTransformer:
             self.gemm(hn, L.w_gate_up, gu)                                                      # [T, 2 * ffn]
             k.swiglu(gu, act_n)                                                           # [T, ffn] 16-bit
             self.gemm(act_n, L.w_down, x, accumulate=True)                                 # x += down(act)
-
-    def _plan_widening(self, layers: list[GPULayer]) -> WidenAhead | None:
-        """The one-GEMM-ahead widening of these layers' quantized matrices, in the order the layer loop's
-        GEMMs read them (None: no quantized matrix, settings.prefill_widen_ahead off, or its buffers not
-        allocated: _widening_parts runs outside any capture)."""
-        order = [w for L in layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down) if is_quantized(w)]
-        if not order or not self.settings.prefill_widen_ahead or self._ahead_parts is None:
-            return None
-        second, side, events = self._ahead_parts
-        return WidenAhead(self.k.dequantize, order, (self._dense_scratch, second), self.stream, side, events)
-
-    def _widening_parts(self) -> None:
-        """Allocate what widening ahead needs (once, and not while a graph is captured)."""
-        if self._dense_scratch is None or self._ahead_parts is not None or not self.settings.prefill_widen_ahead:
-            return
-        cp = _cp()
-        side = cp.cuda.Stream(non_blocking=True, priority=self.settings.prefill_widen_priority)
-        self._ahead_parts = (cp.empty_like(self._dense_scratch), side,
-                             tuple(cp.cuda.Event(disable_timing=True) for _ in range(3)))
 
     # ---- a few rows at once: speculative decoding's verify pass, one CUDA graph ------------------
     def _rows_graphable(self, T: int) -> bool:
@@ -562,7 +486,6 @@ class GPUTransformer:
             cache.rows_key = key
         if T not in graphs:
             cp = _cp()
-            self._widening_parts()
             b = self._prefill_buffers(T)
             hn = cp.empty((T, self.config.dim), device_dtype(self.dtype))
             logits = cp.empty((T, self.config.vocab_size), cp.float32)
@@ -652,8 +575,6 @@ class GPUTransformer:
         next call: the GEMM that reads it runs first, on the same stream)."""
         if not is_quantized(w):
             return w
-        if self._ahead is not None:                    # prefill's layer loop: widened one GEMM ahead
-            return self._ahead.dense(w)
         rows, n_in = w.shape
         out = self._dense_scratch[:rows * n_in].reshape(rows, n_in)
         self.k.dequantize(w, out)

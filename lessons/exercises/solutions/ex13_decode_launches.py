@@ -9,17 +9,19 @@ The grader compares it with the launches recorded while the engine's own decode 
 
 
 def decode_launches(config, gemv_version: int, fuse_norm: bool) -> int:
-    """Kernel launches in one GPUTransformer decode step (one new token) of a model shaped like `config`.
+    """Kernel launches in one decode step (one new token) of a model shaped like `config`.
 
     config        a minillm.model.config.ModelConfig (n_layers, dim, ...)
     gemv_version  1 or 2 (the first GEMV kernels: one matrix-vector product a launch, then separate RoPE,
                   KV-append, attention split + combine and SwiGLU launches) or 4 (fused variants)
     fuse_norm     whether each RMSNorm is folded into the GEMV that follows it
 
-    Read GPUTransformer.decode_step and the helpers it calls (_norm_input, _norm_gemv, _fused) in
-    minillm/cuda/gpu_model.py, and count the kernel launches: every Kernels method in
-    minillm/cuda/kernels.py launches through `_launch`, some of them more than once. Mind what happens
-    before the layers, after them, and when _fused() says no even though fuse_norm is True.
+    gemv_version 4 with fuse_norm is the step the engine ships: GPUTransformer.decode_step in
+    minillm/cuda/gpu_model.py. The earlier steps are kept in the laboratory: LabTransformer.decode_step and
+    the helpers it calls (_norm_input, _norm_gemv, _fused) in minillm/cuda/dev/lab.py. Count the kernel
+    launches: every Kernels method in minillm/cuda/kernels.py (and LabKernels') launches through `_launch`,
+    some of them more than once. Mind what happens before the layers, after them, and when _fused() says no
+    even though fuse_norm is True.
     """
     fused = fuse_norm and (gemv_version >= 4 or config.dim <= 12000)     # v3 keeps x in shared memory
     if gemv_version >= 4:

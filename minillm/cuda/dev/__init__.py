@@ -1,4 +1,11 @@
-"""Measuring code for the GPU path, kept apart from the engine (llm.c's dev/ style).
+"""The laboratory of the GPU path, kept apart from the engine (llm.c's dev/ style): every earlier kernel version
+and every experiment that lost, with the measuring code.
+
+`lab.py` is the one entry point for version ladders (lessons, minillm.course, the modules here): `LabSettings`
+(the shipped KernelSettings plus the lab's choices), `LabKernels` (the shipped launchers plus gemv v1-v3, the
+quantized GEMV v1, v3 on tensor cores and v4 streamed by the TMA) and `LabTransformer` (the earlier decode steps,
+prefill widening one GEMM ahead: `widen_ahead.py`). Their kernels are in `kernels/` (shipped as package data;
+they include the shipped headers of the top-level kernels/). What each measured: lessons/BENCHMARKS_HISTORY.md.
 
 One module per kernel family, each with its NumPy references, its checks (random inputs, NaN-poisoned
 outputs, (error, tolerance) back) and its sweep, runnable alone: `python -m minillm.cuda.dev.gemv`
@@ -10,9 +17,9 @@ bandwidth probe they all use; `model.py` checks whole small models GPU vs CPU; `
 `qbench.py` time a 7B-shaped model (`minillm bench --device cuda`); `qmma.py` (the quantized GEMV on tensor
 cores), `qtma.py` (the GEMVs with their weights streamed into shared memory by the TMA) and `qfloor.py` (the
 quantized GEMV with its staging or its arithmetic taken out: where its time goes) measure kernel versions;
-`chain.py` measures the decode step as a chain (what each kind of kernel adds inside it, prefetches across
-its links), `layer.py` a layer's GEMVs as one kernel behind grid barriers, `widen.py` prefill's int8/int4
-widening one GEMM ahead; `selfcheck.py` drives the kernel families' checks, the model checks and the bench;
-`verify.sh` is the whole GPU verification as one command for the GPU machine. Nothing in the engine
-imports this package.
+`chain.py` measures the decode step as a chain (what each kind of kernel adds inside it), `widen.py` prefill's
+int8/int4 widening one GEMM ahead, `ab.py` one setting against the defaults, `pdl.py` programmatic dependent
+launch on and off; `selfcheck.py` drives the kernel families' checks, the model checks and the bench;
+`verify.sh` is the whole GPU verification as one command for the GPU machine. Nothing in the engine imports
+this package (an import-linter contract in setup.cfg holds it).
 """

@@ -1,11 +1,12 @@
-"""One change of KernelSettings against the defaults, in the decode step: the same numbers, then which is faster.
+"""One change of the settings (a shipped KernelSettings tuning or a lab.LabSettings choice) against the defaults,
+in the decode step: the same numbers, then which is faster.
 
     check   for each weight format asked: greedy tokens and logits with the change equal the defaults', bit
             for bit (a change of build, grid or timing, not of arithmetic; --no-check for one that rounds otherwise)
     time    decode tok/s of both in alternating rounds (the machine drifts), GB/s and % of the copy roofline,
             on the Mistral-7B shape
 
-    python -m minillm.cuda.dev.ab --set 'qkv_one_round=("int8", "16-bit")' [--formats float16,int8] [--quick]
+    python -m minillm.cuda.dev.ab --set 'qkv_one_round=False' [--formats float16,int8] [--quick]
 
 Importing this module does not import CuPy.
 """
@@ -23,20 +24,17 @@ FORMATS = ("float16", "int8", "int4")
 
 
 def parse_change(text: str) -> dict:
-    """'NAME=VALUE' (VALUE a Python literal) -> {NAME: VALUE}, NAME a KernelSettings field, the value accepted by it."""
-    from dataclasses import fields
-
-    from minillm.cuda.kernels import KernelSettings
+    """'NAME=VALUE' (VALUE a Python literal) -> {NAME: VALUE}, NAME a LabSettings field (the shipped tunings and
+    the lab's choices)."""
+    from minillm.cuda.dev.lab import lab_fields
     name, sep, value = text.partition("=")
-    names = [f.name for f in fields(KernelSettings)]
+    names = lab_fields()
     if not sep or name.strip() not in names:
-        raise ValueError(f"--set NAME=VALUE with NAME one of KernelSettings' fields ({', '.join(names)}), not {text!r}")
+        raise ValueError(f"--set NAME=VALUE with NAME one of LabSettings' fields ({', '.join(names)}), not {text!r}")
     try:
-        change = {name.strip(): ast.literal_eval(value.strip())}
+        return {name.strip(): ast.literal_eval(value.strip())}
     except (ValueError, SyntaxError):
         raise ValueError(f"--set {name.strip()}: {value.strip()!r} is not a Python literal") from None
-    KernelSettings(**change)                        # its own checks: a value it refuses is refused here
-    return change
 
 
 def decode_ab(args, formats, variants: Callable, check: Callable | None = None, header: str = "settings") -> None:
@@ -68,7 +66,7 @@ def decode_ab(args, formats, variants: Callable, check: Callable | None = None, 
 
 def main(argv=None) -> int:
     ap = sweep_parser("ab", __doc__, rounds=5)
-    ap.add_argument("--set", dest="change", required=True, help="NAME=VALUE: the KernelSettings field to change")
+    ap.add_argument("--set", dest="change", required=True, help="NAME=VALUE: the LabSettings field to change")
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: float16, int8, int4")
     ap.add_argument("--no-check", action="store_true", help="time only (a change that rounds otherwise)")
     args = ap.parse_args(argv)
@@ -85,7 +83,8 @@ def main(argv=None) -> int:
 
     def check(gpu, models, prompt, fmt):
         same_numbers(*models.values(), prompt, f"{args.change} {fmt}")
-    decode_ab(args, formats, lambda gpu: {"defaults": gpu, args.change: gpu.with_settings(**change)},
+    from minillm.cuda.dev.lab import LabTransformer
+    decode_ab(args, formats, lambda gpu: {"defaults": gpu, args.change: LabTransformer.of(gpu, **change)},
               None if args.no_check else check)
     return finish(ap.prog)
 

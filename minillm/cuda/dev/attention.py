@@ -21,6 +21,7 @@ from minillm.backend import as_f32
 from minillm.cuda.dev.common import (TOL, _cp, _host, _narrow_dt, _sync, finish, narrow, plain_table, poisoned,
                                      rel_err, require_gpu, run_cases, say)
 from minillm.cuda.dev import prefill_mma
+from minillm.cuda.dev.lab import as_lab, as_lab_model
 from minillm.cuda.dev.timing import graph_us
 from minillm.cuda.kernels import MM_HDS, Kernels
 from minillm.model.attention import attend
@@ -157,7 +158,7 @@ def check_prefill_attention(k: Kernels, T: int, n_heads: int, n_kv: int, hd: int
     through, returns NaN. against_model: compare with the NumPy lane-by-lane model of the mma kernel
     (dev/prefill_mma.py, slow: small shapes) instead of attend, which it should match to fp32 rounding."""
     cp, rng = _cp(), np.random.default_rng(seed)
-    k = k.with_settings(prefill_attention_version=version)
+    k = as_lab(k).with_settings(prefill_attention_version=version)
     mma = k.prefill_attention_kernel(hd).startswith("prefill_attention_mma")
     if mma != (version == 2 and hd in MM_HDS):
         return math.inf, 0.0                                        # not the kernel this check is about
@@ -246,9 +247,9 @@ def cases(k: Kernels) -> list[tuple[str, Callable]]:
 # ---- the sweep ------------------------------------------------------------------------------------
 def attention_us(gpu, lengths=(144, 640, 2048), versions=(2, 3)) -> dict:
     """Decode attention alone, µs a launch inside a CUDA graph (32 layers in turn, each its own K/V), at a few
-    context lengths, for each kernel version (KernelSettings.attention_version). -> {(length, version): µs}"""
+    context lengths, for each kernel version (LabSettings.attention_version). -> {(length, version): µs}"""
     import cupy as cp
-    c, k = gpu.config, gpu.k
+    c, k = gpu.config, as_lab(gpu.k)
     cache = gpu.new_cache(max(lengths) + 8)
     rng = cp.random.default_rng(3)
     for a in (cache.k, cache.v):
@@ -281,7 +282,7 @@ def sweep() -> dict:
 def prefill_us(k: Kernels, lengths=(512, 2048), versions=(1, 2), n_layers: int = 32) -> dict:
     """Prefill attention alone on Mistral-7B's shape (32 query heads, 8 KV heads, hd 128, window 4096): µs a
     launch inside a CUDA graph of n_layers launches, each layer its own K/V (as a prefill of T tokens from
-    position 0 sees them), for each version (KernelSettings.prefill_attention_version). -> {(T, version): µs}"""
+    position 0 sees them), for each version (LabSettings.prefill_attention_version). -> {(T, version): µs}"""
     import cupy as cp
     from minillm.model.config import PRESETS
     c = PRESETS["mistral-7b"].config
@@ -294,7 +295,7 @@ def prefill_us(k: Kernels, lengths=(512, 2048), versions=(1, 2), n_layers: int =
         attn = cp.empty((T, c.n_heads * c.head_dim), cp.float32)
         pos = cp.zeros(1, cp.int32)
         for v in versions:
-            kv = k.with_settings(prefill_attention_version=v)
+            kv = as_lab(k).with_settings(prefill_attention_version=v)
             out[T, v] = graph_us(lambda i: kv.prefill_attention(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, kc[i],
                                                                 vc[i], pos, c.sliding_window, attn), n_layers)
         del kc, vc, qkv, attn
@@ -322,7 +323,7 @@ def prefill_ttft(n_tokens: int = 512) -> dict:
     prompt = np.random.default_rng(0).integers(0, base.config.vocab_size, n_tokens)
     ms, logits = {}, {}
     for v in (1, 2):
-        gpu = base.with_settings(prefill_attention_version=v)
+        gpu = as_lab_model(base).with_settings(prefill_attention_version=v)
         ms[v] = ttft_s(gpu, cache, prompt) * 1e3
         cache.reset()
         logits[v] = gpu.prefill(prompt, cache)

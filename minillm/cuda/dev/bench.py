@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from minillm.cuda.dev.common import FAILED, say, verdict
+from minillm.cuda.dev.lab import LabKernels, LabTransformer
 from minillm.cuda.dev.timing import BANDWIDTH, EventTimer, copy_bandwidth, device_name, graph_us, time_gpu
 from minillm.model.config import PRESETS, ModelConfig
 
@@ -130,18 +131,19 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
     L = gpu.layers[0]
     c = cfg
     scratch = gpu.new_cache(64)
+    lab = LabKernels.of(gpu.k)                 # the first versions (minillm/cuda/dev/kernels/gemv_versions.cu)
     with gpu.stream:
         for name, w in [("qkv", L.wqkv), ("o", L.wo), ("gate_up", L.w_gate_up), ("down", L.w_down),
                         ("lm_head", gpu.lm_head)]:
             x = cp.ones(w.shape[1], cp.float32)
             y = cp.empty(w.shape[0], cp.float32)
             g = cp.ones(w.shape[1], cp.float32)
-            v1 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=1), 20) * 1e3
-            v2 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=2), 20) * 1e3
-            v4 = time_gpu(lambda: gpu.k.gemv(w, x, y, version=4), 20) * 1e3
+            v1 = time_gpu(lambda: lab.gemv(w, x, y, version=1), 20) * 1e3
+            v2 = time_gpu(lambda: lab.gemv(w, x, y, version=2), 20) * 1e3
+            v4 = time_gpu(lambda: gpu.k.gemv(w, x, y), 20) * 1e3
             v3 = v4f = float("nan")
             if name in ("qkv", "gate_up", "lm_head"):          # the matrices an RMSNorm feeds
-                v3 = time_gpu(lambda: gpu.k.gemv_rmsnorm(w, x, g, 1e-5, y), 20) * 1e3
+                v3 = time_gpu(lambda: lab.gemv_rmsnorm(w, x, g, 1e-5, y, version=3), 20) * 1e3
             if name == "qkv":
                 v4f = time_gpu(lambda: gpu.k.gemv_qkv(w, x, g, 1e-5, y, gpu.step_pos, gpu.inv_freq, scratch.k[0],
                                                       scratch.v[0], c.n_heads, c.n_kv_heads, c.head_dim), 20) * 1e3
@@ -149,9 +151,9 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
                 act = cp.empty(w.shape[0] // 2, cp.float32)
                 v4f = time_gpu(lambda: gpu.k.gemv_swiglu(w, x, g, 1e-5, act), 20) * 1e3
             elif name == "lm_head":
-                v4f = time_gpu(lambda: gpu.k.gemv_rmsnorm(w, x, g, 1e-5, y, version=4), 20) * 1e3
+                v4f = time_gpu(lambda: gpu.k.gemv_rmsnorm(w, x, g, 1e-5, y), 20) * 1e3
             else:
-                v4f = time_gpu(lambda: gpu.k.gemv(w, x, y, accumulate=True, version=4), 20) * 1e3   # + residual
+                v4f = time_gpu(lambda: gpu.k.gemv(w, x, y, accumulate=True), 20) * 1e3   # + residual
             try:
                 xh = cp.ones((w.shape[1], 1), w.dtype) if w.dtype == cp.float16 else None
                 cub = (time_gpu(lambda: cp.matmul(w, xh), 20) * 1e3) if xh is not None else float("nan")
@@ -178,7 +180,7 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
     modes = {"v2 eager": (2, False, False), "v2 graph": (2, True, False), "v2 graph+fused-norm": (2, True, True),
              "v4 eager": (4, False, True), "v4 graph": (4, True, True)}
     for mode, (version, use_graph, fuse) in modes.items():
-        run = gpu.with_options(gemv_version=version, use_graph=use_graph, fuse_norm=fuse)
+        run = LabTransformer.of(gpu, gemv_version=version, fuse_norm=fuse).with_options(use_graph=use_graph)
         results[mode] = decode_tok_s(run, cache, short, n_new)
     same = results["v2 eager"][1] == results["v2 graph"][1] and results["v4 eager"][1] == results["v4 graph"][1]
     verdict(f"{label} decode: graph tokens == eager tokens",
@@ -191,7 +193,7 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
 
     # -- one decode step, per kernel (v4, then the first version for comparison)
     for version, fuse in ((4, True), (2, False)):
-        run = gpu.with_options(gemv_version=version, fuse_norm=fuse)
+        run = LabTransformer.of(gpu, gemv_version=version, fuse_norm=fuse)
         timer = EventTimer()
         with run.stream:
             run.step.set(np.array([1, cache.length], dtype=np.int32))
@@ -356,9 +358,9 @@ def step_kernels_in_graphs(gpu, bw: float) -> dict:
                                     cache.k[i], cache.v[i], c.n_heads, c.n_kv_heads, c.head_dim),
         "attention": lambda i: k.attention(gpu.qkv, 1, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i],
                                            gpu.step_pos, c.sliding_window, parts, gpu.attn),
-        "o": lambda i: k.gemv(Ls[i].wo, gpu.attn[0], y[:c.dim], True, 4),
+        "o": lambda i: k.gemv(Ls[i].wo, gpu.attn[0], y[:c.dim], True),
         "gate_up": lambda i: k.gemv_swiglu(Ls[i].w_gate_up, x, ones[:c.dim], 1e-5, gu),
-        "down": lambda i: k.gemv(Ls[i].w_down, act, y[:c.dim], True, 4),
+        "down": lambda i: k.gemv(Ls[i].w_down, act, y[:c.dim], True),
     }
     out = {}
     say(f"\none decode step's kernels, each kind launched once per layer ({n} in a row, different weights) inside "
@@ -376,11 +378,10 @@ def step_kernels_in_graphs(gpu, bw: float) -> dict:
         for j, d in enumerate(dense):
             k.fill_uniform(d, 100 + j, 0.01)
         xin = act if kind == "down" else x
-        f16 = graph_us(lambda i: k.gemv(dense[i % 8], xin, y[:rows], False, 4), 16)
+        f16 = graph_us(lambda i: k.gemv(dense[i % 8], xin, y[:rows]), 16)
         say(f"  {kind:<10} {str((rows, cols)):>13} {w.nbytes / 1e6:7.1f} {us:7.1f} {w.nbytes / us / 1e6:6.2f} "
             f"{100 * w.nbytes / (us * 1e-6) / bw:6.0f}% {us * n:11.0f} {f16:8.1f} {2 * rows * cols / f16 / 1e6:9.2f}")
-    head_us = out["lm_head"] = graph_us(lambda i: k.gemv_rmsnorm(gpu.lm_head, x, ones[:c.dim], 1e-5, gpu.logits,
-                                                                 version=4), 4)
+    head_us = out["lm_head"] = graph_us(lambda i: k.gemv_rmsnorm(gpu.lm_head, x, ones[:c.dim], 1e-5, gpu.logits), 4)
     total = sum(v * (1 if kind == "lm_head" else n) for kind, v in out.items())
     say(f"  lm_head (16-bit) {head_us:.1f} µs; all kernels of a step, summed: {total / 1e3:.3f} ms")
     out["sum_ms"] = total / 1e3
@@ -440,12 +441,9 @@ def bench_quant(cfg: ModelConfig, label: str, quant: str, dtype: str = "float16"
     same = results["eager"][1] == results["graph"][1]
     verdict(f"{label} {quant} decode: graph tokens == eager tokens", same,
             "" if same else "the graph replay diverged from eager launches")
-    if sweep:          # other settings of the quantized GEMV (KernelSettings), each with its own graph
-        for label_, blocks, flags, nxt in [("L2 look-ahead", 2, 1, False), ("next-GEMV prefetch", 2, 0, True),
-                                           ("look-ahead + next GEMV", 2, 1, True),
-                                           ("look-ahead 2 + next GEMV", 2, 3, True),
-                                           ("1 block/SM", 1, 0, False), ("unbounded grid", 0, 0, False)]:
-            variant = gpu.with_settings(quant_blocks_per_sm=blocks, quant_flags=flags, prefetch_next=nxt)
+    if sweep:          # other grids of the quantized GEMV (KernelSettings.quant_blocks_per_sm), each its own graph
+        for label_, blocks in [("1 block/SM", 1), ("unbounded grid", 0)]:
+            variant = gpu.with_settings(quant_blocks_per_sm=blocks)
             results[f"graph, {label_}"] = decode_tok_s(variant, cache, short, n_new)
     per_token = report_decode(cfg, wbytes, prompt_len, n_new, results, bw, width=34)
 

@@ -1,4 +1,4 @@
-"""The decode step as a chain of kernels: what each kind costs inside it, and prefetches across its links.
+"""The decode step as a chain of kernels: what each kind costs inside it.
 
 A kernel timed alone (32 copies of it in a graph) is not what it costs in the decode step: there each
 kernel starts during the one ahead (programmatic dependent launch) and finds some of its weights already
@@ -7,12 +7,8 @@ in L2. So this module measures inside the chain:
     parts     decode tok/s with one kind of kernel left out of the captured step (its launches not made:
               the outputs are wrong by design, the timing is what is kept): the step's time minus that,
               a layer, is what the kind adds to the chain (its marginal µs), beside its share of the bytes
-    prefetch  the prefetches that use a short kernel's idle HBM, against the default in alternating rounds
-              (the machine drifts), after a check that each gives the same tokens and logits, bit for bit
-              (a prefetch only moves bytes into L2): decode attention asking L2 for its split's cached K/V
-              before it waits for the qkv GEMV (GQA_PREFETCH_KV), and a GEMV's warps asking for their whole
-              rows (every round of them) before they wait for the kernel ahead (KernelSettings.
-              prefetch_rows_before_wait: o behind attention, qkv and down behind the GEMVs ahead of them)
+(The prefetches across its links this module also measured, K/V and whole rows before the wait, were slower
+or even and left the kernels: lessons/BENCHMARKS_HISTORY.md.)
 
     python -m minillm.cuda.dev.chain [--quick] [--rounds N] [--new-tokens N] [--formats float16,int8,int4]
 
@@ -24,10 +20,9 @@ import sys
 
 import numpy as np
 
-from minillm.cuda.dev.bench import decode_bytes, decode_sweep_setup, decode_tok_s, sweep_parser
+from minillm.cuda.dev.bench import decode_sweep_setup, decode_tok_s, sweep_parser
 from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, verdict
 from minillm.cuda.dev.model import greedy
-from minillm.cuda.kernels import GQA_PREFETCH_KV
 
 FORMATS = ("float16", "int8", "int4")
 # What a decode step launches, by kind: the GEMVs by their label, attention by its kernel's name.
@@ -35,13 +30,6 @@ KINDS = ("qkv", "attention", "o", "gate_up", "down", "lm_head")
 LEFT_OUT = {"qkv": ("qkv",), "attention": ("attention",), "o": ("o",), "gate_up": ("gate_up",),
             "down": ("down",), "attention + o": ("attention", "o"), "every GEMV of a layer":
             ("qkv", "o", "gate_up", "down")}
-PREFETCHES = {"default": {}, "K/V before the wait": {"attention_flags": GQA_PREFETCH_KV},
-              "o's rows before the wait": {"prefetch_rows_before_wait": ("o",)},
-              "both": {"attention_flags": GQA_PREFETCH_KV, "prefetch_rows_before_wait": ("o",)},
-              # qkv: its warps' second round of pairs too (3072 pairs over 2112 warps: two rounds)
-              "qkv's rows before the wait": {"prefetch_rows_before_wait": ("qkv",)},
-              "down's rows before the wait": {"prefetch_rows_before_wait": ("down",)},
-              "qkv's, o's and down's": {"prefetch_rows_before_wait": ("qkv", "o", "down")}}
 
 
 def kind_of(name: str, label: str) -> str | None:
@@ -83,8 +71,8 @@ def parts(gpu, cache, prompt, n_new: int, rounds: int, fmt: str) -> list[list]:
 
 
 def same_numbers(reference, other, prompt, label: str) -> None:
-    """Two ways of running the same model give the same tokens and logits, exactly (a prefetch changes when
-    bytes arrive, never a number; dev.layer's kernels run the same code behind another barrier)."""
+    """Two ways of running the same model give the same tokens and logits, exactly (a launch setting such as
+    PDL changes when bytes arrive, never a number)."""
     runs = []
     for model in (reference, other):
         tokens, logits = greedy(model, prompt, 17, model.new_cache(len(prompt) + 24))
@@ -94,41 +82,26 @@ def same_numbers(reference, other, prompt, label: str) -> None:
             f"tokens equal {runs[0][0] == runs[1][0]}, largest logit change {diff:g}")
 
 
-def prefetches(gpu, cache, prompt, n_new: int, rounds: int, fmt: str, bw: float) -> list[list]:
-    models = {label: gpu.with_settings(**changes) for label, changes in PREFETCHES.items()}
-    for label in list(models)[1:]:
-        same_numbers(models["default"], models[label], prompt, f"chain {fmt}: {label}")
-    tps = median_tok_s(models, cache, prompt, n_new, rounds)
-    per_token, _ = decode_bytes(gpu.config, gpu.weight_bytes, len(prompt), n_new)
-    return [[fmt, label, f"{t:.1f}", f"{100 * per_token * t / bw:.0f}%", f"{t / tps['default']:.3f}x"]
-            for label, t in tps.items()]
-
-
 def main(argv=None) -> int:
     ap = sweep_parser("chain", __doc__)
     ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--no-parts", action="store_true", help="only the prefetches")
     args = ap.parse_args(argv)
     formats = args.formats.split(",")
     if not require_gpu(ap.prog) or not set(formats) <= set(FORMATS):
         return 2
     import cupy as cp
     from minillm.cuda.gpu_model import GPUTransformer
-    cfg, bw, prompt = decode_sweep_setup(args.quick)
-    part_rows, prefetch_rows = [], []
+    cfg, _, prompt = decode_sweep_setup(args.quick)
+    part_rows = []
     for fmt in formats:
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if fmt == "float16" else fmt)
         cache = gpu.new_cache(len(prompt) + args.new_tokens + 8)
-        if not args.no_parts:
-            part_rows += parts(gpu, cache, prompt, args.new_tokens, args.rounds, fmt)
-        prefetch_rows += prefetches(gpu, cache, prompt, args.new_tokens, args.rounds, fmt, bw)
+        part_rows += parts(gpu, cache, prompt, args.new_tokens, args.rounds, fmt)
         del gpu, cache
         cp.get_default_memory_pool().free_all_blocks()
     title = f"decode, batch 1, {args.new_tokens} new tokens, CUDA graph, median of {args.rounds} alternating rounds"
-    if part_rows:
-        plain_table(f"\n{title}: each kind left out", ["weights", "step", "tok/s", "µs a token",
-                                                       "µs a layer it adds", "share of the step"], part_rows)
-    plain_table(f"\n{title}: prefetches", ["weights", "variant", "tok/s", "% of copy", "vs default"], prefetch_rows)
+    plain_table(f"\n{title}: each kind left out", ["weights", "step", "tok/s", "µs a token",
+                                                   "µs a layer it adds", "share of the step"], part_rows)
     return finish(ap.prog)
 
 

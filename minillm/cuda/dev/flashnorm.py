@@ -40,10 +40,11 @@ from minillm.cuda.gpu_model import GPULayer, GPUTransformer
 from minillm.cuda.dev.bench import decode_bytes
 from minillm.cuda.dev.common import plain_table, rel_err
 from minillm.cuda.dev.timing import copy_bandwidth, time_gpu
+from minillm.cuda.dev.lab import lab_module
 from minillm.cuda.graph import capture
-from minillm.cuda.kernels import Kernels, module, suffix
+from minillm.cuda.kernels import Kernels, suffix
 
-SOURCE = "flashnorm_gemv"                  # kernels/flashnorm_gemv.cu
+SOURCE = "flashnorm_gemv"                  # dev/kernels/flashnorm_gemv.cu
 KERNELS = {"gemv": "flashnorm_gemv_{sfx}", "gemv_swiglu": "flashnorm_gemv_swiglu_{sfx}",
            "gemv_scaled": "gemv_scaled_{sfx}", "inv_rms": "flashnorm_inv_rms",
            "scale_rows": "flashnorm_scale_rows", "spin": "flashnorm_spin", "gemv_qkv": "flashnorm_gemv_qkv_{sfx}"}
@@ -64,7 +65,7 @@ class FlashNormKernels:
     def __init__(self, dtype: str = "float16"):
         cp = _cp()
         sfx = suffix(dtype)
-        self.fn = {key: module(SOURCE).get_function(name.format(sfx=sfx)) for key, name in KERNELS.items()}
+        self.fn = {key: lab_module(SOURCE).get_function(name.format(sfx=sfx)) for key, name in KERNELS.items()}
         for f in self.fn.values():          # load now, not during a graph capture
             getattr(f, "attributes", None)
         self._nil = cp.zeros(8, cp.float32)  # for pointer arguments a variant does not read
@@ -211,7 +212,7 @@ class TwoStreamNorm:
 
     def _project(self, x, w, y_raw, x16) -> None:
         if x.shape[0] == 1:                                     # decode: our GEMV reads fp32 x directly
-            self.k.gemv(w, x[0], y_raw[0], version=4)
+            self.k.gemv(w, x[0], y_raw[0])
             return
         self.k.cast(x, x16)                                     # prefill: cuBLAS wants 16-bit inputs
         gemm(x16, w, y_raw, self.k.dtype, _cp().cuda.get_current_stream())
@@ -237,10 +238,8 @@ class FlashNormGPUTransformer(GPUTransformer):
         self.head_inv_rms = cp.zeros(1, cp.float32)
         cp.cuda.Device().synchronize()
 
-    def _norm_gemv(self, x, gain, w, out, label: str) -> None:
-        if label != "lm_head":
-            return super()._norm_gemv(x, gain, w, out, label)
-        self.two_stream(x, w, self.head_raw, self.head_inv_rms, out, self.config.norm_eps)
+    def _decode_head(self) -> None:
+        self.two_stream(self.x, self.lm_head, self.head_raw, self.head_inv_rms, self.logits[None], self.config.norm_eps)
 
     def prefill(self, tokens, cache, all_logits: bool = False) -> np.ndarray:
         """As GPUTransformer.prefill; the last position's head on the two-stream path."""
@@ -251,7 +250,8 @@ class FlashNormGPUTransformer(GPUTransformer):
         with self.stream:
             for start in range(0, len(tokens), self.prefill_chunk):
                 x = self._prefill_chunk(tokens[start:start + self.prefill_chunk], cache)   # [T, dim]
-            self._norm_gemv(x[-1:], self.final_norm, self.lm_head, self.logits[None], "lm_head")
+            self.two_stream(x[-1:], self.lm_head, self.head_raw, self.head_inv_rms, self.logits[None],
+                            self.config.norm_eps)
             logits = self.logits.get()
         _cp().cuda.Device().synchronize()
         return logits
@@ -291,8 +291,8 @@ class FlashNormDecodeTransformer(GPUTransformer):
         if mode not in MODES:
             raise ValueError(f"mode is one of {MODES}, not {mode!r}")
         super().__init__(*args, **kw)
-        if self.quant or self.kv_cache == "int8" or self.gemv_version < 4:
-            raise ValueError("FlashNormDecodeTransformer: 16-bit weights, 16-bit KV cache, gemv_version 4")
+        if self.quant or self.kv_cache == "int8":
+            raise ValueError("FlashNormDecodeTransformer: 16-bit weights, 16-bit KV cache")
         norms = [self.final_norm] + [n for L in self.layers for n in (L.attn_norm, L.mlp_norm)]
         if not all(bool(cp.all(n == 1.0)) for n in norms):
             raise ValueError("FlashNormDecodeTransformer needs folded weights (all-ones norms): fold_on_device")
@@ -316,7 +316,7 @@ class FlashNormDecodeTransformer(GPUTransformer):
         for i, L in enumerate(self.layers):
             self._qkv_site(i, L, cache)                                                    # qkv [1, width]
             self._attend(i, cache, self.qkv, 1, parts, self.attn)                         # [1, n_heads * hd]
-            k.gemv(L.wo, self.attn[0], self.x[0], True, 4, "o")                           # x += o_proj(attn)
+            k.gemv(L.wo, self.attn[0], self.x[0], True, "o")                           # x += o_proj(attn)
             self._mlp_site(L)                                                              # x += mlp(x)
         self._head_site()                                                                  # logits [vocab]
 
@@ -340,18 +340,18 @@ class FlashNormDecodeTransformer(GPUTransformer):
             self.fk.gemv_swiglu(L.w_gate_up, x, c.norm_eps, self.act[0], s, "gate_up")
             self.fk.gemv_scaled(L.w_down, self.act[0], s, x, True, "down")
             return
-        project = lambda: self.k.gemv(L.w_gate_up, x, self.gu[0], False, 4, "gate_up")   # [2 ffn], raw
+        project = lambda: self.k.gemv(L.w_gate_up, x, self.gu[0], False, "gate_up")   # [2 ffn], raw
         self.two.fork_join(project, self.x, s, c.norm_eps)
         self.fk.scale_rows(self.gu, s, self.gu)
         self.k.swiglu(self.gu, self.act)
-        self.k.gemv(L.w_down, self.act[0], x, True, 4, "down")
+        self.k.gemv(L.w_down, self.act[0], x, True, "down")
 
     def _head_site(self) -> None:
         c, x, s = self.config, self.x[0], self.site_inv_rms
         if self.mode == "fused":
             self.fk.gemv(self.lm_head, x, self.logits, c.norm_eps, label="lm_head")
             return
-        project = lambda: self.k.gemv(self.lm_head, x, self.logits, False, 4, "lm_head")
+        project = lambda: self.k.gemv(self.lm_head, x, self.logits, False, "lm_head")
         self.two.fork_join(project, self.x, s, c.norm_eps)
         self.fk.scale_rows(self.logits[None], s, self.logits[None])
 
@@ -629,13 +629,12 @@ def _variants(k: Kernels, fk: FlashNormKernels, two: TwoStreamNorm, site: _Site,
     T = site.x.shape[0]
     if T == 1:
         return {
-            "projection alone": lambda: k.gemv(site.w, site.x[0], site.y[0], version=4),
+            "projection alone": lambda: k.gemv(site.w, site.x[0], site.y[0]),
             "unfused": lambda: (k.rmsnorm(site.x, site.ones, site.h, eps),
-                                k.gemv(site.w, site.h[0], site.y[0], version=4)),
+                                k.gemv(site.w, site.h[0], site.y[0])),
             "two-stream": lambda: two(site.x, site.w, site.y_raw, site.s, site.y, eps),
             "fused flashnorm_gemv": lambda: fk.gemv(site.w, site.x[0], site.y[0], eps),
-            "gemv.cu v4 norm-fused": lambda: k.gemv_rmsnorm(site.w, site.x[0], site.ones, eps, site.y[0],
-                                                            version=4),
+            "gemv.cu v4 norm-fused": lambda: k.gemv_rmsnorm(site.w, site.x[0], site.ones, eps, site.y[0]),
         }
     cur = cp.cuda.get_current_stream
     return {

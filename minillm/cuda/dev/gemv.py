@@ -1,5 +1,6 @@
-"""GEMV, the decode step's whole cost: kernels/gemv.cu (v1, v2, v3 fused norm, v4 with its fused
-prologues/epilogues) and kernels/gemv_quant.cu (int8/int4, dequantized in registers; prefill's dequantize).
+"""GEMV, the decode step's whole cost: kernels/gemv.cu (v4 with its fused prologues/epilogues; the first
+versions v1, v2, v3 (fused norm) in dev/kernels/gemv_versions.cu, through lab.py) and kernels/gemv_quant.cu
+(int8/int4, dequantized in registers; prefill's dequantize).
 
 Checks against float64 NumPy (W·x on the same 16-bit or quantized weights); the sweep times each layer
 matrix of a shape alone in each weight format inside a CUDA graph (`gemv_points`, lesson 14's roofline
@@ -16,10 +17,19 @@ import numpy as np
 from minillm.backend import as_f32
 from minillm.cuda.dev.common import (QUANT_TOL, TOL, _cp, _host, _narrow_dt, _sync, finish, gemv_tol, narrow, poisoned,
                                      rel_err, require_gpu, run_cases, say, weights)
+from minillm.cuda.dev.lab import LabKernels
 from minillm.cuda.dev.timing import graph_us
 from minillm.cuda.kernels import Kernels
 from minillm.model.config import PRESETS, ModelConfig
 from minillm.model.layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu
+
+
+def at_version(k: Kernels, version: int) -> tuple[Kernels, dict]:
+    """(kernels, keyword) launching 16-bit GEMV `version`: k itself for the shipped v4, else the lab's kernels
+    around k (dev/kernels/gemv_versions.cu) with version=..."""
+    if version >= 4:
+        return k, {}
+    return (k if isinstance(k, LabKernels) else LabKernels.of(k)), {"version": version}
 
 
 def check_gemv(k: Kernels, rows: int, n_in: int, version: int, accumulate: bool = False, seed: int = 0,
@@ -29,7 +39,8 @@ def check_gemv(k: Kernels, rows: int, n_in: int, version: int, accumulate: bool 
     x = rng.standard_normal(n_in).astype(np.float32)
     y0 = rng.standard_normal(rows).astype(np.float32)
     y = cp.asarray(y0) if accumulate else poisoned(rows, np.float32)
-    k.gemv(dw, cp.asarray(x), y, accumulate=accumulate, version=version)
+    lk, which = at_version(k, version)
+    lk.gemv(dw, cp.asarray(x), y, accumulate=accumulate, **which)
     _sync()
     want = w.astype(np.float64) @ x.astype(np.float64) + (y0 if accumulate else 0)
     return rel_err(_host(y), want), gemv_tol(n_in, quant)
@@ -42,7 +53,8 @@ def check_gemv_rmsnorm(k: Kernels, rows: int, n_in: int, seed: int = 0, version:
     x = (rng.standard_normal(n_in) * 3).astype(np.float32)
     g = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
     y = poisoned(rows, np.float32)
-    k.gemv_rmsnorm(dw, cp.asarray(x), cp.asarray(g), 1e-5, y, version=version)
+    lk, which = at_version(k, version)
+    lk.gemv_rmsnorm(dw, cp.asarray(x), cp.asarray(g), 1e-5, y, **which)
     _sync()
     want = w.astype(np.float64) @ rmsnorm(x[None], g, 1e-5)[0].astype(np.float64)
     return rel_err(_host(y), want), gemv_tol(n_in, quant)
@@ -156,12 +168,11 @@ def gemv_points(cfg: ModelConfig, formats=("float16", "int8", "int4"), group_siz
                 settings: dict | None = None):
     """Each layer matrix of `cfg` alone, in each weight format: [(format, matrix, shape, bytes, µs)].
     Plain GEMV (y = W·x, no fusion), timed inside a CUDA graph over enough copies of the matrix (random,
-    made on the device) that none is still in L2 when its turn comes again. `settings`: KernelSettings
-    changes (e.g. the TMA-streamed kernels: quant_version=4, wide_tma=True)."""
+    made on the device) that none is still in L2 when its turn comes again. `settings`: LabSettings
+    changes (e.g. the TMA-streamed kernels: quant_version=4, wide_tma=True; none: the shipped kernels)."""
     import cupy as cp
-    from minillm.cuda.kernels import Kernels
     from minillm.cuda.qweights import QuantMatrix
-    k = Kernels("float16").with_settings(**(settings or {}))
+    k = LabKernels("float16").with_settings(**settings) if settings else Kernels("float16")
     points = []
     for fmt in formats:
         for name, (rows, cols) in matrix_shapes(cfg).items():
@@ -175,7 +186,7 @@ def gemv_points(cfg: ModelConfig, formats=("float16", "int8", "int4"), group_siz
             copies = [first] + [one(8 + j) for j in range(min(15, -(-(160 << 20) // first.nbytes)))]
             x = cp.asarray(np.random.default_rng(0).standard_normal(cols).astype(np.float32))
             y = cp.empty(rows, cp.float32)
-            us = graph_us(lambda i: k.gemv(copies[i % len(copies)], x, y, version=4), 2 * len(copies))
+            us = graph_us(lambda i: k.gemv(copies[i % len(copies)], x, y), 2 * len(copies))
             points.append((fmt, name, (rows, cols), int(first.nbytes), us))
     return points
 
@@ -184,7 +195,7 @@ def quant_versions_us(gpu) -> dict:
     """Each quantized layer matrix as a plain GEMV (y = W·x), v1 (fp32 x) against v2 (fp16 x, HFMA2), µs a
     launch in a CUDA graph over all layers in turn. -> {(matrix, version): µs}"""
     import cupy as cp
-    k, n = gpu.k, len(gpu.layers)
+    k, n = LabKernels.of(gpu.k), len(gpu.layers)
     out = {}
     for name, attr in (("qkv", "wqkv"), ("o", "wo"), ("gate_up", "w_gate_up"), ("down", "w_down")):
         w0 = getattr(gpu.layers[0], attr)
@@ -193,7 +204,7 @@ def quant_versions_us(gpu) -> dict:
         y = cp.empty(rows, cp.float32)
         for v in (1, 2):
             kv = k.with_settings(quant_version=v)
-            out[name, v] = graph_us(lambda i: kv.gemv(getattr(gpu.layers[i], attr), x, y, version=4), n)
+            out[name, v] = graph_us(lambda i: kv.gemv(getattr(gpu.layers[i], attr), x, y), n)
     return out
 
 

@@ -406,10 +406,10 @@ def per_kernel(fast, bw: float) -> None:
     cp.cuda.Device().synchronize()
     Ls, x, pos = fast.layers, fast.x[0], fast.step_pos
     runs = {
-        "q_a|kv_a GEMV+norm": (lambda i: k.gemv_rmsnorm(Ls[i].w_in, x, Ls[i].attn_norm, 1e-6, fast.first, version=4),
+        "q_a|kv_a GEMV+norm": (lambda i: k.gemv_rmsnorm(Ls[i].w_in, x, Ls[i].attn_norm, 1e-6, fast.first),
                                lambda L: L.w_in.nbytes),
-        "q_b GEMV+norm": (lambda i: k.gemv_rmsnorm(Ls[i].wq_b, fast.first[:fast.q_in], Ls[i].q_norm, 1e-6, fast.q,
-                                                   version=4), lambda L: L.wq_b.nbytes),
+        "q_b GEMV+norm": (lambda i: k.gemv_rmsnorm(Ls[i].wq_b, fast.first[:fast.q_in], Ls[i].q_norm, 1e-6, fast.q),
+                          lambda L: L.wq_b.nbytes),
         "kv_append": (lambda i: m.kv_append(fast.kv, Ls[i].kv_norm, 1e-6, r, rope, pos, fast.inv_freq, 1.0, True,
                                             cache.latent[i]), lambda L: 0),
         "q_absorb (W_UK)": (lambda i: m.q_absorb(fast.q, Ls[i].wkv_b, H, nope, rope, v, r, pos, fast.inv_freq, 1.0,
@@ -418,10 +418,10 @@ def per_kernel(fast, bw: float) -> None:
                                                     fast.o_lat), lambda L: (ctx + 1) * (r + rope) * 2),
         "v_up (W_UV)": (lambda i: m.v_up(fast.o_lat, Ls[i].wkv_b, H, nope, v, r, fast.o),
                         lambda L: L.wkv_b.nbytes * v // (nope + v)),
-        "o GEMV+residual": (lambda i: k.gemv(Ls[i].wo, fast.o, x, True, 4), lambda L: L.wo.nbytes),
+        "o GEMV+residual": (lambda i: k.gemv(Ls[i].wo, fast.o, x, True), lambda L: L.wo.nbytes),
         "gate_up GEMV+swiglu": (lambda i: k.gemv_swiglu(Ls[i].w_gate_up, x, Ls[i].mlp_norm, 1e-6, fast.act),
                                 lambda L: L.w_gate_up.nbytes),
-        "down GEMV+residual": (lambda i: k.gemv(Ls[i].w_down, fast.act, x, True, 4), lambda L: L.w_down.nbytes),
+        "down GEMV+residual": (lambda i: k.gemv(Ls[i].w_down, fast.act, x, True), lambda L: L.w_down.nbytes),
     }
     rows, total = [], 0.0
     for name, (run, nbytes) in runs.items():

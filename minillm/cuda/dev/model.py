@@ -69,21 +69,35 @@ def _with_kv_cache(cpu: Transformer, kv_cache: str) -> tuple[Transformer, dict]:
     return cpu.with_options(kv_cache=kv_cache), {"kv_cache": kv_cache}
 
 
+def gpu_model(cpu, dtype: str, fuse_norm: bool = True, gemv_version: int = 4, settings: dict | None = None, **options):
+    """GPUTransformer.from_cpu(cpu, dtype, **options): the shipped model, or the lab's around it (lab.py) for an
+    earlier decode step (gemv_version 2, fuse_norm off) or settings that are the lab's."""
+    from dataclasses import fields
+
+    from minillm.cuda.dev.lab import LabTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
+    from minillm.cuda.kernels import KernelSettings
+    gpu = GPUTransformer.from_cpu(cpu, dtype, **options)
+    settings = settings or {}
+    if gemv_version >= 4 and fuse_norm and set(settings) <= {f.name for f in fields(KernelSettings)}:
+        return gpu.with_settings(**settings)
+    return LabTransformer.of(gpu, gemv_version, fuse_norm, **settings)
+
+
 def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int = 20, seed: int = 0,
-                       fuse_norm: bool = False, gemv_version: int = 4, prefill_attention: str = "tiled",
+                       fuse_norm: bool = True, gemv_version: int = 4, prefill_attention: str = "tiled",
                        quant: str | None = None, group_size: int = 128, cpu=None, kv_cache: str = "auto",
                        settings: dict | None = None):
     """Prefill logits (all positions) and teacher-forced decode logits, GPU vs CPU.
     prefill_attention: "tiled" (prefill_attention.cu) or "decode" (the decode kernel, one query a token).
     quant: int8/int4 layer matrices, the same on both sides. cpu: a CPU model to use instead of a
     random one of `kind`'s shape. kv_cache "int8": both sides quantize keys and values (Int8KVCache).
-    settings: KernelSettings changes for the GPU side (e.g. the TMA-streamed GEMVs)."""
-    from minillm.cuda.gpu_model import GPUTransformer
+    settings: KernelSettings or LabSettings changes for the GPU side (e.g. the TMA-streamed GEMVs);
+    gemv_version 2 or fuse_norm off: the lab's earlier decode steps."""
     cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
     cfg = cpu.config
     cpu, kv = _with_kv_cache(cpu, kv_cache)
-    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version,
-                                  prefill_attention=prefill_attention, **kv).with_settings(**(settings or {}))
+    gpu = gpu_model(cpu, dtype, fuse_norm, gemv_version, settings, prefill_attention=prefill_attention, **kv)
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, n_prompt + n_decode)
     err = rel_err(gpu.prefill(ids[:n_prompt], gpu.new_cache(64), all_logits=True),
                   cpu.prefill(ids[:n_prompt], cpu.new_cache(64), all_logits=True))
@@ -109,11 +123,10 @@ def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: b
     """Greedy continuations, GPU vs CPU. Returns (tokens equal, detail). A divergence is accepted only
     at a near-tie: where the CPU's top two logits are closer than the logits' measured error.
     cpu, prompt: a given CPU model and prompt instead of random ones of `kind`'s shape."""
-    from minillm.cuda.gpu_model import GPUTransformer
     cpu = cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)
     cfg = cpu.config
     cpu, kv = _with_kv_cache(cpu, kv_cache)
-    gpu = GPUTransformer.from_cpu(cpu, dtype, fuse_norm=fuse_norm, gemv_version=gemv_version, **kv)
+    gpu = gpu_model(cpu, dtype, fuse_norm, gemv_version, **kv)
     if prompt is None:
         prompt = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8)
     want, cpu_logits = greedy(cpu, prompt, n, cpu.new_cache(64))
@@ -127,15 +140,14 @@ def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, fuse_norm: b
     return True, f"{n} tokens equal"
 
 
-def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, fuse_norm: bool = False,
+def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, fuse_norm: bool = True,
                              gemv_version: int = 4, quant: str | None = None, group_size: int = 128,
                              kv_cache: str = "auto", settings: dict | None = None):
     """The same prompt and tokens through eager launches and through the replayed CUDA graph:
     the same kernels in the same order, so the logits must be bit-identical."""
-    from minillm.cuda.gpu_model import GPUTransformer
     cfg = small_config(kind)
-    gpu = GPUTransformer.from_cpu(random_cpu_model(cfg, dtype, seed, quant, group_size), dtype, fuse_norm=fuse_norm,
-                                  gemv_version=gemv_version, kv_cache=kv_cache).with_settings(**(settings or {}))
+    gpu = gpu_model(random_cpu_model(cfg, dtype, seed, quant, group_size), dtype, fuse_norm, gemv_version, settings,
+                    kv_cache=kv_cache)
     ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8 + n)
     runs = []
     for use_graph in (False, True):

@@ -12,6 +12,7 @@ from minillm.cuda.dev.bench import (TARGETS, against_target, bench_config, decod
                                     step_kernels_in_graphs)
 from minillm.cuda.dev.common import say
 from minillm.cuda.dev.gemv import quant_versions_us
+from minillm.cuda.dev.lab import as_lab_model
 from minillm.cuda.dev.timing import BANDWIDTH, copy_bandwidth, device_name
 from minillm.model.config import ModelConfig
 
@@ -45,7 +46,7 @@ def report(cfg: ModelConfig, label: str, formats=("float16", "int8", "int4"), n_
         per_token, _ = decode_bytes(cfg, gpu.weight_bytes, prompt_len, n_new)
         runs = {"graph": decode_tok_s(gpu, cache, short, n_new)[0]}
         if fmt == "float16":
-            v2 = gpu.with_settings(attention_version=2)
+            v2 = as_lab_model(gpu).with_settings(attention_version=2)
             runs["graph, attention v2"] = decode_tok_s(v2, cache, short, n_new)[0]
         for mode, tps in runs.items():
             say(f"  decode {mode}: {tps:.1f} tok/s, {per_token * tps / 1e9:.0f} GB/s, {100 * per_token * tps / bw:.0f}% "
@@ -73,7 +74,8 @@ def kv_cache_report(cfg: ModelConfig, label: str, contexts=(4096, 32000), n_new:
     variants = [("16-bit", "auto", 16), ("int8", "int8", 16), ("int8/8", "int8", 8)]  # int8/8: the first kernel
     for context in contexts:
         for kind, kv_cache, codes_per_lane in variants:
-            model = gpu.with_options(kv_cache=kv_cache).with_settings(attention_int8_codes_per_lane=codes_per_lane)
+            model = as_lab_model(gpu.with_options(kv_cache=kv_cache)).with_settings(
+                attention_int8_codes_per_lane=codes_per_lane)
             cache = model.new_cache(context + n_new + 8)        # 16-bit or int8, as the variant's kv_cache
             _fill_random(cache)
             kv_bytes = cache.nbytes * (context + n_new / 2) / cache.max_seq_len

@@ -20,10 +20,9 @@ Each variant is the kernel's source text (variant_source: a part edited out) com
     3 blocks qkv only  the same build for the q|k|v GEMV alone (its launches 3 blocks an SM, the others as v2):
                  its 3072 Mistral-7B row pairs are 384 blocks, one round of the 396 slots 3 blocks an SM give,
                  where 2 an SM give 192 blocks two rounds of 2 pairs a warp (a quarter of 264 slots idle). Since
-                 2026-12-02 int8's default (gemv_quant.cu's _3b kernels, KernelSettings.qkv_one_round): here it
-                 measures int4. The per-matrix table times plain y = W·x, which stays v2's here: "3 blocks"
-                 shows the qkv shape
-    qkv 2 blocks the default before that: int8's q|k|v GEMV on the 2-blocks-an-SM build too (qkv_one_round=())
+                 2026-12-02 int8's shipped build (gemv_quant.cu's _3b kernels): here it measures int4 (int8
+                 against the 2-blocks build: dev.ab --set qkv_one_round=False). The per-matrix table times plain
+                 y = W·x, which stays v2's here: "3 blocks" shows the qkv shape
     int4 U=8     Q_U4 8: twice int4's chunks a lane in flight, half the dependent steps (down: 3.5 -> 1.75)
     int4 4 blocks  Q_U4 2, Q_MIN_BLOCKS 4 (64 registers): 32 warps an SM, the same bytes in flight
                  (int8 spills at 64 registers: read its int4 rows only)
@@ -57,7 +56,7 @@ ONE = "__uint_as_float((p{r} & 0x007fffffu) | 0x3f800000u)"          # a float i
 INT8_XOR = XOR + f"a += {ONE.format(r='a')}; b += {ONE.format(r='b')};"
 INT4_XOR = XOR + (f"acc_a += {ONE.format(r='a')} + F16::to_float(s_a[u]) + F16::to_float(m_a[u]);\n"
                   f"acc_b += {ONE.format(r='b')} + F16::to_float(s_b[u]) + F16::to_float(m_b[u]);")
-FIRST_PREFETCH = "for (int d = 0; d <= ahead; d++)"                     # the prefetches before the staging
+FIRST_PREFETCH = "prefetch_pair<EPI, F::CHUNK_SUMS>(first, pairs, rows, ep.hd, qw, n_chunks, scales, mins, n_groups);"
 WIDE = {"Q_WARPS": 16, "Q_MIN_BLOCKS": 1}
 BATCHED = {"Q_STAGE_BATCH": 4}
 # label -> (edits for variant_source, #defines); all but the first three compute what v2 computes
@@ -65,12 +64,11 @@ VARIANTS = {"no staging": (dict(no_stage=True), {}), "no math": (dict(no_math=Tr
             "neither": (dict(no_stage=True, no_math=True), {}), "16 warps": ({}, WIDE),
             "batched": ({}, BATCHED), "16 + batched": ({}, {**WIDE, **BATCHED}),
             "no prefetch": (dict(no_prefetch=True), {}), "3 blocks": ({}, {"Q_MIN_BLOCKS": 3, "Q_U8": 4}),
-            "3 blocks qkv only": ({}, {"Q_MIN_BLOCKS": 3, "Q_U8": 4}), "qkv 2 blocks": ({}, {}),
+            "3 blocks qkv only": ({}, {"Q_MIN_BLOCKS": 3, "Q_U8": 4}),
             "int4 U=8": ({}, {"Q_U4": 8}), "int4 4 blocks": ({}, {"Q_U4": 2, "Q_MIN_BLOCKS": 4}),
             "prefetch rows": ({}, {"Q_PREFETCH_CHUNKS": 0}), "prefetch 256": ({}, {"Q_PREFETCH_CHUNKS": 256})}
 EXACT = [label for label in VARIANTS if label not in ("no staging", "no math", "neither")]
 ONLY = {"3 blocks qkv only": "qkv"}     # label -> the kernels (names containing it) the variant swaps; others: all
-SETTINGS = {"qkv 2 blocks": {"qkv_one_round": ()}}    # label -> KernelSettings it changes (others: the defaults)
 
 
 def _replace_once(text: str, pattern: str, new: str, regex: bool = False) -> str:
@@ -87,7 +85,7 @@ def variant_source(no_stage: bool = False, no_math: bool = False, no_prefetch: b
     from minillm.cuda.kernels import kernel_source
     text = kernel_source(SOURCE)
     if no_prefetch:
-        text = _replace_once(text, FIRST_PREFETCH, "for (int d = 0; d < 0; d++)")
+        text = _replace_once(text, FIRST_PREFETCH, "/* no prefetch before the staging */")
     if no_stage:
         text = _replace_once(text, STAGE, "float ss = 1.0f;")
     if no_math:
@@ -108,17 +106,16 @@ class Swapped:
     """Kernels k with its v2 quantized GEMVs from another compile of gemv_quant.cu (`source`, `defines`),
     launched with its Q_WARPS warps a block (the launcher's QWARPS, set around each call) and Q_MIN_BLOCKS
     blocks an SM. Every other attribute is k's, its calls made under the same setting (so dev.gemv's checks
-    run on it as on a Kernels). only: swap just the kernels whose names contain it, the others launch as in k;
-    settings: KernelSettings changed on top."""
+    run on it as on a Kernels). only: swap just the kernels whose names contain it, the others launch as in k."""
 
-    def __init__(self, k, source: str, defines: dict, only: str | None = None, settings: dict | None = None):
+    def __init__(self, k, source: str, defines: dict, only: str | None = None):
         import cupy as cp
         from minillm.cuda import kernels
         self._kernels = kernels
         self.warps = defines.get("Q_WARPS", kernels.QWARPS)
         mod = cp.RawModule(code=source, options=compile_options(defines))
         swapped = copy.copy(k.with_settings(
-            quant_blocks_per_sm=defines.get("Q_MIN_BLOCKS", kernels.QUANT_BLOCKS_PER_SM), **(settings or {})))
+            quant_blocks_per_sm=defines.get("Q_MIN_BLOCKS", kernels.QUANT_BLOCKS_PER_SM)))
         swapped.fn = dict(k.fn)
         for name in swapped.fn:
             if QUANT_KERNELS.match(name) and (only is None or only in name):
@@ -163,7 +160,7 @@ def versions(k, labels=None) -> dict:
     out = {"v2": k}
     for label, (edits, defines) in VARIANTS.items():
         if labels is None or label in labels:
-            out[label] = Swapped(k, variant_source(**edits), defines, ONLY.get(label), SETTINGS.get(label))
+            out[label] = Swapped(k, variant_source(**edits), defines, ONLY.get(label))
     return out
 
 

@@ -1,4 +1,4 @@
-"""The quantized decode GEMV v3 on tensor cores (kernels/gemv_quant_mma.cu) against v2 (gemv_quant.cu).
+"""The quantized decode GEMV v3 on tensor cores (dev/kernels/gemv_quant_mma.cu) against v2 (gemv_quant.cu).
 
     emulate(...)   NumPy, no GPU: the kernel's exact data flow (x staged and scaled in fp16 in the mma's k
                    order, codes widened by the same bit operations into A fragments, mma.m16n8k16 fragments
@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 
-SOURCE = "gemv_quant_mma"                          # kernels/gemv_quant_mma.cu
+SOURCE = "gemv_quant_mma"                          # dev/kernels/gemv_quant_mma.cu
 KERNELS = {f"{e}{m}": f"gemv_{e}{m}_v3_{{sfx}}" for m in ("int8", "int4")
            for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_", "qkv_", "rmsnorm_qkv_")}
 KERNELS.update({f"{m} u4": f"gemv_{m}_v3u4_{{sfx}}" for m in ("int8", "int4")})   # U = 4: plain only
@@ -279,7 +279,7 @@ def check_large(k, method: str, rows: int, n_in: int, group: int = 128, seed: in
     w = _device_matrix(method, rows, n_in, group, seed)
     x = cp.asarray(np.random.default_rng(seed).standard_normal(n_in).astype(np.float32))
     y = poisoned(rows, np.float32)
-    k.gemv(w, x, y, version=4)
+    k.gemv(w, x, y)
     cp.cuda.Device().synchronize()
     return rel_err(cp.asnumpy(y), _device_reference(w, x)), QUANT_TOL
 
@@ -322,7 +322,8 @@ CASE_LABELS = [label for label, _ in _cases()]
 
 def check_case(k, label: str) -> tuple[float, float]:
     """The v3 check named `label` (one of CASE_LABELS) on Kernels k. -> (error, tolerance)"""
-    return dict(_cases())[label](k.with_settings(quant_version=3))
+    from minillm.cuda.dev.lab import as_lab
+    return dict(_cases())[label](as_lab(k).with_settings(quant_version=3))
 
 
 def cases(k) -> list:
@@ -341,7 +342,7 @@ def matrix_us(versions: dict, method: str, rows: int, n_in: int, group: int = 12
                         for j in range(min(15, -(-(160 << 20) // first.nbytes)))]
     x = cp.asarray(np.random.default_rng(0).standard_normal(n_in).astype(np.float32))
     y = cp.empty(rows, cp.float32)
-    us = {v: graph_us(lambda i, kv=kv: kv.gemv(copies[i % len(copies)], x, y, version=4), 2 * len(copies))
+    us = {v: graph_us(lambda i, kv=kv: kv.gemv(copies[i % len(copies)], x, y), 2 * len(copies))
           for v, kv in versions.items()}
     nbytes = first.nbytes
     del copies, first
@@ -353,8 +354,8 @@ def timings(group: int = 128) -> list[list]:
     """Each Mistral-7B matrix, int8 and int4, v2 vs v3 as a plain GEMV (matrix_us)."""
     from minillm.cuda.dev.common import plain_table
     from minillm.cuda.dev.timing import copy_bandwidth
-    from minillm.cuda.kernels import Kernels
-    k = Kernels("float16")
+    from minillm.cuda.dev.lab import LabKernels
+    k = LabKernels("float16")
     versions = {"v2": k.with_settings(quant_version=2), "v3": k.with_settings(quant_version=3),
                 "v3 1/tile": k.with_settings(quant_version=3, quant_mma_blocks_per_sm=0),   # grid variants
                 "v3 2/SM": k.with_settings(quant_version=3, quant_mma_blocks_per_sm=2),
@@ -400,11 +401,13 @@ def decode(n_new: int = 128, prompt_len: int = 16, variants: dict | None = None,
     parts at once)."""
     from minillm.cuda.dev.bench import TARGETS, decode_tok_s
     from minillm.cuda.dev.common import plain_table
+    from minillm.cuda.dev.lab import as_lab_model
     variants = variants or {"v2": {}, "v3": {"quant_version": 3}}
     base = next(iter(variants))
     table = []
     for method, gpu, cache, prompt in quantized_mistrals(prompt_len, n_new, methods):
-        runs = {v: decode_tok_s(gpu.with_settings(**changes), cache, prompt, n_new) for v, changes in variants.items()}
+        runs = {v: decode_tok_s(as_lab_model(gpu).with_settings(**changes), cache, prompt, n_new)
+                for v, changes in variants.items()}
         tps0, tok0 = runs[base]
         for v, (tps, tok) in runs.items():
             same = next((i for i, (a, b) in enumerate(zip(tok0, tok)) if a != b), len(tok0))

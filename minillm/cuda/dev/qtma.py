@@ -1,4 +1,4 @@
-"""The quantized decode GEMV v4 (kernels/gemv_quant_tma.cu: weights streamed into shared memory by the TMA,
+"""The quantized decode GEMV v4 (dev/kernels/gemv_quant_tma.cu: weights streamed into shared memory by the TMA,
 x in registers) against v2 (gemv_quant.cu).
 
     coverage(...)  no GPU: which thread computes which (row pair, chunk) under a TmaPlan, as the kernel's
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-SOURCE = "gemv_quant_tma"                          # kernels/gemv_quant_tma.cu
+SOURCE = "gemv_quant_tma"                          # dev/kernels/gemv_quant_tma.cu
 KERNELS = {f"{e}{m}": f"gemv_{e}{m}_v4_{{sfx}}" for m in ("int8", "int4")
            for e in ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_", "qkv_", "rmsnorm_qkv_")}
 KERNELS.update({f"{e}tma": f"gemv_{e}tma_{{sfx}}"                    # the 16-bit ones: gemv.cu v4's variants
@@ -34,7 +34,7 @@ def coverage(plan, method: str, pairs: int, n_chunks: int, grid: int) -> dict:
     """Replay gemv_quant_tma.cu's indexing for one launch: the producer's copies (stage, offset, bytes) and the
     consumers' (pair, chunk) products. -> {"products": {(pair, chunk): times}, "copies_fit": bool,
     "epilogues": {pair: times}}"""
-    from minillm.cuda.kernels import TMA_CHUNKS_A_THREAD, TMA_THREADS
+    from minillm.cuda.dev.lab import TMA_CHUNKS_A_THREAD, TMA_THREADS
     consumers, J = TMA_THREADS - 32, TMA_CHUNKS_A_THREAD[method]
     P, L = plan.pairs_a_stage, plan.lanes
     S = consumers // L
@@ -111,7 +111,8 @@ def _wide_cases() -> list:
 def cases(k) -> list:
     """(label, check) pairs for dev.common.run_cases: qmma.py's v3 cases (but its U=4 ones) and v4's own on the
     quantized kernels, then the 16-bit ones."""
-    return [(label, lambda check=check, s=s: check(k.with_settings(**s))) for label, check, s in _listed()]
+    from minillm.cuda.dev.lab import as_lab
+    return [(label, lambda check=check, s=s: check(as_lab(k).with_settings(**s))) for label, check, s in _listed()]
 
 
 def _listed() -> list:
@@ -126,7 +127,8 @@ def check_case(k, label: str) -> tuple[float, float]:
     """The check named `label` (one of CASE_LABELS) on Kernels k, under its settings. -> (error, tolerance)"""
     for name, check, settings in _listed():
         if name == label:
-            return check(k.with_settings(**settings))
+            from minillm.cuda.dev.lab import as_lab
+            return check(as_lab(k).with_settings(**settings))
     raise KeyError(label)
 
 
@@ -141,9 +143,9 @@ def timings(variants: dict | None = None, methods=("int8", "int4"), group: int =
     from minillm.cuda.dev.common import plain_table
     from minillm.cuda.dev.qmma import _mistral_shapes, matrix_us
     from minillm.cuda.dev.timing import copy_bandwidth
-    from minillm.cuda.kernels import Kernels
+    from minillm.cuda.dev.lab import LabKernels
     variants = variants or VARIANTS
-    k = Kernels("float16")
+    k = LabKernels("float16")
     versions = {label: k.with_settings(**changes) for label, changes in variants.items()}
     bw = copy_bandwidth(1 << 30)
     table = []

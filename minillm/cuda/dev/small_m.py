@@ -23,9 +23,10 @@ import numpy as np
 
 from minillm.cuda.dev.common import gemv_tol, narrow, plain_table, poisoned, rel_err, report_checks, require_gpu
 from minillm.cuda.dev.timing import copy_bandwidth, time_gpu
-from minillm.cuda.kernels import module, suffix
+from minillm.cuda.dev.lab import lab_module
+from minillm.cuda.kernels import suffix
 
-SOURCE = "gemm_small_m"                          # kernels/gemm_small_m.cu
+SOURCE = "gemm_small_m"                          # dev/kernels/gemm_small_m.cu
 MAX_M = 16
 KERNELS = {f"m{m}": f"gemm_small_m{m}_{{sfx}}" for m in range(1, MAX_M + 1)}
 ROWS_PER_BLOCK, THREADS = 32, 512                # as #defined there: 16 warps, two rows a warp
@@ -41,7 +42,7 @@ class SmallMKernels:
 
     def __init__(self, dtype: str = "float16"):
         sfx = suffix(dtype)
-        self.fn = {m: module(SOURCE).get_function(KERNELS[f"m{m}"].format(sfx=sfx)) for m in range(1, MAX_M + 1)}
+        self.fn = {m: lab_module(SOURCE).get_function(KERNELS[f"m{m}"].format(sfx=sfx)) for m in range(1, MAX_M + 1)}
 
     def gemm(self, w, x, y, accumulate: bool = False) -> None:
         """y [M, rows] fp32 (+)= x [M, in] fp32 @ w [rows, in]ᵀ (16-bit), M <= 16."""
@@ -133,7 +134,7 @@ def sweep(ms=(1, 2, 3, 5, 9, 16), dtype: str = "float16", reps: int = 20) -> lis
         ys = [cp.empty((M, r), cp.float32) for r, _ in shapes]
         ours = time_gpu(lambda: [small.gemm(w, x, y) for w, x, y in zip(ws, xs, ys)], reps) * 1e3
         blas = time_gpu(lambda: [_cublas_gemm(w, x, y) for w, x, y in zip(ws, x16s, ys)], reps) * 1e3
-        gemv = (time_gpu(lambda: [kern.gemv(w, x[0], y[0], False, 4, "sweep") for w, x, y in zip(ws, xs, ys)], reps)
+        gemv = (time_gpu(lambda: [kern.gemv(w, x[0], y[0], False, "sweep") for w, x, y in zip(ws, xs, ys)], reps)
                 * 1e3 if M == 1 else None)
         gbs = lambda us: nbytes / (us * 1e-6) / 1e9
         rows_out.append([M, f"{ours:.0f}", f"{gbs(ours):.0f}", f"{gbs(ours) / (bw / 1e9):.0%}", f"{blas:.0f}",

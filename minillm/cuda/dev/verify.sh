@@ -20,9 +20,8 @@
 #           chain: the decode step as a chain (dev/chain.py): each kind of kernel left out, the prefetches across
 #           kernels (CHAIN_ARGS: its options), and their tests;
 #           widen: prefill's int8/int4 widening one GEMM ahead (dev/widen.py), its tests and TTFT both ways;
-#           layer: a decoder layer's GEMVs as one kernel (dev/layer.py) against the engine's launches;
 #           ab: one KernelSettings change against the defaults (dev/ab.py; AB_SET="name=value", AB_FORMATS);
-#           bprefill: the batching engine's prefill attention on the tensor cores (MINILLM_BATCH_PREFILL=mma): its
+#           bprefill: the batching engine's prefill attention on the tensor cores (its default): its
 #           GPU tests, paged vs mma µs a layer, then bench serve with it)
 set -u
 cd "$(dirname "$0")/../../.."
@@ -51,7 +50,7 @@ SUITE="tests/test_cuda.py tests/test_cuda_kv_int8.py tests/test_cuda_quant.py te
     tests/test_flashnorm_gpu.py tests/test_gpu_engine.py tests/test_cuda_mla.py tests/test_decode_launches.py
     tests/test_kernels_compile.py tests/test_gpu_imports.py tests/test_speculative_gpu.py tests/test_cuda_small_m.py
     tests/test_cuda_pdl.py tests/test_pdl.py tests/test_gpu_mla.py tests/test_qtma_plan.py tests/test_qfloor.py
-    tests/test_chain.py tests/test_cuda_widen_ahead.py tests/test_widen_ahead.py tests/test_layer_kernel.py
+    tests/test_chain.py tests/test_cuda_widen_ahead.py tests/test_widen_ahead.py
     tests/test_dev_ab.py"
 for s in $STEPS; do case $s in
 suite)
@@ -104,9 +103,6 @@ chain)     # the decode chain: what each kind of kernel adds inside it, the pref
 widen)     # prefill's int8/int4 widening one GEMM ahead on a second stream: its tests, TTFT both ways
     step widen 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda_widen_ahead.py tests/test_widen_ahead.py
     TAIL=16 step widen 300 python3 -m minillm.cuda.dev.widen ;;
-layer)     # a decoder layer's GEMVs as one kernel (gemv_layer.cuh) against the engine's launches
-    step layer 60 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_layer_kernel.py
-    TAIL=16 step layer 300 python3 -m minillm.cuda.dev.layer ;;
 ab)        # one KernelSettings change: bit for bit, then decode tok/s in alternating rounds
     TAIL=12 step ab 300 python3 -m minillm.cuda.dev.ab --set "${AB_SET:?ab needs AB_SET=name=value}" \
         --formats "${AB_FORMATS:-float16,int8,int4}" ;;
@@ -116,7 +112,7 @@ bprefill)  # paged_prefill_attention_mma: tests, µs a layer against the group k
     step bprefill 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" -k "prefill_mma or either_prefill" \
         tests/test_gpu_engine.py
     TAIL=20 step bprefill 150 python3 -m minillm.cuda.dev.paged_attention --prefill
-    MINILLM_BATCH_PREFILL=mma TAIL=10 step bprefill 240 python3 -m minillm bench serve --device cuda --random-weights \
+    TAIL=10 step bprefill 240 python3 -m minillm bench serve --device cuda --random-weights \
         -m mistral-7b --requests 64 --concurrency 64 --workload random --prompt-len 128 --output-len 64 --rounds 3 ;;
 bench)
     for q in "" int8 int4; do

@@ -1,5 +1,5 @@
 """Prefill with int8/int4 weights: each matrix widened right before its GEMM, or one GEMM ahead on a second
-stream (KernelSettings.prefill_widen_ahead, minillm/cuda/widen_ahead.py), measured.
+stream (lab.LabSettings.prefill_widen_ahead, minillm/cuda/dev/widen_ahead.py), measured.
 
     check   the prompt's logits are the same either way, bit for bit
     time    TTFT of a 512-token prompt, both ways in alternating rounds (the machine drifts), beside fp16's
@@ -18,6 +18,7 @@ import numpy as np
 
 from minillm.cuda.dev.bench import bench_config, prefill_ttft
 from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, say, verdict
+from minillm.cuda.dev.lab import as_lab_model
 
 WAYS = {"widen, then GEMM": {"prefill_widen_ahead": False}, "widen one GEMM ahead": {"prefill_widen_ahead": True},
         "ahead, side stream at high priority": {"prefill_widen_ahead": True, "prefill_widen_priority": -5}}
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=None if method == "float16" else method)
         cache = gpu.new_cache(args.prompt + 8)
         ways = {"no widening (16-bit weights)": gpu} if method == "float16" else {
-            label: gpu.with_settings(**changes) for label, changes in WAYS.items()}
+            label: as_lab_model(gpu).with_settings(**changes) for label, changes in WAYS.items()}
         if method != "float16":
             logits = []
             for model in ways.values():

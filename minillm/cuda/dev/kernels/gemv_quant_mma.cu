@@ -429,15 +429,14 @@ __device__ __forceinline__ void gemv_mma(const uint4* __restrict__ qw, const voi
 // grid (any; the launcher: 3 blocks per SM (U = 2), each looping over tiles of 8 row pairs), block 32 * M_WARPS,
 // dynamic shared memory n_pad * 32 + n_pad / U bytes (int8) or n_pad * 82 (int4), n_pad = n_chunks rounded
 // up to 4 U.
-// The arguments are gemv_quant.cu's (GEMV_QUANT_KERNEL), so one launcher serves v2 and v3; flags and next_*
-// (the L2 prefetches v2 measured slower) are accepted and unused. int4 needs cpg % 4 == 0 (g % 128 == 0).
+// The arguments are gemv_quant.cu's (GEMV_QUANT_KERNEL), so one launcher serves v2 and v3. int4 needs
+// cpg % 4 == 0 (g % 128 == 0).
 #define GEMV_MMA_KERNEL(NAME, W, INT4, NORM, EPI, U)                                                                \
     extern "C" __global__ void __launch_bounds__(32 * M_WARPS, (U) == 2 ? 3 : 2) NAME(                          \
         const uint4* qw, const void* scales, const u16* mins, int n_chunks, int n_groups, int cpg, int cpg_shift,\
         const float* x, const float* gain, float eps, int in, int pairs, float* y, int rows, int accumulate,     \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,            \
-        int n_kv_heads, int hd, int flags, const unsigned char* next_a, unsigned long long next_bytes_a,         \
-        const unsigned char* next_b, unsigned long long next_bytes_b, int next_tail) {                          \
+        int n_kv_heads, int hd) {                                                                               \
         Epilogue<W> ep{y, accumulate, k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads, hd};       \
         gemv_mma<W, INT4, NORM, EPI, U>(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in,   \
                                      pairs, rows, ep);                                                           \

@@ -253,7 +253,7 @@ template <class F, int EPI>
 __device__ __forceinline__ void produce(const uint4* __restrict__ qw, const void* __restrict__ scales,
                                         const u16* __restrict__ mins, int n_chunks, int n_groups, int pairs,
                                         int rows, int hd, int P, int n_stages, unsigned char* ring,
-                                        unsigned long long* full, unsigned long long* empty, const NextWeights& next) {
+                                        unsigned long long* full, unsigned long long* empty) {
     int lane = threadIdx.x & 31;
     unsigned int row_bytes = n_chunks * 16u, sm_bytes = F::INT4 ? n_groups * 2u : 0u;
     size_t stage_bytes = (size_t)2 * P * (row_bytes + 2 * sm_bytes);
@@ -278,7 +278,6 @@ __device__ __forceinline__ void produce(const uint4* __restrict__ qw, const void
             }
         }
     }
-    if (lane == 0) next.prefetch();              // the next GEMV's first bytes (settings.prefetch_next only)
 }
 
 // ---- the consumers: x into registers, then each stage's row pairs ---------------------------------------------
@@ -347,7 +346,7 @@ __device__ __forceinline__ void gemv_quant_tma(const uint4* __restrict__ qw, con
                                                const u16* __restrict__ mins, int n_chunks, int n_groups, int cpg,
                                                int cpg_shift, const float* __restrict__ x,
                                                const float* __restrict__ gain, float eps, int in, int pairs, int rows,
-                                               const Epilogue<W>& ep, const NextWeights& next, int L, int P,
+                                               const Epilogue<W>& ep, int L, int P,
                                                int n_stages) {
     extern __shared__ uint4 ring4[];                    // n_stages stages (Stage's layout)
     __shared__ unsigned long long full[T_MAX_STAGES], empty[T_MAX_STAGES];
@@ -361,14 +360,14 @@ __device__ __forceinline__ void gemv_quant_tma(const uint4* __restrict__ qw, con
     }
     __syncthreads();
     if (threadIdx.x >= 32 * T_WARPS)
-        produce<F, EPI>(qw, scales, mins, n_chunks, n_groups, pairs, rows, ep.hd, P, n_stages, ring, full, empty, next);
+        produce<F, EPI>(qw, scales, mins, n_chunks, n_groups, pairs, rows, ep.hd, P, n_stages, ring, full, empty);
     else
         consume<F, W, NORM, EPI>(scales, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in, pairs, rows, ep, L, P,
                                  n_stages, ring, full, empty);
 }
 
 // grid (any; the launcher: ~2 blocks an SM), block 32 * (T_WARPS + 1) = 288, dynamic shared memory n_stages ·
-// 2P · (n_chunks · 16 + (int4) 4 · n_groups) bytes. v2's arguments (gemv_quant.cu; flags unused), then
+// 2P · (n_chunks · 16 + (int4) 4 · n_groups) bytes. v2's arguments (gemv_quant.cu), then
 //   L: lanes a row (32, 64, 128 or 256; n_chunks <= J_MAX · L), P: row pairs a stage (<= T_MAX_PAIRS),
 //   n_stages: the ring's stages (2 .. T_MAX_STAGES). int4: n_groups % 8 == 0 (16-byte copies of scales).
 #define GEMV_QUANT_TMA_KERNEL(NAME, F, W, NORM, EPI)                                                             \
@@ -376,12 +375,10 @@ __device__ __forceinline__ void gemv_quant_tma(const uint4* __restrict__ qw, con
         const uint4* qw, const void* scales, const u16* mins, int n_chunks, int n_groups, int cpg, int cpg_shift,\
         const float* x, const float* gain, float eps, int in, int pairs, float* y, int rows, int accumulate,     \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,            \
-        int n_kv_heads, int hd, int flags, const unsigned char* next_a, unsigned long long next_bytes_a,         \
-        const unsigned char* next_b, unsigned long long next_bytes_b, int next_tail, int L, int P, int n_stages) {\
+        int n_kv_heads, int hd, int L, int P, int n_stages) {                                                   \
         Epilogue<W> ep{y, accumulate, k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads, hd};       \
-        NextWeights next{next_a, next_bytes_a, next_b, next_bytes_b, next_tail};                                \
         gemv_quant_tma<F, W, NORM, EPI>(qw, scales, mins, n_chunks, n_groups, cpg, cpg_shift, x, gain, eps, in, \
-                                        pairs, rows, ep, next, L, P, n_stages);                                 \
+                                        pairs, rows, ep, L, P, n_stages);                                       \
     }
 // 16-bit weights: the same signature (qw = the matrix as 16-byte chunks, n_chunks = in / 8, in % 8 == 0;
 // scales, mins, n_groups, cpg unused), named after gemv.cu v4's variants with "tma" for "v4"
