@@ -109,6 +109,12 @@ def _index_with_missing_shard(d: Path):
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
+def _a_tensor_in_two_shards(d: Path):
+    """Both shards hold every tensor: the index picks one copy of each, minillm used to load whichever came last."""
+    shutil.copyfile(d / "model.safetensors", d / "model-00002-of-00002.safetensors")
+    _index_with_missing_shard(d)
+
+
 K = "model.layers.1.self_attn.k_proj.weight"      # [32, 64]
 SAFETENSORS_CASES = {
     "truncated": _edit_bytes(lambda b: b[:len(b) // 2]),
@@ -126,9 +132,13 @@ SAFETENSORS_CASES = {
     "unknown-dtype": _edit_header(lambda h: h["model.norm.weight"].update(dtype="F8_E9M9")),
     "offsets-past-the-end": _edit_header(lambda h: h["model.norm.weight"].update(data_offsets=[0, 1 << 30])),
     "offsets-size-mismatch": _edit_header(lambda h: h[K].update(data_offsets=[0, 64])),
+    # the safetensors library refuses these; minillm used to load the shared bytes as both tensors
+    "offsets-overlap": _edit_header(lambda h: h[K].update(data_offsets=h[K.replace(".1.", ".0.")]["data_offsets"])),
+    "bytes-after-the-last-tensor": _edit_bytes(lambda b: b + bytes(64)),
     "nan-weights": _nan_tensor("model.layers.0.mlp.down_proj.weight"),
     "no-weights-file": lambda d: (d / "model.safetensors").unlink(),
     "index-names-a-missing-shard": _index_with_missing_shard,
+    "a-tensor-in-two-shards": _a_tensor_in_two_shards,
 }
 
 
@@ -153,13 +163,18 @@ CONFIG_CASES = {   # case: (corruption, the field the message must name)
     "layers-negative": (_set(num_hidden_layers=-1), "num_hidden_layers"),
     "layers-a-string": (_set(num_hidden_layers="2"), "num_hidden_layers"),
     "layers-a-fraction": (_set(num_hidden_layers=2.5), "num_hidden_layers"),
-    "layers-more-than-the-tensors": (_set(num_hidden_layers=3), "model.layers.2"),
-    "layers-fewer-than-the-tensors": (_set(num_hidden_layers=1), "model.layers.1"),
+    "layers-more-than-the-tensors": (_set(num_hidden_layers=3), "num_hidden_layers"),
+    "layers-fewer-than-the-tensors": (_set(num_hidden_layers=1), "num_hidden_layers"),
+    "layers-2-to-the-31": (_set(num_hidden_layers=2**31), "num_hidden_layers"),      # hung, memory growing
+    "experts-2-to-the-31": (_set(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                                 num_local_experts=2**31), "num_local_experts"),
     "zero-heads": (_set(num_attention_heads=0), "num_attention_heads"),
     "kv-heads-do-not-divide": (_set(num_key_value_heads=3), "num_key_value_heads"),
     "head-dim-odd": (_set(head_dim=15), "head_dim"),
     "head-dim-not-the-tensors": (_set(head_dim=32), "head_dim"),
     "rms-norm-eps-negative": (_set(rms_norm_eps=-1), "rms_norm_eps"),
+    "rope-parameters-a-string": (_set(rope_parameters="llama3"), "rope_parameters"),   # ran at theta 10000
+    "torch-dtype-an-object": (_set(torch_dtype={"weights": "float16"}), "torch_dtype"),
     "rope-theta-negative": (_set(rope_theta=-5, rope_parameters={"rope_theta": -5, "rope_type": "default"}), "rope_theta"),
     "hidden-size-not-the-tensors": (_set(hidden_size=32), "hidden_size"),
     "vocab-size-not-the-tensors": (_set(vocab_size=300), "vocab_size"),
@@ -223,6 +238,7 @@ GGUF_CASES = {
     "tensor-data-scribbled-q4_1": _gguf_bytes(_scribble_tensor_data, "q4_1"),
     "kv-heads-not-the-tensors": _gguf_from(num_key_value_heads=4),
     "layers-more-than-the-tensors": _gguf_from(num_hidden_layers=3),
+    "block-count-2-to-the-31": _gguf_from(num_hidden_layers=2**31),                   # hung
     "zero-layers": _gguf_from(num_hidden_layers=0),
     "rms-eps-negative": _gguf_from(rms_norm_eps=-1.0),
     "unsupported-architecture": _unsupported_arch,
@@ -258,6 +274,7 @@ TOKENIZER_CASES = {
     "no-vocab": _tokenizer(lambda t: t["model"].pop("vocab")),
     "negative-id": _tokenizer(lambda t: _first_vocab(t, -5)),
     "id-a-trillion": _tokenizer(lambda t: _first_vocab(t, 10 ** 12)),
+    "id-ten-million": _tokenizer(lambda t: _first_vocab(t, 10 ** 7)),                 # 24-99 s and 2.4 GB
     "merge-of-unknown-tokens": _tokenizer(lambda t: t["model"]["merges"].append(["zz", "qq"])),
     "merge-not-a-pair": _tokenizer(lambda t: t["model"]["merges"].append("a b c")),
     "added-token-without-content": _tokenizer(lambda t: t["added_tokens"][0].pop("content")),
@@ -377,6 +394,37 @@ def test_config_refusals_are_config_errors_naming_the_field():
                           ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
                             "layer_types": ["sliding_attention"], "use_sliding_window": True, "sliding_window": 4,
                             "num_hidden_layers": 2}, "layer_types")]:
+        with pytest.raises(ConfigError, match=field):
+            ModelConfig.from_hf(base | change)
+
+
+def test_fields_of_the_wrong_type_are_config_errors_naming_them():
+    """Each config.json field minillm reads is type-checked, not read as a default (rope_parameters="llama3"
+    ran at theta 10000) or as Python truth ("false" is true)."""
+    from test_moe import deepseek_moe_config, mixtral_config
+    llama = ModelConfig(vocab_size=10, dim=8, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=16).to_hf()
+    mixtral = mixtral_config().to_dict() | {"architectures": ["MixtralForCausalLM"]}
+    deepseek = deepseek_moe_config().to_dict() | {"architectures": ["DeepseekV3ForCausalLM"]}
+    yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64}
+    for base in (llama, mixtral, deepseek, deepseek | {"rope_parameters": yarn}):
+        ModelConfig.from_hf(base)                                          # the controls load
+    for base, change, field in [
+            (llama, {"rope_parameters": "llama3"}, "rope_parameters"),
+            (llama, {"rope_parameters": ["default", 1e4]}, "rope_parameters"),
+            (llama, {"torch_dtype": ["float16"]}, "torch_dtype"),
+            (llama, {"quantization": {"method": "fp8", "block": ["128", 128]}}, "quantization"),
+            (llama, {"architectures": [{"LlamaForCausalLM": 1}]}, "architectures"),
+            (mixtral, {"num_local_experts": "4"}, "num_local_experts"),
+            (mixtral, {"num_experts_per_tok": 1.5}, "num_experts_per_tok"),
+            (deepseek, {"norm_topk_prob": "false"}, "norm_topk_prob"),
+            (deepseek, {"routed_scaling_factor": "2.5"}, "routed_scaling_factor"),
+            (deepseek, {"first_k_dense_replace": 0.5}, "first_k_dense_replace"),
+            (deepseek, {"n_shared_experts": "1"}, "n_shared_experts"),
+            (deepseek, {"scoring_func": ["sigmoid"]}, "scoring_func"),
+            (deepseek, {"rope_parameters": yarn | {"factor": "4"}}, "rope_scaling.factor"),
+            (deepseek, {"rope_parameters": yarn | {"mscale": "1"}}, "rope_scaling.mscale"),
+            (deepseek, {"rope_parameters": {k: v for k, v in yarn.items() if k != "original_max_position_embeddings"}},
+             "rope_scaling.original_max_position_embeddings")]:
         with pytest.raises(ConfigError, match=field):
             ModelConfig.from_hf(base | change)
 

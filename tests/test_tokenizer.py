@@ -244,6 +244,21 @@ def test_hf_loads_saved_reference_vocabularies(vocab, name, tmp_path):
         assert hf.decode(case["ids"]) == case["text"]
 
 
+def test_spm_text_after_special_tokens_matches_hf_on_the_saved_file(vocab, tmp_path):
+    """A SentencePiece GGUF puts the dummy-prefix "▁" in front of every text segment, the one after a
+    special token too: as llama.cpp does, as Meta's Llama-2 chat prompts were encoded ([BOS] + "▁[INST]..."),
+    and as HF `tokenizers` does with the Prepend normalizer minillm writes for it (HF is the judge here)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    tok = vocab("llama-spm")
+    save_hf(tok, tmp_path)
+    hf = HFTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    words = ["Hello", " Hello", "  Hi", "", " ", "\n", "[INST] hi [/INST]", "🦙"]
+    texts = {a + s + b for a in words for b in words for s in ("<s>", "</s>", "<s></s>", "</s> <s>", "<unk><s>")}
+    for text in sorted(texts):
+        assert tok.encode(text, allow_special=True) == hf.encode(text, add_special_tokens=False).ids, text
+    assert [tok.id_to_token(i) for i in tok.encode("<s>[INST]", allow_special=True)][:2] == ["<s>", "▁["]
+
+
 def test_smollm2_save_round_trips_and_hf_agrees(smollm2, tmp_path):
     transformers = pytest.importorskip("transformers")
     save_hf(smollm2, tmp_path)

@@ -1,11 +1,12 @@
 """Any BPE tokenizer.json matches HF `tokenizers` exactly, or is refused naming the part it does not
 implement: tokenizers trained here by `tokenizers` itself (byte-level with many pre-tokenizer sequences
-and normalizers, SentencePiece-style with byte fallback and Metaspace), compared id for id on a varied
-corpus, text right after special tokens included."""
+and normalizers, SentencePiece-style with byte fallback and Metaspace or the legacy Prepend normalizer),
+compared id for id on a varied corpus, text right after special and added tokens included."""
+import itertools
 import json
 
 import pytest
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers as nm, pre_tokenizers as pt
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers as nm, pre_tokenizers as pt
 from tokenizers import processors, trainers
 
 from minillm.checkpoints.tokenizer_files import TokenizerFileError, save_hf, tokenizer_from_hf
@@ -40,11 +41,17 @@ BYTE_LEVEL = {
     "nfd-strip": lambda: (pt.ByteLevel(add_prefix_space=False), nm.Sequence([nm.NFD(), nm.Strip()])),
 }
 
-SENTENCEPIECE = {
+SENTENCEPIECE = {   # transformers 5's Llama: Metaspace "first" (legacy=False) or "always" (legacy=True);
+    # transformers 4's legacy files and minillm's own from a GGUF: Prepend + Replace normalizers
     "metaspace-first": lambda: (pt.Metaspace(prepend_scheme="first", split=False), None),
+    "metaspace-first-split": lambda: (pt.Metaspace(prepend_scheme="first", split=True), None),
+    "metaspace-always": lambda: (pt.Metaspace(prepend_scheme="always", split=False), None),
     "metaspace-always-split": lambda: (pt.Metaspace(prepend_scheme="always", split=True), None),
     "metaspace-never": lambda: (pt.Metaspace(prepend_scheme="never", split=True), None),
     "nfkc-metaspace": lambda: (pt.Metaspace(prepend_scheme="first", split=True), nm.NFKC()),
+    "prepend-then-metaspace": lambda: (pt.Metaspace(prepend_scheme="first", split=False), nm.Prepend("▁")),
+    "legacy-prepend-replace": lambda: (None, nm.Sequence([nm.Prepend("▁"), nm.Replace(" ", "▁")])),
+    "legacy-replace-only": lambda: (None, nm.Replace(" ", "▁")),
 }
 SPECIALS = ["<unk>", "<s>", "</s>"]
 
@@ -52,7 +59,8 @@ SPECIALS = ["<unk>", "<s>", "</s>"]
 def _train(pre, norm, byte_fallback: bool, path, post=None) -> Tokenizer:
     """A BPE tokenizer trained by HF `tokenizers` on CORPUS, saved as path/tokenizer.json."""
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True) if byte_fallback else models.BPE())
-    tok.pre_tokenizer = pre
+    if pre is not None:
+        tok.pre_tokenizer = pre
     if norm is not None:
         tok.normalizer = norm
     if post is not None:
@@ -89,6 +97,37 @@ def test_sentencepiece_style_tokenizers_with_byte_fallback_match_hf(name, tmp_pa
     assert mine.kind == "spm"
     _same_ids(hf, mine)
     assert mine.encode("naïve 😀") == hf.encode("naïve 😀", add_special_tokens=False).ids   # byte fallback used
+
+
+# Text around added tokens: right after one, several in a row, empty segments between, leading spaces.
+# "<raw>" is cut out of the text before the normalizer runs (like every special token), "<norm>" is
+# found after it, spelled as normalized (what `add_tokens` makes): HF prefixes "▁" after the one only.
+WORDS = ["hello", " hello", "  Hello", "", " ", "\n", "naïve", "x ", "ﬁ"]
+ADDED = ["<s>", "</s>", "<raw>", "<norm>"]
+AROUND_ADDED = sorted({a + t + b for a, b in itertools.product(WORDS, WORDS) for t in ADDED} |
+                      {t + u + a + v for a in WORDS for t, u, v in itertools.product(ADDED, ADDED, ["", " ", "<s>"])})
+
+
+@pytest.mark.parametrize("name, byte_fallback", [*((n, True) for n in sorted(SENTENCEPIECE)),
+                                                 ("nfkc-lowercase", False), ("nfc-replace-prepend", False)])
+def test_text_around_added_tokens_matches_hf(name, byte_fallback, tmp_path):
+    hf = _train(*(SENTENCEPIECE if byte_fallback else BYTE_LEVEL)[name](), byte_fallback=byte_fallback, path=tmp_path)
+    hf.add_tokens([AddedToken("<raw>", normalized=False), AddedToken("<norm>", normalized=True)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    mine = tokenizer_from_hf(tmp_path)
+    for text in AROUND_ADDED:
+        assert mine.encode(text, allow_special=True) == hf.encode(text, add_special_tokens=False).ids, text
+    save_hf(mine, tmp_path / "saved")                  # the "normalized" flags survive a save
+    again = tokenizer_from_hf(tmp_path / "saved")
+    assert [again.encode(t, allow_special=True) for t in AROUND_ADDED] == [mine.encode(t, allow_special=True)
+                                                                          for t in AROUND_ADDED]
+
+
+def test_sentencepiece_without_metaspace_or_space_replace_is_refused(tmp_path):
+    """HF keeps the spaces of such a file (no Metaspace, no Replace(" ", "▁")): not SentencePiece's rules."""
+    _train(None, nm.Prepend("▁"), byte_fallback=True, path=tmp_path)
+    with pytest.raises(TokenizerFileError, match="needs the normalizer Replace"):
+        tokenizer_from_hf(tmp_path)
 
 
 @pytest.mark.parametrize("name, byte_fallback", [("nfkc-lowercase", False), ("split-removed", False),

@@ -234,6 +234,48 @@ def test_corrupt_safetensors_errors(tmp_path):
         read_safetensors(f)
 
 
+_A = {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}
+_B = {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}
+LAYOUTS = {   # case: (header, data bytes)
+    "in-order": ({"a": _A, "b": _B}, 32),
+    "listed-out-of-order": ({"b": _B, "a": _A}, 32),
+    "an-empty-tensor": ({"a": _A, "e": {"dtype": "F32", "shape": [0, 3], "data_offsets": [16, 16]}}, 16),
+    "overlapping": ({"a": _A, "b": _B | {"data_offsets": [8, 24]}}, 32),
+    "sharing-bytes": ({"a": _A, "b": _B | {"data_offsets": [0, 16]}}, 16),
+    "gap-between": ({"a": _A, "b": _B | {"data_offsets": [20, 36]}}, 36),
+    "gap-first": ({"b": _B | {"data_offsets": [8, 24]}}, 24),
+    "bytes-after-the-last": ({"a": _A}, 24),
+    "negative-dims": ({"a": _A | {"shape": [-2, -2]}}, 16),
+    "fractional-dim": ({"a": _A | {"shape": [2.0, 2]}}, 16),
+    "shape-overflowing-int64": ({"a": _A | {"shape": [2**62 + 1, 4]}}, 16),   # in int64, x4 wraps to 4 values
+}
+
+
+@pytest.mark.parametrize("case", LAYOUTS)
+def test_header_is_checked_as_the_safetensors_library_checks_it(case, tmp_path):
+    """The safetensors library is the peer: what it refuses, read_safetensors refuses in one line (tensors
+    sharing bytes used to load as wrong weights); what it reads, read_safetensors reads the same."""
+    from safetensors.numpy import load_file
+    header, n_bytes = LAYOUTS[case]
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(struct.pack("<Q", len(blob)) + blob + np.arange(n_bytes, dtype=np.uint8).tobytes())
+    try:
+        expected = load_file(f)
+    except Exception:                                   # the library's SafetensorError (or its own overflow check)
+        expected = None
+    if expected is None:
+        with pytest.raises(MiniLLMError) as error:
+            read_safetensors(f)
+        assert "\n" not in str(error.value) and "model.safetensors" in str(error.value)
+    else:
+        mine = read_safetensors(f)
+        assert sorted(mine) == sorted(expected)
+        for name, a in expected.items():
+            np.testing.assert_array_equal(mine[name], a)
+
+
 def test_truncated_checkpoint_names_the_file(hf_dir, tmp_path):
     for name in ("config.json", "model.safetensors"):
         (tmp_path / name).write_bytes((hf_dir / name).read_bytes())

@@ -14,6 +14,7 @@ for quantized ones), which `gguf.quants.dequantize` takes as it takes GGUFReader
 """
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -143,7 +144,7 @@ class GGUFFile:
             walk.fail("tensor table (a tensor name appears twice)")
 
     def _tensor(self, start: int, name: str, dims: tuple, kind, offset: int, sizes) -> Tensor:
-        n = int(np.prod(dims, dtype=np.int64))
+        n = math.prod(dims)                                              # Python ints: lying dims cannot wrap
         rows = tuple(reversed(dims))                                     # numpy order: slowest dim first
         block, block_bytes = sizes[kind]
         plain = _PLAIN.get(kind.name)

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from minillm.model.config import ConfigError, ModelConfig, require_int, require_number
 from minillm.errors import MiniLLMError
 from minillm.backend import to_dtype
-from minillm.checkpoints.shapes import expected_shapes  # noqa: F401  (quantize.py reads it from here)
+from minillm.checkpoints.shapes import count_mismatch, expected_shapes, numbered  # noqa: F401  (quantize.py reads expected_shapes here)
 from minillm.checkpoints.gguf_file import GGUFFile, dequantize
 from minillm.checkpoints.gguf_moe import is_moe_tensor, moe_fields, moe_hf_tensors
 
@@ -39,6 +39,8 @@ _LAYER_NAMES = {
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+_LAYER_INDEX = re.compile(r"blk\.(\d+)\.")
+_ROUTER = re.compile(r"blk\.\d+\.ffn_gate_inp\.weight")
 
 
 
@@ -124,6 +126,7 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
         require_number(get("rope.freq_base", 10000.0), "llama.rope.freq_base", low=1.0)
     except ConfigError as e:
         raise MiniLLMError(f"{path}: {e}") from None
+    _check_counts(reader, get("block_count"), get("expert_count"), path)
     try:
         return ModelConfig(
             vocab_size=int(vocab),
@@ -146,6 +149,19 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
         )
     except (TypeError, ValueError) as e:
         raise MiniLLMError(f"{path}: incomplete llama metadata ({e})") from None
+
+
+def _check_counts(reader, n_layers: int, n_experts: int | None, path) -> None:
+    """block_count and expert_count are those of the tensors in the file: checked before anything is
+    built per layer or per expert, so a lying count is refused at once (not after 2^31 layers' names)."""
+    layers = count_mismatch(n_layers, numbered((t.name for t in reader.tensors), _LAYER_INDEX), "layer")
+    if layers:
+        raise MiniLLMError(f"{path}: llama.block_count={n_layers}, but {layers}")
+    routers = [t for t in reader.tensors if _ROUTER.fullmatch(t.name)]     # [E, dim]: E experts
+    present = int(routers[0].shape[-1]) if routers else 0
+    if (n_experts or 0) != present:
+        raise MiniLLMError(f"{path}: llama.expert_count={n_experts}, but the router "
+                           f"{routers[0].name if routers else 'blk.N.ffn_gate_inp.weight'} has {present} experts")
 
 
 def default_dtype(config: ModelConfig) -> str:

@@ -17,7 +17,7 @@ def read_checkpoint(path: str | Path):
         tokenizer = _quietly(tokenizer_from_gguf, path)
     else:
         config, tensors = load_hf_dir(path)
-        tokenizer = tokenizer_from_hf(path) if (path / "tokenizer.json").exists() else None
+        tokenizer = tokenizer_from_hf(path, config.vocab_size) if (path / "tokenizer.json").exists() else None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:   # its ids would index past the embedding
         raise MiniLLMError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
                            f"{config.vocab_size}: they do not belong together")

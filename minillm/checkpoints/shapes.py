@@ -1,9 +1,47 @@
 """The tensors a config implies: HF name -> shape, for checking any checkpoint before it is used."""
 from __future__ import annotations
 
+import re
+from typing import Iterable
+
 from minillm.model.config import ModelConfig
 from minillm.model.moe import moe_matrix_shapes
 from minillm.model.transformer import bias_names
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"model\.layers\.\d+\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.")
+
+
+def numbered(names: Iterable[str], pattern: re.Pattern) -> set[int]:
+    """The indices `pattern`'s group finds in the names (layers in `model.layers.N.`, ...)."""
+    return {int(m.group(1)) for name in names if (m := pattern.match(name))}
+
+
+def count_mismatch(declared: int, present: set[int], what: str) -> str | None:
+    """Why `declared` (a count from a config) is not the `present` indices 0..declared-1, or None.
+
+    Checked before anything is built per layer or per expert: a config claiming 2^31 layers is
+    refuted by the tensors at once, not after 2^31 layers' worth of names."""
+    if len(present) != declared:
+        return f"the tensors hold {len(present)} {what}s"
+    if present and max(present) != declared - 1:           # as many, but numbered past the end
+        first_gap = min(set(range(declared)) - present)
+        return f"the tensors number {what}s up to {max(present)} but have no {what} {first_gap}"
+    return None
+
+
+def hf_count_mismatch(c: ModelConfig, names: Iterable[str]) -> str | None:
+    """Whether the layers and experts HF tensor names number are the config's, naming the field if not."""
+    names = list(names)
+    layers = count_mismatch(c.n_layers, numbered(names, _LAYER), "layer")
+    if layers:
+        return f"num_hidden_layers={c.n_layers} in config.json, but {layers}"
+    experts = count_mismatch(c.n_experts, numbered(names, _EXPERT), "expert") if c.n_moe_layers else None
+    if experts:
+        field = "num_local_experts" if c.family == "mixtral" else "n_routed_experts"
+        return f"{field}={c.n_experts} in config.json, but {experts}"
+    return None
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -5,9 +5,9 @@ Two families of BPE tokenizers cover the models minillm runs:
 * byte-level BPE (GPT-2, Llama-3, SmolLM2): the text is cut into pieces by a regex, each piece's
   UTF-8 bytes are merged pairwise in the order of a merge list. Vocab strings spell bytes with
   GPT-2's byte-to-unicode alphabet (a space is "Ġ").
-* SentencePiece-style BPE (Llama-2, Mistral): spaces become "▁", a "▁" is prepended to the text
-  (the dummy prefix), characters are merged by vocab score, and a character not in the vocab falls
-  back to its UTF-8 bytes as <0xNN> tokens.
+* SentencePiece-style BPE (Llama-2, Mistral): spaces become "▁", a "▁" is prepended to each stretch
+  of text between special tokens (the dummy prefix), characters are merged by vocab score, and a
+  character not in the vocab falls back to its UTF-8 bytes as <0xNN> tokens.
 
 tiktoken merges bytes: at each step it joins the adjacent pair whose concatenation has the lowest
 rank, and the rank is also the id it returns. So we give it ranks in merge-priority order and map
@@ -115,6 +115,12 @@ def _regex_for(pre: dict | None) -> tuple[str, bool]:
     return r"[\s\S]+", prefix
 
 
+def _alternation(strings: Iterable[str]) -> re.Pattern | None:
+    """A regex matching any of `strings`, the longest where several start at one place (as HF does)."""
+    strings = sorted(strings, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, strings))) if strings else None
+
+
 class Tokenizer:
     """BPE tokenizer (byte-level or SentencePiece-style) for one model's vocabulary."""
 
@@ -123,7 +129,7 @@ class Tokenizer:
                  pre_tokenizer: dict | None = None, add_space_prefix: bool = False,
                  bos_id: int | None = None, eos_id: int | None = None, unk_id: int | None = None,
                  add_bos: bool = False, chat_template: str | None = None, normalizer: dict | None = None,
-                 metaspace: dict | None = None):
+                 metaspace: dict | None = None, normalized_ids: Iterable[int] = ()):
         if kind not in ("bpe", "spm"):
             raise ValueError(f"unknown tokenizer kind {kind!r} (expected 'bpe' or 'spm')")
         self.kind = kind                    # "bpe": byte-level BPE; "spm": SentencePiece-style BPE
@@ -134,6 +140,9 @@ class Tokenizer:
         self.pre_tokenizer = pre_tokenizer  # HF pre_tokenizer JSON (byte-level only)
         self.normalizer = normalizer        # HF normalizer JSON (byte-level, or with `metaspace`)
         self.metaspace = metaspace          # SentencePiece-style from an HF tokenizer.json: its Metaspace step
+        # Added tokens HF matches in the normalized text, spelled as normalized (tokenizer.json's
+        # "normalized": true, user-defined ones); the rest are cut out of the raw text first.
+        self.normalized_ids = frozenset(normalized_ids)
         self.add_space_prefix = add_space_prefix
         self.bos_id, self.eos_id, self.unk_id = bos_id, eos_id, unk_id
         self.add_bos = add_bos
@@ -210,10 +219,12 @@ class Tokenizer:
             pattern, self._prefix_space = r"[\s\S]+", False   # SentencePiece sees the text whole
         self._enc = tiktoken.Encoding(f"minillm-{self.kind}", pat_str=pattern,
                                       mergeable_ranks=ranks, special_tokens={})
-        atomic = sorted(self.special_tokens, key=len, reverse=True)   # longest match wins, like HF
-        user = [t for t in atomic if self.token_types[self._ids[t]] == USER_DEFINED]
-        self._atomic_all = re.compile("|".join(map(re.escape, atomic))) if atomic else None
-        self._atomic_user = re.compile("|".join(map(re.escape, user))) if user else None
+        raw = [t for t in self.special_tokens if self._ids[t] not in self.normalized_ids]
+        self._atomic_all = _alternation(raw)
+        self._atomic_user = _alternation([t for t in raw if self.token_types[self._ids[t]] == USER_DEFINED])
+        self._after_normalizer = {self._normalized(self.tokens[i]): i for i in sorted(self.normalized_ids)}
+        self._after_normalizer.pop("", None)
+        self._after_normalizer_pattern = _alternation(list(self._after_normalizer))
 
     def _bpe_ranks(self) -> tuple[dict[bytes, int], list[list[int]]]:
         """Byte-level: the 256 bytes first, then each merge result in merge order."""
@@ -292,25 +303,41 @@ class Tokenizer:
         return ids
 
     def _encode_plain(self, text: str, offset: int) -> list[int]:
-        """BPE on text that holds no special tokens; `offset` is where it starts in the full input."""
+        """BPE on one segment of the input between added tokens; `offset` is where it starts in the input.
+        Like HF, each segment is normalized on its own, then split on the added tokens matched after that."""
         if not text:
             return []
-        if self.kind == "spm" and self._pieces is not None:   # HF Metaspace (tokenizer.json), per segment
-            text = self._normalize(text) if self._normalize is not None else text
-            return self._ids_of([r for piece in self._pieces(text, offset == 0) for r in self._enc.encode_ordinary(piece)])
+        text = self._normalized(text)
+        if self._after_normalizer_pattern is None:
+            return self._encode_normalized(text, offset == 0)
+        ids, start = [], 0
+        for match in self._after_normalizer_pattern.finditer(text):
+            ids += self._encode_normalized(text[start:match.start()], offset == 0 and start == 0)
+            ids.append(self._after_normalizer[match.group()])
+            start = match.end()
+        return ids + self._encode_normalized(text[start:], offset == 0 and start == 0)
+
+    def _normalized(self, text: str) -> str:
+        """A segment as the normalizer leaves it. SentencePiece without a Metaspace step (a GGUF, or a
+        tokenizer.json's Prepend + Replace normalizer): spaces become "▁" and, with the dummy prefix, a
+        "▁" leads every segment, the one after a special token too (llama.cpp and HF both do so)."""
+        if self.kind == "spm" and self.metaspace is None:
+            return (SPACE_MARK if self.add_space_prefix and text else "") + text.replace(" ", SPACE_MARK)
+        return self._normalize(text) if self._normalize is not None else text
+
+    def _encode_normalized(self, text: str, at_start: bool) -> list[int]:
+        """BPE on normalized text holding no added token; `at_start`: it begins the whole input (HF's
+        Metaspace prepend_scheme="first" asks)."""
+        if not text:
+            return []
+        if self._pieces is not None:               # HF's pre-tokenizer, step by step (Metaspace, ...)
+            encode_piece = self._enc.encode_ordinary if self.kind == "spm" else self._piece_ranks
+            return self._ids_of([r for piece in self._pieces(text, at_start) for r in encode_piece(piece)])
         if self.kind == "spm":
-            text = text.replace(" ", SPACE_MARK)
-            # Dummy prefix only at the start of the input (HF Metaspace prepend_scheme="first").
-            if self.add_space_prefix and offset == 0:
-                text = SPACE_MARK + text
-        else:
-            if self._normalize is not None:        # NFKC, Lowercase, ...: each segment between added tokens
-                text = self._normalize(text)
-            if self._pieces is not None:           # cut step by step, then BPE within each piece
-                return self._ids_of([r for piece in self._pieces(text, offset == 0) for r in self._piece_ranks(piece)])
-            if self._prefix_space and not text.startswith(" "):
-                text = " " + text                  # HF ByteLevel(add_prefix_space=True), per segment
-        return self._ids_of(self._byte_level_ranks(text) if self.kind != "spm" else self._enc.encode_ordinary(text))
+            return self._ids_of(self._enc.encode_ordinary(text))
+        if self._prefix_space and not text.startswith(" "):
+            text = " " + text                      # HF ByteLevel(add_prefix_space=True), per segment
+        return self._ids_of(self._byte_level_ranks(text))
 
     def _ids_of(self, ranks: list[int]) -> list[int]:
         """Vocab ids of tiktoken's ranks (a SentencePiece partial character expands to its byte tokens)."""

@@ -77,6 +77,13 @@ def args_from_gguf(path_or_reader) -> dict:
     if model is None:
         raise NoTokenizer(f"{where} holds no tokenizer (no tokenizer.ggml.model key)")
     tokens = get("ggml.tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise ValueError(f"{where}: tokenizer.ggml.tokens is missing or empty")
+    for key in ("ggml.token_type", "ggml.scores"):         # one entry per token, or the ids shift
+        values = get(key)
+        if values is not None and (not isinstance(values, list) or len(values) != len(tokens)):
+            count = len(values) if isinstance(values, list) else "no"
+            raise ValueError(f"{where}: tokenizer.{key} has {count} entries for {len(tokens)} tokens")
     args = dict(tokens=tokens, token_types=get("ggml.token_type") or [NORMAL] * len(tokens),
                 bos_id=get("ggml.bos_token_id"), eos_id=get("ggml.eos_token_id"),
                 unk_id=get("ggml.unknown_token_id"), chat_template=get("chat_template"))
@@ -130,8 +137,9 @@ def _spm_prefix_from_json(data: dict) -> bool:
     return '"Prepend"' in text
 
 
-def args_from_hf(path) -> dict:
-    """Constructor arguments from an HF tokenizer.json (+ tokenizer_config.json beside it)."""
+def args_from_hf(path, vocab_size: int | None = None) -> dict:
+    """Constructor arguments from an HF tokenizer.json (+ tokenizer_config.json beside it).
+    vocab_size: the model's, when the tokenizer is loaded for one (its ids must lie below it)."""
     path = Path(path)
     json_path = path / "tokenizer.json" if path.is_dir() else path
     if not json_path.exists():
@@ -153,7 +161,7 @@ def args_from_hf(path) -> dict:
 
     vocab: dict[str, int] = model.get("vocab")
     added = data.get("added_tokens") or []
-    _check_ids(json_path, vocab, added)
+    _check_ids(json_path, vocab, added, vocab_size)
     _check_merges(json_path, model.get("merges", []), vocab)
     size = 1 + max([*vocab.values(), *(a["id"] for a in added)])
     tokens = [f"<unused_{i}>" for i in range(size)]   # holes in the id range stay unusable
@@ -175,8 +183,11 @@ def args_from_hf(path) -> dict:
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
     bos = _token_string(config.get("bos_token"))
     eos = _token_string(config.get("eos_token"))
+    # A user-defined token marked "normalized" (what `add_tokens` makes) is found after the normalizer, as
+    # HF finds it; special tokens are always cut out of the raw text first (a message cannot spell one).
+    normalized = [a["id"] for a in added if types[a["id"]] == USER_DEFINED and a.get("normalized", True)]
     args = dict(kind="spm" if spm else "bpe", tokens=tokens, token_types=types, merges=merges,
-                bos_id=ids.get(bos), eos_id=ids.get(eos), unk_id=unk_id,
+                bos_id=ids.get(bos), eos_id=ids.get(eos), unk_id=unk_id, normalized_ids=normalized,
                 chat_template=_chat_template_from(config, json_path.parent))
     _check_components(json_path, data, spm)
     if spm:
@@ -238,11 +249,16 @@ def _check_components(json_path: Path, data: dict, spm: bool) -> None:
         return                                  # byte-level pre-tokenizers: tokenizer._regex_for refuses
     if _metaspace_of(data) is not None:
         return                                  # its normalizer: the Tokenizer runs or refuses it
+    replaces_spaces = False
     for step in _steps(data.get("normalizer"), "normalizers"):
         replace = step.get("type") == "Replace" and step.get("pattern") == {"String": " "} and \
             step.get("content") == SPACE_MARK
         if not (replace or (step.get("type") == "Prepend" and step.get("prepend") == SPACE_MARK)):
             refuse("normalizer", step)
+        replaces_spaces |= replace
+    if not replaces_spaces:                     # HF would keep the spaces; SentencePiece's rules make them "▁"
+        raise ValueError(f"{json_path}: a SentencePiece-style tokenizer.json without a Metaspace pre-tokenizer "
+                         f"needs the normalizer Replace(' ', '{SPACE_MARK}'): one that keeps spaces is not supported")
     for step in _steps(data.get("pre_tokenizer"), "pretokenizers"):
         if step.get("type") != "Metaspace" or step.get("replacement", SPACE_MARK) != SPACE_MARK:
             refuse("pre_tokenizer", step)
@@ -257,8 +273,10 @@ def _metaspace_of(data: dict) -> dict | None:
 MAX_VOCAB = 1 << 24      # ids past this are corruption, not a vocabulary (the largest real ones are ~260K)
 
 
-def _check_ids(json_path: Path, vocab, added) -> None:
-    """model.vocab maps strings to ids, added_tokens have an id and a content; every id in 0..MAX_VOCAB."""
+def _check_ids(json_path: Path, vocab, added, vocab_size: int | None) -> None:
+    """model.vocab maps strings to ids, added_tokens have an id and a content; every id in 0..MAX_VOCAB,
+    below the model's vocab_size when given, and the ids number the tokens present (holes allowed, as
+    many as there are tokens at most). Checked before anything is built with one entry per id."""
     if not isinstance(vocab, dict) or not vocab:
         raise ValueError(f"{json_path}: model.vocab must be a non-empty object of token -> id")
     if not isinstance(added, list) or not all(isinstance(a, dict) and isinstance(a.get("content"), str)
@@ -267,6 +285,14 @@ def _check_ids(json_path: Path, vocab, added) -> None:
     for where, i in [*(("model.vocab", i) for i in vocab.values()), *(("added_tokens", a.get("id")) for a in added)]:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_VOCAB:
             raise ValueError(f"{json_path}: {where} has the id {i!r}; ids are integers from 0 to {MAX_VOCAB - 1}")
+    ids = {*vocab.values(), *(a["id"] for a in added)}
+    largest = max(ids)
+    if vocab_size is not None and largest >= vocab_size:    # its ids would index past the embedding
+        raise ValueError(f"{json_path}: the token id {largest} is past the model's vocab_size {vocab_size}: "
+                         "the tokenizer and the model do not belong together")
+    if largest >= 2 * len(ids):
+        raise ValueError(f"{json_path}: the token id {largest} leaves {largest + 1 - len(ids)} ids without a token "
+                         f"among {len(ids)} tokens; minillm reads at most as many such holes as tokens")
 
 
 def _check_merges(json_path: Path, merges, vocab: dict) -> None:
@@ -310,7 +336,7 @@ def _spm_merges(tok: Tokenizer) -> list[tuple[str, str]]:
 def _hf_json(tok: Tokenizer) -> dict:
     """The tokenizer.json document for `tok`."""
     added = [{"id": i, "content": tok.tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": tok.token_types[i] != USER_DEFINED}
+              "normalized": i in tok.normalized_ids, "special": tok.token_types[i] != USER_DEFINED}
              for i in sorted(tok.special_tokens.values())]
     bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else None
     post = None
@@ -331,7 +357,8 @@ def _hf_json(tok: Tokenizer) -> dict:
         model.update(merges=[list(m) for m in _spm_merges(tok)], fuse_unk=True, byte_fallback=True,
                      unk_token=tok.tokens[tok.unk_id] if tok.unk_id is not None else None)
         # Normalizer rather than a Metaspace pre-tokenizer: Metaspace skips the dummy prefix when
-        # the text already starts with a space, unlike SentencePiece (" Hello" -> "▁▁Hello").
+        # the text already starts with a space, unlike SentencePiece (" Hello" -> "▁▁Hello"); HF runs
+        # it on each stretch between special tokens, as minillm and llama.cpp prefix a GGUF's.
         replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE_MARK}
         prepend = [{"type": "Prepend", "prepend": SPACE_MARK}] if tok.add_space_prefix else []
         pre, normalizer = None, {"type": "Sequence", "normalizers": [*prepend, replace]}
@@ -368,11 +395,12 @@ def tokenizer_from_gguf(path_or_reader) -> Tokenizer:
         return _checked(Tokenizer(**args_from_gguf(path_or_reader)))
 
 
-def tokenizer_from_hf(path) -> Tokenizer:
+def tokenizer_from_hf(path, vocab_size: int | None = None) -> Tokenizer:
     """An HF tokenizer: a folder with tokenizer.json (+ tokenizer_config.json) or the json itself;
-    TokenizerFileError naming the file and the part if it is corrupt or uses what is not implemented."""
+    TokenizerFileError naming the file and the part if it is corrupt or uses what is not implemented.
+    vocab_size: the model's, when loaded for one: an id at or past it is refused before anything is built."""
     with _reading(path):
-        return _checked(Tokenizer(**args_from_hf(path)))
+        return _checked(Tokenizer(**args_from_hf(path, vocab_size)))
 
 
 def _checked(tok: Tokenizer) -> Tokenizer:

@@ -18,6 +18,7 @@ Transformer) wraps them back into one weight each. `dtype=` never casts them.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import struct
 from pathlib import Path
@@ -34,7 +35,7 @@ from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES, is_layer_matrix
 from minillm.model.quantized import quantized_matrices
 from minillm.checkpoints.hf_quantized import translate_config, translate_tensors
 from minillm.checkpoints.tokenizer_files import save_hf
-from minillm.checkpoints.shapes import expected_shapes  # noqa: F401  (read from here too)
+from minillm.checkpoints.shapes import expected_shapes, hf_count_mismatch  # noqa: F401  (expected_shapes read from here too)
 from minillm.checkpoints.gguf_import import load_gguf
 
 # safetensors dtype name <-> numpy dtype. BF16 travels as raw uint16 bits (see the module docstring).
@@ -55,8 +56,16 @@ GGUF_WEIGHTS = "source.gguf"
 
 
 # ---- safetensors: read ----------------------------------------------------------------------------
+# The safetensors library's own limit on the JSON header: past it, a file is refused before it is parsed.
+MAX_HEADER_BYTES = 100 * 2**20
+
+
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """Map a .safetensors file; returns {name: lazily paged array view}. Raises MiniLLMError if corrupt."""
+    """Map a .safetensors file; returns {name: lazily paged array view}. Raises MiniLLMError if corrupt.
+
+    The header is checked as the safetensors library checks it: every tensor's bytes fit its dtype and
+    shape, and the tensors, in offset order, tile the data exactly (no overlap, no gap, nothing past
+    the end). Two tensors sharing bytes would otherwise load as wrong weights without a word."""
     path = Path(path)
     if not path.is_file():
         raise MiniLLMError(f"{path}: file not found")
@@ -68,6 +77,8 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
         if header_len > size - 8:
             raise MiniLLMError(f"{path}: header length {header_len} runs past the end of the "
                                f"{size}-byte file (truncated or not safetensors)")
+        if header_len > MAX_HEADER_BYTES:
+            raise MiniLLMError(f"{path}: header of {header_len} bytes (safetensors allows {MAX_HEADER_BYTES})")
         try:
             header = json.loads(f.read(header_len))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -77,25 +88,46 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     header.pop("__metadata__", None)
 
     data_start = 8 + header_len
+    entries = {name: _header_entry(path, name, info) for name, info in header.items()}
+    _check_layout(path, entries, data_start, size)
     mm = np.memmap(path, dtype=np.uint8, mode="r") if size > data_start else np.zeros(0, np.uint8)
-    return {name: _tensor_view(path, mm, name, info, data_start, size) for name, info in header.items()}
+    return {name: np.ndarray(shape, dtype=dtype, buffer=mm, offset=data_start + begin)
+            for name, (dtype, shape, begin, _) in entries.items()}
 
 
-def _tensor_view(path: Path, mm: np.ndarray, name: str, info: Any, data_start: int, size: int) -> np.ndarray:
-    """One header entry -> an array view into the mapped file, after checking it fits."""
+def _header_entry(path: Path, name: str, info: Any) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """One header entry -> (dtype, shape, begin, end), its sizes non-negative integers that agree."""
     try:
-        dtype = np.dtype(_ST_TO_NP[info["dtype"]])
-        shape = tuple(int(d) for d in info["shape"])
-        begin, end = (int(o) for o in info["data_offsets"])
-    except (KeyError, TypeError, ValueError):
-        raise MiniLLMError(f"{path}: bad header entry for tensor {name}: {info!r}") from None
-    n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if end - begin != n_bytes or begin < 0:
-        raise MiniLLMError(f"{path}: tensor {name} has {end - begin} bytes, its shape {shape} needs {n_bytes}")
-    if data_start + end > size:
-        raise MiniLLMError(f"{path}: truncated: tensor {name} ends at byte {data_start + end}, "
+        dtype, shape, offsets = np.dtype(_ST_TO_NP[info["dtype"]]), info["shape"], info["data_offsets"]
+    except (KeyError, TypeError):
+        raise MiniLLMError(f"{path}: bad header entry for tensor {name}: {str(info)[:200]}") from None
+    if not (isinstance(shape, list) and isinstance(offsets, list) and len(offsets) == 2 and
+            all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in [*shape, *offsets])):
+        raise MiniLLMError(f"{path}: bad header entry for tensor {name}: shape and data_offsets must be "
+                           f"non-negative integers ({str(info)[:200]})")
+    begin, end = offsets
+    n_bytes = math.prod(shape) * dtype.itemsize        # Python integers: a lying shape cannot overflow
+    if end - begin != n_bytes:
+        raise MiniLLMError(f"{path}: tensor {name} has {end - begin} bytes, its shape {tuple(shape)} needs {n_bytes}")
+    return dtype, tuple(shape), begin, end
+
+
+def _check_layout(path: Path, entries: dict[str, tuple], data_start: int, size: int) -> None:
+    """The tensors, ordered by offset, cover the data bytes (data_start to the end) exactly once."""
+    at, previous = 0, None
+    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda item: item[1][2:]):
+        if begin < at:
+            raise MiniLLMError(f"{path}: tensors {previous} and {name} overlap (bytes {begin} to {at}): "
+                               "each tensor needs its own bytes")
+        if begin > at:
+            raise MiniLLMError(f"{path}: {begin - at} bytes before tensor {name} belong to no tensor "
+                               "(a gap in data_offsets)")
+        at, previous = end, name
+    if data_start + at > size:
+        raise MiniLLMError(f"{path}: truncated: tensor {previous} ends at byte {data_start + at}, "
                            f"the file has {size}")
-    return np.ndarray(shape, dtype=dtype, buffer=mm, offset=data_start + begin)
+    if data_start + at < size:
+        raise MiniLLMError(f"{path}: {size - data_start - at} bytes after the last tensor belong to no tensor")
 
 
 # ---- safetensors: write ---------------------------------------------------------------------------
@@ -189,6 +221,7 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
         raise MiniLLMError(f"{path}: no {SAFETENSORS} or {SAFETENSORS_INDEX} (only safetensors weights are read; "
                            f"convert .bin checkpoints with transformers' save_pretrained first)")
     if (config.quantization or {}).get("block"):            # an HF fp8 checkpoint: its tensors renamed
+        _check_counts(config, tensors, path)                # (quantized_matrices lists every layer's)
         tensors = translate_tensors(tensors, quantized_matrices(config))
     check_tensors(config, tensors, path)
     return config, tensors
@@ -225,6 +258,7 @@ def check_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], where: st
     change the math (a bias, a norm, a layer the config does not declare) is left over. MiniLLMError otherwise.
 
     Checks the header's shapes only: nothing is read from the files."""
+    _check_counts(config, tensors, where)
     shapes = expected_shapes(config)
     if config.quantization:
         shapes = _quantized_shapes(config, shapes)
@@ -248,6 +282,14 @@ def check_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], where: st
         why = ("a bias config.json does not declare (attention_bias / mlp_bias are false)" if extra[0].endswith(".bias")
                else f"not part of a {config.family} model of this config (minillm would ignore it)")
         raise MiniLLMError(f"{where}: tensor {extra[0]} is {why}" + (f"; {len(extra) - 1} more" if len(extra) > 1 else ""))
+
+
+def _check_counts(config: ModelConfig, tensors: dict[str, np.ndarray], where) -> None:
+    """The config's layer and expert counts are those the tensor names number: checked before anything
+    loops over them, so a config.json claiming 2^31 layers is refused at once."""
+    mismatch = hf_count_mismatch(config, tensors)
+    if mismatch:
+        raise MiniLLMError(f"{where}: {mismatch}")
 
 
 def _check_tied_copy(head: np.ndarray, embed: np.ndarray, where) -> None:
@@ -283,7 +325,11 @@ def _load_sharded(index_file: Path) -> dict[str, np.ndarray]:
         shard_path = index_file.parent / shard
         if not shard_path.is_file():
             raise MiniLLMError(f"{shard_path}: shard listed in {index_file.name} is missing")
-        tensors.update(read_safetensors(shard_path))
+        shard_tensors = read_safetensors(shard_path)
+        twice = sorted(set(shard_tensors) & set(tensors))
+        if twice:                                       # which copy is the weight? neither, without a word
+            raise MiniLLMError(f"{shard_path}: tensor {twice[0]} is also in another shard")
+        tensors.update(shard_tensors)
     missing = sorted(set(weight_map) - set(tensors))
     if missing:
         raise MiniLLMError(f"{index_file}: {len(missing)} tensors listed but not in their shards, e.g. {missing[0]}")

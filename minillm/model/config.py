@@ -100,7 +100,8 @@ class ModelConfig:
 
     @property
     def n_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.n_layers))
+        # Counted, not looped over: a config.json may claim 2^31 layers before the tensors refute it.
+        return max(0, self.n_layers - self.first_dense_layers) if self.n_experts else 0
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
@@ -192,7 +193,7 @@ class ModelConfig:
             bos_token_id=_token_ids(d, "bos_token_id"),
             eos_token_id=_token_ids(d, "eos_token_id"),
             family=family,
-            torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+            torch_dtype=_string(d, "torch_dtype", None) or _string(d, "dtype", None) or "float32",
             quantization=_quantization(d),
             qkv_bias=attention_bias or family == "qwen2",      # Qwen2: q, k and v always have a bias
             o_bias=attention_bias,
@@ -272,25 +273,24 @@ def _moe_fields(d: dict[str, Any], family: str) -> dict[str, Any]:
     """The mixture-of-experts part of a Mixtral or DeepseekV3 `config.json` (empty: all dense)."""
     if family == "mixtral":
         if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act={d['hidden_act']!r} is not supported (only silu)")
-        return dict(n_experts=d.get("num_local_experts", 8), n_experts_per_token=d.get("num_experts_per_tok", 2),
-                    moe_ffn_dim=d["intermediate_size"], router="softmax", norm_topk_prob=True)
-    n_layers = d["num_hidden_layers"]
-    first_dense = d.get("first_k_dense_replace") or 0
-    if first_dense >= n_layers or not d.get("n_routed_experts"):
+            raise ConfigError(f"hidden_act={d['hidden_act']!r} is not supported (only silu)")
+        return dict(n_experts=_int(d, "num_local_experts", 8), n_experts_per_token=_int(d, "num_experts_per_tok", 2),
+                    moe_ffn_dim=_int(d, "intermediate_size"), router="softmax", norm_topk_prob=True)
+    first_dense = _int(d, "first_k_dense_replace", default=0, minimum=0)
+    if first_dense >= _int(d, "num_hidden_layers") or not _int(d, "n_routed_experts", default=0, minimum=0):
         return {}                                                           # every layer a dense MLP
-    if d.get("scoring_func", "sigmoid") != "sigmoid":
-        raise ValueError(f"scoring_func={d['scoring_func']!r} is not supported (DeepSeek-V3's 'sigmoid' only)")
-    if d.get("topk_method", "noaux_tc") != "noaux_tc":
-        raise ValueError(f"topk_method={d['topk_method']!r} is not supported (DeepSeek-V3's 'noaux_tc' only)")
-    if (d.get("moe_layer_freq") or 1) != 1:
-        raise ValueError(f"moe_layer_freq={d['moe_layer_freq']} is not supported (every layer after "
-                         f"first_k_dense_replace must be MoE)")
-    return dict(n_experts=d["n_routed_experts"], n_experts_per_token=d["num_experts_per_tok"],
-                moe_ffn_dim=d["moe_intermediate_size"], n_shared_experts=d.get("n_shared_experts") or 0,
-                first_dense_layers=first_dense, router="sigmoid", n_expert_groups=d.get("n_group") or 1,
-                n_groups_per_token=d.get("topk_group") or 1, norm_topk_prob=bool(d.get("norm_topk_prob", True)),
-                routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)))
+    if _string(d, "scoring_func", "sigmoid") != "sigmoid":
+        raise ConfigError(f"scoring_func={d['scoring_func']!r} is not supported (DeepSeek-V3's 'sigmoid' only)")
+    if _string(d, "topk_method", "noaux_tc") != "noaux_tc":
+        raise ConfigError(f"topk_method={d['topk_method']!r} is not supported (DeepSeek-V3's 'noaux_tc' only)")
+    if _int(d, "moe_layer_freq", default=1, minimum=0) not in (0, 1):
+        raise ConfigError(f"moe_layer_freq={d['moe_layer_freq']} is not supported (every layer after "
+                          f"first_k_dense_replace must be MoE)")
+    return dict(n_experts=_int(d, "n_routed_experts"), n_experts_per_token=_int(d, "num_experts_per_tok"),
+                moe_ffn_dim=_int(d, "moe_intermediate_size"), n_shared_experts=_int(d, "n_shared_experts", 0, minimum=0),
+                first_dense_layers=first_dense, router="sigmoid", n_expert_groups=_int(d, "n_group", 1),
+                n_groups_per_token=_int(d, "topk_group", 1), norm_topk_prob=_bool(d, "norm_topk_prob", True),
+                routed_scaling_factor=_number(d, "routed_scaling_factor", 1.0, low=0.0))
 
 
 # ---- reading config.json: one check per field, each naming the field --------------------------------
@@ -303,13 +303,13 @@ def _family(d: dict[str, Any]) -> str:
     if archs is not None and (not isinstance(archs, list) or not archs):
         raise ConfigError(f"architectures={archs!r}: expected a list such as [\"LlamaForCausalLM\"]")
     if archs:
-        if archs[0] not in ARCHITECTURES:
+        if not isinstance(archs[0], str) or archs[0] not in ARCHITECTURES:
             raise ConfigError(f"architectures={archs!r}: unsupported (supported: {', '.join(ARCHITECTURES)})")
         family = ARCHITECTURES[archs[0]]
         if model_type is not None and model_type != family:
             raise ConfigError(f"model_type={model_type!r} disagrees with architectures={archs!r}")
         return family
-    if model_type not in ARCHITECTURES.values():
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES.values():
         raise ConfigError(f"model_type={model_type!r}: unsupported (supported: "
                           f"{', '.join(ARCHITECTURES.values())}; no architectures given either)")
     return model_type
@@ -359,6 +359,16 @@ def _bool(d: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+def _string(d: dict[str, Any], key: str, default: str | None) -> str | None:
+    """d[key] if it is a string; `default` when absent or null."""
+    value = d.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}={value!r}: expected a string, got {type(value).__name__}")
+    return value
+
+
 def _number(d: dict[str, Any], key: str, default: float, low: float, high: float = math.inf) -> float:
     """d[key] as a finite float in (low, high)."""
     value = d.get(key)
@@ -386,7 +396,10 @@ def _rope(d: dict[str, Any], family: str) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling or None) from rope_theta/rope_scaling, or transformers 5's rope_parameters."""
     scaling, theta = d.get("rope_scaling"), d.get("rope_theta")
     params = d.get("rope_parameters")       # transformers >= 5 folds theta and scaling in here
-    if isinstance(params, dict):
+    if params is not None and not isinstance(params, dict):   # ignoring it would run RoPE at the default theta
+        raise ConfigError(f"rope_parameters={params!r:.200}: expected an object such as "
+                          '{"rope_type": "default", "rope_theta": 10000.0}')
+    if params:
         theta = params.get("rope_theta", theta)
         if params.get("rope_type", "default") != "default":
             scaling = dict(params)
@@ -401,15 +414,26 @@ def _rope(d: dict[str, Any], family: str) -> tuple[float, dict | None]:
         raise ConfigError(f"rope_scaling={scaling!r}: expected an object with a rope_type")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     supported = MLA_ROPE_TYPES if family == "deepseek_v3" else ROPE_TYPES
-    if kind not in supported:
+    if not isinstance(kind, str) or kind not in supported:
         raise ConfigError(f"rope_scaling rope_type={kind!r} is not implemented (supported: {', '.join(supported)})")
-    needs = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                                                "original_max_position_embeddings")}.get(kind, ())
+    needs, may_have = _ROPE_NUMBERS.get(kind, ((), ()))
     for key in needs:
         require_number(scaling.get(key), f"rope_scaling.{key}", low=0.0)
+    for key in may_have:
+        if scaling.get(key) is not None:
+            require_number(scaling[key], f"rope_scaling.{key}", low=-math.inf)
     if kind == "llama3" and not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
         raise ConfigError("rope_scaling: llama3 needs low_freq_factor < high_freq_factor")
     return theta, None if kind == "default" else scaling
+
+
+# The numbers layers.py and mla.py read from rope_scaling, by rope_type: (required, optional).
+_ROPE_NUMBERS = {
+    "linear": (("factor",), ()),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "yarn": (("original_max_position_embeddings",),
+             ("factor", "attention_factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow")),
+}
 
 
 def _sliding_window(d: dict[str, Any], family: str) -> int | None:
@@ -421,18 +445,20 @@ def _sliding_window(d: dict[str, Any], family: str) -> int | None:
         return None
     n_layers = _int(d, "num_hidden_layers")
     types = d.get("layer_types")
-    if types is None:
+    if types is None:       # a window from layer max_window_layers on (no list of n_layers: that may be 2^31)
         if not _bool(d, "use_sliding_window", False):
             return None
         first = _int(d, "max_window_layers", default=28, minimum=0)
-        types = ["full_attention" if i < first else "sliding_attention" for i in range(n_layers)]
-    if not isinstance(types, list) or len(types) != n_layers or \
-            not set(types) <= {"full_attention", "sliding_attention"}:
-        raise ConfigError(f"layer_types={types!r}: expected {n_layers} of 'full_attention'/'sliding_attention'")
+        sliding, full = first < n_layers, first > 0
+    elif isinstance(types, list) and len(types) == n_layers and \
+            all(t in ("full_attention", "sliding_attention") for t in types):
+        sliding, full = "sliding_attention" in types, "full_attention" in types
+    else:
+        raise ConfigError(f"layer_types={str(types)[:200]}: expected {n_layers} of 'full_attention'/'sliding_attention'")
     window = _int(d, "sliding_window", default=None)
-    if "sliding_attention" not in types or window is None:
+    if not sliding or window is None:
         return None
-    if "full_attention" in types:
+    if full:
         raise ConfigError("layer_types mixes sliding and full attention layers: not implemented "
                           "(only a window on every layer or on none)")
     return window
@@ -447,13 +473,19 @@ def _quantization(d: dict[str, Any]) -> dict | None:
         raise ConfigError(f"quantization={q!r}: expected {{\"method\": \"int8\"}}, "
                           f"{{\"method\": \"int4\", \"group_size\": N}} or a format (fp8, nf4, mxfp4)")
     if q["method"] == "fp8" and (q.get("kind", "e4m3") not in ("e4m3", "e5m2") or
-                                 not (q.get("block") is None or (isinstance(q["block"], list) and len(q["block"]) == 2))):
+                                 not (q.get("block") is None or _is_block(q["block"]))):
         raise ConfigError(f"quantization={q!r}: fp8 takes kind e4m3|e5m2 and an optional block [rows, cols]")
     if q["method"] == "int4":
         size = require_int(q.get("group_size"), "quantization.group_size")
         if size % 32:
             raise ConfigError(f"quantization.group_size={size}: must be a multiple of 32")
     return q
+
+
+def _is_block(block: Any) -> bool:
+    """[rows, cols] of a block-scaled format: two positive integers."""
+    return isinstance(block, list) and len(block) == 2 and \
+        all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
 
 
 def _mla_fields(d: dict[str, Any]) -> dict[str, Any]:
