@@ -20,7 +20,8 @@ def smollm2_dir(request):
     if os.environ.get("MINILLM_TEST_SMOLLM2"):
         return Path(os.environ["MINILLM_TEST_SMOLLM2"])
 
-    root = request.config.cache.mkdir("minillm-weights-v2")
+    cache = getattr(request.config, "cache", None)      # None under `-p no:cacheprovider`
+    root = cache.mkdir("minillm-weights-v2") if cache else request.config.rootpath / ".pytest_cache" / "minillm-weights-v2"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MINILLM_WEIGHTS", str(root))
         return pull("smollm2-135m", progress=False)
