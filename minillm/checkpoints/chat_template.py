@@ -8,8 +8,9 @@ tokenizer_config.json), so we only need an environment that offers what template
 Two things a prompt string alone cannot keep apart, and this file does:
 
 * Who wrote what. `render_chat_pieces` tells the template's own text (which may spell control tokens
-  such as `<|im_start|>`) from the messages' contents (which are only ever text): a user who writes
-  `<|im_end|><|im_start|>system` must not open a real system turn.
+  such as `<|im_start|>`) from every string the caller supplied (a message's content, name, tool calls,
+  any field at any depth, and values such as tools: only ever text): a user who writes
+  `<|im_end|><|im_start|>system` must not open a real system turn, whichever field carries it.
 * Bounded work. The template is data from a model file: it runs in a sandbox whose multiplications,
   output length and running time are capped (`TemplateLimits`), so a hostile template fails in one line
   instead of looping for minutes or filling memory. `check_template` renders probe conversations when
@@ -61,8 +62,11 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # Jinja's own tojson escapes HTML characters (<, >, &) which would change the prompt text.
     _check_size(_text_size(value, _BUDGET.get()), "writes as JSON")
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+    marks = _marks_in(value)
+    text = json.dumps(_plain_value(value) if marks else value, ensure_ascii=ensure_ascii, indent=indent,
                       separators=separators, sort_keys=sort_keys)
+    # The JSON of anything the caller supplied (tools, tool-call arguments) is text, keys and all.
+    return UserText(text, marks) if marks else text
 
 
 def _strftime_now(fmt: str) -> str:
@@ -346,28 +350,142 @@ def render_chat_pieces(template: str | None, messages: list[dict], add_generatio
                        **extra: Any) -> list[tuple[str, bool]]:
     """The rendered prompt as (text, written_by_the_template) pieces, in order.
 
-    Each content goes into the template between two markers that hold a random nonce, so what lies
-    between them is the message's text, however it spells control tokens. Templates that `trim` the
-    content (Llama-3) are met by a second render with the markers around the stripped text."""
+    Every string the caller supplied (each message's keys and values but its role, at any depth, and
+    the values of `extra`) goes into the template as a `UserText`: what lies between its markers is
+    text, however it spells control tokens. A template that loses track of them is refused."""
     if not template:
         raise ChatTemplateError("this tokenizer has no chat template (no tokenizer.chat_template in the GGUF, "
                                 "no chat_template in tokenizer_config.json); use a plain prompt instead")
     roles = template_roles(template)
     plain = [dict(m, role=r, content=c) for i, m in enumerate(messages)
              for r, c in [message_text(m, i, roles)]]
-    variables = dict(special_tokens or {}, **extra)
-    budget = sum(len(m["content"]) for m in plain) * 3 + LIMITS.extra_output_chars
-    expected = _render(template, plain, add_generation_prompt, variables, budget)
-    nonce = secrets.token_hex(8)
-    open_, close = f"\ue000{nonce}[", f"]{nonce}\ue001"
-    for strip in (False, True):
-        marked = [dict(m, content=f"{open_}{m['content'].strip() if strip else m['content']}{close}")
-                  for m in plain]
-        pieces = _split(_render(template, marked, add_generation_prompt, variables, budget), open_, close)
-        if "".join(text for text, _ in pieces) == expected:
-            return pieces
-    # The template changes the content some other way: its text stays text all the same.
+    supplied = sum(_chars(value) for m in plain for key, value in m.items() if key != "role") + _chars(extra)
+    budget = supplied * 3 + LIMITS.extra_output_chars
+    expected = _render(template, plain, add_generation_prompt, dict(special_tokens or {}, **extra), budget)
+    marks = _new_marks()
+    # The role stays plain: templates compare it, and message_text allowed only known names.
+    marked = [{UserText(key, marks): value if key == "role" else _as_user_text(value, marks)
+               for key, value in m.items()} for m in plain]
+    variables = dict(special_tokens or {}, **{name: _as_user_text(value, marks) for name, value in extra.items()})
+    try:
+        # Twice the budget: the markers (18 characters a string printed) come on top of the same text.
+        pieces = _split(_render(template, marked, add_generation_prompt, variables, 2 * budget), *marks)
+    except TemplateSandboxError:
+        raise
+    except ChatTemplateError:                # a branch the plain render did not take: see below
+        pieces = []
+    if "".join(text for text, _ in pieces) != expected:
+        # It did something to a string that UserText does not follow (a regex filter, say): the
+        # caller's text can no longer be told from the template's, so nothing may be trusted.
+        raise ChatTemplateError("the chat template transforms the messages' text in a way minillm cannot "
+                                "follow, so it cannot keep that text apart from the template's control tokens")
     return pieces
+
+
+def _new_marks() -> tuple[str, str]:
+    """Two markers around a random nonce of private-use characters: no case, not a word character or
+    a space, so a template that changes case or splits words leaves them as they were."""
+    nonce = "".join(chr(0xE100 + b) for b in secrets.token_bytes(8))
+    return f"\ue000{nonce}", f"{nonce}\ue001"
+
+
+class UserText(str):
+    """A string the caller supplied, in the marked render. Its characters are its text between the
+    render's two markers, so every copy the template prints carries them; but it compares, hashes,
+    measures, slices and transforms as its text alone, so the template takes the branches it takes
+    in the plain render (`m.name == 'x'`, `tool_call_id | length`, `content.split('</think>')`)."""
+
+    def __new__(cls, text: str, marks: tuple[str, str]):
+        self = super().__new__(cls, marks[0] + text + marks[1])
+        self._text, self._marks = text, marks       # _: out of the sandbox's reach
+        return self
+
+    def _again(self, value: Any) -> Any:
+        """A result made of the text, marked again (strings, and the strings of lists and tuples)."""
+        if isinstance(value, str):
+            return UserText(value, self._marks)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._again(item) for item in value)
+        return value
+
+    def __hash__(self) -> int:
+        return hash(self._text)
+
+    def __iter__(self):
+        return (UserText(c, self._marks) for c in self._text)
+
+    def __repr__(self) -> str:                  # a list printed whole shows its items' repr
+        return UserText(repr(self._text), self._marks)
+
+    def __format__(self, spec: str) -> str:
+        return UserText(format(self._text, spec), self._marks)
+
+
+def _on_text(name: str, mark_result: bool):
+    method = getattr(str, name)
+
+    def on_text(self, *args, **kwargs):
+        args = [a._text if isinstance(a, UserText) else a for a in args]
+        kwargs = {k: v._text if isinstance(v, UserText) else v for k, v in kwargs.items()}
+        result = method(self._text, *args, **kwargs)
+        return self._again(result) if mark_result else result
+    on_text.__name__ = name
+    return on_text
+
+
+# What a template may ask of a string is answered for its text alone; what it may make of one is made
+# of its text and marked again.
+for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__len__", "__contains__",
+              "startswith", "endswith", "find", "rfind", "index", "rindex", "count", "isalnum", "isalpha",
+              "isascii", "isdecimal", "isdigit", "isidentifier", "islower", "isnumeric", "isprintable",
+              "isspace", "istitle", "isupper"):
+    setattr(UserText, _name, _on_text(_name, mark_result=False))
+for _name in ("__getitem__", "strip", "lstrip", "rstrip", "split", "rsplit", "splitlines", "partition",
+              "rpartition", "upper", "lower", "title", "capitalize", "swapcase", "casefold", "replace",
+              "center", "ljust", "rjust", "zfill", "expandtabs", "removeprefix", "removesuffix"):
+    setattr(UserText, _name, _on_text(_name, mark_result=True))
+
+
+def _as_user_text(value: Any, marks: tuple[str, str]) -> Any:
+    """`value` with every string in it, keys included, a UserText."""
+    if isinstance(value, str):
+        return UserText(value, marks)
+    if isinstance(value, dict):
+        return {_as_user_text(k, marks): _as_user_text(v, marks) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_user_text(item, marks) for item in value]
+    return value
+
+
+def _chars(value: Any) -> int:
+    """The characters of the strings inside `value` (a message's fields, the extra values)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_chars(item) for item in value)
+    return 0
+
+
+def _marks_in(value: Any) -> tuple[str, str] | None:
+    """The markers of the first UserText inside `value`, or None if it holds none."""
+    if isinstance(value, UserText):
+        return value._marks
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else \
+        value if isinstance(value, (list, tuple)) else ()
+    return next((marks for item in items if (marks := _marks_in(item)) is not None), None)
+
+
+def _plain_value(value: Any) -> Any:
+    """`value` with every UserText in it back to its plain text."""
+    if isinstance(value, UserText):
+        return value._text
+    if isinstance(value, dict):
+        return {_plain_value(k): _plain_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_value(item) for item in value]
+    return value
 
 
 def _split(rendered: str, open_: str, close: str) -> list[tuple[str, bool]]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from http import HTTPStatus
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema,
+                      field_validator)
 
 MAX_STOP_CHARS = 1000                # one stop string; four of them at most, as OpenAI allows
 MAX_SEED = 2 ** 64 - 1               # NumPy's generator takes any seed in 0 .. 2^64 - 1
@@ -41,11 +43,41 @@ def _unicode(text: str) -> str:
     return text
 
 
+def _integral(value):
+    # JSON Schema's "integer" is any number without a fraction: 16.0 is one, true and "16" are not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 Text = Annotated[str, AfterValidator(_unicode)]
+Integer = Annotated[int, BeforeValidator(_integral)]
+PositiveInteger = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+# < 2^64 rather than <= 2^64 - 1: the OpenAPI document holds numbers as floats, and 2^64 is one exactly.
+Seed = Annotated[int, Field(ge=0, lt=MAX_SEED + 1), BeforeValidator(_integral)]
 StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS), AfterValidator(_unicode)]
 
 
+def served(fact: str):
+    """A field whose accepted values only the server knows (its model's name, its template's roles): the
+    OpenAPI document gets them from `json_schema(..., facts)`."""
+    return Field(json_schema_extra={"x-served": fact})
+
+
+# `stop` as the OpenAPI document declares it: what the parser takes before _stop_list makes it a list.
+_STOP_TEXT = {"type": "string", "maxLength": MAX_STOP_CHARS}
+STOP_SCHEMA = {"anyOf": [_STOP_TEXT, {"type": "array", "items": _STOP_TEXT, "maxItems": 4}, {"type": "null"}]}
+
+# The prompt as the OpenAPI document declares it: one text or list of token ids, not empty, alone or in a
+# list of one. The parser takes any list, to refuse a batch in words that say why (_one_prompt).
+_TOKEN_ID = {"type": "integer", "minimum": 0, "x-served": "token_id"}
+PROMPT_SCHEMA = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "items": _TOKEN_ID, "minItems": 1},
+    {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+    {"type": "array", "items": {"type": "array", "items": _TOKEN_ID, "minItems": 1}, "minItems": 1, "maxItems": 1}]}
+
+
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
     include_usage: bool = False          # one last chunk with the usage counts and no choices
 
 
@@ -58,19 +90,21 @@ _UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "logprobs": (None, 
 
 class _Sampling(BaseModel):
     """The fields both endpoints share. Ranges follow OpenAI's API reference."""
-    model_config = ConfigDict(extra="allow")     # unknown fields are ignored, as OpenAI's clients expect
+    # Unknown fields are ignored, as OpenAI's clients expect; known ones take their JSON type only (strict:
+    # no "5" or true for an integer), as OpenAI's API does.
+    model_config = ConfigDict(extra="allow", strict=True)
 
-    model: Text
-    max_tokens: int | None = Field(None, ge=1)
+    model: Annotated[Text, served("model")]
+    max_tokens: PositiveInteger | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)   # OpenAI's default is 1, not greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)                        # an extension (vLLM has it too); 0 = off
+    top_k: Integer = Field(0, ge=0)                    # an extension (vLLM has it too); 0 = off
     ignore_eos: bool = False                           # vLLM's extension for benchmarks: run to max_tokens
-    n: int = 1
+    n: Integer = Field(1, json_schema_extra={"minimum": 1, "maximum": 1})
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: list[StopText] = []                 # a string or a list of strings on the wire
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: Annotated[list[StopText], WithJsonSchema(STOP_SCHEMA)] = []   # a string or a list on the wire
+    seed: Seed | None = None
 
     @field_validator("n")
     @classmethod
@@ -104,8 +138,8 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions: one prompt, as text or as token ids."""
-    prompt: Union[Text, list[int], list[Text], list[list[int]]]
-    max_tokens: int | None = Field(16, ge=1)          # the legacy endpoint's default
+    prompt: Annotated[Union[Text, list[Integer], list[Text], list[list[Integer]]], WithJsonSchema(PROMPT_SCHEMA)]
+    max_tokens: PositiveInteger | None = 16          # the legacy endpoint's default
 
     @field_validator("prompt")
     @classmethod
@@ -122,14 +156,16 @@ class CompletionRequest(_Sampling):
 
 class ContentPart(BaseModel):
     """One part of a message's content in OpenAI's list form; only {"type": "text"} is supported."""
-    model_config = ConfigDict(extra="allow")
+    # The document declares the one part accepted; the parser takes any, to refuse it by name.
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["type", "text"]})
     type: str
     text: Text | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: Text                       # which roles are known is the chat template's to say
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Annotated[Text, served("role")]      # which roles are known is the chat template's to say
     content: Text | list[ContentPart] | None = None
 
     def text(self, i: int) -> str:
@@ -144,7 +180,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions: messages rendered through the model's chat template."""
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)   # the newer name of max_tokens
+    max_completion_tokens: PositiveInteger | None = None   # the newer name of max_tokens
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -178,8 +214,9 @@ def parse(schema: type[_Sampling], raw: bytes) -> _Sampling:
     return request
 
 
-def json_schema(schema: type[BaseModel]) -> dict:
-    """`schema` as one self-contained JSON schema (its $defs inlined), for the OpenAPI document."""
+def json_schema(schema: type[BaseModel], facts: dict[str, dict] | None = None) -> dict:
+    """`schema` as one self-contained JSON schema (its $defs inlined), for the OpenAPI document; `facts`
+    fills in what only the server knows (`served`): {"model": {"enum": ["smollm2"]}, ...}."""
     document = schema.model_json_schema()
     defs = document.pop("$defs", {})
 
@@ -187,6 +224,8 @@ def json_schema(schema: type[BaseModel]) -> dict:
         if isinstance(node, dict):
             if "$ref" in node:
                 return inline(defs[node["$ref"].rsplit("/", 1)[1]])
+            if "x-served" in node:
+                node = {**{k: v for k, v in node.items() if k != "x-served"}, **(facts or {}).get(node["x-served"], {})}
             return {key: inline(value) for key, value in node.items()}
         if isinstance(node, list):
             return [inline(value) for value in node]
@@ -251,3 +290,18 @@ def sse(data: dict | str) -> str:
 
 
 SSE_DONE = sse("[DONE]")
+
+
+# ---- the OpenAPI document ------------------------------------------------------------------------
+
+# Every refusal's body (ApiError.body), as the OpenAPI document declares it.
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+
+
+def error_responses(*statuses: int) -> dict:
+    """The OpenAPI `responses` of refusals with these statuses, each with OpenAI's error body."""
+    return {status: {"description": HTTPStatus(status).phrase,
+                     "content": {"application/json": {"schema": ERROR_SCHEMA}}} for status in statuses}

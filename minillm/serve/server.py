@@ -9,9 +9,10 @@ Two threads of control, and the line between them is the point of this file:
   worker threads, so one huge prompt costs its own latency only. So every connected client shares one
   running batch, and neither a slow model step nor a heavy request stops the server from answering.
 
-Before any of it, `guard` checks what costs no model time (Host, body size, API key, Content-Type), and
-`ServeOptions` bounds each request (body bytes, prompt characters and tokens; stop strings and the chat
-template are bounded where they run).
+Before any of it, `connections` bounds what one client may hold (time for a request's headers and body,
+the number of open connections), `guard` checks what costs no model time (Host, body size, API key,
+Content-Type), and `ServeOptions` bounds each request (body bytes, prompt characters and tokens; stop
+strings and the chat template are bounded where they run).
 
 The same app serves a page (web.py: a chat, and the engine live from live.py's hooks in EngineLoop,
 which do nothing while no page listens) and the capacity planner at /plan.
@@ -23,6 +24,7 @@ fed with `loop.call_soon_threadsafe` (an asyncio queue may only be touched from 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import socket
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import AsyncIterator, Iterator
 
+from minillm.checkpoints.chat_template import template_roles
 from minillm.errors import MiniLLMError
 from minillm.serve.live import LiveView
 from minillm.serve.metrics import Metrics
@@ -42,14 +45,15 @@ from minillm.resources import install_hint
 try:
     from fastapi import APIRouter, Depends, FastAPI, Request
     from fastapi.middleware.cors import CORSMiddleware
-    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
     from minillm.serve.guard import Guard, exposure_warning, host_names, require_api_key, require_json
     from minillm.serve.web import add_web
     from minillm.serve.protocol import (SSE_DONE, ApiError, ChatCompletionRequest, CompletionRequest, chat_chunk,
-                                        chat_completion, completion, json_schema, model_list, new_id, parse, sse,
-                                        usage, usage_chunk)
+                                        chat_completion, completion, error_responses, json_schema, model_list,
+                                        new_id, parse, sse, usage, usage_chunk)
 except ImportError:
     raise MiniLLMError(f"minillm serve needs FastAPI and uvicorn: {install_hint('serve')}") from None
 
@@ -243,12 +247,16 @@ class EngineLoop:
 @dataclass(frozen=True)
 class ServeOptions:
     """How the server guards itself and bounds each request; each is a flag of `minillm serve`."""
-    api_key: str | None = None                 # required as `Authorization: Bearer` on /v1 when set
+    api_key: str | None = None                 # required as `Authorization: Bearer` on /v1, /api, /metrics when set
+    public_metrics: bool = False               # /metrics without the key (a Prometheus that cannot send one)
     allowed_hosts: tuple[str, ...] = ()        # Host names to answer besides loopback and the bound one; "*": any
     cors_origin: str | None = None             # the one browser origin allowed to read replies; None: CORS off
     max_body_bytes: int = 8 * 2 ** 20          # a 5 MB prompt gets through (then is too long); 20 MB is not read
     max_prompt_chars: int = 8_000_000          # the prompt's text (all messages together), before tokenizing
     max_prompt_tokens: int | None = None       # None: the model's context minus one position to answer in
+    header_timeout_s: float = 10.0             # a request's headers, from its first byte (connections.py)
+    body_timeout_s: float = 60.0               # its body, from its headers: 8 MiB at 140 kB/s
+    max_connections: int = 512                 # open at once; past it a new one is answered 503
 
 
 # Requests with bodies over this many bytes parse and tokenize on the one "heavy" worker thread: a few
@@ -278,6 +286,16 @@ class OpenAIServer:
     def close(self) -> None:
         self._light.shutdown(wait=False, cancel_futures=True)
         self._heavy.shutdown(wait=False, cancel_futures=True)
+
+    def served_facts(self) -> dict:
+        """What the request schemas cannot know and the OpenAPI document says (protocol.served): this
+        model's name, the roles its chat template renders, the ids its vocabulary has."""
+        try:
+            template = self.llm.tokenizer.chat_template
+        except MiniLLMError:                         # no tokenizer: token-id prompts only
+            template = None
+        return {"model": {"enum": [self.model_name]}, "role": {"enum": list(template_roles(template))},
+                "token_id": {"maximum": self.llm.config.vocab_size - 1}}
 
     async def models(self) -> dict:
         return model_list(self.model_name, self.created, self.llm.config.max_seq_len, self.llm.config.vocab_size)
@@ -461,7 +479,8 @@ def create_app(llm, engine, model_name: str, options: ServeOptions | None = None
         server.loop.stop()
         server.close()
 
-    app = FastAPI(title="minillm", lifespan=lifespan)
+    # Any route may meet the Guard's refusals (Host, Content-Length) and the connection's (connections.py).
+    app = FastAPI(title="minillm", lifespan=lifespan, responses=error_responses(400, 408, 413, 503))
     app.state.server = server
     app.include_router(api_routes(server))
     app.include_router(ops_routes(server))
@@ -476,19 +495,33 @@ def create_app(llm, engine, model_name: str, options: ServeOptions | None = None
     return app
 
 
+# A completion is JSON, or server-sent events when the request asks to stream.
+ANSWER = {200: {"description": "The answer", "content": {"application/json": {}, "text/event-stream": {}}}}
+
+
 def api_routes(server: OpenAIServer) -> APIRouter:
     """OpenAI's routes under /v1, behind the API key when one is set."""
-    api = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key(server.options.api_key))])
+    key = server.options.api_key
+    api = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key(key))],
+                    responses=error_responses(401) if key else {})
     api.get("/models")(server.models)
-    api.post("/completions", openapi_extra=request_body(CompletionRequest))(server.completions)
-    api.post("/chat/completions", openapi_extra=request_body(ChatCompletionRequest))(server.chat_completions)
+    answers = {**ANSWER, **error_responses(400, 404, 415)}
+    facts = server.served_facts()
+    api.post("/completions", openapi_extra=request_body(CompletionRequest, facts),
+             responses=answers)(server.completions)
+    api.post("/chat/completions", openapi_extra=request_body(ChatCompletionRequest, facts),
+             responses=answers)(server.chat_completions)
     return api
 
 
 def ops_routes(server: OpenAIServer) -> APIRouter:
-    """What operators and load balancers poll; open, like vLLM's."""
+    """What operators and load balancers poll: /health is open, like vLLM's; /metrics (the traffic, the
+    queue, the memory) wants the API key when one is set, unless --public-metrics."""
     ops = APIRouter()
-    ops.get("/metrics")(server.metrics_text)
+    metrics_key = None if server.options.public_metrics else server.options.api_key
+    ops.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(require_api_key(metrics_key))],
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+                       **(error_responses(401) if metrics_key else {})})(server.metrics_text)
     ops.get("/health")(server.health)
     return ops
 
@@ -503,7 +536,12 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)            # unknown routes, wrong methods: OpenAI's shape too
     async def http_error(request: Request, e: HTTPException):
-        return JSONResponse(ApiError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+        return JSONResponse(ApiError(e.status_code, str(e.detail)).body(), status_code=e.status_code,
+                            headers=e.headers)          # a 405's Allow: the methods the path takes
+
+    @app.exception_handler(ClientDisconnect)         # hung up mid-upload: connections.py logs its one line
+    async def client_gone(request: Request, e: ClientDisconnect):
+        return Response(status_code=499)             # never sent: nobody is there to read it
 
     @app.exception_handler(Exception)                # a bug: still JSON (uvicorn logs the traceback)
     async def server_error(request: Request, e: Exception):
@@ -511,9 +549,9 @@ def add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error.body(), status_code=500)
 
 
-def request_body(schema) -> dict:
+def request_body(schema, facts: dict) -> dict:
     """The OpenAPI requestBody of a route that parses its own body (off the event loop)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema(schema)}}}}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema(schema, facts)}}}}
 
 
 # ---- `minillm serve` ----------------------------------------------------------------------------------
@@ -532,8 +570,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Ite
     """Serve `app` from a background thread (port 0: any free port) and yield its URL; for tests and
     lessons, which need the server and its client in one process."""
     import uvicorn
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", **uvicorn_settings(app)))
     thread = threading.Thread(target=server.run, name="minillm-http", daemon=True)
     thread.start()
     while not server.started:
@@ -552,6 +589,16 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Ite
 GRACEFUL_SHUTDOWN_S = 3
 
 
+def uvicorn_settings(app: FastAPI) -> dict:
+    """uvicorn's settings for `app`: the h11 protocol with the connection limits of the app's options
+    (connections.py), and a short graceful shutdown."""
+    from minillm.serve.connections import LimitedH11Protocol
+    options = app.state.server.options
+    http = functools.partial(LimitedH11Protocol, header_timeout_s=options.header_timeout_s,
+                             body_timeout_s=options.body_timeout_s, max_connections=options.max_connections)
+    return {"http": http, "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
+
+
 def serve(llm, model_name: str, host: str = "127.0.0.1", port: int = 8000, options: ServeOptions | None = None,
           planner=None, **engine_options) -> None:
     """Run the server until Ctrl-C. engine_options go to `Engine` (max_batch, kv_cache, ...); planner
@@ -560,5 +607,5 @@ def serve(llm, model_name: str, host: str = "127.0.0.1", port: int = 8000, optio
 
     from minillm.engine.engine import Engine
     engine = Engine(llm, **engine_options)
-    uvicorn.run(create_app(llm, engine, model_name, options, host, planner), host=host, port=port, log_level="info",
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    app = create_app(llm, engine, model_name, options, host, planner)
+    uvicorn.run(app, host=host, port=port, log_level="info", **uvicorn_settings(app))

@@ -20,7 +20,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from minillm.serve.guard import require_api_key
-from minillm.serve.protocol import ApiError
+from minillm.serve.protocol import ApiError, error_responses
 
 STATIC_DIR = Path(__file__).parent / "static"
 KEEPALIVE_S = 15.0            # a comment line this often on a quiet stream: a closed tab is noticed
@@ -51,7 +51,9 @@ def _page(file: Path):
 
 
 def api_routes(server, planner) -> APIRouter:
-    api = APIRouter(prefix="/api", dependencies=[Depends(require_api_key(server.options.api_key))])
+    key = server.options.api_key
+    api = APIRouter(prefix="/api", dependencies=[Depends(require_api_key(key))],
+                    responses=error_responses(401) if key else {})
 
     @api.get("/info")
     async def info() -> dict:
@@ -60,16 +62,17 @@ def api_routes(server, planner) -> APIRouter:
                 "block_size": engine.pool.block_size, "blocks": engine.pool.num_blocks,
                 "max_batch": engine.scheduler.max_batch, "planner": planner is not None}
 
-    @api.get("/live")
+    @api.get("/live", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}})
     async def live(request: Request) -> StreamingResponse:
         return StreamingResponse(_events(server.loop), media_type="text/event-stream",
                                  headers={"cache-control": "no-store", "x-accel-buffering": "no"})
 
-    @api.get("/plan/options")
+    @api.get("/plan/options", responses=error_responses(404))
     async def plan_options() -> dict:
         return _planner(planner).options()
 
-    @api.get("/plan")
+    @api.get("/plan", responses=error_responses(400, 404))
     async def plan(request: Request) -> dict:
         try:
             return _planner(planner).plan(dict(request.query_params))
