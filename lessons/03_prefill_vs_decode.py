@@ -19,6 +19,7 @@ import numpy as np
 
 from minillm.tools.bench import copy_bandwidth, gemv_bandwidth, matmul_flops, prefill_flops
 from minillm.course import lesson_model, print_table, quick, save_plot
+from minillm.resources import reference
 
 
 def time_phases(model, prompt: list[int], n_decode: int) -> tuple[float, float]:
@@ -99,6 +100,9 @@ def main():
     print_table("prefill (TTFT) vs decode (inter-token latency) as the prompt grows",
                 ["prompt tokens", "TTFT ms", "prefill tok/s", "ITL ms", "decode tok/s",
                  "prefill FLOP/B", "decode FLOP/B", "prefill GFLOP/s", "decode GB/s"], rows)
+    # the project's own figures for this model (`minillm bench`, 512-token prompt), to set yours beside
+    print(reference("cpu.ttft512.smollm2.fp32.1-thread"))
+    print(reference("cpu.decode.smollm2.fp32.1-thread"))
     def side(ai: float) -> str:                                          # which roof a point sits under
         return "right of the ridge: compute-bound" if ai > ridge else "left of the ridge: memory-bound"
     print(f"ridge {ridge:.1f} FLOP/byte. Decode sits at ~{points[0][3]:.2f} FLOP/byte, {side(points[0][3])}; "

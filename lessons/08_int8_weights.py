@@ -28,6 +28,7 @@ from minillm.tools.evaluate import eval_text, perplexity
 from minillm.llm import LLM
 from minillm.model.transformer import Transformer
 from minillm.tools.planner import GPUS, weight_bytes
+from minillm.resources import reference
 from minillm.checkpoints.quantize import quantize_checkpoint
 from minillm.model.quant import Int8Weight, quantize_int8
 
@@ -130,6 +131,9 @@ def main():
                   f"{tok_s['fp32']:.1f}"],
                  ["int8", f"{q_layer / 1e6:.1f}", f"{q_total / 1e6:.1f}", f"{ppl_q.ppl:.3f}",
                   f"{100 * (ppl_q.ppl / ppl_fp.ppl - 1):+.2f}%", f"{tok_s['int8']:.1f}"]])
+    # the project's own figures for this model (lessons/BENCHMARKS.md, one BLAS thread), to set yours beside
+    print(reference("cpu.decode.smollm2.fp32.narrow-run"))
+    print(reference("cpu.decode.smollm2.int8"))
     print(f"The embedding / tied LM head ({cfg.vocab_size:,} x {cfg.dim}) stays fp32: "
           f"{tensors['model.embed_tokens.weight'].nbytes / 1e6:.0f} MB of both totals.")
     print_table(f"one matrix alone, hot in cache: x @ Wᵀ for one token, {list(w.shape)}, best of runs",

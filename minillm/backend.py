@@ -81,7 +81,8 @@ def blockwise_matmul(x: np.ndarray, n_rows: int, rows_fp32, row_bytes: int, bloc
 
     Widening the whole matrix per call would allocate (and page-fault) an fp32 copy of it every
     token: 113 MB for SmolLM2's LM head, 470 MB for Mistral's gate|up. A block stays in cache between
-    its widening and its GEMM, so DRAM only sees the stored bytes (bf16 head: 38 -> 10 ms)."""
+    its widening and its GEMM, so DRAM only sees the stored bytes (lessons/BENCHMARKS.md, "Narrow weights
+    on the CPU")."""
     rows = max(1, block_bytes // row_bytes)
     y = np.empty((x.shape[0], n_rows), dtype=np.float32)
     for start in range(0, n_rows, rows):

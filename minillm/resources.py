@@ -1,11 +1,16 @@
-"""Where minillm's shipped folders live (kernels/, lessons/), and how to install what it lacks.
+"""Where minillm's shipped folders live (kernels/, lessons/), how to install what it lacks, and the current
+measured figures.
 
 In a source checkout (or an editable install of one) they are the checkout's top-level folders, where
 the README puts them. A built wheel carries copies inside the package, as minillm/kernels and
 minillm/lessons (setup.py's build step copies them), so an installed minillm reads those.
+
+The current figures (lessons/BENCHMARKS.md's first table) ship as package data, data/current_figures.json,
+so a lesson can print the reference beside what it measured on the student's machine.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -14,6 +19,7 @@ CHECKOUT_DIR = PACKAGE_DIR.parent           # the repository root, when this is 
 # hint naming `minillm` with an extra would install someone else's code. The import name and the
 # command stay `minillm`.
 DISTRIBUTION = "minillm-engine"
+FIGURES_FILE = PACKAGE_DIR / "data" / "current_figures.json"
 
 
 def is_checkout() -> bool:
@@ -37,6 +43,21 @@ def install_hint(extra: str) -> str:
     if is_checkout():
         return f'pip install -e "{"." if _cwd() == CHECKOUT_DIR else CHECKOUT_DIR}[{extra}]"'
     return f'pip install "{DISTRIBUTION}[{extra}]"'
+
+
+def current_figures() -> list[dict]:
+    """The current figures, one dict a row of BENCHMARKS.md's first table: key, figure, unit, machine, date,
+    section, and values ({engine: number} for the engines measured on that row)."""
+    return json.loads(FIGURES_FILE.read_text(encoding="utf-8"))["figures"]
+
+
+def reference(key: str, engine: str = "minillm") -> str:
+    """One line for a lesson to print beside its own measurement, e.g. 'reference: 23.4 tok/s on 2 cores,
+    Intel Xeon VM (busy), 2026-12-06 (decode, SmolLM2-135M-Instruct, ...; lessons/BENCHMARKS.md)'."""
+    figure = next(f for f in current_figures() if f["key"] == key)
+    who = "" if engine == "minillm" else f"{engine}, "
+    return (f"reference: {figure['values'][engine]:,} {figure['unit']} on {figure['machine']}, {figure['date']} "
+            f"({who}{figure['figure']}; lessons/BENCHMARKS.md)")
 
 
 def import_root() -> Path:

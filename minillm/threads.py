@@ -3,8 +3,8 @@ NumPy work that BLAS does not parallelize.
 
 BLAS threads. OpenBLAS runs a matmul on one worker per core and, after each call, lets the workers
 spin for a while waiting for the next one. On an idle machine that is free. Next to a busy process
-it is not: on a 2-core machine with a neighbour on one core, decode on two threads ran 13x slower
-than on one (issue 16; lessons/BENCHMARKS.md "BLAS threads on a busy machine"), because each small
+it is not: on a 2-core machine with a neighbour on one core, decode on two threads ran an order of
+magnitude slower than on one (lessons/BENCHMARKS.md, "BLAS threads on a busy machine"), because each small
 decode matmul waits for a worker the OS has not scheduled. Which count is faster depends on the
 machine and on what else runs, so `choose` measures it: a decode step (1 row) and a prefill
 (PREFILL_ROWS rows) through the model's first layers, a few interleaved rounds at each count, a

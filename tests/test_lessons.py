@@ -10,10 +10,11 @@ from minillm.errors import MiniLLMError
 
 LESSONS = list_lessons()
 # What a lesson's own table must show, beyond its title (lessons without an entry: the title is enough).
-EVIDENCE = {5: ["MQA-1 (KV heads mean-pooled)", "perplexity"],
+EVIDENCE = {3: ["decode tok/s", "reference: "],
+            5: ["MQA-1 (KV heads mean-pooled)", "perplexity"],
             6: ["max |naive - absorbed|", "convert_to_mla", "SmolLM2 GQA -> MLA"],
             7: ["max |rolling - full|", "users (rolling)", "H200-SXM"],
-            8: ["error <= scale/2", "decode tok/s", "int8 -> fp32 widening"],
+            8: ["error <= scale/2", "decode tok/s", "int8 -> fp32 widening", "reference: "],
             9: ["element 2j (low)", "int4 asymmetric", "bits/weight"],
             10: ["per token+head", "users int8", "Int8KVCache", "attention from the int8 codes"],
             16: ["paged, blocks of 16", "users in 4 GiB", "PagedKVCache.read", "outputs identical"],

@@ -10,7 +10,7 @@ BLAS reaches on the weight matmuls) and between them a softmax over [heads, bloc
 (mask, max, exp, sum: ~44 million exps for 30 layers) on one core. Splitting that softmax over a
 second thread was measured and dropped: after every matmul OpenBLAS's idle workers keep spinning
 for a while and hold the second core, so the split made attention 15% slower on this 2-core VM
-(lessons/BENCHMARKS.md, CPU).
+(lessons/BENCHMARKS.md, "CPU decode and prefill").
 """
 from __future__ import annotations
 

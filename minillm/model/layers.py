@@ -56,11 +56,10 @@ SMALL_M_BLOCK_BYTES = 256 << 10       # fp32 bytes of W per block: stays in L2 (
 def small_m_matmul(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """x @ Wᵀ for a few rows x (2..SMALL_M), as (W_block @ xᵀ)ᵀ over blocks of W's rows.   x: [T, in] -> [T, out]
 
-    OpenBLAS's sgemm is far slower for a small M than its GEMV: SmolLM2's [3072, 576] gate|up takes
-    0.1 ms for one row but 1.2 ms for two, four or eight (one thread, this VM). Swapping the operands
-    (W @ xᵀ) halves that; doing it a block of ~256 KB of W at a time, so the block is still in cache
-    for every row, brings it to 0.2 / 0.25 / 0.44 ms, and the 113 MB LM head at T = 5 to 1.2x one row's
-    time instead of 2.5x. That is what makes verifying k drafted tokens cost about one decode step."""
+    OpenBLAS's sgemm is far slower for a small M than its GEMV (on SmolLM2's matrices, ten times one
+    row's time for two rows). Swapping the operands (W @ xᵀ) and doing it a block of ~256 KB of W at a
+    time, so the block is still in cache for every row, makes verifying k drafted tokens cost about
+    one decode step (lessons/BENCHMARKS.md, "Speculative decoding")."""
     rows = max(16, SMALL_M_BLOCK_BYTES // (4 * weight.shape[1]))
     xt = np.ascontiguousarray(x.T)                                  # [in, T]
     y = np.empty((weight.shape[0], x.shape[0]), dtype=np.float32)   # [out, T]

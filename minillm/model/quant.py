@@ -42,28 +42,12 @@ weight inside [min16, min16 + 15·scale16] still errs by at most scale16 / 2; on
 as the nearest end, so its error is exactly its distance to that end (at least that, at most that
 plus nothing: the tests pin both).
 
-Measured on SmolLM2-135M (perplexity over fp32 on evaluate.eval_text(), windows of 256 tokens; the
-first 256 / 510 / 4697 scored tokens, i.e. the test's slice, lesson 09's, `minillm eval
-perplexity`'s default):
-
-    int4 g128, min/max grid                         +56.5% / +64.9% / +53.4%
-    int4 g128, searched, uniform weights            +34.4% / +38.3% / +47.7%
-    int4 g128, searched, importance (the engine)    +14.0% / +14.0% / +13.2%   (NLL +4.6 / 4.4 / 4.2%)
-    int4 g64,  min/max grid                         +26.2% / +37.5% / +33.4%
-    int4 g64,  searched, importance                 +8.1% / +9.4% / +7.3%
-    int4 g32,  either                               exact (0.0%)
-    int8                                            +0.4% / +0.4% / +0.1%
-
-SmolLM2 is a hard case: its weights come from a Q4_1 GGUF, already 4-bit in groups of 32, which
-groups of 64 and 128 round a second time; int4 in groups of 32 gives them back exactly (Q4_1 is
-this very grid). The g128 numbers move by ±2 points with details that barely change the weighted
-error (1024 instead of 2048 calibration tokens: +15.7 / 16.0 / 14.7%), so +15% is not a margin
-this method has everywhere. GPTQ-style error feedback (which moves codes off their nearest value)
-measured +9.7 / 13.0 / 10.5% with real text for calibration, worse than this search with random
-ids: not done here. The cost: quantizing SmolLM2 takes ~12 s on this shared 2-core machine (~5 s
-of calibration prefill, ~7 s of search; min/max took 0.7 s). A Mistral-7B-shaped checkpoint:
-90 ns a weight, ~11 minutes of search for its 7 billion (0.85 GB peak for its largest matrix,
-14336 × 4096, quantized on its own), plus a few minutes of calibration prefill.
+Weighting the search by the inputs' importance is what makes int4 g128 usable: on SmolLM2 it
+leaves a fraction of a min/max grid's perplexity change. GPTQ-style error feedback (which moves
+codes off their nearest value) was measured and is not done here. SmolLM2 is a hard case: its
+weights come from a Q4_1 GGUF, already 4-bit in groups of 32 (this very grid, which int4 g32 gives
+back exactly), so groups of 64 and 128 round them a second time. The measurements, and what
+quantizing costs in time: lessons/BENCHMARKS.md, "Weight formats".
 
 The int4 layout (what a CUDA kernel will stream), for W [out, in], groups of g (a multiple of 32):
 
@@ -88,22 +72,17 @@ packed uint8 above), `P.scales` (fp32 [out] for int8, fp16 [out, groups] for int
 seven matrices of each layer (q, k, v, o, gate, up, down). The embedding and the LM head keep their
 stored dtype: the embedding is a lookup (one row per token, no matmul to speed up), and the head
 turns the last hidden state straight into logits, where its errors are not averaged away by later
-layers (GPTQ and AWQ keep it too). Measured on SmolLM2 (tied head, 256 tokens, min/max grids):
-quantizing the head as well moves the NLL from +0.14% to +0.21% at int8 and from +15.7% to +19.9%
-at int4 g128, for 113 MB of fp32 saved out of 538. Convert with dtype="bfloat16" to halve the head instead.
+layers (GPTQ and AWQ keep it too); on SmolLM2 quantizing it costs more perplexity than its bytes are
+worth (lessons/BENCHMARKS.md, "Weight formats"). Convert with dtype="bfloat16" to halve the head instead.
 
 CPU speed, honestly: NumPy has no int8 or int4 matrix product, so the matmuls widen a block of rows
 to fp32 (a few MB, so the whole fp32 matrix never exists) and run the fp32 GEMM on it. What is
 left to choose is how little else touches every weight: int8 applies each row's scale to its one
 output, and int4 at decode works group by group (s·Σq·x + m·Σx, the two nibbles of a byte against
-x's even and odd elements), so the codes are only cast, never scaled or interleaved. SmolLM2 decode
-on this shared 2-core machine (2026-11-29, best of 3 alternating runs of 16 tokens): one BLAS
-thread fp32 20.5, int8 24.9, int4 g128 15.1 tok/s; two threads fp32 39.7, int8 17.4, int4 14.6
-(the casts run on one core, and OpenBLAS's spinning workers hold the other). Before, widening
-every weight with its scale (and interleaving int4's nibbles): int8 12-15, int4 2-3 tok/s on one
-thread. The win on the CPU is mostly memory: a Mistral-7B-shaped model decodes in 8.2 GB peak RSS
-as int8, 5.0 GB as int4 (bf16: 14.5 GB). The speed win needs a kernel that reads the narrow bytes
-directly (kernels/).
+x's even and odd elements), so the codes are only cast, never scaled or interleaved. On one BLAS
+thread that makes int8 decode faster than fp32 (a quarter of the bytes from DRAM); the win on the
+CPU is still mostly memory, and the speed win needs a kernel that reads the narrow bytes directly
+(kernels/). Speeds and memory: lessons/BENCHMARKS.md, "Narrow weights on the CPU".
 """
 from __future__ import annotations
 
@@ -170,7 +149,7 @@ class Int8Weight(QuantizedWeight):
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x @ Wᵀ = (x @ qᵀ) · scale: rows widened to fp32 a block at a time, and each row's scale applied
-        to its one output instead of to every weight (3.6x faster for one token than widen-then-scale)."""
+        to its one output instead of to every weight (faster: lessons/BENCHMARKS.md, "Narrow weights on the CPU")."""
         out_dim, in_dim = self.shape
         y = blockwise_matmul(x, out_dim, lambda start, stop: self.qweight[start:stop].astype(np.float32),
                              4 * in_dim, BLOCK_BYTES)                      # x @ qᵀ: [T, out]
@@ -207,8 +186,9 @@ class Int4Weight(QuantizedWeight):
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x @ Wᵀ. For a few rows of x (decode) group by group, Σ_k (q·s + m)·x_k = s·Σ q·x + m·Σ x: the
         scale and min then multiply one number per row and group, not every weight, and a byte's two
-        nibbles meet x's even and odd elements, so the codes are never interleaved (2.3x faster for one
-        token). For many rows (prefill), widening the weights once is cheaper: QuantizedWeight.matmul."""
+        nibbles meet x's even and odd elements, so the codes are never interleaved (faster for one token:
+        lessons/BENCHMARKS.md, "Narrow weights on the CPU"). For many rows (prefill), widening the weights
+        once is cheaper: QuantizedWeight.matmul."""
         T = x.shape[0]
         if T >= self.group_size:
             return super().matmul(x)
@@ -296,9 +276,8 @@ def nearest_codes(groups: np.ndarray, scales: np.ndarray, mins: np.ndarray,
 # Candidate grids start at the group's min with step span / (15 + t): t < 0 reaches past the max,
 # t > 0 clips it. Each candidate's codes are refit by weighted least squares, and the refit grid is
 # judged by its real error (every weight re-rounded to its nearest code); then Lloyd rounds
-# (nearest codes -> refit) polish the best. Measured on SmolLM2, int4-g128, perplexity over 4697
-# tokens: these settings +13.2% over fp32; 9 values of t and 3 rounds +16.4%; judging candidates by
-# the refit's own residual instead of re-rounding (half the time) +16.5%; min/max alone +53%.
+# (nearest codes -> refit) polish the best. These settings measured best of those tried on SmolLM2's
+# perplexity (lessons/BENCHMARKS.md, "Weight formats").
 SEARCH_SHIFTS = tuple(np.arange(-4.0, 4.01, 0.5))
 LLOYD_ROUNDS = 5
 SEARCH_BLOCK = 1 << 18          # weights per block of rows: fewer, larger blocks spend less in Python
