@@ -32,7 +32,7 @@ from minillm.errors import MiniLLMError
 from minillm.engine.parallel.launcher import launched_size, rank_setup
 from minillm.resources import install_hint
 
-DEFAULT_TIMEOUT_S = float(os.environ.get("MINILLM_TP_TIMEOUT", "60"))
+DEFAULT_TIMEOUT_S = 60.0     # `minillm.load` passes $MINILLM_TP_TIMEOUT instead where it is set (read there, once)
 
 
 class CommTimeout(MiniLLMError):
@@ -366,7 +366,8 @@ def from_environment(tp: int, device: str = "cpu", timeout_s: float = DEFAULT_TI
     return NCCLCommunicator(host, timeout_s=timeout_s) if device == "cuda" else host
 
 
-def parallel_communicator(tp: int = 1, comm: Communicator | None = None, device: str = "cpu") -> Communicator:
+def parallel_communicator(tp: int = 1, comm: Communicator | None = None, device: str = "cpu",
+                          timeout_s: float = DEFAULT_TIMEOUT_S) -> Communicator:
     """What `minillm.load(tp=, comm=)` runs with: `comm` if given, else the one this process's launch
     provides (SingleProcess for tp = 1). Refuses, in one line, what tensor parallelism cannot do here."""
     if comm is not None:
@@ -375,7 +376,7 @@ def parallel_communicator(tp: int = 1, comm: Communicator | None = None, device:
         return comm
     if tp < 1:
         raise MiniLLMError(f"tp must be >= 1, got {tp}")
-    return from_environment(tp, device)
+    return from_environment(tp, device, timeout_s)
 
 
 def shared_seed(comm: Communicator, seed: int | None) -> int | None:
