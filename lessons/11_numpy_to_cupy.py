@@ -181,7 +181,7 @@ def main():
     state, results = {}, {}
 
     def bus():
-        from minillm.cuda.dev.timing import copy_bandwidth
+        from minillm.cuda.timing import copy_bandwidth
         sizes = [8, cfg.vocab_size * 4, 16 << 20] + ([] if small else [256 << 20])
         rows = []
         for n in sizes:

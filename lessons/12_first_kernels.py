@@ -340,7 +340,7 @@ def main():
 
     def timing(op: str):
         def run():
-            from minillm.cuda.dev.timing import copy_bandwidth, time_gpu
+            from minillm.cuda.timing import copy_bandwidth, time_gpu
             v = state.get("v") or Versions()
             cp = v.cp
             bw = state.get("copy") or copy_bandwidth((64 if small else 1024) << 20)

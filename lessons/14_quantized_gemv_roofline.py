@@ -127,7 +127,7 @@ def check_magic(rows: int, cols: int) -> list[list]:
 # ---- on a GPU ---------------------------------------------------------------------------------------
 def gpu_gemvs(cfg) -> None:
     from minillm.cuda.dev.gemv import gemv_points
-    from minillm.cuda.dev.timing import copy_bandwidth, device_name
+    from minillm.cuda.timing import copy_bandwidth, device_name
     RESULTS["gpu"] = device_name()                 # the plot's title names the card it measured
     bw = RESULTS["copy_bw"] = copy_bandwidth(1 << 30)
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + write), the memory roof")
@@ -153,7 +153,7 @@ def gpu_models(cfg, n_new: int) -> None:
     """Decode tok/s of each format with the engine's step, and with the step as it was before programmatic
     dependent launch (settings.pdl off: each kernel waits for the last one to drain before it starts)."""
     import cupy as cp
-    from minillm.cuda.dev.bench import decode_tok_s
+    from minillm.cuda.bench import decode_tok_s
     from minillm.cuda.dev.lab import LabTransformer
     from minillm.cuda.gpu_model import GPUTransformer
     bw = RESULTS.get("copy_bw", QUOTED_COPY_BW)

@@ -132,7 +132,7 @@ def gpu_tiled_vs_naive() -> None:
     used for prefill vs a naive three-step CuPy attention."""
     import cupy as cp
     from minillm.cuda.dev.lab import LabKernels, lab_settings
-    from minillm.cuda.dev.timing import time_gpu
+    from minillm.cuda.timing import time_gpu
     k = LabKernels("float16", lab_settings(prefill_attention_version=1))   # the tiles on fp32 FMAs (the lab's)
     k_mma = k.with_settings(prefill_attention_version=2)                   # the same tiles on tensor cores
     H, n_kv, hd = 32, 8, 128                                   # Mistral-7B's attention layout

@@ -13,7 +13,7 @@ from minillm.errors import InvalidValue, MiniLLMError, WeightsNotFound
 from minillm.engine.generate import ContextOverflow, Generation, generate_ids
 from minillm.engine.speculative import (ModelDrafter, NgramDrafter, early_exit_drafter, generate_speculative,
                                         int4_drafter, parse_speculative)
-from minillm.engine.parallel.communicator import parallel_communicator, shared_seed
+from minillm.engine.parallel.communicator import DEFAULT_TIMEOUT_S, parallel_communicator, shared_seed
 from minillm.engine.parallel.sharding import shard_checkpoint
 from minillm.model.kv_cache import kv_cache_format
 from minillm.model.transformer import NonFiniteLogits, Transformer
@@ -190,6 +190,22 @@ def on_gpu(model) -> bool:
     return not isinstance(model, Transformer) or not isinstance(model.embed, np.ndarray)
 
 
+def _tp_timeout_s() -> float:
+    """How long a tensor-parallel collective may wait ($MINILLM_TP_TIMEOUT seconds; read here, at the boundary,
+    so that nothing below `load` reads the environment)."""
+    import os
+    value = os.environ.get("MINILLM_TP_TIMEOUT", "").strip()
+    if not value:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise MiniLLMError(f"MINILLM_TP_TIMEOUT must be a number of seconds > 0, got {value!r}")
+    return seconds
+
+
 def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | None = None,
          quant: str | None = None, flashnorm: bool = False, auto_pull: bool | None = None,
          group_size: int = 128, kv_cache: str = "auto", mla_mode: str = "absorbed", tp: int = 1,
@@ -243,7 +259,7 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
     if dtype is not None:   # the weights left in float: embedding, LM head, norms
         tensors = {k: v if k.endswith(QUANT_SUFFIXES) else to_dtype(v, dtype) for k, v in tensors.items()}
     chat_default = preset.chat if preset is not None else None
-    comm = parallel_communicator(tp, comm, device)
+    comm = parallel_communicator(tp, comm, device, _tp_timeout_s())
     model_config = config
     if comm.size > 1:                                   # tensor parallelism: this rank's slices only
         model_config, tensors = shard_checkpoint(config, tensors, comm.rank, comm.size)
@@ -342,19 +358,29 @@ def _folded(config: ModelConfig, tensors: dict):
     return config, tensors
 
 
+def gpu_path(transformer: Transformer) -> str:
+    """Which GPU model serves this loaded Transformer: "GPUTransformer", "GPUMLATransformer" or "device_model"
+    (the Transformer itself on CuPy arrays). The one place that picks; minillm/cuda/__init__.py tabulates it."""
+    from minillm.cuda.gpu_mla import unsupported
+    if transformer.comm is not None:          # a tensor-parallel shard: the Transformer's own all-reduces (NCCL)
+        return "device_model"
+    if transformer.config.attention == "mla":
+        return "GPUMLATransformer" if unsupported(transformer) is None else "device_model"
+    return "GPUTransformer"
+
+
 def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_cache: str):
-    """The same weights on the GPU (fp16 or bf16; int8/int4 layer matrices stay quantized), decoding
-    through a captured CUDA graph. MLA models decode on gpu_mla's kernels in a graph (prefill: the
-    Transformer on CuPy over the same arrays); what that path does not run (gpu_mla.unsupported: MoE,
-    FlashNorm, odd latent widths, ...) and tp shards run the Transformer itself on CuPy (cuBLAS, no graph)."""
+    """The same weights on the GPU (fp16 or bf16; int8/int4 layer matrices stay quantized), as gpu_path
+    picks: a shape the model's path cannot run is refused in one line."""
     from minillm.cuda.device_model import to_device
-    from minillm.cuda.gpu_mla import GPUMLATransformer, unsupported
+    from minillm.cuda.gpu_mla import GPUMLATransformer
     from minillm.cuda.gpu_model import GPUTransformer
     dtype = "bfloat16" if dtype == "bfloat16" else "float16"
+    path = gpu_path(transformer)
     try:
-        if transformer.config.attention == "mla" and unsupported(transformer) is None:
+        if path == "GPUMLATransformer":
             return GPUMLATransformer.from_cpu(transformer, dtype=dtype)
-        if transformer.config.attention == "mla" or transformer.comm is not None:   # MLA, or a tp shard (NCCL)
+        if path == "device_model":
             return to_device(transformer, dtype)
         return GPUTransformer.from_cpu(transformer, dtype=dtype, kv_cache="int8" if kv_cache == "int8" else "auto")
     except ValueError as e:

@@ -92,10 +92,10 @@ def test_bench_with_the_int8_kv_cache_counts_its_bytes_and_says_so():
 
 
 def test_the_gpu_summary_says_how_far_decode_is_from_its_target(capsys):
-    """minillm bench --device cuda's summary (dev/bench.py, shared by the 16-bit and the int8/int4 runs): the rows,
+    """minillm bench --device cuda's summary (minillm/cuda/bench.py, shared by the 16-bit and the int8/int4 runs): the rows,
     then met/missed against the target; no verdict for a shape the targets are not for, nor on another card
     than the H200 the targets are for."""
-    from minillm.cuda.dev.bench import TARGETS, _summary, bench_config
+    from minillm.cuda.bench import TARGETS, _summary, bench_config
     from minillm.model.config import PRESETS
     rows = [("decode tok/s", "247.3", "≥ 270"), ("TTFT 512 tokens, ms", "14.2", "≤ 15")]
     _summary(rows, 247.3, TARGETS["float16"], "NVIDIA H200")
@@ -110,7 +110,7 @@ def test_the_gpu_summary_says_how_far_decode_is_from_its_target(capsys):
     out = capsys.readouterr().out
     assert "against" not in out and "missed" not in out
     assert "no verdict: the targets are for an H200, this is an NVIDIA H100 80GB HBM3" in out
-    from minillm.cuda.dev.bench import against_target                  # the line dev/qbench prints too
+    from minillm.cuda.bench import against_target                  # the line dev/qbench prints too
     assert against_target(393.6, TARGETS["int8"], "NVIDIA H200") == "missed: -8% against 430 tok/s"
     assert against_target(322.4, TARGETS["int8"], "NVIDIA H100 80GB HBM3").startswith("no verdict")
     assert bench_config(False) == PRESETS["mistral-7b"].config     # what `minillm bench -m mistral-7b` passes in

@@ -29,7 +29,7 @@ def test_the_sweep_checks_then_times_each_format_against_its_first_variant(monke
     from argparse import Namespace
 
     from minillm.cuda import gpu_model
-    from minillm.cuda.dev import bench
+    from minillm.cuda import bench
 
     class Model:
         weight_bytes = 10 ** 9

@@ -26,7 +26,7 @@ def why_no_gpu() -> str | None:
 def gpu_description() -> str:
     """One line naming the GPU, for the top of a lesson's GPU measurements."""
     import cupy as cp
-    from minillm.cuda.dev.timing import device_name
+    from minillm.cuda.timing import device_name
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     return (f"{device_name()} (sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs, "
             f"{props['totalGlobalMem'] / 2**30:.0f} GiB), CuPy {cp.__version__}")

@@ -1,17 +1,31 @@
 """The GPU backend: what is GPU-specific and nothing else.
 
+What runs a checkpoint on the GPU (`minillm.load(..., device="cuda")`): `llm.gpu_path` picks the model,
+`llm.batching_for` the runner that serves many requests at once (the Engine); tests/test_gpu_dispatch.py holds
+this table against both.
+
+    checkpoint                                  | model (one request)            | many at once (Engine)
+    dense attention (MHA/GQA/MQA), fp16 or bf16 | GPUTransformer (gpu_model.py)  | GPUBatching (gpu_batched.py)
+    dense, int8/int4 weights or int8 KV cache   | GPUTransformer (gpu_model.py)  | GPUBatching (gpu_batched.py)
+    MLA of a shape mla_decode.cu takes          | GPUMLATransformer (gpu_mla.py) | CPUBatching (its prefill model)
+    MLA of another shape (widths % 8 != 0)      | device_model (device_model.py) | CPUBatching (the same model)
+    a tensor-parallel shard (--tp N)            | device_model (device_model.py) | TPBatching (engine/parallel)
+
+Refused in one line at load: mixture-of-experts layers, q/k/v/o/MLP biases, fp8/nf4/mxfp4 weights; and, by
+GPUMLATransformer and device_model alike, MLA with FlashNorm or int8/int4 weights.
+
 `kernels.py` compiles kernels/*.cu (NVRTC, through CuPy's RawModule) and wraps each launch;
 `gpu_model.py` is the fast path for Llama-family models: cuBLAS prefill, and a decode step made only of
 our kernels and preallocated buffers, captured once in a CUDA graph and replayed per token;
 `gpu_kv_cache.py` holds its device caches and `qweights.py` its int8/int4 matrices (minillm.model.quant's
-layout, read by kernels/gemv_quant.cu). `gpu_batched.py` is the engine's batched runner on the device
-(the paged pool, paged attention) and `GPUBatching`, what `minillm.load` hands the Engine. Every model
-without kernels (MLA) runs as the engine's own Transformer on CuPy arrays (`device_model.py`).
+layout, read by kernels/gemv_quant.cu). `gpu_mla.py` is the same for DeepSeek-style MLA decode;
+`device_model.py` runs the engine's own Transformer on CuPy arrays, for what has no kernels.
 Each operation ships one kernel, the fastest measured, and a named fallback only for the shapes it cannot
-take (kernels.py says which). Earlier versions, losing experiments and the measuring code (references,
-checks, sweeps, benchmarks) live apart, in the laboratory `dev/` (its entry point `dev/lab.py`; nothing here
-imports it); `python -m minillm.cuda.selfcheck` checks every kernel and times a 7B-shaped model. No
-environment variable is read here: choices are constructor arguments.
+take (kernels.py says which). `timing.py` (the timer and bandwidth probe), `bench.py` (`minillm bench --device
+cuda`) and `selfcheck.py` (`python -m minillm.cuda.selfcheck`: the shipped path against the CPU model, then
+timed) measure what ships. Earlier versions, losing experiments and their sweeps live apart, in the
+laboratory `dev/` (its entry point `dev/lab.py`; nothing here imports it). No environment variable is read
+here: choices are constructor arguments.
 
 Importing this package does not import CuPy; `available()` says whether a GPU can be used.
 """

@@ -8,9 +8,9 @@
 Nothing here re-describes the model: the copy's forward pass is model/transformer.py's, line for line,
 and every layer function makes its masks, positions and buffers with `backend.array_module(x)`, so
 the same code runs on NumPy (`xp=numpy`: how the CPU tests run this very conversion) and on CuPy
-(every matmul a cuBLAS call). This is how DeepSeek-style MLA models run on the GPU when loaded; GQA models
-have the fast path (gpu_model.GPUTransformer: hand-written kernels and a CUDA-graph decode), and MLA's
-decode has one beside it, not yet the loader's (gpu_mla.GPUMLATransformer, absorbed attention in a graph).
+(every matmul a cuBLAS call). When loaded, it runs what has no kernels (minillm/cuda/__init__.py's table):
+MLA models of shapes mla_decode.cu cannot take, and tensor-parallel shards. The rest decode on kernels in a
+CUDA graph (gpu_model.GPUTransformer; MLA: gpu_mla.GPUMLATransformer, whose prefill runs through this path).
 
 What lives on the device: the matrices in 16 bits (fp16, or bf16 as its raw uint16 bits, as on the
 CPU: CuPy has no usable bfloat16 matmul), the norm gains in fp32, and the cache (`cache_dtype`, fp16
@@ -53,7 +53,7 @@ def to_device(model: Transformer, dtype: str = "float16", xp=None, cache_dtype: 
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"the device cache is float16 or float32, not {cache_dtype!r}")
     if model.kv_cache == "int8":
-        raise ValueError("the GPU's Transformer path (MLA) keeps a 16-bit cache: kv_cache='int8' is for GQA models")
+        raise ValueError("the GPU's Transformer path keeps a 16-bit cache: kv_cache='int8' is for GQA models")
     if model.flashnorm or any(L.moe is not None for L in model.layers):
         raise ValueError("FlashNorm and MoE models are not supported by the GPU's Transformer path yet")
     sent: dict[int, object] = {}
@@ -63,7 +63,7 @@ def to_device(model: Transformer, dtype: str = "float16", xp=None, cache_dtype: 
         if a is None:
             return None
         if isinstance(a, QuantizedWeight):
-            raise ValueError("int8/int4 weights are not supported on the GPU's Transformer path (MLA): load "
+            raise ValueError("int8/int4 weights are not supported on the GPU's Transformer path: load "
                              "16-bit weights")
         if id(a) not in sent:
             sent[id(a)] = xp.asarray(to_dtype(np.asarray(a), dtype if narrow else "float32"))

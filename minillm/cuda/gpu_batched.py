@@ -36,9 +36,9 @@ Attention: "head" (paged_attention, a block per query head: a GQA group's heads 
 L2) or "group" (paged_attention_g{G}: a block per KV head serves its G query heads from one read). A step
 with prompt chunks may instead run paged_prefill_attention_mma (prefill_attention_mma.cu: every chunk in one
 launch on the tensor cores, K/V tiles through the block tables; prefill="mma", 16-bit pool, head_dim 64 or
-128): the paged kernels score each prompt row's keys one at a time, ~half of a 2048-token prefill step on
-the H200; the tensor-core kernel takes a Mistral-7B layer of 16 x 128 prompt rows from 554 to 60 µs (lessons/
-BENCHMARKS.md). The engine's default (GPUBatching); GPUBatching(model, prefill="paged") goes back to the paged kernels.
+128): the paged kernels score each prompt row's keys one at a time, which made them about half of a long
+prefill step (lessons/BENCHMARKS.md, "Serving many users"). The engine's default (GPUBatching);
+GPUBatching(model, prefill="paged") goes back to the paged kernels.
 
 Greedy sampling on the device: forward_greedy(chunks) -> int32 [B], np.argmax of each chunk's logits row
 exactly (the first maximum; a row's first NaN if it has one), picked by argmax_rows after the eager LM head

@@ -42,7 +42,7 @@ from minillm.backend import to_dtype
 from minillm.model.config import ModelConfig
 from minillm.model.mla import LATENT_NORM_EPS, mla_rope, softmax_scale
 from minillm.cuda.gpu_kv_cache import device_dtype
-from minillm.cuda.graph import capture
+from minillm.cuda.graph import GraphDecode
 from minillm.cuda.kernels import Kernels, module, suffix
 from minillm.model.kv_cache import CacheBase
 
@@ -131,7 +131,7 @@ def check_shape(c: ModelConfig) -> None:
 
 
 def unsupported(model) -> str | None:
-    """Why the fast path cannot run this CPU Transformer (one line), or None: llm._to_gpu then falls back
+    """Why the fast path cannot run this CPU Transformer (one line), or None: llm.gpu_path then falls back
     to device_model. Needs no GPU."""
     from minillm.model.quant import QuantizedWeight
     try:
@@ -256,7 +256,7 @@ def prefill_transformer(model, layers: list[MLALayer], embed, final_norm, lm_hea
 
 
 # ---- the model -------------------------------------------------------------------------------------
-class GPUMLATransformer:
+class GPUMLATransformer(GraphDecode):
     def __init__(self, config: ModelConfig, layers: list[MLALayer], embed, final_norm, lm_head,
                  dtype: str = "float16", use_graph: bool = True):
         cp = _cp()
@@ -389,33 +389,6 @@ class GPUMLATransformer:
             if want:
                 rows.append(logits)
         return np.stack(rows) if all_logits else rows[-1]
-
-    def decode(self, token: int, cache: GPUMLACache, n_layers: int | None = None) -> np.ndarray:
-        """Run one new position against the cache.  -> logits [vocab] (host fp32)
-        n_layers: early exit, as in prefill (its own graph: a cache is decoded at one depth)."""
-        cache.end_of_write(1)
-        return self._step(token, cache, True, n_layers)
-
-    def _step(self, token: int, cache: GPUMLACache, fetch: bool, n_layers: int | None = None):
-        with self.stream:
-            self.step.set(np.array([token, cache.length], dtype=np.int32))
-            if self.use_graph:
-                self._graph_for(cache, n_layers).launch(self.stream)
-            else:
-                self.decode_step(cache, n_layers)
-            logits = self.logits.get() if fetch else None
-            self.stream.synchronize()
-        cache.advance(1)
-        return logits
-
-    def _graph_for(self, cache: GPUMLACache, n_layers: int | None = None):
-        """The decode step captured as a CUDA graph for this cache (on first use)."""
-        key = (id(self), n_layers, self.k.settings)
-        if cache.graph is None or cache.graph_key != key:
-            self._decode_parts(cache)                    # allocate scratch before capturing
-            cache.graph = capture(self.stream, lambda: self.decode_step(cache, n_layers))
-            cache.graph_key = key
-        return cache.graph
 
     def _decode_parts(self, cache: GPUMLACache) -> tuple:
         """Flash-decoding scratch (m, l [H, S], acc [H, S, r] fp32) for this cache's capacity."""

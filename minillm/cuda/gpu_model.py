@@ -53,7 +53,7 @@ from minillm.backend import to_dtype
 from minillm.model.config import ModelConfig
 from minillm.model.layers import rope_inv_freq
 from minillm.cuda import cublas_raw
-from minillm.cuda.graph import capture
+from minillm.cuda.graph import GraphDecode
 from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
 from minillm.cuda.kernels import Kernels, KernelSettings, n_splits_for
 from minillm.cuda.qweights import QuantMatrix, is_quantized
@@ -104,7 +104,7 @@ def _checked_options(config: ModelConfig, kv_cache: str, prefill_chunk: int) -> 
     return kv_cache, int(prefill_chunk)
 
 
-class GPUTransformer:
+class GPUTransformer(GraphDecode):
     def __init__(self, config: ModelConfig, layers: list[GPULayer], embed, final_norm, lm_head,
                  dtype: str = "float16", use_graph: bool = True, prefill_attention: str = "tiled",
                  kv_cache: str = "auto", prefill_chunk: int = 1024,
@@ -114,8 +114,8 @@ class GPUTransformer:
         cp = _cp()
         self.kv_cache, self.prefill_chunk = _checked_options(config, kv_cache, prefill_chunk)
         if config.attention != "gqa":
-            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs as the Transformer on CuPy arrays "
-                             "(cuda/device_model.py)")
+            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs on gpu_mla.GPUMLATransformer "
+                             "(llm.gpu_path picks)")
         self.config, self.layers, self.dtype = config, layers, dtype
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         quantized = [w for L in layers for w in L.matrices() if is_quantized(w)]
@@ -160,8 +160,8 @@ class GPUTransformer:
         cp = _cp()
         cfg = model.config
         if cfg.attention != "gqa":
-            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs as the Transformer on CuPy arrays "
-                             "(cuda/device_model.py)")
+            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs on gpu_mla.GPUMLATransformer "
+                             "(llm.gpu_path picks)")
         dev = lambda a: cp.asarray(to_dtype(np.asarray(a), dtype))
         f32 = lambda a: cp.asarray(to_dtype(np.asarray(a), "float32"))
 
@@ -312,21 +312,6 @@ class GPUTransformer:
             self.stream.synchronize()
         return np.concatenate(outputs) if all_logits else outputs[-1]
 
-    def decode(self, token: int, cache: GPUKVCache, n_layers: int | None = None) -> np.ndarray:
-        """Run one new position against the cache.  -> logits [vocab] (host fp32)
-        n_layers: early exit, as in prefill (its own graph: a cache is decoded at one depth)."""
-        cache.end_of_write(1)                           # refuses to run past the capacity
-        with self.stream:
-            self.step.set(np.array([token, cache.length], dtype=np.int32))
-            if self.use_graph:
-                self._graph_for(cache, n_layers).launch(self.stream)
-            else:
-                self.decode_step(cache, n_layers)
-            logits = self.logits.get()
-            self.stream.synchronize()
-        cache.advance(1)
-        return logits
-
     # ---- decode: one token, our kernels only ---------------------------------------------------
     def decode_step(self, cache: GPUKVCache, n_layers: int | None = None) -> None:
         """Enqueue one decode step on the current stream: token and position from `self.step`,
@@ -380,16 +365,6 @@ class GPUTransformer:
             self._parts[s] = (cp.zeros((1, H, s), cp.float32), cp.zeros((1, H, s), cp.float32),
                               cp.zeros((1, H, s, hd), cp.float32), cp.zeros((1, H), cp.uint32))
         return self._parts[s]
-
-    def _graph_for(self, cache: GPUKVCache, n_layers: int | None = None):
-        """The decode step captured as a CUDA graph for this cache (captured on first use)."""
-        k = self.k
-        key = (self, n_layers, k.settings)              # what the captured launches depend on
-        if cache.graph is None or cache.graph_key != key:
-            self._decode_parts(cache)                    # allocate scratch before capturing
-            cache.graph = capture(self.stream, lambda: self.decode_step(cache, n_layers))
-            cache.graph_key = key
-        return cache.graph
 
     # ---- prefill: cuBLAS GEMMs ------------------------------------------------------------------
     def _prefill_chunk(self, chunk: np.ndarray, cache: GPUKVCache, layers: list[GPULayer] | None = None):

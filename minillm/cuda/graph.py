@@ -1,8 +1,10 @@
-"""Capturing a stream's launches as a CUDA graph, in one place: the decode steps' graphs (gpu_model,
-gpu_mla) and the dev timers' (dev.timing) are made by `capture`. (gpu_model's prefill-rows graph and the
-batching engine's graphs try a capture that cuBLAS may refuse, and keep that error instead of raising it:
-GPUTransformer.capture_with_cublas.)"""
+"""Capturing a stream's launches as a CUDA graph, in one place: `capture` makes the decode steps' graphs
+(GraphDecode, the decode shell GPUTransformer and GPUMLATransformer share) and the timers' (cuda/timing.py).
+(gpu_model's prefill-rows graph and the batching engine's graphs try a capture that cuBLAS may refuse, and keep
+that error instead of raising it: GPUTransformer.capture_with_cublas.)"""
 from __future__ import annotations
+
+import numpy as np
 
 
 def capture(stream, fn):
@@ -15,3 +17,38 @@ def capture(stream, fn):
     finally:
         graph = stream.end_capture()
     return graph
+
+
+class GraphDecode:
+    """The decode shell GPUTransformer and GPUMLATransformer share: the token and position into the device
+    buffer `step`, then the model's decode step replayed as a CUDA graph (or launched eagerly, use_graph=False),
+    the logits copied back. The model provides stream, step, logits, use_graph, k (its Kernels),
+    decode_step(cache, n_layers) and _decode_parts(cache) (its scratch, allocated before a capture)."""
+
+    def decode(self, token: int, cache, n_layers: int | None = None):
+        """Run one new position against the cache.  -> logits [vocab] (host fp32)
+        n_layers: early exit, as in prefill (its own graph: a cache is decoded at one depth)."""
+        cache.end_of_write(1)                           # refuses to run past the capacity
+        return self._step(token, cache, True, n_layers)
+
+    def _step(self, token: int, cache, fetch: bool, n_layers: int | None = None):
+        with self.stream:
+            self.step.set(np.array([token, cache.length], dtype=np.int32))
+            if self.use_graph:
+                self._graph_for(cache, n_layers).launch(self.stream)
+            else:
+                self.decode_step(cache, n_layers)
+            logits = self.logits.get() if fetch else None
+            self.stream.synchronize()
+        cache.advance(1)
+        return logits
+
+    def _graph_for(self, cache, n_layers: int | None = None):
+        """The decode step captured as a CUDA graph for this cache (on first use; again when the model, the
+        depth or the kernel settings it was captured with change: the graph bakes them in)."""
+        key = (self, n_layers, self.k.settings)
+        if cache.graph is None or cache.graph_key != key:
+            self._decode_parts(cache)                    # allocate scratch before capturing
+            cache.graph = capture(self.stream, lambda: self.decode_step(cache, n_layers))
+            cache.graph_key = key
+        return cache.graph

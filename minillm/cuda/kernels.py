@@ -122,7 +122,7 @@ class Kernels:
     construction, so nothing compiles or loads while a CUDA graph is being captured.
 
     `settings` (KernelSettings) are read at each launch; a captured graph keeps the values it was captured
-    with, so the graph's owner keys it by them (GPUTransformer._graph_for)."""
+    with, so the graph's owner keys it by them (graph.GraphDecode._graph_for)."""
 
     def __init__(self, dtype: str = "float16", settings: KernelSettings = KernelSettings()):
         import cupy as cp

@@ -1,8 +1,233 @@
-"""`python -m minillm.cuda.selfcheck [--quick]`: the GPU's checks and benchmark in one run. The driver
-lives with the other measuring code, in minillm/cuda/dev/selfcheck.py."""
-import sys
+"""`python -m minillm.cuda.selfcheck [--quick]`: the shipped GPU path checked against the CPU model, then timed.
 
-from minillm.cuda.dev.selfcheck import main
+Small random models (each attention shape, fp16 and bf16, int8/int4 weights, the int8 KV cache) run through
+GPUTransformer and through the CPU Transformer on the same 16-bit weights: prefill and decode logits within
+MODEL_TOL, greedy tokens equal (or parted at a near-tie), the CUDA graph's logits equal to eager launches' bit
+for bit. Then `minillm bench --device cuda`'s benchmark (minillm/cuda/bench.py) on the Mistral-7B shape
+(`--quick`: a small one) and HF transformers on the same workload. The last line says all passed, or which
+failed (exit status 1). Every kernel against NumPy, earlier versions too: `python -m minillm.cuda.dev.selfcheck`.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+
+from minillm.backend import to_dtype
+from minillm.checkpoints.quantize import quantize_checkpoint
+from minillm.cuda.bench import BANDWIDTH, bench, bench_config, bench_hf, finish, guarded, say, verdict
+from minillm.model.config import ModelConfig
+from minillm.model.transformer import Transformer
+
+SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+# Model-level tolerance, relative to the largest |logit|: the GPU narrows activations to 16 bits before
+# each prefill GEMM and keeps K/V in 16 bits; the CPU does neither.
+MODEL_TOL = {"float16": 5e-3, "bfloat16": 3e-2}     # seen in a CPU emulation: 6e-4 and 4e-3
+
+
+def require_gpu(prog: str) -> bool:
+    """True when a GPU can be used; else one line on stderr saying why."""
+    from minillm.cuda import available
+    if available():
+        return True
+    print(f"{prog}: no CUDA device (or no CuPy): run this on the GPU machine", file=sys.stderr)
+    return False
+
+
+def narrow(a: np.ndarray, dtype: str) -> np.ndarray:
+    """fp32 -> host 16-bit storage (float16, or bf16 bits as uint16), as the GPU holds it."""
+    return to_dtype(np.asarray(a, np.float32), dtype)
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest absolute difference over the reference's largest magnitude (inf for NaN or a shape mismatch)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape or np.isnan(got).any():
+        return math.inf                        # NaN: a poisoned element was never written
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def small_config(kind: str = "gqa", **changes) -> ModelConfig:
+    """Small random-model shapes: "gqa", "mha", "mqa", "tied", "mistral" (sliding window 6), "hd64", "llama3"."""
+    base = dict(vocab_size=512, dim=128, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=256,
+                norm_eps=1e-5, rope_theta=10000.0, max_seq_len=128)
+    base |= {"gqa": {}, "mha": dict(n_kv_heads=8), "mqa": dict(n_kv_heads=1),
+             "tied": dict(tie_embeddings=True, n_layers=3),
+             "mistral": dict(family="mistral", sliding_window=6),
+             "hd64": dict(dim=256, n_heads=4, n_kv_heads=2, ffn_dim=512),
+             "llama3": dict(rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 32})}[kind]
+    return ModelConfig(**(base | changes))
+
+
+def random_cpu_model(config: ModelConfig, dtype: str = "float16", seed: int = 0, quant: str | None = None,
+                     group_size: int = 128) -> Transformer:
+    """A CPU Transformer with random weights already rounded to `dtype`, so the CPU and the GPU
+    multiply the same numbers (norm gains stay fp32, as the GPU keeps them). quant: the layer
+    matrices then quantized by minillm.model.quant (int8 / int4 in groups of `group_size`), as load() does."""
+    rng = np.random.default_rng(seed)
+    c, hd = config, config.head_dim
+    mat = lambda rows, cols: narrow(rng.standard_normal((rows, cols)) / math.sqrt(cols), dtype)
+    gain = lambda: (1 + 0.1 * rng.standard_normal(c.dim)).astype(np.float32)
+    t = {"model.embed_tokens.weight": narrow(rng.standard_normal((c.vocab_size, c.dim)), dtype),
+         "model.norm.weight": gain()}
+    if not c.tie_embeddings:
+        t["lm_head.weight"] = mat(c.vocab_size, c.dim)
+    for i in range(c.n_layers):
+        p = f"model.layers.{i}."
+        t |= {p + "input_layernorm.weight": gain(), p + "post_attention_layernorm.weight": gain(),
+              p + "self_attn.q_proj.weight": mat(c.n_heads * hd, c.dim),
+              p + "self_attn.k_proj.weight": mat(c.n_kv_heads * hd, c.dim),
+              p + "self_attn.v_proj.weight": mat(c.n_kv_heads * hd, c.dim),
+              p + "self_attn.o_proj.weight": mat(c.dim, c.n_heads * hd),
+              p + "mlp.gate_proj.weight": mat(c.ffn_dim, c.dim),
+              p + "mlp.up_proj.weight": mat(c.ffn_dim, c.dim),
+              p + "mlp.down_proj.weight": mat(c.dim, c.ffn_dim)}
+    if quant is not None:
+        config, t = quantize_checkpoint(config, t, quant, group_size)
+    return Transformer(config, t)
+
+
+def shipped(cpu, dtype: str, **options):
+    """The GPU model the checks compare: GPUTransformer.from_cpu (the lab passes its own `make_gpu`)."""
+    from minillm.cuda.gpu_model import GPUTransformer
+    return GPUTransformer.from_cpu(cpu, dtype, **options)
+
+
+def check_model_logits(kind: str, dtype: str, n_prompt: int = 12, n_decode: int = 20, seed: int = 0,
+                       prefill_attention: str = "tiled", quant: str | None = None, group_size: int = 128, cpu=None,
+                       kv_cache: str = "auto", make_gpu=shipped):
+    """Prefill logits (all positions) and teacher-forced decode logits, GPU vs CPU. -> (error, tolerance)
+    prefill_attention "decode": the fallback for heads the tiled kernel does not take. quant: int8/int4 layer
+    matrices, the same on both sides. cpu: a CPU model instead of a random one of `kind`'s shape. kv_cache
+    "int8": both sides quantize keys and values (Int8KVCache)."""
+    cpu = (cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)).with_options(kv_cache=kv_cache)
+    gpu = make_gpu(cpu, dtype, prefill_attention=prefill_attention, kv_cache=kv_cache)
+    ids = np.random.default_rng(seed + 1).integers(0, cpu.config.vocab_size, n_prompt + n_decode)
+    err = rel_err(gpu.prefill(ids[:n_prompt], gpu.new_cache(64), all_logits=True),
+                  cpu.prefill(ids[:n_prompt], cpu.new_cache(64), all_logits=True))
+    cc, gc = cpu.new_cache(64), gpu.new_cache(64)
+    err = max(err, rel_err(gpu.prefill(ids[:n_prompt], gc), cpu.prefill(ids[:n_prompt], cc)))
+    for t in ids[n_prompt:]:
+        err = max(err, rel_err(gpu.decode(int(t), gc), cpu.decode(int(t), cc)))
+    return err, MODEL_TOL[dtype]
+
+
+def greedy(model, prompt, n: int, cache) -> tuple[list[int], list[np.ndarray]]:
+    logits = model.prefill(prompt, cache)
+    tokens, all_logits = [], []
+    for _ in range(n):
+        all_logits.append(logits)
+        tokens.append(int(np.argmax(logits)))
+        logits = model.decode(tokens[-1], cache)
+    return tokens, all_logits
+
+
+def check_greedy(kind: str, dtype: str, n: int = 16, seed: int = 0, quant: str | None = None, group_size: int = 128,
+                 cpu=None, prompt=None, kv_cache: str = "auto", make_gpu=shipped):
+    """Greedy continuations, GPU vs CPU. -> (tokens equal, detail). A divergence is accepted only at a
+    near-tie: where the CPU's top two logits are closer than the logits' measured error."""
+    cpu = (cpu or random_cpu_model(small_config(kind), dtype, seed, quant, group_size)).with_options(kv_cache=kv_cache)
+    gpu = make_gpu(cpu, dtype, kv_cache=kv_cache)
+    if prompt is None:
+        prompt = np.random.default_rng(seed + 1).integers(0, cpu.config.vocab_size, 8)
+    want, cpu_logits = greedy(cpu, prompt, n, cpu.new_cache(64))
+    got, gpu_logits = greedy(gpu, prompt, n, gpu.new_cache(64))
+    for i, (a, b) in enumerate(zip(want, got)):
+        if a != b:
+            top2 = np.sort(cpu_logits[i])[-2:]
+            margin, err = float(top2[1] - top2[0]), float(np.abs(cpu_logits[i] - gpu_logits[i]).max())
+            return margin < 2 * err, f"diverged at token {i}: cpu {a} gpu {b}, top-2 margin {margin:.2e}, " \
+                                     f"logit error {err:.2e}"
+    return True, f"{n} tokens equal"
+
+
+def check_graph_equals_eager(kind: str, dtype: str, n: int = 24, seed: int = 0, quant: str | None = None,
+                             group_size: int = 128, kv_cache: str = "auto", make_gpu=shipped):
+    """The same prompt and tokens through eager launches and through the replayed CUDA graph: the same
+    kernels in the same order, so the logits must be bit-identical. -> (equal, detail)"""
+    cfg = small_config(kind)
+    gpu = make_gpu(random_cpu_model(cfg, dtype, seed, quant, group_size), dtype, kv_cache=kv_cache)
+    ids = np.random.default_rng(seed + 1).integers(0, cfg.vocab_size, 8 + n)
+    runs = []
+    for use_graph in (False, True):
+        run = gpu.with_options(use_graph=use_graph)
+        cache = run.new_cache(64)
+        runs.append(np.stack([run.prefill(ids[:8], cache)] + [run.decode(int(t), cache) for t in ids[8:]]))
+    same = bool(np.array_equal(runs[0], runs[1]))
+    return same, "bit-identical" if same else f"max diff {np.abs(runs[0] - runs[1]).max():.3e}"
+
+
+def within(label: str, check) -> None:
+    """A PASS/FAIL line for check() -> (error, tolerance) or (passed, detail); an exception fails it too."""
+    def one():
+        a, b = check()
+        passed, detail = (a <= b, f"err {a:.2e}  tol {b:.1e}") if isinstance(b, float) else (a, b)
+        verdict(label, passed, detail)
+    guarded(label, one)
+
+
+def model_checks(quick: bool) -> None:
+    say("small random models, GPU vs CPU (same 16-bit weights on both)")
+    kinds = ["gqa", "mistral"] if quick else ["gqa", "mha", "mqa", "tied", "mistral", "hd64", "llama3"]
+    for dtype in ("float16", "bfloat16"):
+        for kind in kinds:
+            within(f"{SHORT[dtype]} logits {kind}", lambda: check_model_logits(kind, dtype))
+        for kind in ("gqa", "mistral"):
+            for quant in ("int8", "int4"):
+                within(f"{SHORT[dtype]} logits {kind} {quant} weights",
+                       lambda: check_model_logits(kind, dtype, quant=quant))
+            within(f"{SHORT[dtype]} logits {kind} int8 KV cache",
+                   lambda: check_model_logits(kind, dtype, kv_cache="int8"))
+            within(f"{SHORT[dtype]} logits {kind} prefill attention fallback",
+                   lambda: check_model_logits(kind, dtype, prefill_attention="decode"))
+    for kind in ("gqa", "mistral"):
+        within(f"fp16 greedy 16 tokens {kind}", lambda: check_greedy(kind, "float16"))
+        within(f"fp16 graph replay == eager {kind}", lambda: check_graph_equals_eager(kind, "float16"))
+
+
+def main(argv=None, checks=model_checks, prog: str = "python -m minillm.cuda.selfcheck") -> int:
+    """The selfcheck: `checks(quick)` (the lab passes its longer list), then the benchmark and HF."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer checks and a small model (a first smoke run)")
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"], help="benchmark weights")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=16, help="prompt length before the timed decode")
+    ap.add_argument("--ttft-tokens", type=int, default=512)
+    ap.add_argument("--no-bench", action="store_true", help="checks only")
+    ap.add_argument("--no-hf", action="store_true", help="skip the HF transformers comparison (never run with --quick)")
+    args = ap.parse_args(argv)
+    if not require_gpu("selfcheck"):
+        return 2
+    import cupy as cp
+    from minillm.cuda.timing import device_name
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    say(f"minillm GPU selfcheck on {device_name()} (sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs, "
+        f"{props['totalGlobalMem'] / 2**30:.0f} GiB), CuPy {cp.__version__}, CUDA runtime "
+        f"{cp.cuda.runtime.runtimeGetVersion()}, {time.strftime('%Y-%m-%d')}")
+    t0 = time.perf_counter()
+    checks(args.quick)
+    say(f"(checks took {time.perf_counter() - t0:.1f} s, NVRTC compiles included)")
+    if not args.no_bench:
+        try:
+            bench(args.quick, args.dtype, args.new_tokens, args.prompt, args.ttft_tokens)
+        except Exception as e:  # noqa: BLE001 - a failed benchmark is a failed check, reported at the end
+            import traceback
+            traceback.print_exc()
+            verdict("benchmark", False, f"raised {type(e).__name__}: {e}")
+        if not (args.quick or args.no_hf):
+            cp.get_default_memory_pool().free_all_blocks()       # our 7B model is gone: give HF the room
+            try:
+                bench_hf(bench_config(False), args.new_tokens, args.prompt, args.ttft_tokens, BANDWIDTH.get("copy"))
+            except Exception as e:  # noqa: BLE001 - a missing torch/transformers is not a minillm failure
+                say(f"\nHF transformers comparison skipped: {type(e).__name__}: {e}")
+    say(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    return finish("selfcheck")
+
 
 if __name__ == "__main__":
     sys.exit(main())

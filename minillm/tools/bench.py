@@ -393,6 +393,6 @@ def _run_cuda(model_name, random_weights, dtype, prompt_tokens, new_tokens, peer
     if quant == "int4" and group_size % 32:
         raise MiniLLMError(f"int4 groups must be a multiple of 32, got {group_size}")
     check_device("cuda")
-    from minillm.cuda.dev.bench import run_bench
+    from minillm.cuda.bench import run_bench
     return run_bench(PRESETS[model_name].config, f"{model_name} shape", dtype or "float16", new_tokens, 16,
                      prompt_tokens, peer, quant=quant, group_size=group_size)

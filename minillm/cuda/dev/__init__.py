@@ -12,14 +12,17 @@ outputs, (error, tolerance) back) and its sweep, runnable alone: `python -m mini
 (gemv.cu, gemv_quant.cu), `.attention` (decode/prefill attention, the KV append), `.elementwise`
 (rmsnorm, rope, swiglu, embed), `.paged_attention` (the batching engine's kernels), `prefill_mma.py` (a NumPy
 lane-by-lane model of prefill_attention_mma.cu, to check its fragment layouts on the CPU),
-`.flashnorm` (the deferred norm: two streams, fused). `timing.py` is the one GPU timer and the one
-bandwidth probe they all use; `model.py` checks whole small models GPU vs CPU; `bench.py` and
-`qbench.py` time a 7B-shaped model (`minillm bench --device cuda`); `qmma.py` (the quantized GEMV on tensor
+`.flashnorm` (the deferred norm: two streams, fused). They time with production's timer and bandwidth probe
+(minillm/cuda/timing.py) and report as the selfcheck does; `model.py` runs production's model checks (GPU vs
+CPU, minillm/cuda/selfcheck.py) on the lab's decode steps too; `qbench.py` times a 7B-shaped model's quantized
+GEMVs, `sweep.py` holds what the same-run decode sweeps share; `qmma.py` (the quantized GEMV on tensor
 cores), `qtma.py` (the GEMVs with their weights streamed into shared memory by the TMA) and `qfloor.py` (the
 quantized GEMV with its staging or its arithmetic taken out: where its time goes) measure kernel versions;
 `chain.py` measures the decode step as a chain (what each kind of kernel adds inside it), `widen.py` prefill's
 int8/int4 widening one GEMM ahead, `ab.py` one setting against the defaults, `pdl.py` programmatic dependent
-launch on and off; `selfcheck.py` drives the kernel families' checks, the model checks and the bench;
-`verify.sh` is the whole GPU verification as one command for the GPU machine. Nothing in the engine imports
-this package (an import-linter contract in setup.cfg holds it).
+launch on and off; `selfcheck.py` runs the kernel families' checks and the lab's model checks, then
+production's bench; `verify.sh` is the whole GPU verification as one command for the GPU machine, and
+`ab_commit.sh` this checkout against an earlier one (logits bit for bit, decode and TTFT in alternating rounds,
+bench serve). Nothing in the engine, the CLI's tools or the production measures imports this package (an
+import-linter contract in setup.cfg holds it).
 """

@@ -22,7 +22,7 @@ from minillm.cuda.dev.common import (TOL, _cp, _host, _narrow_dt, _sync, finish,
                                      rel_err, require_gpu, run_cases, say)
 from minillm.cuda.dev import prefill_mma
 from minillm.cuda.dev.lab import as_lab, as_lab_model
-from minillm.cuda.dev.timing import graph_us
+from minillm.cuda.timing import graph_us
 from minillm.cuda.kernels import MM_HDS, Kernels
 from minillm.model.attention import attend
 from minillm.model.config import ModelConfig
@@ -315,7 +315,7 @@ def prefill_sweep() -> dict:
 def prefill_ttft(n_tokens: int = 512) -> dict:
     """TTFT of a random Mistral-7B-shaped fp16 model, prefill v1 vs v2 (bench.prefill_ttft: median of 3), and
     how far v2's last logits are from v1's (informational: 32 random layers, not a bound). -> {version: ms}"""
-    from minillm.cuda.dev.bench import prefill_ttft as ttft_s
+    from minillm.cuda.bench import prefill_ttft as ttft_s
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.model.config import PRESETS
     base = GPUTransformer.random(PRESETS["mistral-7b"].config, "float16", seed=0)

@@ -20,7 +20,8 @@ import sys
 
 import numpy as np
 
-from minillm.cuda.dev.bench import decode_sweep_setup, decode_tok_s, sweep_parser
+from minillm.cuda.bench import decode_tok_s
+from minillm.cuda.dev.sweep import decode_sweep_setup, sweep_parser
 from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, verdict
 from minillm.cuda.dev.model import greedy
 

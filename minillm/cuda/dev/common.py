@@ -8,14 +8,16 @@ absolute difference relative to the reference's largest magnitude, and what is a
 from __future__ import annotations
 
 import math
-import sys
 from typing import Callable
 
 import numpy as np
 
-from minillm.backend import as_f32, to_dtype
+from minillm.backend import as_f32
+# the PASS/FAIL lines, the error measure and the GPU probe are production's (the selfcheck's), shared here
+from minillm.cuda.bench import FAILED, finish, guarded, say, verdict  # noqa: F401
 from minillm.cuda.kernels import Kernels
 from minillm.cuda.qweights import QuantMatrix
+from minillm.cuda.selfcheck import SHORT, narrow, rel_err, require_gpu  # noqa: F401
 from minillm.model.quantized import quantize
 
 # Relative tolerances: fp16 keeps 11 significant bits, bf16 8; fp32 paths are far tighter.
@@ -36,20 +38,6 @@ def gemv_tol(n_in: int, quant: str | None) -> float:
 def _cp():
     import cupy
     return cupy
-
-
-def narrow(a: np.ndarray, dtype: str) -> np.ndarray:
-    """fp32 -> host 16-bit storage (float16, or bf16 bits as uint16), as the GPU holds it."""
-    return to_dtype(np.asarray(a, np.float32), dtype)
-
-
-def rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if got.shape != want.shape:
-        return math.inf
-    if np.isnan(got).any():
-        return math.inf                        # a poisoned element was never written
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def poisoned(shape, dtype):
@@ -83,31 +71,6 @@ def weights(k: Kernels, rows: int, n_in: int, rng, quant: str | None = None, gro
 
 def _narrow_dt(dtype: str):
     return np.float16 if dtype == "float16" else np.uint16
-
-
-# ---- running checks -----------------------------------------------------------------------------
-FAILED: list[str] = []
-
-
-SHORT = {"float16": "fp16", "bfloat16": "bf16"}
-
-
-def say(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def verdict(name: str, passed: bool, detail: str) -> None:
-    say(f"  {'PASS' if passed else 'FAIL'}  {name:<52} {detail}")
-    if not passed:
-        FAILED.append(name)
-
-
-def guarded(name: str, fn) -> None:
-    """Run one check; an exception is a failed check, not the end of the selfcheck."""
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - report and go on
-        verdict(name, False, f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
 def run_cases(make_cases: Callable[[Kernels], list], dtypes=("float16", "bfloat16"), quick: bool = False) -> None:
@@ -145,15 +108,6 @@ def plain_table(title: str, headers, rows) -> None:
         say("  ".join(v.ljust(w) for v, w in zip(r, widths)))
 
 
-def require_gpu(prog: str) -> bool:
-    """True when a GPU can be used; else one line on stderr saying why."""
-    from minillm.cuda import available
-    if available():
-        return True
-    print(f"{prog}: no CUDA device (or no CuPy): run this on the GPU machine", file=sys.stderr)
-    return False
-
-
 def report_checks(results: list[tuple[str, float, float]], most: int | None = None) -> bool:
     """Print a FAIL line per failed (name, error, tolerance) check (the first `most`), then how many passed
     and the largest error. -> whether all passed."""
@@ -163,12 +117,3 @@ def report_checks(results: list[tuple[str, float, float]], most: int | None = No
     print(f"{len(results) - len(failed)} of {len(results)} checks passed "
           f"(largest error {max(e for _, e, _ in results):.2e})")
     return not failed
-
-
-def finish(prog: str) -> int:
-    """The last line of a run: all passed (0) or which failed (1)."""
-    if FAILED:
-        say(f"{prog}: {len(FAILED)} FAILED: {', '.join(FAILED)}")
-        return 1
-    say(f"{prog}: all checks passed")
-    return 0

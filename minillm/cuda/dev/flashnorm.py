@@ -37,9 +37,9 @@ from minillm.model.flashnorm import inv_rms as np_inv_rms
 from minillm.model.layers import apply_rope, linear, rope_tables, silu
 from minillm.cuda.gpu_kv_cache import device_dtype
 from minillm.cuda.gpu_model import GPULayer, GPUTransformer
-from minillm.cuda.dev.bench import decode_bytes
+from minillm.cuda.bench import decode_bytes
 from minillm.cuda.dev.common import plain_table, rel_err
-from minillm.cuda.dev.timing import copy_bandwidth, time_gpu
+from minillm.cuda.timing import copy_bandwidth, time_gpu
 from minillm.cuda.dev.lab import lab_module
 from minillm.cuda.graph import capture
 from minillm.cuda.kernels import Kernels, suffix
@@ -724,7 +724,7 @@ def main(argv=None) -> int:
     if not available():
         print("minillm.cuda.dev.flashnorm: no CUDA device (or no CuPy): nothing to time", file=sys.stderr)
         return 1
-    from minillm.cuda.dev.timing import device_name
+    from minillm.cuda.timing import device_name
     print(f"device: {device_name()}")
     if args.e2e:
         tokens, repeats = (16, 1) if args.quick else (args.tokens, args.repeats)

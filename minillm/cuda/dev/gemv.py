@@ -18,7 +18,7 @@ from minillm.backend import as_f32
 from minillm.cuda.dev.common import (QUANT_TOL, TOL, _cp, _host, _narrow_dt, _sync, finish, gemv_tol, narrow, poisoned,
                                      rel_err, require_gpu, run_cases, say, weights)
 from minillm.cuda.dev.lab import LabKernels
-from minillm.cuda.dev.timing import graph_us
+from minillm.cuda.timing import graph_us
 from minillm.cuda.kernels import Kernels
 from minillm.model.config import PRESETS, ModelConfig
 from minillm.model.layers import apply_rope, rmsnorm, rope_inv_freq, rope_tables, silu

@@ -331,7 +331,7 @@ def device_model_random(c: ModelConfig):
 
 def _decode_ms(model, ctx: int, fast: bool) -> float:
     """ms per decode token at `ctx` cached positions (the cache's contents do not matter for speed)."""
-    from minillm.cuda.dev.timing import time_gpu
+    from minillm.cuda.timing import time_gpu
     cache = model.new_cache(ctx + 8)
     cache.length = ctx
     if fast:                                         # graph replays on the model's stream
@@ -352,7 +352,7 @@ def _decode_ms(model, ctx: int, fast: bool) -> float:
 def benchmark(n_layers: int) -> None:
     import cupy as cp
     from minillm.cuda.dev.common import plain_table, say
-    from minillm.cuda.dev.timing import copy_bandwidth
+    from minillm.cuda.timing import copy_bandwidth
     from minillm.cuda.device_model import weight_bytes as dm_weight_bytes
     from minillm.cuda.gpu_mla import GPUMLATransformer
     from minillm.cuda.gpu_model import GPUTransformer
@@ -396,7 +396,7 @@ def per_kernel(fast, bw: float) -> None:
     """µs of each launch of one MLA layer, each kind over every layer in turn inside a graph (ctx 128)."""
     import cupy as cp
     from minillm.cuda.dev.common import plain_table
-    from minillm.cuda.dev.timing import graph_us
+    from minillm.cuda.timing import graph_us
     c, k, m = fast.config, fast.k, fast.m
     H, nope, rope, v, r = c.n_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
     ctx = 128

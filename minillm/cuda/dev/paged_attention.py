@@ -161,7 +161,7 @@ def prefill_timing(chunks_per_step: int = 16, prompt: int = 128, reps: int = 20)
     kernel and of the tensor-core one, and how far apart their outputs are (relative to the largest)."""
     import cupy as cp
     from minillm.cuda.dev.common import TOL, plain_table, rel_err, say, verdict
-    from minillm.cuda.dev.timing import time_gpu
+    from minillm.cuda.timing import time_gpu
     from minillm.cuda.gpu_batched import DeviceOps, DevicePagedKV, batch_meta
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.engine.batched import SeqChunk

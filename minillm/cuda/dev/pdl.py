@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 
 from minillm.cuda.dev.ab import decode_ab
-from minillm.cuda.dev.bench import sweep_parser
+from minillm.cuda.dev.sweep import sweep_parser
 from minillm.cuda.dev.chain import same_numbers
 from minillm.cuda.dev.common import finish, require_gpu
 

@@ -8,12 +8,12 @@ import time
 import numpy as np
 
 from minillm.cuda.dev.attention import attention_us
-from minillm.cuda.dev.bench import (TARGETS, against_target, bench_config, decode_bytes, decode_tok_s,
+from minillm.cuda.bench import (TARGETS, against_target, bench_config, decode_bytes, decode_tok_s,
                                     step_kernels_in_graphs)
 from minillm.cuda.dev.common import say
 from minillm.cuda.dev.gemv import quant_versions_us
 from minillm.cuda.dev.lab import as_lab_model
-from minillm.cuda.dev.timing import BANDWIDTH, copy_bandwidth, device_name
+from minillm.cuda.timing import BANDWIDTH, copy_bandwidth, device_name
 from minillm.model.config import ModelConfig
 
 

@@ -177,7 +177,7 @@ def timings(kinds: dict) -> list[list]:
     """Each Mistral-7B matrix, int8 and int4, under each version: µs a launch in a CUDA graph (% of copy)."""
     from minillm.cuda.dev import qmma
     from minillm.cuda.dev.common import plain_table
-    from minillm.cuda.dev.timing import copy_bandwidth
+    from minillm.cuda.timing import copy_bandwidth
     bw = copy_bandwidth(1 << 30)
     table = []
     for method in ("int8", "int4"):
@@ -194,7 +194,7 @@ def decode(kinds: dict, n_new: int = 128, prompt_len: int = 16, rounds: int = 3)
     """Batch-1 decode tok/s of a random Mistral-7B (int8, int4) with the CUDA graph under each version: the
     median of `rounds` alternating rounds (the same-run A/B)."""
     from minillm.cuda.dev import qmma
-    from minillm.cuda.dev.bench import TARGETS, decode_tok_s
+    from minillm.cuda.bench import TARGETS, decode_tok_s
     from minillm.cuda.dev.common import alternating_medians, plain_table
     table = []
     for method, gpu, cache, prompt in qmma.quantized_mistrals(prompt_len, n_new):

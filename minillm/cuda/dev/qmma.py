@@ -336,7 +336,7 @@ def matrix_us(versions: dict, method: str, rows: int, n_in: int, group: int = 12
     launch in a CUDA graph over enough copies (>= 160 MB) that none is still in L2 when its turn comes again.
     -> ({label: µs}, the matrix's bytes)"""
     import cupy as cp
-    from minillm.cuda.dev.timing import graph_us
+    from minillm.cuda.timing import graph_us
     first = _device_matrix(method, rows, n_in, group, 7)
     copies = [first] + [_device_matrix(method, rows, n_in, group, 8 + j)
                         for j in range(min(15, -(-(160 << 20) // first.nbytes)))]
@@ -353,7 +353,7 @@ def matrix_us(versions: dict, method: str, rows: int, n_in: int, group: int = 12
 def timings(group: int = 128) -> list[list]:
     """Each Mistral-7B matrix, int8 and int4, v2 vs v3 as a plain GEMV (matrix_us)."""
     from minillm.cuda.dev.common import plain_table
-    from minillm.cuda.dev.timing import copy_bandwidth
+    from minillm.cuda.timing import copy_bandwidth
     from minillm.cuda.dev.lab import LabKernels
     k = LabKernels("float16")
     versions = {"v2": k.with_settings(quant_version=2), "v3": k.with_settings(quant_version=3),
@@ -399,7 +399,7 @@ def decode(n_new: int = 128, prompt_len: int = 16, variants: dict | None = None,
     of `variants` ({label: KernelSettings changes}; default v2 vs v3): tok/s against the first, and how many
     greedy tokens each agrees with the first on (random weights: a near-tie may part them; a broken kernel
     parts at once)."""
-    from minillm.cuda.dev.bench import TARGETS, decode_tok_s
+    from minillm.cuda.bench import TARGETS, decode_tok_s
     from minillm.cuda.dev.common import plain_table
     from minillm.cuda.dev.lab import as_lab_model
     variants = variants or {"v2": {}, "v3": {"quant_version": 3}}

@@ -142,7 +142,7 @@ def timings(variants: dict | None = None, methods=("int8", "int4"), group: int =
     ({label: settings}): µs, GB/s and % of the copy roofline (qmma.matrix_us: every variant on the same copies)."""
     from minillm.cuda.dev.common import plain_table
     from minillm.cuda.dev.qmma import _mistral_shapes, matrix_us
-    from minillm.cuda.dev.timing import copy_bandwidth
+    from minillm.cuda.timing import copy_bandwidth
     from minillm.cuda.dev.lab import LabKernels
     variants = variants or VARIANTS
     k = LabKernels("float16")

@@ -62,7 +62,7 @@ def wall_ms(fn, reps: int) -> float:
 
 def attention_us(cp, gpu, pool, chunks, reps: int = 20) -> tuple[float, float, float]:
     """One layer's paged attention for these decode rows: (µs head, µs group, group vs head rel. error)."""
-    from minillm.cuda.dev.timing import time_gpu
+    from minillm.cuda.timing import time_gpu
     from minillm.cuda.gpu_batched import DeviceOps, batch_meta
     meta = batch_meta(chunks, BLOCK, cp.asarray)
     qkv = cp.random.standard_normal((len(chunks), gpu.qkv_width), dtype=cp.float32)
@@ -80,7 +80,7 @@ def attention_us(cp, gpu, pool, chunks, reps: int = 20) -> tuple[float, float, f
 
 def one_batch(cp, gpu, pool, B: int, context: int, bw: float, reps: int) -> list:
     """Eager vs graph for B rows: times, the logits check, attention, GB/s. -> a table row."""
-    from minillm.cuda.dev.timing import time_gpu
+    from minillm.cuda.timing import time_gpu
     from minillm.cuda.gpu_batched import GPUBatchedRunner, bucket_for
     chunks = decode_chunks(B, context, np.random.default_rng(B))
     eager = GPUBatchedRunner(gpu, pool, use_graph=False)
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     if not require_gpu("serve_step"):
         return 2
     import cupy as cp
-    from minillm.cuda.dev.timing import copy_bandwidth
+    from minillm.cuda.timing import copy_bandwidth
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.model.config import PRESETS
     if args.preset not in PRESETS:

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 from minillm.cuda.dev.common import gemv_tol, narrow, plain_table, poisoned, rel_err, report_checks, require_gpu
-from minillm.cuda.dev.timing import copy_bandwidth, time_gpu
+from minillm.cuda.timing import copy_bandwidth, time_gpu
 from minillm.cuda.dev.lab import lab_module
 from minillm.cuda.kernels import suffix
 

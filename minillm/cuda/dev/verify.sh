@@ -22,7 +22,9 @@
 #           widen: prefill's int8/int4 widening one GEMM ahead (dev/widen.py), its tests and TTFT both ways;
 #           ab: one KernelSettings change against the defaults (dev/ab.py; AB_SET="name=value", AB_FORMATS);
 #           bprefill: the batching engine's prefill attention on the tensor cores (its default): its
-#           GPU tests, paged vs mma µs a layer, then bench serve with it)
+#           GPU tests, paged vs mma µs a layer, then bench serve with it;
+#           commit: this checkout against the one at .base (ab_commit.sh: logits bit for bit, decode tok/s and
+#           TTFT in alternating rounds, bench serve; a step of its own: it needs most of a call))
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/verify}; mkdir -p "$OUT"
@@ -119,6 +121,8 @@ bench)
         TAIL=22 step bench 150 python3 -m minillm bench --device cuda --random-weights -m mistral-7b --new-tokens 128 \
             --no-peer ${q:+--quant $q}
     done ;;
+commit)
+    TAIL=60 step commit 580 bash minillm/cuda/dev/ab_commit.sh ;;
 serve)
     TAIL=10 step serve 200 python3 -m minillm bench serve --device cuda --random-weights -m mistral-7b --requests 64 \
         --concurrency 64 --workload random --prompt-len 128 --output-len 64 ;;

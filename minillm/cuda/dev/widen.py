@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from minillm.cuda.dev.bench import bench_config, prefill_ttft
+from minillm.cuda.bench import bench_config, prefill_ttft
 from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, say, verdict
 from minillm.cuda.dev.lab import as_lab_model
 

@@ -1,4 +1,5 @@
-"""The one GPU timer and the one bandwidth probe every dev module, lesson and benchmark uses.
+"""The one GPU timer and the one bandwidth probe: `minillm bench --device cuda`, the selfcheck, the lessons and
+every dev module time with these.
 
     time_gpu(fn, reps)     median ms of fn() on the current stream, by CUDA events (warmed up first)
     graph_us(fn, n)        µs per call of fn(0) .. fn(n-1) captured as one CUDA graph and replayed

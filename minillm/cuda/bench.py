@@ -1,23 +1,51 @@
-"""The whole-model benchmark on random weights made on the device (`minillm bench --device cuda`).
+"""The whole-model benchmark of the shipped GPU path on random weights made on the device (`minillm bench
+--device cuda`, the selfcheck's timing half).
 
-`bench`: fp16/bf16 weights: GEMV kernels vs cuBLAS, TTFT, decode tok/s eager vs graph (v2 and v4),
-bytes per token, GB/s, % of copy bandwidth, and where one decode step and one prefill spend their time.
-`bench_quant`: the same table for int8/int4 layer matrices, with each decode kernel timed in a graph.
-`bench_hf`: the same workload through HF transformers. `run_bench` is what the CLI calls.
+`bench`: fp16/bf16 weights: each matrix's GEMV (plain and with its fused prologue/epilogue) vs cuBLAS, TTFT,
+decode tok/s eager vs graph, bytes per token, GB/s, % of copy bandwidth, and where one decode step and one
+prefill spend their time. `bench_quant`: the same table for int8/int4 layer matrices, with each decode kernel
+timed in a graph. `bench_hf`: the same workload through HF transformers. `run_bench` is what the CLI calls.
+Earlier kernel versions are timed in the laboratory (minillm/cuda/dev), not here.
 """
 from __future__ import annotations
-
-import argparse
 
 import statistics
 import time
 
 import numpy as np
 
-from minillm.cuda.dev.common import FAILED, say, verdict
-from minillm.cuda.dev.lab import LabKernels, LabTransformer
-from minillm.cuda.dev.timing import BANDWIDTH, EventTimer, copy_bandwidth, device_name, graph_us, time_gpu
+from minillm.cuda.timing import BANDWIDTH, EventTimer, copy_bandwidth, device_name, graph_us, time_gpu
 from minillm.model.config import PRESETS, ModelConfig
+
+
+FAILED: list[str] = []          # the names of the checks that failed in this run (selfcheck, dev modules)
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def verdict(name: str, passed: bool, detail: str) -> None:
+    say(f"  {'PASS' if passed else 'FAIL'}  {name:<52} {detail}")
+    if not passed:
+        FAILED.append(name)
+
+
+def guarded(name: str, fn) -> None:
+    """Run one check; an exception is a failed check, not the end of the run."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - report and go on
+        verdict(name, False, f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def finish(prog: str) -> int:
+    """The last line of a run: all passed (0) or which failed (1)."""
+    if FAILED:
+        say(f"{prog}: {len(FAILED)} FAILED: {', '.join(FAILED)}")
+        return 1
+    say(f"{prog}: all checks passed")
+    return 0
 
 
 # Decode tok/s targets at the Mistral-7B shape, batch 1: issue 24's (issue 6 asked fp16 >= 250, met), with
@@ -53,26 +81,6 @@ def report_decode(cfg: ModelConfig, weight_bytes: int, prompt_len: int, n_new: i
     for mode, (tps, _) in results.items():
         say(f"  {mode:<{width}} {tps:8.1f} {1e3 / tps:9.2f} {per_token * tps / 1e9:8.0f} {100 * per_token * tps / bw:9.0f}%")
     return per_token
-
-
-def sweep_parser(module: str, doc: str, rounds: int = 3) -> argparse.ArgumentParser:
-    """The options every same-run decode sweep takes (dev.pdl, dev.chain, dev.layer): --quick, --rounds,
-    --new-tokens; `module` is its name under minillm.cuda.dev, `doc` its docstring (the first line describes it)."""
-    ap = argparse.ArgumentParser(prog=f"python -m minillm.cuda.dev.{module}", description=doc.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a small model instead of the Mistral-7B shape")
-    ap.add_argument("--rounds", type=int, default=rounds)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    return ap
-
-
-def decode_sweep_setup(quick: bool, prompt_len: int = 16):
-    """(config, copy bandwidth B/s, a random prompt) for a same-run decode sweep (dev.pdl, dev.chain,
-    dev.layer): the Mistral-7B shape or, quick, a small one; says which, and the bandwidth."""
-    cfg = bench_config(quick)
-    bw = copy_bandwidth(2048 << 20)
-    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt_len)
-    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; {'quick shape' if quick else 'mistral-7b shape'}, random weights")
-    return cfg, bw, prompt
 
 
 def prefill_ttft(gpu, cache, prompt, repeats: int = 3) -> float:
@@ -124,46 +132,36 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
         f"roofline {bw / wbytes:.0f} tok/s")
 
     # -- GEMV kernels vs cuBLAS on the model's matrices
-    say("\nGEMV, one matrix (median of 20, CUDA events); v4 fused = v4 with its decode prologue/epilogue "
-        "(qkv: norm+rope+kv append; gate_up: norm+swiglu; lm_head: norm)")
-    say(f"  {'matrix':<10} {'shape':>13} {'v1 µs':>8} {'v2 µs':>8} {'v3+norm µs':>10} {'cuBLAS µs':>10} "
-        f"{'v2 TB/s':>8} {'v2 % copy':>9} {'v4 µs':>8} {'v4 fused µs':>11} {'v4 TB/s':>8} {'v4 % copy':>9}")
+    say("\nGEMV, one matrix (median of 20, CUDA events); fused = with its decode prologue/epilogue "
+        "(qkv: norm+rope+kv append; gate_up: norm+swiglu; lm_head: norm; o/down: + residual)")
+    say(f"  {'matrix':<10} {'shape':>13} {'GEMV µs':>8} {'fused µs':>9} {'cuBLAS µs':>10} {'TB/s':>6} {'% copy':>7}")
     L = gpu.layers[0]
     c = cfg
     scratch = gpu.new_cache(64)
-    lab = LabKernels.of(gpu.k)                 # the first versions (minillm/cuda/dev/kernels/gemv_versions.cu)
     with gpu.stream:
         for name, w in [("qkv", L.wqkv), ("o", L.wo), ("gate_up", L.w_gate_up), ("down", L.w_down),
                         ("lm_head", gpu.lm_head)]:
             x = cp.ones(w.shape[1], cp.float32)
             y = cp.empty(w.shape[0], cp.float32)
             g = cp.ones(w.shape[1], cp.float32)
-            v1 = time_gpu(lambda: lab.gemv(w, x, y, version=1), 20) * 1e3
-            v2 = time_gpu(lambda: lab.gemv(w, x, y, version=2), 20) * 1e3
-            v4 = time_gpu(lambda: gpu.k.gemv(w, x, y), 20) * 1e3
-            v3 = v4f = float("nan")
-            if name in ("qkv", "gate_up", "lm_head"):          # the matrices an RMSNorm feeds
-                v3 = time_gpu(lambda: lab.gemv_rmsnorm(w, x, g, 1e-5, y, version=3), 20) * 1e3
+            plain = time_gpu(lambda: gpu.k.gemv(w, x, y), 20) * 1e3
             if name == "qkv":
-                v4f = time_gpu(lambda: gpu.k.gemv_qkv(w, x, g, 1e-5, y, gpu.step_pos, gpu.inv_freq, scratch.k[0],
-                                                      scratch.v[0], c.n_heads, c.n_kv_heads, c.head_dim), 20) * 1e3
+                fused = time_gpu(lambda: gpu.k.gemv_qkv(w, x, g, 1e-5, y, gpu.step_pos, gpu.inv_freq, scratch.k[0],
+                                                        scratch.v[0], c.n_heads, c.n_kv_heads, c.head_dim), 20) * 1e3
             elif name == "gate_up":
                 act = cp.empty(w.shape[0] // 2, cp.float32)
-                v4f = time_gpu(lambda: gpu.k.gemv_swiglu(w, x, g, 1e-5, act), 20) * 1e3
+                fused = time_gpu(lambda: gpu.k.gemv_swiglu(w, x, g, 1e-5, act), 20) * 1e3
             elif name == "lm_head":
-                v4f = time_gpu(lambda: gpu.k.gemv_rmsnorm(w, x, g, 1e-5, y), 20) * 1e3
+                fused = time_gpu(lambda: gpu.k.gemv_rmsnorm(w, x, g, 1e-5, y), 20) * 1e3
             else:
-                v4f = time_gpu(lambda: gpu.k.gemv(w, x, y, accumulate=True), 20) * 1e3   # + residual
+                fused = time_gpu(lambda: gpu.k.gemv(w, x, y, accumulate=True), 20) * 1e3   # + residual
             try:
                 xh = cp.ones((w.shape[1], 1), w.dtype) if w.dtype == cp.float16 else None
                 cub = (time_gpu(lambda: cp.matmul(w, xh), 20) * 1e3) if xh is not None else float("nan")
             except Exception:
                 cub = float("nan")
-            tbs = w.nbytes / (v2 / 1e6) / 1e12
-            tbs4 = w.nbytes / (v4 / 1e6) / 1e12
-            say(f"  {name:<10} {str(tuple(w.shape)):>13} {v1:8.1f} {v2:8.1f} {v3:10.1f} {cub:10.1f} {tbs:8.2f} "
-                f"{100 * w.nbytes / (v2 / 1e6) / bw:8.0f}% {v4:8.1f} {v4f:11.1f} {tbs4:8.2f} "
-                f"{100 * w.nbytes / (v4 / 1e6) / bw:8.0f}%")
+            say(f"  {name:<10} {str(tuple(w.shape)):>13} {plain:8.1f} {fused:9.1f} {cub:10.1f} "
+                f"{w.nbytes / (plain / 1e6) / 1e12:6.2f} {100 * w.nbytes / (plain / 1e6) / bw:6.0f}%")
 
     # -- prefill (TTFT)
     cache = gpu.new_cache(max(ttft_len, prompt_len + n_new) + 8)
@@ -174,45 +172,24 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
     say(f"\nprefill {ttft_len} tokens: TTFT {ttft * 1e3:.1f} ms (median of 3 after a warm-up; "
         f"{flops / ttft / 1e12:.0f} TFLOP/s on the weight matmuls)")
 
-    # -- decode, eager then graph; the first version (v2, fuse_norm off / v3) beside v4
+    # -- decode, eager then graph
     short = rng.integers(0, cfg.vocab_size, prompt_len)
-    results = {}
-    modes = {"v2 eager": (2, False, False), "v2 graph": (2, True, False), "v2 graph+fused-norm": (2, True, True),
-             "v4 eager": (4, False, True), "v4 graph": (4, True, True)}
-    for mode, (version, use_graph, fuse) in modes.items():
-        run = LabTransformer.of(gpu, gemv_version=version, fuse_norm=fuse).with_options(use_graph=use_graph)
-        results[mode] = decode_tok_s(run, cache, short, n_new)
-    same = results["v2 eager"][1] == results["v2 graph"][1] and results["v4 eager"][1] == results["v4 graph"][1]
+    results = {"eager": decode_tok_s(gpu.with_options(use_graph=False), cache, short, n_new),
+               "graph": decode_tok_s(gpu, cache, short, n_new)}
+    same = results["eager"][1] == results["graph"][1]
     verdict(f"{label} decode: graph tokens == eager tokens",
             same, "" if same else "the graph replay diverged from eager launches")
-
     per_token = report_decode(cfg, wbytes, prompt_len, n_new, results, bw)
-    fused_same = results["v4 graph"][1][:8] == results["v2 graph"][1][:8]
-    say(f"  v4 tokens {'equal the v2 ones' if fused_same else 'differ from the v2 ones'} "
-        f"(first 8; random weights may part ways later at a near-tie)")
 
-    # -- one decode step, per kernel (v4, then the first version for comparison)
-    for version, fuse in ((4, True), (2, False)):
-        run = LabTransformer.of(gpu, gemv_version=version, fuse_norm=fuse)
-        timer = EventTimer()
-        with run.stream:
-            run.step.set(np.array([1, cache.length], dtype=np.int32))
-            run.k.timer = timer
-            try:
-                run.decode_step(cache)
-            finally:
-                run.k.timer = None
-            totals = timer.totals()
-        step_ms = sum(ms for _, ms in totals.values())
-        graph_mode = "v4 graph" if version == 4 else "v2 graph"
-        say(f"\none decode step, per kernel, v{version}{' fused-norm' if fuse else ''} (eager, CUDA events around "
-            f"each launch; sum {step_ms:.3f} ms of GPU time vs {1e3 / results[graph_mode][0]:.3f} ms per token "
-            f"with the graph)")
-        say(f"  {'kernel':<34} {'launches':>8} {'total µs':>9} {'µs each':>8} {'share':>6}")
-        for name, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
-            say(f"  {name:<34} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / step_ms:5.1f}%")
-        n_launches = sum(n for n, _ in totals.values())
-        say(f"  {n_launches} launches per step")
+    # -- one decode step, per kernel
+    def one_step():
+        gpu.step.set(np.array([1, cache.length], dtype=np.int32))
+        gpu.decode_step(cache)
+    totals, step_ms = _per_kernel(gpu, cache, one_step)
+    say(f"\none decode step, per kernel (eager, CUDA events around each launch; sum {step_ms:.3f} ms of GPU time "
+        f"vs {1e3 / results['graph'][0]:.3f} ms per token with the graph)")
+    _print_kernels(totals, step_ms)
+    say(f"  {sum(n for n, _ in totals.values())} launches per step")
 
     # -- one prefill, per kernel (cuBLAS GEMMs included): where TTFT goes
     timer = EventTimer()
@@ -234,44 +211,12 @@ def bench(quick: bool, dtype: str, n_new: int, prompt_len: int, ttft_len: int,
     pf_ms = sum(ms for _, ms in totals.values())
     say(f"\none prefill of {ttft_len} tokens, per kernel (CUDA events around each launch; sum {pf_ms:.2f} ms "
         f"vs TTFT {ttft * 1e3:.1f} ms)")
-    say(f"  {'kernel':<34} {'launches':>8} {'total µs':>9} {'µs each':>8} {'share':>6}")
-    for name, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
-        say(f"  {name:<34} {n:8d} {ms * 1e3:9.1f} {ms * 1e3 / n:8.2f} {100 * ms / pf_ms:5.1f}%")
+    _print_kernels(totals, pf_ms)
 
-    # -- prefill attention: the tiled kernel vs the decode kernel with one query per token (the first version)
-    def attention_us(mode: str) -> tuple[float, float]:
-        """(µs of attention launches in one prefill, TTFT ms) with prefill_attention = mode."""
-        run = gpu.with_options(prefill_attention=mode)
-        ts = []
-        for _ in range(3):
-            cache.reset()
-            start = time.perf_counter()
-            run.prefill(prompt, cache)
-            ts.append(time.perf_counter() - start)
-        t = EventTimer()
-        cache.reset()
-        with run.stream:
-            run.k.timer = t
-            try:
-                run.prefill(prompt, cache)
-            finally:
-                run.k.timer = None
-        us = sum(ms for name, (_, ms) in t.totals().items() if "attention" in name) * 1e3
-        return us, statistics.median(ts[1:]) * 1e3
-    old_us, old_ttft = attention_us("decode")
-    new_us, new_ttft = attention_us("tiled")
-    say(f"\nprefill attention: old vs new µs: {old_us:.0f} vs {new_us:.0f} ({old_us / max(new_us, 1e-9):.1f}x; "
-        f"{cfg.n_layers} layers, {ttft_len} tokens; old = decode kernel one query per token, new = tiled "
-        f"prefill_attention.cu{'' if gpu.k.prefill_attention_supported(cfg.head_dim) else ': head_dim too large, fell back'}); "
-        f"TTFT {old_ttft:.1f} vs {new_ttft:.1f} ms")
-
-    best = max(("v4 graph", "v2 graph", "v2 graph+fused-norm"), key=lambda m: results[m][0])
-    graph_tps, eager_tps = results[best][0], results["v4 eager"][0]
-    say(f"\nsummary ({label}, {dtype}, batch 1; "
-        f"best decode mode: {best})")
+    graph_tps, eager_tps = results["graph"][0], results["eager"][0]
+    say(f"\nsummary ({label}, {dtype}, batch 1, CUDA graph)")
     rows = [("decode tok/s", f"{graph_tps:.1f}", f"≥ {TARGETS['float16']}"),
-            ("decode tok/s, v4 eager", f"{eager_tps:.1f}", ""),
-            ("decode tok/s, v2 graph", f"{results['v2 graph'][0]:.1f}", ""),
+            ("decode tok/s, eager", f"{eager_tps:.1f}", ""),
             ("GB/s", f"{per_token * graph_tps / 1e9:.0f}", ""),
             ("% of copy bandwidth", f"{100 * per_token * graph_tps / bw:.0f}%", "≥ 92%"),   # 270 of ~293 tok/s
             (f"TTFT {ttft_len} tokens, ms", f"{ttft * 1e3:.1f}", f"≤ {TTFT_TARGET_MS}" if ttft_len == 512 else "")]
