@@ -286,6 +286,14 @@ def _answer(llm, messages, **options) -> str:
 
 def _serve_guard_options(f):
     """`minillm serve`'s access control and per-request bounds (ServeOptions)."""
+    f = click.option("--max-connections", "max_connections", type=click.IntRange(min=1), default=512, show_default=True,
+                     help="Most open connections; past it a new one is answered 503 and closed.")(f)
+    f = click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True), default=60.0,
+                     show_default=True, metavar="SECONDS",
+                     help="A request's body must arrive within this long of its headers (else 408, closed).")(f)
+    f = click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0, min_open=True), default=10.0,
+                     show_default=True, metavar="SECONDS",
+                     help="A request's headers must arrive within this long of its first byte (else 408, closed).")(f)
     f = click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
                      help="Longest prompt in tokens [default: the model's context minus one].")(f)
     f = click.option("--max-prompt-chars", type=click.IntRange(min=1), default=8_000_000, show_default=True,
@@ -295,8 +303,10 @@ def _serve_guard_options(f):
     f = click.option("--cors-origin", default=None, help="Let pages from this origin read replies (CORS) [default: none].")(f)
     f = click.option("--allowed-hosts", default=None, metavar="NAMES",
                      help="Comma-separated Host names to answer besides loopback and --host ('*': any).")(f)
+    f = click.option("--public-metrics", is_flag=True,
+                     help="Serve /metrics without the API key (for a scraper that cannot send one).")(f)
     f = click.option("--api-key", envvar="MINILLM_API_KEY", default=None,
-                     help="Require 'Authorization: Bearer KEY' on /v1 routes [env: MINILLM_API_KEY].")(f)
+                     help="Require 'Authorization: Bearer KEY' on /v1, /api and /metrics [env: MINILLM_API_KEY].")(f)
     return f
 
 

@@ -278,14 +278,28 @@ def test_mla_models_are_not_supported_yet(llm):
 
 # ---- the scheduler alone, under random traffic (no model: a step "computes" by bookkeeping) --------
 
+class _PromptBudget:
+    """A step budget that always allows `n` prompt tokens beside decodes (the StepBudget's interface)."""
+    def __init__(self, n: int):
+        self.n = n
+
+    def prompt_tokens(self, decode_tokens: int) -> int:
+        return self.n
+
+
 @settings(max_examples=120, deadline=None)
 @given(requests=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 10), st.integers(0, 2)), min_size=1, max_size=10),
        n_blocks=st.integers(3, 14), max_batch=st.integers(1, 4), budget=st.integers(1, 40),
-       aborted=st.sets(st.integers(0, 9)))
-def test_scheduler_never_loses_or_duplicates_a_request(requests, n_blocks, max_batch, budget, aborted):
+       aborted=st.sets(st.integers(0, 9)), prompt_budget=st.one_of(st.none(), st.integers(1, 12)),
+       arrival_order=st.booleans())
+def test_scheduler_never_loses_or_duplicates_a_request(requests, n_blocks, max_batch, budget, aborted, prompt_budget,
+                                                        arrival_order):
+    """Whatever the traffic, pool and budgets (decodes first with a fixed or a step budget, or arrival order),
+    every request finishes exactly once, and beside decodes no step takes more prompt tokens than allowed."""
     bs, cache = 4, PrefixCache()
     blocks = BlockManager(n_blocks, cache)
-    scheduler = Scheduler(blocks, bs, max_batch, budget, cache)
+    scheduler = Scheduler(blocks, bs, max_batch, budget, cache, arrival_order=arrival_order,
+                          budget=None if prompt_budget is None else _PromptBudget(prompt_budget))
     seqs = []
     for rid, (prompt_len, max_tokens, prefix) in enumerate(requests):
         if -(-(prompt_len + max_tokens - 1) // bs) > n_blocks:
@@ -298,6 +312,9 @@ def test_scheduler_never_loses_or_duplicates_a_request(requests, n_blocks, max_b
             break
         batch = scheduler.schedule()
         assert len({id(seq) for seq, _ in batch}) == len(batch) and (batch or not scheduler.running)
+        assert sum(n for _, n in batch) <= budget
+        if prompt_budget is not None and not arrival_order and any(seq.decoding for seq, _ in batch):
+            assert sum(n for seq, n in batch if not seq.decoding) <= prompt_budget
         for seq, n in batch:
             assert 0 < n <= seq.num_pending
             scheduler.advance(seq, n)

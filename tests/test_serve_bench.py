@@ -87,3 +87,44 @@ def test_a_moving_load_average_is_warned_about():
     warning = load_warning(0.2, 1.9, cores=2)
     assert warning.startswith("warning: the load average moved from 0.20 to 1.90") and "--rounds" in warning
     assert load_warning(None, 3.0) is None
+
+
+# ---- the mixed workload: a chat beside a long prompt (issue 40) ----------------------------------------
+
+@pytest.fixture(scope="module")
+def long_context_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-long")
+    save_random_model(llama_config(num_hidden_layers=2, max_position_embeddings=2048), path)
+    return path
+
+
+def test_mixed_workload_shows_the_chat_stalled_before_the_budget_and_flowing_after(long_context_dir, tmp_path):
+    """A chat streams 8-token replies while a 1600-token prompt arrives two tokens before a reply ends. Before
+    (512-token chunks in arrival order) the chat's next turn waits for a chunk that leaves room: fewer chat
+    tokens than steps. After (the step budget) the chat gets a token in every step. Each round of each mode
+    is a CSV row; the chat's longest gap lies within the long prompt's time to first token."""
+    out_csv = tmp_path / "mixed.csv"
+    result = CliRunner().invoke(cli, ["bench", "serve", "--model", str(long_context_dir), "--workload", "mixed",
+                                      "--long-prompt-len", "1600", "--prompt-len", "8", "--output-len", "8",
+                                      "--rounds", "2", "--csv", str(out_csv)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "a 1600-token prompt arrives; 2 interleaved rounds" in out and "threads: " in out
+    assert "at the start" in out and "after / before (medians): chat max gap" in out
+    rows = list(csv.DictReader(out_csv.open()))
+    assert sorted((r["mode"].split()[0], r["round"]) for r in rows) == \
+        [("after", "0"), ("after", "1"), ("before", "0"), ("before", "1")]
+    for r in rows:
+        assert 0 < float(r["chat_max_gap_s"]) <= float(r["long_ttft_s"])
+        if r["mode"].startswith("before"):
+            assert (int(r["steps"]), int(r["chat_tokens"])) == (4, 3)      # 512, 512, 512 (the stall), 64
+        else:
+            assert int(r["chat_tokens"]) == int(r["steps"]) >= 4         # chunks of at most 512
+
+
+def test_mixed_workload_refuses_what_it_cannot_do_in_one_line(long_context_dir, model_dir):
+    for args, words in [(["--model", str(model_dir)], "context"),
+                        (["--model", str(long_context_dir), "--url", "http://127.0.0.1:9"], "--url")]:
+        result = CliRunner().invoke(cli, ["bench", "serve", "--workload", "mixed", *args])
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert result.output.startswith("minillm: error:") and words in result.output

@@ -2,7 +2,8 @@
 
 `sampling` and `generate` (one sequence: the loop, streaming, stop strings), then the serving engine
 in nano-vllm's rooms: `paged_kv` (the block pool and its manager), `prefix_cache`, `scheduler`
-(continuous batching), `batched` (one forward pass over many sequences) and `engine` (`Engine`);
+(continuous batching) and its `step_budget`, `batched` (one forward pass over many sequences) and
+`engine` (`Engine`);
 `speculative/` drafts tokens cheaply and verifies them in one pass, for `generate` and the `Engine`.
 It may import `minillm.model` and `minillm.checkpoints`. A faster runner (the GPU's) is handed in by
 `minillm.load`, never imported from here.

@@ -21,6 +21,15 @@ The tokens are the ones the Sampler would pick (np.argmax, NaN rule included), a
 stop / max_tokens / stop-string rules. Engine(device_greedy=False), or MINILLM_DEVICE_GREEDY=0 in the
 environment, sends every step through the logits and the samplers (to compare).
 
+One client cannot slow another down: every request in a step waits for the whole step, so while more than
+one request has work, a step takes every decode but only as many prompt tokens as keep it near
+`target_step_ms`, measured on this machine as it runs (step_budget.py, scheduler.py).
+A 7.5k-token prompt is then prefilled over many short steps while a chat beside it keeps streaming, where
+512-token chunks stalled the chat a second a step, and its next turn for the whole prefill (issue 40;
+`bench serve --workload mixed`, lessons/BENCHMARKS.md). A prompt with nobody beside it still takes whole
+`max_batch_tokens` chunks, and beside others at least 3x a step's fixed cost, so its own first token
+comes little later.
+
 Thread safety: `add_request`, `abort`, `step` and `stats` take one lock, so a server may run `step()`
 in a loop on one thread and call the others from its request handlers.
 """
@@ -44,6 +53,7 @@ from minillm.engine.sampling import Sampler, SamplingParams
 from minillm.threads import for_rows
 from minillm.engine.scheduler import Scheduler, Sequence
 from minillm.engine.speculative.pooled import EngineSpeculation
+from minillm.engine.step_budget import DEFAULT_TARGET_STEP_MS, StepBudget
 from minillm.model.kv_cache import kv_cache_format
 
 
@@ -87,7 +97,8 @@ class Engine:
     def __init__(self, llm, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
                  max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int | None = None,
                  prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True,
-                 speculative=None, draft_tokens: int | None = None, device_greedy: bool | None = None):
+                 speculative=None, draft_tokens: int | None = None, device_greedy: bool | None = None,
+                 target_step_ms: float | None = DEFAULT_TARGET_STEP_MS):
         """kv_cache: "auto" (the model's float type: fp32 here, the weights' 16 bits on the GPU) or "int8"
         (codes with a scale per position and head); default: as the model was loaded. The pool holds
         `num_blocks` blocks of `block_size` tokens, or as many as fit in `max_kv_bytes`. The backend comes
@@ -95,16 +106,23 @@ class Engine:
         GPU's for an llm loaded with device="cuda"); the engine never imports a backend. speculative:
         a drafter or its name, as llm.generate takes it ("ngram", "int4", "layers:N", a draft model), with
         `draft_tokens` drafts per request and step (default: the drafter's; engine/speculative/pooled.py; a draft model's KV
-        takes a share of every block). max_batch_tokens: the tokens one step computes at most (prompt chunks
-        and decodes together); default: the backend's (512 on the CPU, 2048 on the GPU). device_greedy: a step
+        takes a share of every block). max_batch_tokens: the tokens one step computes at most, decodes first,
+        then prompt chunks (a fixed budget); default: the backend's (512 on the CPU, 2048 on the GPU), and a
+        step beside other requests takes only the prompt tokens that keep it near target_step_ms (measured as
+        it runs; None: no target). max_batch_tokens=0: the backend's, shared in arrival order, no budget (the
+        scheduler before issue 40, for comparisons: a prompt's chunk can stall the decodes). device_greedy: a step
         whose requests are all greedy takes token ids from the runner (picked on the device by the GPU's)
         rather than logits; default on, unless MINILLM_DEVICE_GREEDY=0."""
         self.llm, self.config = llm, llm.config
         backend = llm.batching                           # checks the model: GQA, a model it can batch
-        if max_batch_tokens is None:
-            max_batch_tokens = backend.default_batch_tokens
-        if block_size < 1 or max_batch < 1 or max_batch_tokens < 1:
-            raise MiniLLMError("block_size, max_batch and max_batch_tokens must be >= 1")
+        if block_size < 1 or max_batch < 1 or (max_batch_tokens is not None and max_batch_tokens < 0):
+            raise MiniLLMError("block_size and max_batch must be >= 1, max_batch_tokens >= 0")
+        if target_step_ms is not None and not target_step_ms > 0:
+            raise MiniLLMError(f"target_step_ms must be > 0, got {target_step_ms}")
+        budget = None                                    # a fixed max_batch_tokens: no budget to adapt
+        if max_batch_tokens is None and target_step_ms is not None:
+            budget = StepBudget(target_step_ms / 1e3, backend.default_batch_tokens)
+        arrival_order, max_batch_tokens = max_batch_tokens == 0, max_batch_tokens or backend.default_batch_tokens
         if kv_cache is None:                             # as the model was loaded
             kv_cache = llm.model.kv_cache if llm.model.kv_cache in ("int8", "fp8") else "auto"
         try:
@@ -138,7 +156,8 @@ class Engine:
         self.prefix_cache = PrefixCache() if prefix_caching else None
         self.blocks = BlockManager(num_blocks, self.prefix_cache)
         self.scheduler = Scheduler(self.blocks, block_size, max_batch, max_batch_tokens, self.prefix_cache,
-                                   chunked_prefill, window=self.config.sliding_window)
+                                   chunked_prefill, window=self.config.sliding_window, budget=budget,
+                                   arrival_order=arrival_order)
         self.requests: dict[int, Request] = {}           # unfinished ones
         self._events: list[StepEvent] = []               # aborts, reported by the next step
         self._lock = threading.RLock()
@@ -239,35 +258,44 @@ class Engine:
     def step(self) -> list[StepEvent]:
         """Schedule, run one batched forward pass, sample; -> what each request produced."""
         with self._lock:
-            events, self._events = self._events, []
-            if self.spec is not None:                                # drafts ride along as pending tokens
-                self.spec.draft(self.scheduler.running, self.requests)
-            batch = self.scheduler.schedule()
-            if self.spec is not None:
-                self.spec.fill(batch, self.requests)
-            self._count_step(batch)
-            if not batch:
-                return events
-            for_rows(sum(n for _, n in batch))                       # decode or prefill: its BLAS threads (threads.py)
-            chunks = [SeqChunk(seq.tokens[seq.num_computed:seq.num_computed + n], seq.num_computed,
-                               seq.block_table) for seq, n in batch]
-            verify = self.spec.rows(batch) if self.spec is not None else None
-            if verify is not None:                                   # a verify chunk needs all its rows
-                logits = self.runner.forward(chunks, rows=verify[0])
-                for (seq, n), rows in zip(batch, verify[1]):
-                    request = self.requests[seq.request_id]
-                    if seq.request_id in self.spec.pending:
-                        events.append(self._emit(request, self.spec.verify(request, logits[rows], self.scheduler)))
-                    else:
-                        self._advance_and_sample(seq, n, logits[rows][-1], events)
-                return events
-            if self.device_greedy and all(self.requests[seq.request_id].greedy for seq, _ in batch):
-                self._greedy_step(batch, chunks, events)             # token ids back, not logits
-                return events
-            logits = self.runner.forward(chunks)                     # [len(batch), vocab]
-            for (seq, n), row in zip(batch, logits):
-                self._advance_and_sample(seq, n, row, events)
+            budget = self.scheduler.budget
+            if budget is None:
+                return self._step()
+            started = budget.clock()
+            events = self._step()
+            budget.record(*self.scheduler.last_step, budget.clock() - started)    # sizes the next steps
             return events
+
+    def _step(self) -> list[StepEvent]:
+        events, self._events = self._events, []
+        if self.spec is not None:                                # drafts ride along as pending tokens
+            self.spec.draft(self.scheduler.running, self.requests)
+        batch = self.scheduler.schedule()
+        if self.spec is not None:
+            self.spec.fill(batch, self.requests)
+        self._count_step(batch)
+        if not batch:
+            return events
+        for_rows(sum(n for _, n in batch))                       # decode or prefill: its BLAS threads (threads.py)
+        chunks = [SeqChunk(seq.tokens[seq.num_computed:seq.num_computed + n], seq.num_computed,
+                           seq.block_table) for seq, n in batch]
+        verify = self.spec.rows(batch) if self.spec is not None else None
+        if verify is not None:                                   # a verify chunk needs all its rows
+            logits = self.runner.forward(chunks, rows=verify[0])
+            for (seq, n), rows in zip(batch, verify[1]):
+                request = self.requests[seq.request_id]
+                if seq.request_id in self.spec.pending:
+                    events.append(self._emit(request, self.spec.verify(request, logits[rows], self.scheduler)))
+                else:
+                    self._advance_and_sample(seq, n, logits[rows][-1], events)
+            return events
+        if self.device_greedy and all(self.requests[seq.request_id].greedy for seq, _ in batch):
+            self._greedy_step(batch, chunks, events)             # token ids back, not logits
+            return events
+        logits = self.runner.forward(chunks)                     # [len(batch), vocab]
+        for (seq, n), row in zip(batch, logits):
+            self._advance_and_sample(seq, n, row, events)
+        return events
 
     def _greedy_step(self, batch, chunks: list[SeqChunk], events: list) -> None:
         """A step whose requests all sample greedily: the runner returns each row's argmax (on the GPU, picked

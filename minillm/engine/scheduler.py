@@ -2,20 +2,32 @@
 
 A sequence moves waiting -> running -> finished. Every step the scheduler
 
-1. gives each running sequence, oldest first, its next tokens (one for a decode, a chunk of its prompt
-   while it is still prefilling), growing its block table as needed. When no block is left it preempts
-   the newest running sequence: its blocks go back to the pool, it returns to the front of the waiting
-   queue, and it is recomputed from its tokens (prompt + output so far) when it is admitted again;
-2. admits waiting sequences, first come first served, while the batch has room (`max_batch`
-   sequences, `max_batch_tokens` tokens) and the pool has blocks. With a prefix cache, the full blocks
-   of a newcomer's prompt that are cached are shared instead of computed.
+1. gives each decoding sequence, oldest first, its next token (and any speculative drafts), growing its
+   block table as needed. When no block is left it preempts the newest running sequence: its blocks go
+   back to the pool, it returns to the front of the waiting queue, and it is recomputed from its tokens
+   (prompt + output so far) when it is admitted again;
+2. spends the step's prompt budget on the prompt with the fewest tokens left first, whether it is in
+   progress or waiting. Waiting sequences are admitted first come first served, while the batch has
+   room (`max_batch` sequences) and the pool has blocks, never those a prompt in progress still needs
+   (with a prefix cache, the full blocks of a newcomer's prompt that are cached are shared instead of
+   computed).
+
+The prompt budget is what keeps one client from slowing another down. A step lasts as long as all its
+tokens take, and every request in it waits that long. So while more than one request has work (a prompt
+beside decodes, or beside another prompt), a step takes only `StepBudget.prompt_tokens` prompt tokens
+(step_budget.py: sized to a target step time, measured as the engine runs) or, with a fixed budget,
+`max_batch_tokens` in all. A long prompt is then prefilled over many short steps (chunked prefill) while
+the others keep their tokens coming, and a short prompt that arrives meanwhile goes first, so its first
+token does not wait for the long one's. A prompt with nobody beside it takes whole `max_batch_tokens`
+chunks. (With `arrival_order`, the scheduler before this budget: running sequences in arrival order
+share `max_batch_tokens`, so a long prompt's chunks left nothing for the decodes behind it; kept for
+comparisons.)
 
 After a step, a sequence's newly full blocks become findable by the prefix cache, and with a sliding
 window (Mistral) the blocks that every later query of it is past go back to the pool (FREED in its table).
 
 So a request never waits for the whole batch to finish (static batching's problem): it joins at the next
-step. A token budget per step bounds how long one step takes, so a long prompt (split into chunks:
-chunked prefill) does not stall the decodes running beside it.
+step.
 
 One invariant makes the bookkeeping simple: `seq.tokens[:seq.num_computed]` have their keys and values
 in the pool; a step computes `tokens[num_computed : num_computed + n]`; when it catches up with the end
@@ -30,6 +42,7 @@ from dataclasses import dataclass, field
 
 from minillm.engine.paged_kv import FREED, BlockManager, first_needed_block
 from minillm.engine.prefix_cache import PrefixCache, block_hashes
+from minillm.engine.step_budget import StepBudget
 
 
 @dataclass(eq=False)
@@ -45,6 +58,7 @@ class Sequence:
     num_registered: int = 0               # block_table[:num_registered] are in the prefix cache
     num_dropped: int = 0                  # block_table[:num_dropped] are FREED: behind the sliding window
     cached_tokens: int = 0                # tokens served by the prefix cache at its last admission
+    decoding: bool = False                # caught up with its tokens since admission: one new token a step
     finished: bool = False
 
     @property
@@ -68,10 +82,15 @@ class Scheduler:
     """Decides each step's batch; owns the waiting and running queues and every sequence's blocks."""
 
     def __init__(self, blocks: BlockManager, block_size: int, max_batch: int, max_batch_tokens: int,
-                 prefix_cache: PrefixCache | None = None, chunked_prefill: bool = True, window: int | None = None):
+                 prefix_cache: PrefixCache | None = None, chunked_prefill: bool = True, window: int | None = None,
+                 budget: StepBudget | None = None, arrival_order: bool = False):
+        """budget: sizes the prompt work of a step beside other requests (None: max_batch_tokens in all);
+        arrival_order: the scheduler before the budget existed (bench serve's `before`)."""
         self.blocks, self.block_size, self.prefix_cache = blocks, block_size, prefix_cache
         self.window = window                  # the model's sliding window: blocks behind it are given back
         self.max_batch, self.max_batch_tokens, self.chunked_prefill = max_batch, max_batch_tokens, chunked_prefill
+        self.budget, self.arrival_order = budget, arrival_order
+        self.last_step = (0, 0)               # (decode tokens, prompt tokens) of the last schedule()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -80,45 +99,112 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> list[tuple[Sequence, int]]:
-        """The next step's batch: (sequence, number of its tokens to compute), running ones first."""
-        preemptions = self.preemptions
-        batch = self._schedule_running()
-        if len(batch) == len(self.running) and self.preemptions == preemptions:   # room to spare
-            batch += self._admit_waiting(self.max_batch_tokens - sum(n for _, n in batch), bool(batch))
+        """The next step's batch: (sequence, number of its tokens to compute): decodes, then prompt chunks."""
+        if self.arrival_order:
+            return self._schedule_in_arrival_order()
+        preemptions, batch = self.preemptions, []
+        self._take([seq for seq in self.running if seq.decoding], self.max_batch_tokens, batch)
+        decode_tokens = sum(n for _, n in batch)
+        prompts = [seq for seq in self.running if not seq.decoding]
+        if prompts or self.waiting:                  # a decode that found no block: no newcomer this step
+            self._prefill(prompts, self._prompt_room(decode_tokens), self.preemptions == preemptions, batch)
+        self.last_step = (decode_tokens, sum(n for _, n in batch) - decode_tokens)
         return batch
 
-    def _schedule_running(self) -> list[tuple[Sequence, int]]:
-        batch, budget = [], self.max_batch_tokens
-        while len(batch) < len(self.running) and budget > 0:
-            seq = self.running[len(batch)]
+    def _prompt_room(self, decode_tokens: int) -> int:
+        """Prompt tokens this step may take: the budget's if more than one request has work (a prompt beside
+        decodes or beside another prompt), else all that is left of the step."""
+        room = self.max_batch_tokens - decode_tokens
+        with_work = len(self.running) + min(len(self.waiting), self.max_batch - len(self.running))
+        if self.budget is not None and with_work > 1:
+            room = min(room, self.budget.prompt_tokens(decode_tokens))
+        return room
+
+    def _prefill(self, prompts: list[Sequence], room: int, admit: bool, batch: list) -> None:
+        """Prompt chunks into `room` tokens, the prompt with the fewest tokens to go first, so a short prompt
+        never waits out a long one. Newcomers join first come first served, each counted by its whole prompt,
+        and only while the pool keeps the blocks that the prompts in progress still need."""
+        prompts = sorted(prompts, key=lambda seq: seq.num_pending)
+        keep_free = sum(self._blocks_to_finish(seq) for seq in prompts)
+        while room > 0:
+            newcomer = self.waiting[0] if admit and self.waiting else None
+            if prompts and (newcomer is None or prompts[0].num_pending <= len(newcomer.tokens)):
+                seq = prompts.pop(0)
+                if seq not in self.running:          # preempted for an older one in this very step
+                    continue
+                n = min(seq.num_pending, room)
+                if not self._make_room(seq, n, batch):
+                    return
+                batch.append((seq, n))
+            elif newcomer is not None:
+                admitted = self._admit(room, bool(batch), keep_free)
+                if admitted is None:
+                    admit = False
+                    continue
+                batch.append(admitted)
+                n = admitted[1]
+            else:
+                return
+            room -= n
+
+    def _take(self, seqs: list[Sequence], budget: int, batch: list) -> None:
+        """Append running seqs to batch, each with its next min(pending, what is left of budget) tokens."""
+        for seq in seqs:
+            if budget <= 0:
+                break
+            if seq not in self.running:              # preempted for an older one in this very loop
+                continue
             n = min(seq.num_pending, budget)
-            while not self._reserve(seq, seq.num_computed + n):
-                victim = self.running.pop()          # the newest: the least work lost
-                self._preempt(victim)
-                if victim is seq:
-                    return batch
+            if not self._make_room(seq, n, batch):
+                return
             batch.append((seq, n))
             budget -= n
+
+    def _make_room(self, seq: Sequence, n: int, batch: list) -> bool:
+        """Reserve blocks for seq's next n tokens; while the pool is dry, preempt the newest running sequence
+        (out of the batch if it was in). False if that was seq itself."""
+        while not self._reserve(seq, seq.num_computed + n):
+            victim = self.running.pop()              # the newest: the least work lost
+            self._preempt(victim)
+            batch[:] = [(s, k) for s, k in batch if s is not victim]
+            if victim is seq:
+                return False
+        return True
+
+    def _blocks_to_finish(self, seq: Sequence) -> int:
+        """Blocks seq still needs to reach the end of its tokens (a prompt in progress)."""
+        return max(0, math.ceil(len(seq.tokens) / self.block_size) - len(seq.block_table))
+
+    def _schedule_in_arrival_order(self) -> list[tuple[Sequence, int]]:
+        """Running sequences first, oldest first, then newcomers, sharing max_batch_tokens: a prompt's chunk
+        can take the whole step while a decode behind it waits (kept for bench serve's comparison)."""
+        preemptions, batch = self.preemptions, []
+        self._take(list(self.running), self.max_batch_tokens, batch)
+        if len(batch) == len(self.running) and self.preemptions == preemptions:   # room to spare
+            budget = self.max_batch_tokens - sum(n for _, n in batch)
+            while (admitted := self._admit(budget, bool(batch))) is not None:
+                batch.append(admitted)
+                budget -= admitted[1]
         return batch
 
-    def _admit_waiting(self, budget: int, has_batch: bool) -> list[tuple[Sequence, int]]:
-        admitted = []
-        while self.waiting and len(self.running) < self.max_batch and budget > 0:
-            seq = self.waiting[0]
-            matched = self._cached_prefix(seq)
-            pending = len(seq.tokens) - len(matched) * self.block_size
-            if not self.chunked_prefill and pending > budget and (has_batch or admitted):
-                break                                # whole prompts only: wait for a step with room
-            n = pending if not self.chunked_prefill else min(pending, budget)
-            if not self._fits(matched, len(matched) * self.block_size + n):
-                break                                # first come, first served: nobody overtakes
-            self.waiting.popleft()
-            self._take_prefix(seq, matched)
-            self._reserve(seq, seq.num_computed + n)
-            self.running.append(seq)
-            admitted.append((seq, n))
-            budget -= n
-        return admitted
+    def _admit(self, budget: int, has_batch: bool, keep_free: int = 0) -> tuple[Sequence, int] | None:
+        """The first waiting sequence into the running batch with up to `budget` tokens, if the batch and the
+        pool have room (leaving `keep_free` blocks); None if it must wait."""
+        if not self.waiting or len(self.running) >= self.max_batch or budget <= 0:
+            return None
+        seq = self.waiting[0]
+        matched = self._cached_prefix(seq)
+        pending = len(seq.tokens) - len(matched) * self.block_size
+        if not self.chunked_prefill and pending > budget and has_batch:
+            return None                              # whole prompts only: wait for a step with room
+        n = pending if not self.chunked_prefill else min(pending, budget)
+        if not self._fits(matched, len(matched) * self.block_size + n, keep_free):
+            return None                              # first come, first served: nobody overtakes
+        self.waiting.popleft()
+        self._take_prefix(seq, matched)
+        self._reserve(seq, seq.num_computed + n)
+        self.running.append(seq)
+        return seq, n
 
     # ---- blocks ----------------------------------------------------------------------------------
     def _reserve(self, seq: Sequence, n_positions: int) -> bool:
@@ -137,11 +223,12 @@ class Scheduler:
         n_blocks = (len(seq.tokens) - 1) // self.block_size
         return self.prefix_cache.match(seq.full_block_hashes(n_blocks, self.block_size))
 
-    def _fits(self, matched: list[int], n_positions: int) -> bool:
-        """Would the pool hold a newcomer that shares `matched` and needs n_positions in all?"""
+    def _fits(self, matched: list[int], n_positions: int, keep_free: int = 0) -> bool:
+        """Would the pool hold a newcomer that shares `matched` and needs n_positions in all, and still
+        have `keep_free` blocks?"""
         need = math.ceil(n_positions / self.block_size) - len(matched)
         revived = sum(1 for b in matched if self.blocks.refcount[b] == 0)   # unused cached: no longer free
-        return need <= self.blocks.num_free - revived
+        return need + keep_free <= self.blocks.num_free - revived
 
     def _take_prefix(self, seq: Sequence, matched: list[int]) -> None:
         for block in matched:
@@ -157,6 +244,7 @@ class Scheduler:
         """Recompute preemption: drop seq's blocks (cached ones stay findable), requeue it first."""
         self.blocks.release_all(seq.block_table)
         seq.num_computed = seq.num_registered = seq.num_dropped = 0
+        seq.decoding = False
         self.waiting.appendleft(seq)
         self.preemptions += 1
 
@@ -165,6 +253,7 @@ class Scheduler:
         """n more of seq's tokens are in the pool; newly full blocks become findable by later requests,
         and with a sliding window the blocks every later query is past go back to the pool."""
         seq.num_computed += n
+        seq.decoding = seq.decoding or seq.num_pending == 0
         if self.prefix_cache is not None:
             full = seq.num_computed // self.block_size
             for j, h in enumerate(seq.full_block_hashes(full, self.block_size)[seq.num_registered:],

@@ -8,12 +8,15 @@ from minillm.tools import serve_bench
 def run_from_cli(model_name: str, device: str = "cpu", random_weights: bool = False, n_requests: int = 16,
                  concurrency: int = 8, prefix_share: float = 0.75, workload: str = "both", prompt_len: int = 128,
                  output_len: int = 32, seed: int = 0, csv_path=None, png_path=None, url: str | None = None,
-                 rounds: int = 3, api_key: str | None = None, echo=print) -> None:
+                 rounds: int = 3, api_key: str | None = None, echo=print, long_prompt_len: int = 7500,
+                 target_step_ms: float | None = None) -> None:
     """What `minillm bench serve` does: over HTTP against `url`, or in this process on a loaded (or
-    random-weight) model."""
+    random-weight) model; the mixed workload compares two engines, so in this process only."""
     from minillm.errors import MiniLLMError
     from minillm.llm import LLM, check_device, load
     from minillm.model.config import PRESETS
+    if workload == "mixed" and (url is not None or png_path is not None):
+        raise MiniLLMError("--workload mixed compares two engines in this process: it takes no --url or --png")
     if url is not None:                    # the workload goes over HTTP; no model is loaded here
         if png_path is not None:
             raise MiniLLMError("--png compares the in-process modes; with --url use --csv")
@@ -40,5 +43,10 @@ def run_from_cli(model_name: str, device: str = "cpu", random_weights: bool = Fa
             install(thread_policy(llm.model))           # as load() does: BLAS threads measured for this model
     else:
         llm = load(model_name, device)
+    if workload == "mixed":
+        from minillm.tools import serve_bench_mixed
+        serve_bench_mixed.run_cli(llm, prompt_len, output_len, long_prompt_len, rounds, target_step_ms, csv_path, seed,
+                                  echo=echo)
+        return
     serve_bench.run_cli(llm, n_requests, concurrency, prefix_share, workload, prompt_len, output_len, csv_path, png_path, seed,
                         rounds, echo=echo)
