@@ -222,15 +222,14 @@ def test_greedy_steps_take_token_ids_from_the_runner_and_emit_the_same_tokens(ll
 def test_a_step_with_a_sampled_request_stays_on_the_logits(llm, monkeypatch):
     """One request with a temperature among greedy ones: its 4 steps take logits (the sampler draws from them),
     the all-greedy steps after it finished take ids; the seeded outputs equal the logits path's all along.
-    MINILLM_DEVICE_GREEDY=0 turns the ids path off, an explicit option wins over it."""
+    device_greedy=False turns the ids path off."""
     on = Engine(llm)
     calls = _counting_greedy_calls(on)
     sampled = dict(temperature=0.9, seed=5, max_tokens=4)
     prompts = _prompts()
     got = _run(on, prompts, **sampled)
-    monkeypatch.setenv("MINILLM_DEVICE_GREEDY", "0")
-    off = Engine(llm)
-    assert not off.device_greedy and Engine(llm, device_greedy=True).device_greedy
+    off = Engine(llm, device_greedy=False)
+    assert not off.device_greedy
     assert got == _run(off, prompts, **sampled)
     assert [ids for ids, _, _ in got[1:]] == [_alone(llm, p) for p in prompts[1:]]
     assert calls == [len(prompts) - 1] * (MAX_TOKENS - 4)         # every step after the sampled request's 4

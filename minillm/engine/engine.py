@@ -18,8 +18,8 @@ Greedy steps: when every request in a step samples greedily (temperature 0) and 
 speculative drafts, the engine asks the runner for token ids instead of logits (`runner.forward_greedy`):
 the GPU runner takes each row's argmax on the device and copies back B int32 instead of [B, vocab] fp32.
 The tokens are the ones the Sampler would pick (np.argmax, NaN rule included), and go through the same
-stop / max_tokens / stop-string rules. Engine(device_greedy=False), or MINILLM_DEVICE_GREEDY=0 in the
-environment, sends every step through the logits and the samplers (to compare).
+stop / max_tokens / stop-string rules. Engine(device_greedy=False) sends every step through the logits
+and the samplers (to compare).
 
 One client cannot slow another down: every request in a step waits for the whole step, so while more than
 one request has work, a step takes every decode but only as many prompt tokens as keep it near
@@ -36,7 +36,6 @@ in a loop on one thread and call the others from its request handlers.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -97,7 +96,7 @@ class Engine:
     def __init__(self, llm, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
                  max_kv_bytes: int | None = None, max_batch: int = 32, max_batch_tokens: int | None = None,
                  prefix_caching: bool = True, kv_cache: str | None = None, chunked_prefill: bool = True,
-                 speculative=None, draft_tokens: int | None = None, device_greedy: bool | None = None,
+                 speculative=None, draft_tokens: int | None = None, device_greedy: bool = True,
                  target_step_ms: float | None = DEFAULT_TARGET_STEP_MS):
         """kv_cache: "auto" (the model's float type: fp32 here, the weights' 16 bits on the GPU) or "int8"
         (codes with a scale per position and head); default: as the model was loaded. The pool holds
@@ -112,7 +111,7 @@ class Engine:
         it runs; None: no target). max_batch_tokens=0: the backend's, shared in arrival order, no budget (the
         scheduler before issue 40, for comparisons: a prompt's chunk can stall the decodes). device_greedy: a step
         whose requests are all greedy takes token ids from the runner (picked on the device by the GPU's)
-        rather than logits; default on, unless MINILLM_DEVICE_GREEDY=0."""
+        rather than logits (default on)."""
         self.llm, self.config = llm, llm.config
         backend = llm.batching                           # checks the model: GQA, a model it can batch
         if block_size < 1 or max_batch < 1 or (max_batch_tokens is not None and max_batch_tokens < 0):
@@ -148,8 +147,6 @@ class Engine:
             raise MiniLLMError(f"max_kv_bytes={max_kv_bytes} holds no KV block of {block_size} tokens")
         self.pool = backend.new_pool(self.config, num_blocks, block_size, kv_cache)
         self.runner = backend.new_runner(self.pool)
-        if device_greedy is None:
-            device_greedy = os.environ.get("MINILLM_DEVICE_GREEDY", "1") != "0"
         self.device_greedy = device_greedy and hasattr(self.runner, "forward_greedy")
         self.spec = None if drafter is None else EngineSpeculation(drafter, draft_tokens, num_blocks, block_size,
                                                                    storage, self.config.sliding_window)
