@@ -10,6 +10,7 @@ from gpu_skip import DTYPES, cupy_with_a_device, ok
 
 cp = cupy_with_a_device()
 
+from minillm.cuda.dev.lab import as_lab  # noqa: E402
 from minillm.cuda.dev.attention import check_attention_int8, check_kv_append_int8, check_kv_dequantize  # noqa: E402
 from minillm.cuda.dev.model import (MODEL_TOL, check_graph_equals_eager, check_greedy,  # noqa: E402
                                     check_model_logits, small_config)
