@@ -116,6 +116,7 @@ def test_mixed_workload_shows_the_chat_stalled_before_the_budget_and_flowing_aft
         [("after", "0"), ("after", "1"), ("before", "0"), ("before", "1")]
     for r in rows:
         assert 0 < float(r["chat_max_gap_s"]) <= float(r["long_ttft_s"])
+        assert 0 < float(r["chat_max_itl_s"]) <= float(r["chat_max_gap_s"])   # a reply's gaps are some of them
         if r["mode"].startswith("before"):
             assert (int(r["steps"]), int(r["chat_tokens"])) == (4, 3)      # 512, 512, 512 (the stall), 64
         else:
