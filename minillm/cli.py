@@ -288,10 +288,10 @@ def _serve_guard_options(f):
     """`minillm serve`'s access control and per-request bounds (ServeOptions)."""
     f = click.option("--max-connections", "max_connections", type=click.IntRange(min=1), default=512, show_default=True,
                      help="Most open connections; past it a new one is answered 503 and closed.")(f)
-    f = click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True), default=60.0,
+    f = click.option("--body-timeout", "body_timeout_s", type=Finite(min=0, min_open=True), default=60.0,
                      show_default=True, metavar="SECONDS",
                      help="A request's body must arrive within this long of its headers (else 408, closed).")(f)
-    f = click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0, min_open=True), default=10.0,
+    f = click.option("--header-timeout", "header_timeout_s", type=Finite(min=0, min_open=True), default=10.0,
                      show_default=True, metavar="SECONDS",
                      help="A request's headers must arrive within this long of its first byte (else 408, closed).")(f)
     f = click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,

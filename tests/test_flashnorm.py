@@ -202,7 +202,7 @@ def _one_line_error(result, *fragments):
 def test_convert_flashnorm_user_errors(untied_llama, tmp_path):
     _, src = untied_llama
     run = lambda *a: CliRunner().invoke(cli, ["convert", *map(str, a)])
-    _one_line_error(run(tmp_path / "missing", tmp_path / "x", "--flashnorm"), "no such file")
+    _one_line_error(run(tmp_path / "missing", tmp_path / "x", "--flashnorm"), "missing': not a file or folder")
     _one_line_error(run(src, tmp_path / "x", "--untie"), "--untie only goes with --flashnorm")
     _one_line_error(run(src, src, "--flashnorm"), "must differ from the source")
     _one_line_error(run(src, tmp_path / "x", "--flashnorm", "--kv-heads", "1"), "--kv-heads first")
