@@ -10,7 +10,7 @@ from hf_models import llama_config, save_random_model
 from minillm.engine.engine import Engine
 from minillm.engine.generate import generate_ids
 from minillm.engine.sampling import SamplingParams
-from minillm.engine.step_budget import MIN_PROMPT_TOKENS, StepBudget
+from minillm.engine.step_budget import MIN_PROMPT_TOKENS, STEP_CAP, StepBudget
 
 LONG, CHAT = 1500, 6                     # prompt tokens: the long one (3 chunks of 512) and a chat's
 
@@ -164,6 +164,10 @@ def test_the_budget_converges_to_what_fits_the_target():
     slow = StepBudget(TARGET, 512)
     run(slow, 4, a=4 * A)
     assert abs(_pair(slow) - 3 * 4 * A / B) <= 1 and 3 * 4 * A / B > (TARGET - 4 * A) / B    # 3a, not what fits
+    slower = StepBudget(TARGET, 1024)                           # a alone longer than the target: 3a would make
+    run(slower, 4, a=0.3)                                       # 1.2 s steps; they stop at STEP_CAP targets
+    cap = (STEP_CAP * TARGET - 0.3) / B - 1
+    assert abs(_pair(slower) - cap) <= 1 and 3 * 0.3 / B > cap
     tiny = StepBudget(0.001, 512)                               # a target no step can meet:
     run(tiny, 2, a=0.0)
     assert _pair(tiny) == pytest.approx(MIN_PROMPT_TOKENS, abs=1)  # a floor: prompts move on

@@ -21,7 +21,8 @@ Each step pays `fixed_s` again, so small chunks make the prompt's own first toke
 that bounded: a prompt with no other request beside it is not throttled at all (scheduler.py), and
 beside others its tokens take at least PROMPT_TO_FIXED times `fixed_s`, so at least three quarters of
 every step is prefill (its first token at most ~1/3 later than with no fixed cost) even where `fixed_s`
-alone is near the target; the others then wait longer than the target for each token.
+alone is near the target; the others then wait longer than the target for each token, but never for a step
+longer than STEP_CAP times the target (what a chat beside a long prompt must not wait past: a second).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from typing import Callable
 DEFAULT_TARGET_STEP_MS = 200.0  # well under a second between tokens; bench serve --workload mixed measures it
 MIN_PROMPT_TOKENS = 16          # however slow the machine, a prompt beside decodes still moves forward
 PROMPT_TO_FIXED = 3             # beside decodes, a step's prompt tokens take at least 3x its fixed cost
+STEP_CAP = 3                    # ... but that floor never makes a step longer than 3x the target (0.6 s at 200 ms)
 DECAY = 0.9                     # each older step counts this much less in the fit
 WOBBLE = 0.2                    # chunks alternate between 1 + WOBBLE and 1 - WOBBLE times their size
 
@@ -68,8 +70,10 @@ class StepBudget:
         fixed_s, per_token_s = line
         fits = (self.target_s - fixed_s) / per_token_s - decode_tokens
         floor = PROMPT_TO_FIXED * fixed_s / per_token_s
+        cap = (STEP_CAP * self.target_s - fixed_s) / per_token_s - decode_tokens
         self._wobble = -self._wobble
-        return max(0, min(room, int(max(MIN_PROMPT_TOKENS, fits, floor) * (1 + self._wobble))))
+        size = max(MIN_PROMPT_TOKENS, min(max(fits, floor), cap))
+        return max(0, min(room, int(size * (1 + self._wobble))))
 
     def record(self, decode_tokens: int, prompt_tokens: int, step_s: float) -> None:
         """A step of that many decode and prompt tokens took step_s seconds."""
