@@ -164,3 +164,24 @@ def test_parts_minillm_does_not_implement_are_refused_naming_them(part, make, tm
     _train(pre, norm, byte_fallback=False, path=tmp_path, post=post)
     with pytest.raises(TokenizerFileError, match=part):
         tokenizer_from_hf(tmp_path)
+
+
+@pytest.mark.parametrize("flag", ["lstrip", "rstrip", "single_word"])
+def test_added_token_flags_minillm_does_not_implement_are_refused(flag, tmp_path):
+    """HF strips the spaces beside an lstrip/rstrip token and matches a single_word one only as a whole word, so
+    the same text encodes otherwise than with the flag off (checked here on HF itself); minillm, which does none
+    of that, refuses such a file in one line rather than encode it differently."""
+    tok = _train(pt.ByteLevel(add_prefix_space=False), None, byte_fallback=False, path=tmp_path)
+    plain = Tokenizer.from_str(tok.to_str())
+    plain.add_special_tokens([AddedToken("<tool>", special=True)])
+    flagged = Tokenizer.from_str(tok.to_str())
+    flagged.add_special_tokens([AddedToken("<tool>", special=True, **{flag: True})])
+    texts = ["call <tool> now", "x<tool>y", "a <tool>", "<tool> b"]
+    assert [plain.encode(t).ids for t in texts] != [flagged.encode(t).ids for t in texts]
+    flagged.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(TokenizerFileError, match=f"'<tool>' sets {flag}"):
+        tokenizer_from_hf(tmp_path)
+    plain.save(str(tmp_path / "tokenizer.json"))
+    mine = tokenizer_from_hf(tmp_path)                                   # the flag off: loads and agrees with HF
+    assert [mine.encode(t, allow_special=True) for t in texts] == [plain.encode(t, add_special_tokens=False).ids
+                                                                   for t in texts]

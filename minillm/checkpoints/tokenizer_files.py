@@ -282,6 +282,11 @@ def _check_ids(json_path: Path, vocab, added, vocab_size: int | None) -> None:
     if not isinstance(added, list) or not all(isinstance(a, dict) and isinstance(a.get("content"), str)
                                               for a in added):
         raise ValueError(f"{json_path}: added_tokens must be a list of objects with an id and a content")
+    for a in added:      # HF strips spaces around such a token or matches it only as a whole word: not done here
+        flags = [flag for flag in ("lstrip", "rstrip", "single_word") if a.get(flag)]
+        if flags:
+            raise ValueError(f"{json_path}: the added token {a['content']!r} sets {' and '.join(flags)}, which "
+                             "minillm's tokenizer does not implement (it would encode text around it differently)")
     for where, i in [*(("model.vocab", i) for i in vocab.values()), *(("added_tokens", a.get("id")) for a in added)]:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_VOCAB:
             raise ValueError(f"{json_path}: {where} has the id {i!r}; ids are integers from 0 to {MAX_VOCAB - 1}")
