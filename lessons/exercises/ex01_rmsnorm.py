@@ -1,7 +1,7 @@
 """Exercise 01 (lesson 01): RMSNorm, the normalization in front of every attention and MLP block.
 
 Write `rmsnorm` below, then check it:
-    minillm exercise check 1          (or: pytest lessons/exercises --exercise 1)
+    minillm exercise check 1          (in a clone: pytest lessons/exercises --exercise 1)
 The grader compares it with the engine's own `minillm.model.layers.rmsnorm` on random inputs.
 """
 import numpy as np

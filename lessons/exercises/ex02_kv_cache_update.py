@@ -1,7 +1,7 @@
 """Exercise 02 (lesson 02): writing new keys and values into a preallocated KV cache.
 
 Write `kv_cache_update` below, then check it:
-    minillm exercise check 2          (or: pytest lessons/exercises --exercise 2)
+    minillm exercise check 2          (in a clone: pytest lessons/exercises --exercise 2)
 The grader compares it with the engine's `minillm.model.kv_cache.KVCache.append` on random inputs.
 """
 import numpy as np

@@ -1,7 +1,7 @@
 """Exercise 04 (lesson 04): nucleus (top-p) filtering of the next-token logits.
 
 Write `top_p_filter` below, then check it:
-    minillm exercise check 4          (or: pytest lessons/exercises --exercise 4)
+    minillm exercise check 4          (in a clone: pytest lessons/exercises --exercise 4)
 The grader compares it with the engine's `minillm.engine.sampling.top_p_filter` on random inputs.
 """
 import numpy as np

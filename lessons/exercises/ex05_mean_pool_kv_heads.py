@@ -1,7 +1,7 @@
 """Exercise 05 (lesson 05): pool a checkpoint's K (or V) projection from n_kv_heads heads down to n_new.
 
 Write `mean_pool_kv_heads` below, then check it:
-    minillm exercise check 5          (or: pytest lessons/exercises --exercise 5)
+    minillm exercise check 5          (in a clone: pytest lessons/exercises --exercise 5)
 The grader compares it with the engine's `minillm.checkpoints.kv_heads.pool_heads` on random weights.
 """
 import numpy as np

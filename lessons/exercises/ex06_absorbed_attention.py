@@ -1,7 +1,7 @@
 """Exercise 06 (lesson 06): multi-head latent attention in latent space ("absorbed"), never expanding K or V.
 
 Write `absorbed_attention` below, then check it:
-    minillm exercise check 6          (or: pytest lessons/exercises --exercise 6)
+    minillm exercise check 6          (in a clone: pytest lessons/exercises --exercise 6)
 The grader compares it with the engine's `minillm.model.mla.absorbed_attention` on random inputs.
 """
 import numpy as np

@@ -1,7 +1,7 @@
 """Exercise 07 (lesson 07): which keys each query may attend to, causal and with a sliding window.
 
 Write `sliding_window_mask` below, then check it:
-    minillm exercise check 7          (or: pytest lessons/exercises --exercise 7)
+    minillm exercise check 7          (in a clone: pytest lessons/exercises --exercise 7)
 The grader compares it with the engine's `minillm.model.attention.attention_mask`.
 """
 import numpy as np

@@ -1,7 +1,7 @@
 """Exercise 08 (lesson 08): symmetric int8 quantization of a weight matrix, one scale per output row.
 
 Write `quantize_int8_per_row` below, then check it:
-    minillm exercise check 8          (or: pytest lessons/exercises --exercise 8)
+    minillm exercise check 8          (in a clone: pytest lessons/exercises --exercise 8)
 The grader compares it with the engine's `minillm.model.quant.quantize_int8`.
 """
 import numpy as np

@@ -1,7 +1,7 @@
 """Exercise 09 (lesson 09): asymmetric int4 quantization in groups, packed two codes a byte.
 
 Write `quantize_int4_groupwise` below, then check it:
-    minillm exercise check 9          (or: pytest lessons/exercises --exercise 9)
+    minillm exercise check 9          (in a clone: pytest lessons/exercises --exercise 9)
 The grader compares it with the engine's `minillm.model.quant.quantize_int4(w, group_size)` (its .qweight,
 .scales, .mins), i.e. the min/max grid. The engine then goes one step further and searches each
 group's grid (`search=True`: clipping, weighted by how large each input column's activations are);

@@ -1,7 +1,7 @@
 """Exercise 10 (lesson 10): int8 keys and values for the KV cache, one scale per (head, position).
 
 Write `quantize_kv_int8` below, then check it:
-    minillm exercise check 10         (or: pytest lessons/exercises --exercise 10)
+    minillm exercise check 10         (in a clone: pytest lessons/exercises --exercise 10)
 The grader compares it with what the engine's `minillm.model.kv_cache.Int8KVCache.append` stores.
 """
 import numpy as np

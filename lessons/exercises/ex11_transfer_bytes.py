@@ -1,7 +1,7 @@
 """Exercise 11 (lesson 11): what crosses the bus between the host and the GPU, and how often.
 
 Write `transfer_bytes` below, then check it:
-    minillm exercise check 11         (or: pytest lessons/exercises --exercise 11)
+    minillm exercise check 11         (in a clone: pytest lessons/exercises --exercise 11)
 The grader compares it with what the engine's GPU path moves (minillm/cuda/gpu_model.py).
 """
 

@@ -1,7 +1,7 @@
 """Exercise 12 (lesson 12): the exact order in which one CUDA block adds up a row.
 
 Write `block_sum` below, then check it:
-    minillm exercise check 12         (or: pytest lessons/exercises --exercise 12)
+    minillm exercise check 12         (in a clone: pytest lessons/exercises --exercise 12)
 The grader compares it bit for bit with an emulation of kernels/common.cuh's block_sum, which lesson 12
 checks against the GPU itself.
 """

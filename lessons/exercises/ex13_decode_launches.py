@@ -1,7 +1,7 @@
 """Exercise 13 (lesson 13): how many kernels the GPU decode step launches for one token.
 
 Write `decode_launches` below, then check it:
-    minillm exercise check 13         (or: pytest lessons/exercises --exercise 13)
+    minillm exercise check 13         (in a clone: pytest lessons/exercises --exercise 13)
 The grader compares it with the launches recorded while the engine's own decode step runs.
 """
 

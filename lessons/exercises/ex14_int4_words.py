@@ -1,7 +1,7 @@
 """Exercise 14 (lesson 14): read int4 weights the way the GPU kernel does, one 32-bit word at a time.
 
 Write `dequantize_int4_words` below, then check it:
-    minillm exercise check 14         (or: pytest lessons/exercises --exercise 14)
+    minillm exercise check 14         (in a clone: pytest lessons/exercises --exercise 14)
 The grader compares it with the engine's `minillm.model.quant.Int4Weight.dequantize` on the same bytes.
 """
 import numpy as np

@@ -1,7 +1,7 @@
 """Exercise 15 (lesson 15): fold an RMSNorm gain into the linear layer that follows it (FlashNorm, Prop. 1).
 
 Write `fold_rmsnorm_into_linear` below, then check it:
-    minillm exercise check 15          (or: pytest lessons/exercises --exercise 15)
+    minillm exercise check 15          (in a clone: pytest lessons/exercises --exercise 15)
 The grader compares it with the engine's `minillm.model.flashnorm.fold_rmsnorm_into_linear`.
 """
 import numpy as np

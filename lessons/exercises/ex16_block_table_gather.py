@@ -1,7 +1,7 @@
 """Exercise 16 (lesson 16): read one sequence's keys back from the paged pool, through its block table.
 
 Write `gather_through_block_table` below, then check it:
-    minillm exercise check 16          (or: pytest lessons/exercises --exercise 16)
+    minillm exercise check 16          (in a clone: pytest lessons/exercises --exercise 16)
 The grader compares it with the engine's `minillm.engine.paged_kv.PagedKVCache.read`.
 """
 import numpy as np

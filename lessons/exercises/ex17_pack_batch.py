@@ -1,7 +1,7 @@
 """Exercise 17 (lesson 17): pack a batch of sequences, each at its own length, into one token matrix.
 
 Write `pack_batch` below, then check it:
-    minillm exercise check 17          (or: pytest lessons/exercises --exercise 17)
+    minillm exercise check 17          (in a clone: pytest lessons/exercises --exercise 17)
 The grader compares it with the engine's `minillm.engine.batched.pack`.
 """
 import numpy as np

@@ -1,7 +1,7 @@
 """Exercise 18 (lesson 18): how many prompt tokens the prefix cache can serve.
 
 Write `cached_prefix_tokens` below, then check it:
-    minillm exercise check 18          (or: pytest lessons/exercises --exercise 18)
+    minillm exercise check 18          (in a clone: pytest lessons/exercises --exercise 18)
 The grader compares it with the engine's `minillm.engine.prefix_cache` (hashed full blocks, vLLM's design).
 """
 

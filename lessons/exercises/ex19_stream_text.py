@@ -1,7 +1,7 @@
 """Exercise 19 (lesson 19): read a streamed answer of an OpenAI-compatible server.
 
 Write `stream_text` below, then check it:
-    minillm exercise check 19         (or: pytest lessons/exercises --exercise 19)
+    minillm exercise check 19         (in a clone: pytest lessons/exercises --exercise 19)
 The grader compares it with the engine's `minillm.tools.serve_client_bench.stream_text` (the reader that
 `minillm bench serve --url` times requests with) on bodies shaped like what `minillm serve` sends.
 """

@@ -1,7 +1,7 @@
 """Exercise 21 (lesson 21): tensor parallelism, one rank's share of a transformer block.
 
 Write `tp_partials` below, then check it:
-    minillm exercise check 21         (or: pytest lessons/exercises --exercise 21)
+    minillm exercise check 21         (in a clone: pytest lessons/exercises --exercise 21)
 The grader runs it for every rank r of N and compares each rank's partials with
 `minillm.course.tp_partials_reference` (the engine's split, engine/parallel/sharding.py), then checks
 that the N partials sum to the unsharded block: what the all-reduce after o and after down computes.

@@ -1,7 +1,7 @@
 """Exercise 22 (lesson 22): the mixture-of-experts router, softmax top-k with renormalized weights.
 
 Write `top_k_route` below, then check it:
-    minillm exercise check 22         (or: pytest lessons/exercises --exercise 22)
+    minillm exercise check 22         (in a clone: pytest lessons/exercises --exercise 22)
 The grader compares it with the engine's router for Mixtral (`minillm.model.moe.route` with
 router="softmax"), given the router's logits (h @ W_routerᵀ) instead of h and the router matrix.
 """

@@ -1,7 +1,7 @@
 """Exercise 23 (lesson 23): encode one MXFP4 block, 32 weights as FP4 E2M1 codes and one E8M0 scale.
 
 Write `encode_mxfp4_block` below, then check it:
-    minillm exercise check 23         (or: pytest lessons/exercises --exercise 23)
+    minillm exercise check 23         (in a clone: pytest lessons/exercises --exercise 23)
 The grader compares it with the engine's `minillm.model.formats.encode_mx_block`, which
 `quantize_mxfp4` applies to every block of 32 weights of a row.
 """

@@ -1,7 +1,7 @@
 """Exercise 24 (lesson 24): FlashAttention's online softmax, merging two partial results.
 
 Write `merge_softmax_partials` below, then check it:
-    minillm exercise check 24         (or: pytest lessons/exercises --exercise 24)
+    minillm exercise check 24         (in a clone: pytest lessons/exercises --exercise 24)
 The grader compares it with `minillm.course.merge_partials_reference`, the combine step of
 kernels/decode_attention.cu (attention_combine) written in NumPy, and checks that acc / l is the
 softmax attention over the keys of both parts.

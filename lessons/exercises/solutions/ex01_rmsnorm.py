@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex01_rmsnorm.py.
 
 Write `rmsnorm` below, then check it:
-    minillm exercise check 1          (or: pytest lessons/exercises --exercise 1)
+    minillm exercise check 1          (in a clone: pytest lessons/exercises --exercise 1)
 The grader compares it with the engine's own `minillm.model.layers.rmsnorm` on random inputs.
 """
 import numpy as np

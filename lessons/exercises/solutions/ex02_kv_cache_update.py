@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex02_kv_cache_update.py.
 
 Write `kv_cache_update` below, then check it:
-    minillm exercise check 2          (or: pytest lessons/exercises --exercise 2)
+    minillm exercise check 2          (in a clone: pytest lessons/exercises --exercise 2)
 The grader compares it with the engine's `minillm.model.kv_cache.KVCache.append` on random inputs.
 """
 import numpy as np

@@ -6,7 +6,7 @@ Prefill applies it to T positions at once, decode to one position at a time: the
 the angle depends on the absolute position (the cache length at decode), not on the row index.
 
 Write `apply_rope` below, then check it:
-    minillm exercise check 3          (or: pytest lessons/exercises --exercise 3)
+    minillm exercise check 3          (in a clone: pytest lessons/exercises --exercise 3)
 The grader compares it with the engine's `minillm.model.layers.apply_rope` on random inputs.
 """
 import numpy as np

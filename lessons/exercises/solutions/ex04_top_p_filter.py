@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex04_top_p_filter.py.
 
 Write `top_p_filter` below, then check it:
-    minillm exercise check 4          (or: pytest lessons/exercises --exercise 4)
+    minillm exercise check 4          (in a clone: pytest lessons/exercises --exercise 4)
 The grader compares it with the engine's `minillm.engine.sampling.top_p_filter` on random inputs.
 """
 import numpy as np

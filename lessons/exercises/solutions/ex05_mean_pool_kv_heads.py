@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex05_mean_pool_kv_heads.py.
 
 Write `mean_pool_kv_heads` below, then check it:
-    minillm exercise check 5          (or: pytest lessons/exercises --exercise 5)
+    minillm exercise check 5          (in a clone: pytest lessons/exercises --exercise 5)
 The grader compares it with the engine's `minillm.checkpoints.kv_heads.pool_heads` on random weights.
 """
 import numpy as np

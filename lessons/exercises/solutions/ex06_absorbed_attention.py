@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex06_absorbed_attention.py.
 
 Write `absorbed_attention` below, then check it:
-    minillm exercise check 6          (or: pytest lessons/exercises --exercise 6)
+    minillm exercise check 6          (in a clone: pytest lessons/exercises --exercise 6)
 The grader compares it with the engine's `minillm.model.mla.absorbed_attention` on random inputs.
 """
 import numpy as np

@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex07_sliding_window_mask.py.
 
 Write `sliding_window_mask` below, then check it:
-    minillm exercise check 7          (or: pytest lessons/exercises --exercise 7)
+    minillm exercise check 7          (in a clone: pytest lessons/exercises --exercise 7)
 The grader compares it with the engine's `minillm.model.attention.attention_mask`.
 """
 import numpy as np

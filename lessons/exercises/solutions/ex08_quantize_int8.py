@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex08_quantize_int8.py.
 
 Write `quantize_int8_per_row` below, then check it:
-    minillm exercise check 8          (or: pytest lessons/exercises --exercise 8)
+    minillm exercise check 8          (in a clone: pytest lessons/exercises --exercise 8)
 The grader compares it with the engine's `minillm.model.quant.quantize_int8`.
 """
 import numpy as np

@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex10_quantize_kv_int8.py.
 
 Write `quantize_kv_int8` below, then check it:
-    minillm exercise check 10         (or: pytest lessons/exercises --exercise 10)
+    minillm exercise check 10         (in a clone: pytest lessons/exercises --exercise 10)
 The grader compares it with what the engine's `minillm.model.kv_cache.Int8KVCache.append` stores.
 """
 import numpy as np

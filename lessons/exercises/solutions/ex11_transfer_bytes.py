@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex11_transfer_bytes.py.
 
 Write `transfer_bytes` below, then check it:
-    minillm exercise check 11         (or: pytest lessons/exercises --exercise 11)
+    minillm exercise check 11         (in a clone: pytest lessons/exercises --exercise 11)
 The grader compares it with what the engine's GPU path moves (minillm/cuda/gpu_model.py).
 """
 

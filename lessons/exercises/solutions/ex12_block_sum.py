@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex12_block_sum.py.
 
 Write `block_sum` below, then check it:
-    minillm exercise check 12         (or: pytest lessons/exercises --exercise 12)
+    minillm exercise check 12         (in a clone: pytest lessons/exercises --exercise 12)
 The grader compares it bit for bit with an emulation of kernels/common.cuh's block_sum, which lesson 12
 checks against the GPU itself.
 """

@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex13_decode_launches.py.
 
 Write `decode_launches` below, then check it:
-    minillm exercise check 13         (or: pytest lessons/exercises --exercise 13)
+    minillm exercise check 13         (in a clone: pytest lessons/exercises --exercise 13)
 The grader compares it with the launches recorded while the engine's own decode step runs.
 """
 

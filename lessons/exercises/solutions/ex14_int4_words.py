@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex14_int4_words.py.
 
 Write `dequantize_int4_words` below, then check it:
-    minillm exercise check 14         (or: pytest lessons/exercises --exercise 14)
+    minillm exercise check 14         (in a clone: pytest lessons/exercises --exercise 14)
 The grader compares it with the engine's `minillm.model.quant.Int4Weight.dequantize` on the same bytes.
 """
 import numpy as np

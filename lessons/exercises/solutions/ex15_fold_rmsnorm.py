@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex15_fold_rmsnorm.py.
 
 Write `fold_rmsnorm_into_linear` below, then check it:
-    minillm exercise check 15          (or: pytest lessons/exercises --exercise 15)
+    minillm exercise check 15          (in a clone: pytest lessons/exercises --exercise 15)
 The grader compares it with the engine's `minillm.model.flashnorm.fold_rmsnorm_into_linear`.
 """
 import numpy as np

@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex16_block_table_gather.py.
 
 Write `gather_through_block_table` below, then check it:
-    minillm exercise check 16          (or: pytest lessons/exercises --exercise 16)
+    minillm exercise check 16          (in a clone: pytest lessons/exercises --exercise 16)
 The grader compares it with the engine's `minillm.engine.paged_kv.PagedKVCache.read`.
 """
 import numpy as np

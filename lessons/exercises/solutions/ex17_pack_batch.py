@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex17_pack_batch.py.
 
 Write `pack_batch` below, then check it:
-    minillm exercise check 17          (or: pytest lessons/exercises --exercise 17)
+    minillm exercise check 17          (in a clone: pytest lessons/exercises --exercise 17)
 The grader compares it with the engine's `minillm.engine.batched.pack`.
 """
 import numpy as np

@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex18_cached_prefix.py.
 
 Write `cached_prefix_tokens` below, then check it:
-    minillm exercise check 18          (or: pytest lessons/exercises --exercise 18)
+    minillm exercise check 18          (in a clone: pytest lessons/exercises --exercise 18)
 The grader compares it with the engine's `minillm.engine.prefix_cache` (hashed full blocks, vLLM's design).
 """
 

@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex20_speculative_step.py.
 
 Write `speculative_step` below, then check it:
-    minillm exercise check 20         (or: pytest lessons/exercises --exercise 20)
+    minillm exercise check 20         (in a clone: pytest lessons/exercises --exercise 20)
 The grader compares it with the engine's rule (`minillm.engine.speculative.acceptance`), and then
 enumerates every draft token to check that the token a step emits is distributed exactly as p.
 """

@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex22_top_k_route.py.
 
 Write `top_k_route` below, then check it:
-    minillm exercise check 22         (or: pytest lessons/exercises --exercise 22)
+    minillm exercise check 22         (in a clone: pytest lessons/exercises --exercise 22)
 The grader compares it with the engine's router for Mixtral (`minillm.model.moe.route` with
 router="softmax"), given the router's logits (h @ W_routerᵀ) instead of h and the router matrix.
 """

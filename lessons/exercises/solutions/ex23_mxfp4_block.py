@@ -3,7 +3,7 @@
 Reference solution (for teachers; never in the handout). The stub is lessons/exercises/ex23_mxfp4_block.py.
 
 Write `encode_mxfp4_block` below, then check it:
-    minillm exercise check 23         (or: pytest lessons/exercises --exercise 23)
+    minillm exercise check 23         (in a clone: pytest lessons/exercises --exercise 23)
 The grader compares it with the engine's `minillm.model.formats.encode_mx_block`, which
 `quantize_mxfp4` applies to every block of 32 weights of a row.
 """
