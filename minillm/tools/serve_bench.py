@@ -182,17 +182,27 @@ def run(llm, workloads: list[Workload], concurrency: int, rounds: int = 3, echo=
              f"tokens on average")
         per_mode: dict[str, list[Result]] = {m: [] for m in modes}
         for r in range(rounds):
-            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:     # rotated: no mode always first
+            for mode in round_order(modes, r):
                 per_mode[mode].append(run_mode(llm, w, concurrency, mode))
         rows = [median_round(per_mode[m]) for m in modes]
         echo(format_table(rows))
         results += rows
+    echo_load_at_end(load_start, echo)
+    return results
+
+
+def round_order(modes: list[str], r: int) -> list[str]:
+    """The modes in round r's order: rotated a step each round, so that no mode always runs first."""
+    return modes[r % len(modes):] + modes[:r % len(modes)]
+
+
+def echo_load_at_end(load_start: float | None, echo) -> None:
+    """The load average at both ends of the run, and a warning when it moved (load_warning)."""
     load_end = load_average()
     echo(f"load average (1 min): {_load(load_start)} at the start, {_load(load_end)} at the end")
     warning = load_warning(load_start, load_end)
     if warning:
         echo(warning)
-    return results
 
 
 def run_mode(llm, w: Workload, concurrency: int, mode: str) -> Result:

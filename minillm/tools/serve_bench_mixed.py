@@ -32,7 +32,7 @@ from minillm.engine.engine import Engine
 from minillm.engine.step_budget import DEFAULT_TARGET_STEP_MS
 from minillm.errors import MiniLLMError
 from minillm.threads import policy
-from minillm.tools.serve_bench import FIRST_ID, _load, load_average, load_warning
+from minillm.tools.serve_bench import FIRST_ID, _load, echo_load_at_end, load_average, round_order
 
 DEFAULT_LONG_PROMPT = 7500
 
@@ -108,14 +108,10 @@ def run(llm, chat_prompts: list[list[int]], chat_output_len: int, long_prompt: l
     echo(f"load average (1 min): {_load(load_start)} on {os.cpu_count()} cores at the start")
     per_mode: dict[str, list[MixedRound]] = {m: [] for m in names}
     for r in range(rounds):
-        for mode in names[r % len(names):] + names[:r % len(names)]:     # rotated: no mode always first
+        for mode in round_order(names, r):
             per_mode[mode].append(run_round(llm, mode, compared[mode], chat_prompts, chat_output_len, long_prompt))
     echo(format_table(per_mode))
-    load_end = load_average()
-    echo(f"load average (1 min): {_load(load_start)} at the start, {_load(load_end)} at the end")
-    warning = load_warning(load_start, load_end)
-    if warning:
-        echo(warning)
+    echo_load_at_end(load_start, echo)
     return per_mode
 
 
