@@ -162,6 +162,7 @@ def args_from_hf(path, vocab_size: int | None = None) -> dict:
     vocab: dict[str, int] = model.get("vocab")
     added = data.get("added_tokens") or []
     _check_ids(json_path, vocab, added, vocab_size)
+    _check_added_flags(json_path, added)
     _check_merges(json_path, model.get("merges", []), vocab)
     size = 1 + max([*vocab.values(), *(a["id"] for a in added)])
     tokens = [f"<unused_{i}>" for i in range(size)]   # holes in the id range stay unusable
@@ -282,11 +283,6 @@ def _check_ids(json_path: Path, vocab, added, vocab_size: int | None) -> None:
     if not isinstance(added, list) or not all(isinstance(a, dict) and isinstance(a.get("content"), str)
                                               for a in added):
         raise ValueError(f"{json_path}: added_tokens must be a list of objects with an id and a content")
-    for a in added:      # HF strips spaces around such a token or matches it only as a whole word: not done here
-        flags = [flag for flag in ("lstrip", "rstrip", "single_word") if a.get(flag)]
-        if flags:
-            raise ValueError(f"{json_path}: the added token {a['content']!r} sets {' and '.join(flags)}, which "
-                             "minillm's tokenizer does not implement (it would encode text around it differently)")
     for where, i in [*(("model.vocab", i) for i in vocab.values()), *(("added_tokens", a.get("id")) for a in added)]:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_VOCAB:
             raise ValueError(f"{json_path}: {where} has the id {i!r}; ids are integers from 0 to {MAX_VOCAB - 1}")
@@ -298,6 +294,16 @@ def _check_ids(json_path: Path, vocab, added, vocab_size: int | None) -> None:
     if largest >= 2 * len(ids):
         raise ValueError(f"{json_path}: the token id {largest} leaves {largest + 1 - len(ids)} ids without a token "
                          f"among {len(ids)} tokens; minillm reads at most as many such holes as tokens")
+
+
+def _check_added_flags(json_path: Path, added: list[dict]) -> None:
+    """HF strips the spaces beside an lstrip / rstrip token and matches a single_word one only as a whole word;
+    minillm's tokenizer does neither, so such a token is refused rather than encoded around differently."""
+    for a in added:
+        flags = [flag for flag in ("lstrip", "rstrip", "single_word") if a.get(flag)]
+        if flags:
+            raise ValueError(f"{json_path}: the added token {a['content']!r} sets {' and '.join(flags)}, which "
+                             "minillm's tokenizer does not implement (it would encode text around it differently)")
 
 
 def _check_merges(json_path: Path, merges, vocab: dict) -> None:
