@@ -85,7 +85,7 @@ def test_a_settings_variant_leaves_the_original_as_it_was():
     k.settings, k.fn = KernelSettings(), {"gemv_v4": "loaded"}
     gpu = GPUTransformer.__new__(GPUTransformer)
     gpu.config, gpu.k, gpu.kv_cache, gpu.prefill_chunk, gpu.use_graph = MISTRAL, k, "auto", 1024, True
-    gpu.quant, gpu.prefill_attention = None, "tiled"
+    gpu.quant = None
     variant = gpu.with_settings(quant_blocks_per_sm=1, pdl=False)
     assert (variant.settings.quant_blocks_per_sm, variant.settings.pdl) == (1, False)
     assert gpu.settings == KernelSettings() and variant.k.fn is k.fn            # the loaded kernels are shared
@@ -102,17 +102,17 @@ def test_a_settings_variant_leaves_the_original_as_it_was():
         gpu.with_options(kv_cache="fp8")
     with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
         gpu.with_options(prefill_chunk=0)
-    with pytest.raises(ValueError, match="prefill_attention is 'tiled' or 'decode'"):
-        gpu.with_options(prefill_attention="flash")
+    with pytest.raises(TypeError, match="unknown option"):
+        gpu.with_options(prefill_attention="decode")   # one prefill attention ships (its fallback is by head size)
     with pytest.raises(TypeError, match="unknown option"):
         gpu.with_options(gemv_version=2)            # the earlier decode steps are the lab's (below), not a switch
     from minillm.cuda.dev.lab import LabTransformer
     lab = LabTransformer.__new__(LabTransformer)    # LabTransformer.of without its kernels' compile
     lab.__dict__.update(gpu.__dict__)
     lab._set_ladder(4, True)
-    first = lab.with_options(gemv_version=2, fuse_norm=False, prefill_attention="decode")    # the first kernels
-    assert (first.gemv_version, first.fuse_norm, first.prefill_attention) == (2, False, "decode")
-    assert (lab.gemv_version, lab.fuse_norm, lab.prefill_attention, first.use_graph) == (4, True, "tiled", True)
+    first = lab.with_options(gemv_version=2, fuse_norm=False)                     # the first kernels
+    assert (first.gemv_version, first.fuse_norm) == (2, False)
+    assert (lab.gemv_version, lab.fuse_norm, first.use_graph) == (4, True, True)
     lab.quant = "int8"
     with pytest.raises(ValueError, match="v4-shaped kernels only"):
         lab.with_options(gemv_version=2)

@@ -26,10 +26,11 @@ from minillm.backend import to_dtype
 from minillm.engine.batched import BatchedRunner, CPUBatching, SeqChunk
 from minillm.cuda.dev.common import narrow
 from minillm.cuda.dev.model import MODEL_TOL, random_cpu_model, small_config
-from minillm.cuda.dev.paged_attention import (paged_attention_group_reference, paged_attention_reference,
+from minillm.cuda.dev.paged_attention import (lab_ops, paged_attention_group_reference, paged_attention_reference,
                                               paged_kv_write_reference, rope_at_positions_reference)
 from minillm.cuda.dev.sampling import argmax_rows_reference, tricky_logits
-from minillm.cuda.gpu_batched import (CPUOps, DevicePagedKV, GPUBatchedRunner, batch_meta, bucket_for,
+from minillm.cuda.dev.cpu_ops import CPUOps
+from minillm.cuda.gpu_batched import (DevicePagedKV, GPUBatchedRunner, batch_meta, bucket_for,
                                       decode_meta_into, meta_size, meta_views)
 from minillm.engine.engine import Engine
 from minillm.llm import LLM
@@ -103,10 +104,13 @@ def assert_teacher_forced_greedy(cpu_model, prompt_list, results):
 
 # ---- anywhere: the runner over NumPy arrays, through the CPU engine's ops ---------------------------
 
-def test_the_kernels_gpu_batched_launches_are_defined():
-    """A typo in a kernel name would otherwise surface only on the GPU machine."""
+def test_the_kernels_the_paged_ops_launch_are_defined(monkeypatch):
+    """A typo in a kernel name would otherwise surface only on the GPU machine: the names forward.DeviceOps
+    fetches, for every dtype, GQA group (the group kernels, and the per-head fallback for a group of 3) and head
+    size (the tensor-core prefill at 64 and 128, the paged kernels alone at 96), are all defined in the .cu files."""
     import re
-    from pathlib import Path
+    from types import SimpleNamespace
+    from minillm.cuda import forward
     from minillm.cuda.kernels import KERNEL_DIR, SOURCES
     sources = ("paged_attention", "sampling", "prefill_attention_mma")
     assert set(sources) <= set(SOURCES)                          # so test_kernels_compile builds them
@@ -115,14 +119,17 @@ def test_the_kernels_gpu_batched_launches_are_defined():
         text = (KERNEL_DIR / f"{name}.cu").read_text()
         defined |= set(re.findall(r'extern "C" __global__ void (\w+)\(', text))
         defined |= set(re.findall(r'^PAGED_\w+_KERNEL\((\w+),', text, re.M))
-    source = (Path(__file__).parents[1] / "minillm" / "cuda" / "gpu_batched.py").read_text()
-    wanted = re.findall(r'get_function\(f?"([\w{}.]+)"\)', source)
-    assert len(wanted) == 9 and "argmax_rows" in wanted
-    for sfx in ("f16", "bf16"):
-        for group in (1, 2, 4, 8):
-            for hd in (64, 128):
-                assert {w.replace("{sfx}", sfx).replace("{self.group}", str(group)).replace("{c.head_dim}", str(hd))
-                        for w in wanted} <= defined
+    fetched = []
+    monkeypatch.setattr(forward, "module", lambda name: SimpleNamespace(get_function=lambda f: fetched.append(f) or f))
+    monkeypatch.setattr(forward, "_cp", lambda: np)
+    monkeypatch.setattr(forward, "device_dtype", lambda dtype: np.float16)
+    for dtype in ("float16", "bfloat16"):
+        for group, hd in [(1, 64), (2, 128), (4, 64), (8, 128), (3, 64), (4, 96)]:
+            config = SimpleNamespace(n_heads=group * 2, n_kv_heads=2, head_dim=hd)
+            ops = forward.DeviceOps(SimpleNamespace(config=config, dtype=dtype, k=None))
+            assert (ops.group is None) == (group == 3) and ("prefill" in ops.fn) == (hd != 96)
+    assert "argmax_rows" in fetched and "paged_attention_f16" in fetched and "paged_attention_g8_bf16" in fetched
+    assert set(fetched) <= defined, set(fetched) - defined
 
 
 def test_batch_meta_points_each_row_at_its_own_slot():
@@ -170,20 +177,17 @@ def test_the_group_reference_equals_the_per_head_reference(shape, window):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_gpu_batching_choices_come_from_the_model_and_the_arguments():
-    """Graphs on when the model decodes by graph (or as asked); the group attention and the tensor-core prefill by
-    default, the paged kernels when asked; a wrong value is one clear error. No environment variable is read."""
+def test_gpu_batching_takes_graphs_from_the_model_and_ships_one_kernel_choice():
+    """Graphs on when the model decodes by graph (or as asked); the paged kernels are not a setting (DeviceOps
+    picks by shape: forward.py), so asking for one is an error, not a silent default. No environment variable
+    is read."""
     from types import SimpleNamespace
     from minillm.cuda.gpu_batched import GPUBatching
-    from minillm.errors import MiniLLMError
     on, off = SimpleNamespace(use_graph=True), SimpleNamespace(use_graph=False)
-    assert GPUBatching(on).use_graph and not GPUBatching(off).use_graph and GPUBatching(on).attention == "group"
-    assert not GPUBatching(on, use_graph=False).use_graph and GPUBatching(on, attention="head").attention == "head"
-    with pytest.raises(MiniLLMError, match="'head' or 'group'"):
-        GPUBatching(on, attention="grp")
-    assert GPUBatching(on).prefill == "mma" and GPUBatching(on, prefill="paged").prefill == "paged"
-    with pytest.raises(MiniLLMError, match="'paged' or 'mma'"):
-        GPUBatching(on, prefill="flash")
+    assert GPUBatching(on).use_graph and not GPUBatching(off).use_graph and not GPUBatching(on, use_graph=False).use_graph
+    for choice in (dict(attention="head"), dict(prefill="paged")):
+        with pytest.raises(TypeError):
+            GPUBatching(on, **choice)
 
 
 def test_batch_meta_knows_its_longest_chunk_on_the_host():
@@ -461,11 +465,10 @@ def test_paged_kernels_match_numpy(dtype, shape, window, attention):
     """rope_at_positions, paged_kv_write and paged_attention (a block per head, or per GQA group) against their
     references, on a mixed batch with scattered block tables; every output poisoned (NaN) before the kernels run."""
     from minillm.cuda.gpu_model import GPUTransformer
-    from minillm.cuda.gpu_batched import DeviceOps
     config = small("gqa", sliding_window=window or None, **shape)
     gpu = GPUTransformer.from_cpu(random_cpu_model(config, dtype), dtype)
     c, inv_freq = config, cp.asnumpy(gpu.inv_freq)
-    dev = DeviceOps(gpu, attention=attention)
+    dev = lab_ops(gpu, attention=attention, prefill="paged")
     assert (dev.group is not None) == (attention == "group")
     steps = schedule_by_hand(4, 24, seed=1)
     chunks = steps[2]                                          # decodes and a prefill chunk, together
@@ -482,7 +485,7 @@ def test_paged_kernels_match_numpy(dtype, shape, window, attention):
     cp.cuda.Device().synchronize()          # the copies above ran on the default stream, the kernels won't
     with gpu.stream:
         rope_at_positions_reference(qkv_h, meta_h.positions, inv_freq, c.n_heads, c.n_kv_heads, c.head_dim)
-        dev.rope(qkv_d, meta_d.positions)
+        dev.rope(qkv_d, meta_d)
         paged_kv_write_reference(qkv_h, meta_h.slots, pool_h.k[0], pool_h.v[0], c.n_heads, c.n_kv_heads, c.head_dim,
                                  dtype)
         dev.write_kv(qkv_d, meta_d.slots, pool_d.k[0], pool_d.v[0])
@@ -511,11 +514,10 @@ def test_paged_int8_kernels_match_numpy(shape, window, attention):
     the same rotated qkv, exactly; paged_attention_int8 against the reference over code · scale. Every
     output poisoned first (pool codes 99, scales NaN; attention NaN)."""
     from minillm.cuda.gpu_model import GPUTransformer
-    from minillm.cuda.gpu_batched import DeviceOps
     config = small("gqa", sliding_window=window or None, **shape)
     gpu = GPUTransformer.from_cpu(random_cpu_model(config, "float16"), "float16")
     c = config
-    dev = DeviceOps(gpu, attention=attention)
+    dev = lab_ops(gpu, attention=attention, prefill="paged")
     chunks = schedule_by_hand(4, 24, seed=1)[2]                # decodes and a prefill chunk, together
     rng = np.random.default_rng(5)
     pool_d = DevicePagedKV(config, 24, 4, "int8")
@@ -529,7 +531,7 @@ def test_paged_int8_kernels_match_numpy(shape, window, attention):
                        cp.float32)
     cp.cuda.Device().synchronize()          # the copies above ran on the default stream, the kernels won't
     with gpu.stream:
-        dev.rope(qkv_d, meta_d.positions)
+        dev.rope(qkv_d, meta_d)
         gpu.stream.synchronize()
         qkv_h = cp.asnumpy(qkv_d)
         want = {name: cp.asnumpy(getattr(pool_d, name)[0]) for name in ("k", "v", "k_scale", "v_scale")}
@@ -575,11 +577,11 @@ def test_paged_prefill_mma_matches_numpy(dtype, shape, window):
     probabilities to 16 bits (as prefill_attention_mma, test_cuda.py)."""
     from minillm.cuda.dev.common import TOL
     from minillm.cuda.gpu_model import GPUTransformer
-    from minillm.cuda.gpu_batched import DeviceOps
+    from minillm.cuda.forward import DeviceOps
     config = small("gqa", sliding_window=window or None, **shape)
     c = config
     gpu = GPUTransformer.from_cpu(random_cpu_model(config, dtype), dtype)
-    dev = DeviceOps(gpu, attention="group", prefill="mma")
+    dev = DeviceOps(gpu)
     assert "prefill" in dev.fn
     rng = np.random.default_rng(11)
     pool = DevicePagedKV(config, 64, 4, dtype)
@@ -608,11 +610,12 @@ def test_paged_prefill_mma_matches_numpy(dtype, shape, window):
 @pytest.mark.parametrize("options", [dict(), dict(max_batch_tokens=8), dict(num_blocks=16, block_size=4)],
                          ids=["default", "chunked-prefill", "tiny-pool-preempts"])
 def test_gpu_engine_with_either_prefill_attention_decodes_like_the_cpu(models, options, prefill):
-    """GPUBatching(prefill=...): prompt steps on paged_prefill_attention_mma (the default) or the paged kernels;
-    greedy outputs teacher-forced against the CPU model either way."""
+    """Prompt steps on paged_prefill_attention_mma (shipped) or on the paged kernels (its fallback, forced here
+    through the lab's ops); greedy outputs teacher-forced against the CPU model either way."""
     from minillm.cuda.gpu_batched import GPUBatching
     cpu, gpu = models["hd64"]
-    engine = Engine(LLM(gpu.config, gpu, batching=GPUBatching(gpu, prefill=prefill)), **options)
+    engine = Engine(LLM(gpu.config, gpu, batching=GPUBatching(gpu)), **options)
+    engine.runner.ops = lab_ops(gpu, engine.runner.pool, prefill=prefill)
     assert ("prefill" in engine.runner.ops.fn) == (prefill == "mma")
     results = engine.generate(prompts(), max_tokens=16)
     assert [len(r.token_ids) for r in results] == [16] * len(LENGTHS)
@@ -645,8 +648,9 @@ def test_gpu_decode_graph_gives_the_eager_logits_and_pool(models, kind, kv, atte
     (the padded row wrote nothing)."""
     cpu, gpu = models[kind]
     config = cpu.config
-    eager = GPUBatchedRunner(gpu, DevicePagedKV(config, 24, 4, kv), use_graph=False, attention=attention)
-    graph = GPUBatchedRunner(gpu, DevicePagedKV(config, 24, 4, kv), use_graph=True, attention=attention)
+    pools = [DevicePagedKV(config, 24, 4, kv) for _ in range(2)]
+    eager, graph = (GPUBatchedRunner(gpu, pool, lab_ops(gpu, pool, attention=attention, prefill="paged"), use_graph=on)
+                    for pool, on in zip(pools, (False, True)))
     prefill, decode, _ = schedule_by_hand(4, 24)
     ta, tb = prefill[0].block_table, prefill[1].block_table
     steps = [prefill, [SeqChunk([11], 20, ta), SeqChunk([12], 7, tb), SeqChunk([13], 3, tb)],
@@ -760,7 +764,7 @@ def test_a_new_engine_recycles_a_dead_engines_pool_and_graphs_but_never_a_live_o
 def test_the_argmax_kernel_is_np_argmax_on_ties_and_nans(models, rows, vocab):
     """argmax_rows (kernels/sampling.cu) through DeviceOps.argmax: np.argmax of every row, ties, NaN-poisoned
     rows and all; the same ids on a second launch (deterministic); into a larger ids buffer, its rows only."""
-    from minillm.cuda.gpu_batched import DeviceOps
+    from minillm.cuda.forward import DeviceOps
     ops = DeviceOps(models["gqa"][1])
     x = tricky_logits(np.random.default_rng(rows), rows, vocab)
     d = cp.asarray(x)
@@ -871,7 +875,7 @@ def test_capture_with_cublas_reports_why_it_failed(monkeypatch, fail):
 
 
 def test_the_batching_graphs_replay_what_the_model_captured(monkeypatch):
-    from minillm.cuda.gpu_batched import DeviceOps
+    from minillm.cuda.forward import DeviceOps
     stream = FakeStream()
     m, _ = _capturing_model(monkeypatch, stream)
     ops = DeviceOps.__new__(DeviceOps)

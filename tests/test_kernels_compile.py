@@ -109,14 +109,14 @@ def _defines(source: str, folder: Path = KERNEL_DIR) -> dict[str, int]:
 def test_the_launchers_sizes_are_the_kernels_own():
     """A block size, a warp count or a bound the launchers repeat ("as #defined in ...") equals the kernel's:
     a kernel changed alone would otherwise be launched with the old grid (wrong rows, or out of bounds)."""
-    from minillm.cuda import gpu_batched, gpu_mla, kernels as k
+    from minillm.cuda import forward, gpu_mla, kernels as k
     same = [("decode_attention", "ATTN_WARPS", k.ATTN_WARPS), ("decode_attention", "MAX_HD", k.MAX_HD),
             ("decode_attention", "GQA_THREADS", k.GQA_THREADS), ("decode_attention", "GQA_MAX_SPLITS", k.GQA_MAX_SPLITS),
             ("gemv", "V4_WARPS", k.V4_WARPS), ("prefill_attention", "PF_ROWS", k.PF_ROWS),
             ("prefill_attention_mma", "MM_WARPS", k.MM_THREADS // 32),
             ("gemv_quant", "Q_WARPS", k.QWARPS), ("gemv_quant", "Q_MIN_BLOCKS", k.QUANT_BLOCKS_PER_SM),
             ("gemv_quant", "Q_QKV_MIN_BLOCKS", k.QKV_BLOCKS_PER_SM),
-            ("paged_attention", "PA_WARPS", gpu_batched.PA_WARPS), ("paged_attention", "PA_MAX_HD", gpu_batched.PA_MAX_HD),
+            ("paged_attention", "PA_WARPS", forward.PA_WARPS), ("paged_attention", "PA_MAX_HD", forward.PA_MAX_HD),
             ("mla_decode", "MLA_TK", gpu_mla.MLA_TK), ("mla_decode", "MLA_HEADS", gpu_mla.MLA_HEADS),
             ("mla_decode", "MLA_MAX_W", gpu_mla.MLA_MAX_W), ("mla_decode", "MLA_MAX_R", gpu_mla.MLA_MAX_R),
             ("mla_decode", "MLA_ABSORB_COLS", gpu_mla.MLA_ABSORB_COLS)]

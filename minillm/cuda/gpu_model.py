@@ -5,42 +5,22 @@
     logits = gpu.prefill(ids, cache)      # float32 numpy [vocab], on the host
     logits = gpu.decode(token, cache)     # float32 numpy [vocab]
 
-Weights live on the device in 16 bits (fp16, or bf16 as uint16 bits), in HF's [out, in] layout, with
-q/k/v concatenated into one matrix and gate/up into another (one GEMV each instead of three and two).
-The residual stream, norms, RoPE, softmax and every accumulation are fp32; the KV cache is 16-bit.
+Weights live on the device in 16 bits (fp16, or bf16 as uint16 bits), in HF's [out, in] layout, with q/k/v
+concatenated into one matrix and gate/up into another; the residual stream, norms, RoPE, softmax and every
+accumulation are fp32; the KV cache is 16-bit, or int8 (`kv_cache="int8"`: a scale per token and KV head, as
+minillm.model.kv_cache.Int8KVCache). int8/int4 layer matrices (`from_cpu` of a model loaded with quant=...) stay
+in minillm.model.quant's layout on the device (qweights.QuantMatrix); the LM head and embedding stay 16-bit.
 
-Prefill (compute-bound, T tokens): cuBLAS GEMMs (fp16/bf16 inputs, fp32 output and accumulation,
-residual add folded into the GEMM's beta) and prefill_attention.cu, a tiled FlashAttention-style kernel
-whose K/V tiles serve 32 (token, query head) rows at once (`prefill_attention="tiled"`, the default, for
-head_dim <= 128); `prefill_attention="decode"` reuses the decode kernel with one query per token (the
-first version, kept to compare; also the fallback for larger heads).
+Prefill (compute-bound): forward.run_layers, the layer loop the batching engine runs too, with ContiguousOps
+(below) for this sequence's cache: cuBLAS GEMMs over the chunk's rows and the tiled prefill attention kernel
+(the decode kernel, a query per token, for head sizes the tiles do not take). A quantized matrix is widened
+into one reused 16-bit scratch right before its GEMM, so the full 16-bit model never exists in memory.
 
-Decode (memory-bound, one token): only our kernels (gemv.cu v4 for every matrix: cuBLAS cannot be captured
-from CuPy) over preallocated buffers, with the token and position in a device buffer. So the whole step
-is captured once per cache as a CUDA graph and replayed per token (`use_graph=True`, the default);
-`use_graph=False` runs the same launches eagerly, for comparison. 5 launches a layer: [rmsnorm + qkv GEMV +
-RoPE + KV append], [attention with the split combine fused], [o GEMV + residual], [rmsnorm + gate/up GEMV +
-SwiGLU], [down GEMV + residual]. The earlier decode steps (separate norms, gemv.cu v2/v3: ~11 launches a
-layer) run from minillm/cuda/dev/lab.py, to compare and to teach (lesson 13).
-
-int8/int4 weights (`from_cpu` of a model loaded with quant=..., or `random(..., quant=...)`): the layer
-matrices stay in minillm.model.quant's layout on the device (`qweights.QuantMatrix`, uploaded as is); the LM
-head and the embedding stay 16-bit, as on the CPU. Decode runs gemv_quant.cu, which dequantizes in
-registers behind the same v4 fusions. Prefill widens each quantized matrix into
-one reused 16-bit scratch buffer (the largest matrix: 235 MB for Mistral's gate|up) right before its
-cuBLAS GEMM: ~1.3 extra bytes written per weight per prefill chunk, and the full 16-bit model never exists
-in memory (widening one GEMM ahead on a second stream measured no faster: minillm/cuda/dev/lab.py).
-
-int8 KV cache (`kv_cache="int8"`, minillm.model.kv_cache.Int8KVCache's format: a symmetric scale per token and KV
-head): kv_int8.cu quantizes each new key and value from the fp32 qkv row (the v4 qkv GEMV then only
-rotates, `k_cache=None`), decode attention reads the codes and scales directly (attention_gqa*_int8: 0.52 of
-the 16-bit cache's bytes at hd 128), and prefill widens the layer's cached positions into a 16-bit scratch
-for its tiled kernel. Attention sees the quantized keys and values in both phases, as on the CPU.
-
-MLA models decode on their own kernels (gpu_mla.GPUMLATransformer), or, where that path cannot run them, as
-the engine's own Transformer on CuPy arrays (device_model.to_device); many
-sequences at once through the engine's GPU path (`gpu_batched.py`). Not here yet: a rolling KV buffer
-(sliding windows use a contiguous cache and a mask).
+Decode (memory-bound, one token): only our kernels over preallocated buffers, 5 launches a layer: [rmsnorm +
+qkv GEMV + RoPE + KV append], [attention, the split combine fused], [o GEMV + residual], [rmsnorm + gate/up
+GEMV + SwiGLU], [down GEMV + residual]; the step is captured once per cache as a CUDA graph and replayed per
+token (graph.GraphDecode; `use_graph=False` runs the same launches eagerly). Earlier decode steps (~11
+launches a layer) run from minillm/cuda/dev/lab.py, to compare and to teach (lesson 13).
 """
 from __future__ import annotations
 
@@ -55,6 +35,7 @@ from minillm.model.layers import rope_inv_freq
 from minillm.cuda import cublas_raw
 from minillm.cuda.graph import GraphDecode
 from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
+from minillm.cuda.forward import LayerOps, StepBuffers, run_layers
 from minillm.cuda.kernels import Kernels, KernelSettings, n_splits_for
 from minillm.cuda.qweights import QuantMatrix, is_quantized
 
@@ -65,20 +46,6 @@ def _cp():
 
 
 ROWS_GRAPH_MAX = 16     # forwards of up to this many rows with every row's logits replay as a CUDA graph
-
-
-@dataclass
-class PrefillBuffers:
-    """The activations of one T-row forward on the device (16-bit where a GEMM reads them)."""
-    tokens: object      # [T] int32
-    x: object           # [T, dim] fp32, the residual stream
-    hn: object          # [T, dim] 16-bit, normalized
-    qkv: object         # [T, qkv_width] fp32
-    attn: object        # [T, n_heads * hd] fp32
-    attn_n: object      # [T, n_heads * hd] 16-bit
-    gu: object          # [T, 2 * ffn_dim] fp32
-    act_n: object       # [T, ffn_dim] 16-bit
-    parts: tuple | None = None   # flash-decoding scratch when prefill attention runs the decode kernel
 
 
 @dataclass
@@ -106,8 +73,7 @@ def _checked_options(config: ModelConfig, kv_cache: str, prefill_chunk: int) -> 
 
 class GPUTransformer(GraphDecode):
     def __init__(self, config: ModelConfig, layers: list[GPULayer], embed, final_norm, lm_head,
-                 dtype: str = "float16", use_graph: bool = True, prefill_attention: str = "tiled",
-                 kv_cache: str = "auto", prefill_chunk: int = 1024,
+                 dtype: str = "float16", use_graph: bool = True, kv_cache: str = "auto", prefill_chunk: int = 1024,
                  settings: KernelSettings = KernelSettings()):
         """kv_cache: "auto" (the weights' 16 bits) or "int8". prefill_chunk: tokens per prefill pass (bounds
         the [T, 2 * ffn] fp32 scratch). settings: how the decode kernels launch (kernels.KernelSettings)."""
@@ -121,7 +87,6 @@ class GPUTransformer(GraphDecode):
         quantized = [w for L in layers for w in L.matrices() if is_quantized(w)]
         self.quant = quantized[0].method if quantized else None     # "int8", "int4" or None (16-bit)
         self.use_graph = use_graph
-        self._set_prefill_attention(prefill_attention)
         self.k = Kernels(dtype, settings)
         self.stream = cp.cuda.Stream(non_blocking=True)
         c, hd = config, config.head_dim
@@ -235,29 +200,21 @@ class GPUTransformer(GraphDecode):
         layers = [GPULayer(L.attn_norm, narrow(L.wqkv), narrow(L.wo), L.mlp_norm, narrow(L.w_gate_up), narrow(L.w_down))
                   for L in self.layers]
         return GPUTransformer(self.config, layers, self.embed, self.final_norm, self.lm_head, dtype=self.dtype,
-                              use_graph=self.use_graph, prefill_attention=self.prefill_attention,
-                              kv_cache=self.kv_cache, prefill_chunk=self.prefill_chunk, settings=self.settings)
-
-    def _set_prefill_attention(self, prefill_attention: str) -> None:
-        """prefill_attention "tiled": prefill_attention(_mma).cu; "decode": the decode kernel, a query a token (the
-        first prefill path, and the fallback for head_dims the tiles do not take)."""
-        if prefill_attention not in ("tiled", "decode"):
-            raise ValueError(f"prefill_attention is 'tiled' or 'decode', not {prefill_attention!r}")
-        self.prefill_attention = prefill_attention
+                              use_graph=self.use_graph, kv_cache=self.kv_cache, prefill_chunk=self.prefill_chunk,
+                              settings=self.settings)
 
     def with_options(self, **options) -> "GPUTransformer":
         """The same weights run another way: a copy with kv_cache and/or prefill_chunk changed (as
-        Transformer.with_options), use_graph (False: the same launches one by one) or prefill_attention.
+        Transformer.with_options) or use_graph (False: the same launches one by one).
         It shares the device buffers: run one of the two at a time."""
         cache = {"kv_cache": self.kv_cache, "prefill_chunk": self.prefill_chunk}
-        unknown = set(options) - set(cache) - {"use_graph", "prefill_attention"}
+        unknown = set(options) - set(cache) - {"use_graph"}
         if unknown:
             raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
         other = copy.copy(self)
         other.use_graph = bool(options.get("use_graph", self.use_graph))
         other.kv_cache, other.prefill_chunk = _checked_options(
             self.config, **{name: options.get(name, now) for name, now in cache.items()})
-        other._set_prefill_attention(options.get("prefill_attention", self.prefill_attention))
         return other
 
     def with_settings(self, **changes) -> "GPUTransformer":
@@ -297,14 +254,13 @@ class GPUTransformer(GraphDecode):
         cache.end_of_write(len(tokens))                 # refuses to run past the capacity
         if all_logits and n_layers is None and self._rows_graphable(len(tokens)):
             return self._rows_by_graph(tokens, cache)
-        layers = self.layers[:n_layers]
-        outputs = []
+        layers, ops, outputs = self.layers[:n_layers], ContiguousOps(self, cache), []
         with self.stream:
             for start in range(0, len(tokens), self.prefill_chunk):
                 chunk = tokens[start:start + self.prefill_chunk]
-                x = self._prefill_chunk(chunk, cache, layers)             # [T, dim] fp32, after the last layer
+                x = self._prefill_chunk(chunk, cache, layers, ops)                 # [T, dim] fp32, after the last layer
                 if all_logits:
-                    outputs.append(self._head_all(x).get())
+                    outputs.append(ops.logits(x).get())                             # [T, vocab]
                 elif start + self.prefill_chunk >= len(tokens):
                     self.k.rmsnorm(x[-1:], self.final_norm, self.h, self.config.norm_eps)
                     self.k.gemv(self.lm_head, self.h[0], self.logits)
@@ -366,73 +322,37 @@ class GPUTransformer(GraphDecode):
                               cp.zeros((1, H, s, hd), cp.float32), cp.zeros((1, H), cp.uint32))
         return self._parts[s]
 
-    # ---- prefill: cuBLAS GEMMs ------------------------------------------------------------------
-    def _prefill_chunk(self, chunk: np.ndarray, cache: GPUKVCache, layers: list[GPULayer] | None = None):
+    # ---- prefill: forward.run_layers over the chunk's rows -------------------------------------------------
+    def _prefill_chunk(self, chunk: np.ndarray, cache, layers=None, ops=None):
         """The chunk's T tokens through `layers` (default: all), appended to the cache.  -> x [T, dim] fp32"""
         self.step.set(np.array([0, cache.length], dtype=np.int32))
         b = self._prefill_buffers(len(chunk))
         b.tokens.set(chunk)
-        x = self._prefill_layers(b, cache, self.layers if layers is None else layers)
+        x = self._prefill_layers(ops or ContiguousOps(self, cache), b, self.layers if layers is None else layers)
         cache.advance(len(chunk))
         return x
 
-    def _prefill_buffers(self, T: int) -> "PrefillBuffers":
+    def _prefill_buffers(self, T: int) -> StepBuffers:
         """The activations of a T-row forward (made before a capture, so a graph's pointers stay valid)."""
         cp = _cp()
-        c, hd, nd = self.config, self.config.head_dim, device_dtype(self.dtype)
-        b = PrefillBuffers(tokens=cp.empty(T, cp.int32), x=cp.empty((T, c.dim), cp.float32), hn=cp.empty((T, c.dim), nd),
-                           qkv=cp.empty((T, self.qkv_width), cp.float32), attn=cp.empty((T, self.q_width), cp.float32),
-                           attn_n=cp.empty((T, self.q_width), nd), gu=cp.empty((T, 2 * c.ffn_dim), cp.float32),
-                           act_n=cp.empty((T, c.ffn_dim), nd))
-        if not self._tiled():           # the decode kernel, one query per token: flash-decoding scratch
-            s = max(1, min(16, (4 * self.n_sms) // (c.n_heads * T)))   # splits only when T is small
-            b.parts = (cp.empty((T, c.n_heads, s), cp.float32), cp.empty((T, c.n_heads, s), cp.float32),
-                       cp.empty((T, c.n_heads, s, hd), cp.float32), cp.zeros((T, c.n_heads), cp.uint32))
-            if self.kv_cache != "int8":
-                b.parts = b.parts[:3]   # the 16-bit cache: split + combine kernels (the first prefill path)
-        return b
+        c, nd = self.config, device_dtype(self.dtype)
+        rows = lambda width, dtype=cp.float32: cp.empty((T, width), dtype)
+        return StepBuffers(x=rows(c.dim), h=rows(c.dim, nd), qkv=rows(self.qkv_width), attn=rows(self.q_width),
+                           attn16=rows(self.q_width, nd), gu=rows(2 * c.ffn_dim), act=rows(c.ffn_dim, nd),
+                           tokens=cp.empty(T, cp.int32))
 
-    def _tiled(self) -> bool:
-        return self.prefill_attention == "tiled" and self.k.prefill_attention_supported(self.config.head_dim)
-
-    def _prefill_layers(self, b: "PrefillBuffers", cache: GPUKVCache, layers: list[GPULayer]):
-        """Enqueue a forward of the T tokens in b.tokens at the position in self.step through `layers`: only
+    def _prefill_layers(self, ops: "ContiguousOps", b: StepBuffers, layers: list[GPULayer]):
+        """Enqueue the forward of the T tokens in b.tokens at the position in self.step through `layers`: only
         launches (no allocation, no host copy), so it can be captured. -> b.x [T, dim] fp32"""
-        self.k.embed(b.tokens, self.embed, b.x)                                           # [T, dim]
-        self._prefill_each_layer(b, cache, layers)
-        return b.x
-
-    def _prefill_each_layer(self, b: "PrefillBuffers", cache: GPUKVCache, layers: list[GPULayer]) -> None:
-        """_prefill_layers' loop: the layers over b's T rows (b.x in and out)."""
-        c, k = self.config, self.k
-        T, hd, pos = len(b.tokens), c.head_dim, self.step_pos
-        x, hn, qkv, attn, attn_n, gu, act_n = b.x, b.hn, b.qkv, b.attn, b.attn_n, b.gu, b.act_n
-        tiled, parts = b.parts is None, b.parts
-        for i, L in enumerate(layers):
-            k.rmsnorm(x, L.attn_norm, hn, c.norm_eps)                                     # [T, dim] 16-bit
-            self.gemm(hn, L.wqkv, qkv)                                                    # [T, qkv_width]
-            k.rope(qkv, T, c.n_heads + c.n_kv_heads, hd, pos, self.inv_freq)
-            self._append_kv(i, cache, qkv, T)
-            if tiled:
-                keys, values = self._prefill_kv(i, cache, T)
-                k.prefill_attention(qkv, T, c.n_heads, c.n_kv_heads, hd, keys, values, pos,
-                                    c.sliding_window, attn)                               # [T, n_heads * hd]
-            else:
-                self._attend(i, cache, qkv, T, parts, attn)                               # [T, n_heads * hd]
-            k.cast(attn, attn_n)
-            self.gemm(attn_n, L.wo, x, accumulate=True)                                   # x += o_proj(attn)
-            k.rmsnorm(x, L.mlp_norm, hn, c.norm_eps)
-            self.gemm(hn, L.w_gate_up, gu)                                                      # [T, 2 * ffn]
-            k.swiglu(gu, act_n)                                                           # [T, ffn] 16-bit
-            self.gemm(act_n, L.w_down, x, accumulate=True)                                 # x += down(act)
+        return run_layers(ops, layers, None, ops.embed(b.tokens, out=b.x), b)
 
     # ---- a few rows at once: speculative decoding's verify pass, one CUDA graph ------------------
     def _rows_graphable(self, T: int) -> bool:
         """Can a T-row forward with every row's logits replay as a graph? Short ones (a verify pass), with
         the tiled prefill kernel, over a 16-bit cache (the int8 one widens `length + T` positions, a count
         a graph would freeze), unless graphs are off or capturing failed once (the reason kept)."""
-        return (self.use_graph and T <= ROWS_GRAPH_MAX and self.kv_cache != "int8" and self._tiled()
-                and self.rows_graph_error is None)
+        return (self.use_graph and T <= ROWS_GRAPH_MAX and self.kv_cache != "int8" and self.rows_graph_error is None
+                and self.k.prefill_attention_supported(self.config.head_dim))
 
     def _rows_by_graph(self, tokens: np.ndarray, cache) -> np.ndarray:
         """Logits [T, vocab] of T new positions, by replaying the T-row forward captured for this cache;
@@ -460,12 +380,10 @@ class GPUTransformer(GraphDecode):
             graphs.clear()
             cache.rows_key = key
         if T not in graphs:
-            cp = _cp()
-            b = self._prefill_buffers(T)
-            hn = cp.empty((T, self.config.dim), device_dtype(self.dtype))
-            logits = cp.empty((T, self.config.vocab_size), cp.float32)
-            graph, _, error = self.capture_with_cublas(
-                lambda: self._head_all(self._prefill_layers(b, cache, self.layers), hn, logits))
+            b, ops = self._prefill_buffers(T), ContiguousOps(self, cache)
+            logits = _cp().empty((T, self.config.vocab_size), _cp().float32)
+            graph, _, error = self.capture_with_cublas(               # b.h is free once the layers ran
+                lambda: ops.logits(self._prefill_layers(ops, b, self.layers), out=logits, norm_out=b.h))
             if error is not None:
                 self.rows_graph_error = error
                 return None
@@ -475,7 +393,7 @@ class GPUTransformer(GraphDecode):
     def capture_with_cublas(self, step):
         """step()'s launches captured as a CUDA graph on this model's stream, cuBLAS's GEMMs among them (through
         cublas_raw while `_capturing`: CuPy's binding refuses cuBLAS under capture). The verify pass's graph
-        (above) and the batching engine's decode graphs (gpu_batched.DeviceOps.capture) are made here.
+        (above) and the batching engine's decode graphs (forward.DeviceOps.capture) are made here.
         -> (graph, step()'s result, None), or (None, None, why capturing failed)."""
         try:
             cublas_raw.prepare(_cp().cuda.device.get_cublas_handle())   # its own workspace, set before capturing
@@ -509,16 +427,6 @@ class GPUTransformer(GraphDecode):
         self.k.kv_dequantize(cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], cache.length + T,
                              keys, values)
         return keys, values
-
-    def _head_all(self, x, hn=None, logits=None):
-        """Logits [T, vocab] fp32 of every row of x [T, dim] (into `logits` if given; hn: a 16-bit scratch)."""
-        cp = _cp()
-        hn = cp.empty(x.shape, device_dtype(self.dtype)) if hn is None else hn
-        self.k.rmsnorm(x, self.final_norm, hn, self.config.norm_eps)
-        if logits is None:
-            logits = cp.empty((x.shape[0], self.config.vocab_size), cp.float32)
-        self.gemm(hn, self.lm_head, logits)
-        return logits
 
     def gemm(self, a, w, out, accumulate: bool = False) -> None:
         """out [T, rows] fp32 (+)= a [T, in] (16-bit) @ w [rows, in]ᵀ, on cuBLAS with fp32 accumulation
@@ -554,3 +462,36 @@ class GPUTransformer(GraphDecode):
         out = self._dense_scratch[:rows * n_in].reshape(rows, n_in)
         self.k.dequantize(w, out)
         return out
+
+
+class ContiguousOps(LayerOps):
+    """forward.run_layers' ops for one sequence's rows over its contiguous cache (GPUKVCache or GPUInt8KVCache), at
+    the position in model.step: RoPE, the KV append and the tiled prefill attention of kernels.py."""
+
+    def __init__(self, model: GPUTransformer, cache):
+        super().__init__(model)
+        self.cache = cache
+
+    def rope(self, qkv, meta) -> None:
+        c, m = self.model.config, self.model
+        m.k.rope(qkv, qkv.shape[0], c.n_heads + c.n_kv_heads, c.head_dim, m.step_pos, m.inv_freq)
+
+    def kv_write(self, layer: int, qkv, meta) -> None:
+        self.model._append_kv(layer, self.cache, qkv, qkv.shape[0])
+
+    def attention(self, layer: int, qkv, meta, out=None):
+        """The T queries of qkv [T, width] against the cache (their own keys already in) -> [T, n_heads * hd]"""
+        m, c, T = self.model, self.model.config, qkv.shape[0]
+        out = self.xp.empty((T, c.n_heads * c.head_dim), self.xp.float32) if out is None else out
+        if m.k.prefill_attention_supported(c.head_dim):
+            keys, values = m._prefill_kv(layer, self.cache, T)
+            m.k.prefill_attention(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, keys, values, m.step_pos,
+                                  c.sliding_window, out)
+        else:              # head sizes the tiles do not take: the decode kernel, a query per token (never captured)
+            s = max(1, min(16, (4 * m.n_sms) // (c.n_heads * T)))                  # splits only when T is small
+            parts = (self.xp.empty((T, c.n_heads, s), self.xp.float32), self.xp.empty((T, c.n_heads, s), self.xp.float32),
+                     self.xp.empty((T, c.n_heads, s, c.head_dim), self.xp.float32),
+                     self.xp.zeros((T, c.n_heads), self.xp.uint32))
+            m._attend(layer, self.cache, qkv, T, parts, out)
+        return out
+

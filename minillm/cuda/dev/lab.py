@@ -398,10 +398,10 @@ class LabTransformer(GPUTransformer):
         self._widening_parts()           # outside any capture: _prefill_chunk and _rows_graph_for call this first
         return super()._prefill_buffers(T)
 
-    def _prefill_layers(self, b, cache, layers):
+    def _prefill_layers(self, ops, b, layers):
         self._ahead = self._plan_widening(layers)
         try:
-            return super()._prefill_layers(b, cache, layers)
+            return super()._prefill_layers(ops, b, layers)
         finally:
             self._ahead = None
 

@@ -102,6 +102,23 @@ def paged_attention_group_reference(qkv: np.ndarray, k_pool: np.ndarray, v_pool:
 
 
 # ---- the check ------------------------------------------------------------------------------------
+def lab_ops(gpu, pool=None, attention: str = "group", prefill: str = "mma"):
+    """forward.DeviceOps with its paged kernels chosen, to compare them: attention "head" (the per-query-head
+    fallback) or "group" (shipped wherever the group size is compiled); prefill "paged" (the paged kernels for
+    prompt chunks too) or "mma" (shipped for 16-bit pools at head_dim 64 and 128)."""
+    from minillm.cuda.forward import DeviceOps
+    from minillm.cuda.kernels import module, suffix
+    ops = DeviceOps(gpu, pool)
+    if attention == "head" and ops.group:
+        mod, sfx = module("paged_attention"), suffix(gpu.dtype)
+        ops.group = None
+        ops.fn["attention"] = mod.get_function(f"paged_attention_{sfx}")
+        ops.fn["attention_int8"] = mod.get_function("paged_attention_int8")
+    if prefill == "paged":
+        ops.fn.pop("prefill", None)
+    return ops
+
+
 def check_paged(dtype: str = "float16", window: int = 0, int8: bool = False, seed: int = 0,
                 attention: str = "head") -> tuple[float, float]:
     """The three paged kernels on a mixed batch (two decodes and a prefill chunk, block tables scattered over
@@ -110,7 +127,7 @@ def check_paged(dtype: str = "float16", window: int = 0, int8: bool = False, see
     import cupy as cp
     from minillm.cuda.dev.common import TOL, narrow, rel_err
     from minillm.cuda.dev.model import random_cpu_model, small_config
-    from minillm.cuda.gpu_batched import DeviceOps, DevicePagedKV, batch_meta
+    from minillm.cuda.gpu_batched import DevicePagedKV, batch_meta
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.engine.batched import SeqChunk
     c = small_config("gqa", sliding_window=window or None, max_seq_len=256)
@@ -127,10 +144,10 @@ def check_paged(dtype: str = "float16", window: int = 0, int8: bool = False, see
             a[0] = cp.asarray((0.01 + rng.random(a[0].shape) / 20).astype(np.float32))
     meta_h, meta_d = batch_meta(chunks, 4, np.asarray), batch_meta(chunks, 4, cp.asarray)
     qkv_h = rng.standard_normal((len(meta_h.tokens), gpu.qkv_width)).astype(np.float32)
-    qkv_d, dev = cp.asarray(qkv_h), DeviceOps(gpu, pool, attention=attention)
+    qkv_d, dev = cp.asarray(qkv_h), lab_ops(gpu, pool, attention=attention, prefill="paged")
     cp.cuda.Device().synchronize()                                         # the copies ran on the default stream
     with gpu.stream:
-        dev.rope(qkv_d, meta_d.positions)
+        dev.rope(qkv_d, meta_d)
         gpu.stream.synchronize()
         rope_at_positions_reference(qkv_h, meta_h.positions, cp.asnumpy(gpu.inv_freq), c.n_heads, c.n_kv_heads,
                                     c.head_dim)
@@ -162,7 +179,7 @@ def prefill_timing(chunks_per_step: int = 16, prompt: int = 128, reps: int = 20)
     import cupy as cp
     from minillm.cuda.dev.common import TOL, plain_table, rel_err, say, verdict
     from minillm.cuda.timing import time_gpu
-    from minillm.cuda.gpu_batched import DeviceOps, DevicePagedKV, batch_meta
+    from minillm.cuda.gpu_batched import DevicePagedKV, batch_meta
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.engine.batched import SeqChunk
     from minillm.model.config import PRESETS
@@ -175,7 +192,7 @@ def prefill_timing(chunks_per_step: int = 16, prompt: int = 128, reps: int = 20)
     v[...] = cp.random.standard_normal(v.shape, dtype=cp.float32).astype(cp.float16)
     rng = np.random.default_rng(0)
     tables = rng.permutation(chunks_per_step * per_seq).reshape(chunks_per_step, per_seq).tolist()
-    ops = {kind: DeviceOps(gpu, pool, attention="group", prefill=kind) for kind in ("paged", "mma")}
+    ops = {kind: lab_ops(gpu, pool, prefill=kind) for kind in ("paged", "mma")}
     rows = []
     for name, start in (("prompts from 0", 0), ("their next chunks", prompt)):
         chunks = [SeqChunk([1] * prompt, start, tables[b]) for b in range(chunks_per_step)]

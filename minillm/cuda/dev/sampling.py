@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.cuda.gpu_batched import ARGMAX_THREADS      # the block DeviceOps.argmax launches
+from minillm.cuda.forward import ARGMAX_THREADS      # the block DeviceOps.argmax launches
 
 NO_INDEX = 0x7fffffff           # as #defined in sampling.cu: a thread that saw no entry
 

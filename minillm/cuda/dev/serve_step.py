@@ -63,7 +63,8 @@ def wall_ms(fn, reps: int) -> float:
 def attention_us(cp, gpu, pool, chunks, reps: int = 20) -> tuple[float, float, float]:
     """One layer's paged attention for these decode rows: (µs head, µs group, group vs head rel. error)."""
     from minillm.cuda.timing import time_gpu
-    from minillm.cuda.gpu_batched import DeviceOps, batch_meta
+    from minillm.cuda.dev.paged_attention import lab_ops
+    from minillm.cuda.gpu_batched import batch_meta
     meta = batch_meta(chunks, BLOCK, cp.asarray)
     qkv = cp.random.standard_normal((len(chunks), gpu.qkv_width), dtype=cp.float32)
     k, v, _ = pool.layer(0)
@@ -71,7 +72,7 @@ def attention_us(cp, gpu, pool, chunks, reps: int = 20) -> tuple[float, float, f
     cp.cuda.Device().synchronize()
     with gpu.stream:
         for kind in ("head", "group"):
-            ops = DeviceOps(gpu, pool, attention=kind)
+            ops = lab_ops(gpu, pool, attention=kind)
             out = cp.full((len(chunks), gpu.q_width), cp.nan, cp.float32)
             us.append(time_gpu(lambda: ops.attend(qkv, k, v, meta, out=out), reps) * 1e3)
             outs.append(cp.asnumpy(out))
