@@ -15,7 +15,9 @@ Refused in one line at load: mixture-of-experts layers, q/k/v/o/MLP biases, fp8/
 GPUMLATransformer and device_model alike, MLA with FlashNorm or int8/int4 weights.
 
 `kernels.py` compiles kernels/*.cu (NVRTC, through CuPy's RawModule) and wraps each launch;
-`gpu_model.py` is the fast path for Llama-family models: cuBLAS prefill, and a decode step made only of
+`forward.py` is the one layer loop over packed rows (cuBLAS GEMMs; attention through an ops object: the paged
+pool's, or gpu_model.ContiguousOps for one sequence's cache), run by a prompt chunk and by a batching step alike;
+`gpu_model.py` is the fast path for Llama-family models: that loop for prefill, and a decode step made only of
 our kernels and preallocated buffers, captured once in a CUDA graph and replayed per token;
 `gpu_kv_cache.py` holds its device caches and `qweights.py` its int8/int4 matrices (minillm.model.quant's
 layout, read by kernels/gemv_quant.cu). `gpu_mla.py` is the same for DeepSeek-style MLA decode;
