@@ -2,7 +2,7 @@
 and the engine's greedy outputs through paging, prefix caching and preemption.
 
 Two halves. The first runs anywhere: gpu_batched.py's forward pass (GPUBatchedRunner) over NumPy arrays
-through CPUOps, the CPU engine's own functions, against the CPU BatchedRunner, and the engine driving
+through CPUOps (cuda/dev/cpu_ops.py), the CPU engine's own functions, against the CPU BatchedRunner, and the engine driving
 that runner, so the plumbing (packing, slots, block tables, positions) is checked without a GPU. The
 second needs CuPy and a CUDA device (skipped otherwise): the kernels against their NumPy references
 (cuda/dev/paged_attention.py), the device runner against the CPU engine, the engine on the device.

@@ -107,7 +107,7 @@ def test_a_matrix_out_of_the_planned_order_is_refused():
 
 
 def test_the_model_plans_its_layer_loops_quantized_gemms_in_order():
-    """Every layer's qkv, o, gate_up, down (the order _prefill_each_layer's GEMMs read them), quantized ones
+    """Every layer's qkv, o, gate_up, down (the order forward.run_layers' GEMMs read them), quantized ones
     only; nothing to plan with the setting off, without quantized weights, or before the buffers exist."""
     from minillm.course.gpu_parts import recording_model
     from minillm.cuda.dev.lab import lab_settings
