@@ -7,6 +7,26 @@ the naive loop and watch tokens/s fall as the prefix grows. Lesson 02 removes th
 
 Run: python lessons/01_forward_pass.py      (MINILLM_LESSON_QUICK=1 for a seconds-long smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "Python and NumPy arrays (shapes, @, broadcasting)",
+        "what a token and a vocabulary are",
+    ],
+    "objectives": [
+        "trace one Llama forward pass: embeddings, rmsnorm, attention with RoPE, SwiGLU, logits",
+        "check a hand-written forward against the engine's logits to float precision",
+        "explain why decoding without a cache slows down as the text grows",
+    ],
+    "study_time": "45 min, plus 20 min for exercise 01 (rmsnorm)",
+    "check_questions": [
+        "Which operations in a block mix information across positions, and which act on each position alone?",
+        "Without a cache, how does the work for token N+1 compare with the work for token N?",
+    ],
+    "try_this": [
+        "MINILLM_LESSON_MODEL=random:smollm2-135m: same speeds, gibberish text",
+        "change the prompt lengths the lesson times and watch tokens/s fall",
+    ],
+}
 import math
 import sys
 import time
@@ -18,6 +38,7 @@ import numpy as np
 
 from minillm.backend import as_f32
 from minillm.course import lesson_model, print_table, quick, save_plot
+from minillm.course.measure import check, interleaved, load_average, load_line
 from minillm.model.layers import apply_rope, linear, rmsnorm, rope_tables, swiglu
 
 # NEW: the whole model, by hand ----------------------------------------------------------------------
@@ -85,25 +106,27 @@ def main():
     new, _ = generate_naive(model, ids, 4 if quick() else 12)
     print(f"greedy continuation: {text + tok.decode(new)!r}")
 
-    # The naive loop's speed against prompt length: each step processes the whole prefix.
-    lengths, n_new = ([4, 8], 2) if quick() else ([8, 32, 128, 256], 6)
+    # The naive loop's speed against prompt length: each step processes the whole prefix. The lengths take
+    # turns, round after round (course/measure.py), so other work on the machine slows them alike.
+    lengths, n_new, rounds = ([4, 8], 2, 1) if quick() else ([8, 32, 128, 256], 2, 3)
     rng = np.random.default_rng(0)
+    prompts = {n: rng.integers(100, llm.config.vocab_size, n).tolist() for n in lengths}
+    load_start = load_average()
+    spreads = interleaved({n: lambda p=prompts[n]: generate_naive(model, p, n_new) for n in lengths}, rounds)
     rows, speeds = [], []
     for n in lengths:
-        prompt = rng.integers(100, llm.config.vocab_size, n).tolist()
-        forward(model, prompt[:2], last_only=True)                       # warm up (first touch of the weights)
-        _, seconds = generate_naive(model, prompt, n_new)
         positions = sum(range(n, n + n_new))                             # rows pushed through 30 layers
-        speeds.append(n_new / seconds)
-        rows.append([n, n_new, f"{positions:,}", f"{seconds:.2f}", f"{1e3 * seconds / n_new:.0f}",
-                     f"{n_new / seconds:.1f}"])
-
+        speeds.append(spreads[n].per(n_new))
+        rows.append([n, n_new, f"{positions:,}", spreads[n].ms(), spreads[n].rate(n_new)])
     print_table("Lesson 01 — what we measured on this machine",
                 ["check", "value"],
                 [["max abs error, hand forward vs llm.logits", f"{error:.2e}"],
                  ["same next token", str(next_id == int(np.argmax(engine[-1])))]])
-    print_table("naive generation (no KV cache): tokens/s falls as the prefix grows",
-                ["prompt tokens", "new tokens", "positions processed", "time s", "ms/token", "tokens/s"], rows)
+    print_table(f"naive generation (no KV cache): tokens/s falls as the prefix grows (median (min-max) of {rounds} "
+                f"interleaved rounds)", ["prompt tokens", "new tokens", "positions processed", "ms", "tokens/s"], rows)
+    print(load_line(load_start))
+    check("without a cache, speed falls as the prefix grows", speeds[-1] < speeds[0],
+          f"{speeds[0]:.1f} tok/s at {lengths[0]} tokens, {speeds[-1]:.1f} at {lengths[-1]}")
     save_plot("01_naive_tokens_per_s.png", lambda ax: (
         ax.plot(lengths, speeds, "o-"), ax.set_xscale("log", base=2),
         ax.set_xlabel("prompt length (tokens)"), ax.set_ylabel("tokens/s (no cache)"),

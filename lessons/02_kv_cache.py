@@ -7,6 +7,26 @@ one position per token (`decode`): P + N positions (O(N)). The price is memory, 
 
 Run: python lessons/02_kv_cache.py      (MINILLM_LESSON_QUICK=1 for a seconds-long smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 01 (the forward pass)",
+    ],
+    "objectives": [
+        "cache keys and values so each new token costs O(N), not O(N²)",
+        "price the cache in bytes per token: 2 × layers × KV heads × head_dim × bytes",
+        "show cached and recomputed logits agree",
+    ],
+    "study_time": "40 min, plus 20 min for exercise 02 (the cache write)",
+    "check_questions": [
+        "Why can the keys and values of old tokens be stored but not the queries?",
+        "How many bytes per token does Mistral-7B's cache take in fp16, and which factors set it?",
+    ],
+    "try_this": [
+        "generate longer outputs and compare the speedup of the cache at each length",
+        "compute kv_bytes_per_token for another preset (minillm info llama-2-7b)",
+    ],
+}
+import functools
 import sys
 import time
 from pathlib import Path
@@ -17,6 +37,7 @@ import numpy as np
 
 from minillm import PRESETS
 from minillm.course import lesson_model, print_table, quick, save_plot
+from minillm.course.measure import beside_reference, check, interleaved, load_average, load_line
 
 
 def generate_naive(model, ids: list[int], n_new: int) -> tuple[list[int], list[float]]:
@@ -80,20 +101,25 @@ def main():
     recomputed = model.prefill(full, model.new_cache(len(full)))        # [vocab], from scratch
     error = float(np.abs(decoded - recomputed).max())
 
-    # 2. Speed and work against the number of generated tokens.
-    sweep = [4, 8] if quick() else [8, 32, 64]
-    rows, curves = [], {}
+    # 2. Speed and work against the number of generated tokens. The two loops take turns, round after
+    # round (course/measure.py), so other work on the machine slows both alike.
+    sweep, rounds = ([4, 8], 1) if quick() else ([8, 24, 48], 2)
+    rows, curves, steps = [], {}, {}
+    load_start = load_average()
+    loops = {"no cache": generate_naive, "KV cache": generate_cached}
+
+    def run(name: str, n: int):
+        steps[name] = loops[name](model, prompt, n)[1]                   # per-token times, for the plot
     for n in sweep:
-        _, t_naive = generate_naive(model, prompt, n)
-        _, t_cached = generate_cached(model, prompt, n)
+        spreads = interleaved({name: functools.partial(run, name, n) for name in loops}, rounds, warmup=False)
         p_naive, p_cached = positions_processed(prompt_len, n)
         f_naive = sum(layer_flops(cfg, prompt_len + i, prompt_len + i) for i in range(n))
         f_cached = layer_flops(cfg, prompt_len, prompt_len) + sum(
             layer_flops(cfg, 1, prompt_len + i) for i in range(1, n))
+        speedup = spreads["no cache"].median / spreads["KV cache"].median
         rows.append([n, f"{p_naive:,}", f"{p_cached:,}", f"{f_naive / 1e9:.1f}", f"{f_cached / 1e9:.1f}",
-                     f"{n / sum(t_naive):.1f}", f"{n / sum(t_cached):.1f}",
-                     f"{sum(t_naive) / sum(t_cached):.1f}x"])
-        curves = {"no cache": t_naive, "KV cache": t_cached}
+                     spreads["no cache"].rate(n), spreads["KV cache"].rate(n), f"{speedup:.1f}x"])
+        curves = dict(steps)                                             # per-token times of the longest run
 
     # 3. What the cache costs: bytes per token = 2 (K and V) × layers × kv_heads × head_dim × bytes.
     memory = []
@@ -113,6 +139,11 @@ def main():
     print_table(f"work and speed for a {prompt_len}-token prompt: O(N²) without the cache, O(N) with it",
                 ["new tokens", "positions (no cache)", "positions (cache)", "GFLOP (no cache)",
                  "GFLOP (cache)", "tok/s (no cache)", "tok/s (cache)", "speedup"], rows)
+    print(f"tok/s: median (min-max) of {rounds} interleaved rounds; {load_line(load_start)}")
+    decode_steps = curves["KV cache"][1:]                                # the first token's time is the prefill
+    print(beside_reference("cpu.decode.smollm2.fp32.1-thread", 1 / float(np.median(decode_steps))))
+    check("the cache makes generation faster, more so the longer the text", speedup > 1,
+          f"{speedup:.1f}x at {sweep[-1]} new tokens")
     print_table("KV cache memory: 2 × layers × kv_heads × head_dim × bytes per value",
                 ["model", "layers", "kv heads", "head dim", "bytes/token", "GiB at 4096 tokens"], memory)
     save_plot("02_time_per_token.png", lambda ax: (

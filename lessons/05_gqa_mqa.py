@@ -10,8 +10,28 @@ paper's recipe), then measure each: cache bytes, perplexity on real text, decode
 
 Run: python lessons/05_gqa_mqa.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 02 (KV bytes per token)",
+        "lesson 03 (decode reads bytes)",
+    ],
+    "objectives": [
+        "build MHA and MQA twins of a GQA model and measure cache size against perplexity",
+        "time decode at long context with the variants taking turns, median and range",
+        "see why pooling KV heads without uptraining breaks a model",
+    ],
+    "study_time": "45 min, plus 20 min for exercise 05 (pooling KV heads)",
+    "check_questions": [
+        "Why is GQA exactly MHA with tied heads, and what does that cost in cache?",
+        "At which context length does the number of KV heads start to matter for decode time, and why?",
+    ],
+    "try_this": [
+        "time at 16k context (edit `contexts`) and watch the gap between MHA and MQA grow",
+        "compare the 7B table's users in 60 GB with `minillm plan -m llama-2-7b`",
+    ],
+}
+import functools
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
@@ -21,6 +41,7 @@ import numpy as np
 from minillm import PRESETS
 from minillm.model.config import ModelConfig
 from minillm.course import hf_tensors, lesson_model, print_table, quick, save_plot
+from minillm.course.measure import Spread, faster, interleaved, load_average, load_line
 from minillm.tools.evaluate import eval_text, perplexity
 from minillm.checkpoints.kv_heads import convert_kv_heads
 from minillm.llm import LLM
@@ -54,22 +75,20 @@ def variants(llm) -> dict[str, LLM]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def decode_ms(models: dict[str, LLM], context: int, repeats: int) -> dict[str, float]:
-    """Best ms of one decode step of each model with `context` cached positions. Speed does not depend
-    on the cached values, so we write ones instead of running a long prefill (writing makes the pages
-    real). The models take turns, so a burst of other work on the machine hits them all alike."""
+def decode_times(models: dict[str, LLM], context: int, rounds: int) -> dict[str, Spread]:
+    """Seconds of one decode step of each model with `context` cached positions, over `rounds` rounds.
+    Speed does not depend on the cached values, so we write ones instead of running a long prefill
+    (writing makes the pages real). The models take turns (course/measure.py), so a burst of other work
+    on the machine hits them all alike."""
     caches = {name: m.model.new_cache(context + 1) for name, m in models.items()}
     for cache in caches.values():
         cache.k.fill(1.0)
         cache.v.fill(1.0)
-    best = dict.fromkeys(models, float("inf"))
-    for _ in range(repeats):
-        for name, m in models.items():
-            caches[name].length = context
-            start = time.perf_counter()
-            m.model.decode(1, caches[name])
-            best[name] = min(best[name], 1e3 * (time.perf_counter() - start))
-    return best
+
+    def step(name):
+        caches[name].length = context
+        models[name].model.decode(1, caches[name])
+    return interleaved({name: functools.partial(step, name) for name in models}, rounds)
 
 
 def main():
@@ -94,9 +113,11 @@ def main():
                      f"{c.kv_bytes_per_token(2) * c.max_seq_len / 2**20:,.0f}",
                      f"{result.ppl:.2f}", f"{np.abs(logits - reference).max():.2g}",
                      f"{np.mean(logits.argmax(-1) == reference.argmax(-1)):.0%}"])
-    times = {n: decode_ms(models, n, 1 if small else 3) for n in contexts}          # {context: {model: ms}}
-    speed = [[name] + [f"{times[n][name]:.1f}" for n in contexts] + [
-             f"{1e3 / times[contexts[-1]][name]:.1f}", f"{m.config.kv_bytes_per_token(4) * contexts[-1] / 1e6:.0f}"]
+    load_start = load_average()
+    rounds = 1 if small else 5
+    times = {n: decode_times(models, n, rounds) for n in contexts}           # {context: {model: Spread}}
+    speed = [[name] + [times[n][name].ms() for n in contexts] + [
+             times[contexts[-1]][name].rate(), f"{m.config.kv_bytes_per_token(4) * contexts[-1] / 1e6:.0f}"]
              for name, m in models.items()]
 
     # The same trade on a model that was trained with full MHA: Llama-2-7B's 32 KV heads.
@@ -116,9 +137,15 @@ def main():
           "the cache. Pooling to one KV head "
           "without retraining loses most of the model: the GQA paper recovers it with ~5% of pre-training "
           "compute (\"uptraining\"), which this lesson does not do.")
-    print_table("decode speed: ms per token with the cache at each context (the rest of the model is the same)",
+    print_table(f"decode speed: ms per token with the cache at each context (the rest of the model is the same; "
+                f"median (min-max) of {rounds} interleaved rounds)",
                 ["model"] + [f"ms at {n:,}" for n in contexts] + [f"tok/s at {contexts[-1]:,}",
                                                                   f"KV MB read at {contexts[-1]:,} (fp32)"], speed)
+    print(load_line(load_start))
+    longest = times[contexts[-1]]
+    mha, gqa, mqa = list(models)
+    faster(longest, gqa, mha, f"at {contexts[-1]:,} positions GQA decodes faster than MHA (a third of the cache to read)")
+    faster(longest, mqa, gqa, f"at {contexts[-1]:,} positions MQA decodes faster than GQA (a third again)")
     print_table("the same trade at 7B scale: Llama-2-7B (trained as MHA) with fewer KV heads, fp16",
                 ["model", "KV heads", "bytes/token", "GiB per 4096-token user", "users in 60 GB of KV"], presets)
 

@@ -12,8 +12,27 @@ a CUDA graph (minillm/cuda/gpu_mla.py) against cuBLAS through CuPy and a GQA mod
 
 Run: python lessons/06_mla.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 05 (KV heads)",
+        "linear algebra: matrix products are associative; the SVD",
+    ],
+    "objectives": [
+        "cache one latent vector per token instead of per-head keys and values (DeepSeek's MLA)",
+        "absorb W_UK and W_UV into the query and output so decode reads only latents",
+        "convert a GQA model to MLA by SVD and measure what each rank costs",
+    ],
+    "study_time": "60 min, plus 30 min for exercise 06 (absorbed attention)",
+    "check_questions": [
+        "Why does absorbing W_UK into the query leave the attention scores unchanged?",
+        "How many bytes a token does DeepSeek-V3 cache with MLA, against MHA at the same heads?",
+    ],
+    "try_this": [
+        "lower the latent rank in the SVD table and find where top-1 agreement collapses",
+        "time the absorbed path at longer contexts (edit `contexts`)",
+    ],
+}
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
@@ -22,6 +41,7 @@ import numpy as np
 
 from minillm.model.config import ModelConfig
 from minillm.course import hf_tensors, lesson_model, print_table, quick, run_gpu_parts, save_plot
+from minillm.course.measure import Spread, faster, interleaved, load_average, load_line
 from minillm.tools.evaluate import eval_text, perplexity
 from minillm.llm import LLM
 from minillm.checkpoints.mla_convert import convert_to_mla
@@ -72,23 +92,20 @@ def working_set_bytes(cfg: ModelConfig, context: int, mode: str) -> int:
     return 4 * context * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
 
 
-def decode_ms(model: Transformer, context: int, repeats: int) -> dict[str, float]:
-    """Best ms of one decode step in each mode with `context` positions in the latent cache (random
+def decode_times(model: Transformer, context: int, rounds: int) -> dict[str, Spread]:
+    """Seconds of one decode step in each mode with `context` positions in the latent cache (random
     latents: speed does not depend on their values, and this skips a long prefill). The two modes
-    take turns, so a burst of other work on the machine hits both alike."""
+    take turns (course/measure.py), so a burst of other work on the machine hits both alike."""
     cache = model.new_cache(context + 1)
     rng = np.random.default_rng(context)
     cache.c_kv[:] = rng.standard_normal(cache.c_kv.shape, dtype=np.float32)
     cache.k_rope[:] = rng.standard_normal(cache.k_rope.shape, dtype=np.float32)
-    best = {"naive": float("inf"), "absorbed": float("inf")}
-    runs = {mode: model.with_options(mla_mode=mode) for mode in best}                     # same weights
-    for _ in range(repeats):
-        for mode in best:
-            cache.length = context
-            start = time.perf_counter()
-            runs[mode].decode(1, cache)
-            best[mode] = min(best[mode], 1e3 * (time.perf_counter() - start))
-    return best
+    runs = {mode: model.with_options(mla_mode=mode) for mode in ("naive", "absorbed")}     # same weights
+
+    def step(mode):
+        cache.length = context
+        runs[mode].decode(1, cache)
+    return interleaved({mode: lambda mode=mode: step(mode) for mode in runs}, rounds)
 
 
 def truncate_latent(mla_config: ModelConfig, tensors: dict[str, np.ndarray], rank: int):
@@ -133,13 +150,13 @@ def main():
     scale = float(np.abs(logits["naive"]).max())
 
     contexts = [64] if small else [256, 1024, 4096]
-    timing = []
+    timing, rounds, load_start = [], 1 if small else 3, load_average()
     for context in contexts:
-        ms = decode_ms(model, context, 1 if small else 3)
-        naive, absorbed = ms["naive"], ms["absorbed"]
+        spreads = decode_times(model, context, rounds)
+        naive, absorbed = spreads["naive"], spreads["absorbed"]
         timing.append([f"{context:,}", f"{working_set_bytes(cfg, context, 'naive') / 1e6:.2f}",
-                       f"{working_set_bytes(cfg, context, 'absorbed') / 1e6:.2f}", f"{naive:.1f}",
-                       f"{absorbed:.1f}", f"{naive / absorbed:.1f}x"])
+                       f"{working_set_bytes(cfg, context, 'absorbed') / 1e6:.2f}", naive.ms(),
+                       absorbed.ms(), f"{naive.median / absorbed.median:.1f}x"])
 
     # 2. Cache bytes per token against the same heads with K and V cached per head (fp16).
     def per_head_bytes(c: ModelConfig, kv_heads: int) -> int:
@@ -205,6 +222,9 @@ def main():
                   f"{slice_diff:.1e}"]])
     print_table("one decode step: naive rebuilds every head's K and V, absorbed reads the latents (per layer)",
                 ["context", "naive working set MB", "absorbed MB", "naive ms", "absorbed ms", "speedup"], timing)
+    print(f"ms: median (min-max) of {rounds} interleaved rounds; {load_line(load_start)}")
+    faster(spreads, "absorbed", "naive", f"at {contexts[-1]:,} positions absorbed MLA decodes faster than naive "
+                                         f"(it reads the latents instead of rebuilding every head's K and V)")
     print_table("KV cache per token, fp16", ["attention", "layers", "bytes/token/layer", "bytes/token", "what is cached"],
                 sizes)
     print_table(f"SmolLM2 GQA -> MLA by SVD of the weights (no data, no fine-tuning): perplexity on "

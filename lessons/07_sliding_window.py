@@ -9,6 +9,25 @@ capacity planner (`minillm plan`) what that means on real GPUs: users that fit a
 
 Run: python lessons/07_sliding_window.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 02 (the KV cache)",
+        "lesson 05 (cache bytes per user)",
+    ],
+    "objectives": [
+        "keep only the last W positions in a rolling buffer and show it is exact for a windowed model",
+        "turn bytes per token into users per GPU with `minillm plan`",
+    ],
+    "study_time": "40 min, plus 20 min for exercise 07 (the sliding-window mask)",
+    "check_questions": [
+        "Past the window, why does a longer context cost a windowed model no more memory per user?",
+        "Which three numbers does the planner need to count users at a context?",
+    ],
+    "try_this": [
+        "minillm plan -m mistral-7b --gpu l4 --context 32768",
+        "change the window (`window`) and check the rolling cache still matches the full one",
+    ],
+}
 import sys
 import time
 from pathlib import Path
@@ -20,6 +39,7 @@ import numpy as np
 from minillm.tools.bench import random_model
 from minillm.model.config import PRESETS, ModelConfig
 from minillm.course import hf_tensors, out_dir, print_table, quick, save_plot
+from minillm.course.measure import Spread, load_line
 from minillm.model.kv_cache import KVCache, RollingKVCache
 from minillm.model.transformer import Transformer
 from minillm.tools.planner import GB, PlanError, decode_roofline, plan, plot_plan
@@ -54,7 +74,7 @@ def run_both(model, ids: list[int], prompt_len: int, checkpoints: list[int]) -> 
         if pos + 1 in checkpoints:
             rows.append(["decode", pos + 1, f"{full.length * cfg.kv_bytes_per_token(4):,}", f"{rolling.nbytes:,}",
                          f"{np.abs(got - want).max():.1e}", f"{np.abs(ignoring_window - want).max():.1e}",
-                         f"{min(ms_full[-16:]):.2f}", f"{min(ms_rolling[-16:]):.2f}"])
+                         Spread(tuple(ms_full[-16:])).format(1, 2), Spread(tuple(ms_rolling[-16:])).format(1, 2)])
     return rows
 
 
@@ -116,7 +136,8 @@ def main():
 
     print_table(f"Lesson 07 — rolling buffer (W = {window}) vs full cache, same random Mistral-shaped model",
                 ["step", "positions", "full cache bytes (fp32)", "rolling cache bytes", "max |rolling - full|",
-                 "max |no window - window|", "ms/token full (best of 16)", "ms/token rolling"], rows)
+                 "max |no window - window|", "ms/token full", "ms/token rolling"], rows)
+    print(f"ms/token: median (min-max) of the last 16 steps, the two caches taking turns; {load_line()}")
     print("the rolling cache stays at W slots and gives the full cache's logits; the 'no window' column shows "
           "the window is part of the model: attending to everything gives other logits once L > W.")
     print_table("KV cache of the real models, fp16 (what a user costs)",

@@ -11,9 +11,27 @@ A caveat about this model: SmolLM2's weights come from a Q4_1 GGUF, i.e. they al
 
 Run: python lessons/08_int8_weights.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 03 (decode pays for bytes)",
+    ],
+    "objectives": [
+        "quantize a weight matrix to int8 per row and bound its error by scale/2",
+        "measure the perplexity cost and the decode speed of int8 weights on this CPU",
+        "explain why fewer bytes pay at decode only if dequantization is cheap",
+    ],
+    "study_time": "45 min, plus 20 min for exercise 08 (int8 per row)",
+    "check_questions": [
+        "Why is the rounding error of a per-row int8 code at most half its scale?",
+        "Why can int8 be slower than fp32 on one matrix in cache yet as fast over the whole model?",
+    ],
+    "try_this": [
+        "minillm generate --quant int8 \"The capital of France is\"",
+        "compare your tok/s with the two reference lines",
+    ],
+}
 import os
 import sys
-import time
 from pathlib import Path
 
 # One BLAS thread: on a shared 2-core machine, BLAS threads fight other work for the cores and
@@ -28,7 +46,7 @@ from minillm.tools.evaluate import eval_text, perplexity
 from minillm.llm import LLM
 from minillm.model.transformer import Transformer
 from minillm.tools.planner import GPUS, weight_bytes
-from minillm.resources import reference
+from minillm.course.measure import Spread, beside_reference, check, interleaved, load_average, load_line
 from minillm.checkpoints.quantize import quantize_checkpoint
 from minillm.model.quant import Int8Weight, quantize_int8
 
@@ -51,31 +69,23 @@ def model_bytes(tensors: dict) -> tuple[int, int]:
     return layer, total
 
 
-def decode_tok_s(llm: LLM, prompt: list[int], steps: int) -> float:
-    """Tokens/s of decode from the best step (the least disturbed by other work on the machine)."""
-    cache = llm.model.new_cache(len(prompt) + steps + 1)
-    llm.model.prefill(prompt, cache)
-    best = float("inf")
-    for _ in range(steps):
-        start = time.perf_counter()
-        llm.model.decode(prompt[-1], cache)
-        best = min(best, time.perf_counter() - start)
-    return 1.0 / best
+def decode_steps(models: dict[str, LLM], prompt: list[int], rounds: int) -> dict[str, Spread]:
+    """Seconds of one decode step of each model after the same prompt; the models take turns
+    (course/measure.py), so other work on the machine slows both alike."""
+    caches = {label: m.model.new_cache(len(prompt) + rounds + 2) for label, m in models.items()}
+    for label, m in models.items():
+        m.model.prefill(prompt, caches[label])
+    return interleaved({label: lambda m=m, label=label: m.model.decode(prompt[-1], caches[label])
+                        for label, m in models.items()}, rounds)
 
 
-def one_token_matmul_us(w: np.ndarray, q: Int8Weight, repeats: int) -> tuple[float, float, float]:
-    """µs for x @ Wᵀ of one token, the matrix hot in cache: fp32 GEMV, int8 widening alone (codes times
+def one_token_matmul(w: np.ndarray, q: Int8Weight, rounds: int) -> dict[str, Spread]:
+    """Seconds for x @ Wᵀ of one token, the matrix hot in cache: fp32 GEMV, int8 widening alone (codes times
     scales), and the engine's int8 matmul (codes widened to fp32, the GEMV, the scale on each output)."""
     x = np.random.default_rng(0).standard_normal((1, w.shape[1])).astype(np.float32)
-
-    def best(fn):
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return 1e6 * min(times)
-    return (best(lambda: x @ w.T), best(lambda: q.dequantize_rows(0, q.shape[0])), best(lambda: q.matmul(x)))
+    return interleaved({"fp32 GEMV (BLAS)": lambda: x @ w.T,
+                        "int8 -> fp32 widening alone": lambda: q.dequantize_rows(0, q.shape[0]),
+                        "int8: widen + fp32 GEMV, scale on the outputs (engine)": lambda: q.matmul(x)}, rounds)
 
 
 def main():
@@ -107,12 +117,10 @@ def main():
     context, n_tokens = (32, 48) if small else (256, 512)
     ppl_fp, ppl_q = (perplexity(m, text, context=context, max_tokens=n_tokens) for m in (llm, int8))
     prompt = llm.prompt_ids(text, chat=False)[:16]
-    steps = 3 if small else 12
-    tok_s = {}
-    for _ in range(1 if small else 2):                                       # alternate, so noise hits both
-        for label, m in (("fp32", llm), ("int8", int8)):
-            tok_s[label] = max(tok_s.get(label, 0.0), decode_tok_s(m, prompt, steps))
-    us = one_token_matmul_us(w, engine, 5 if small else 50)
+    load_start = load_average()
+    steps = decode_steps({"fp32": llm, "int8": int8}, prompt, 3 if small else 16)
+    tok_s = {label: spread.per() for label, spread in steps.items()}
+    us = one_token_matmul(w, engine, 5 if small else 50)
 
     # 3. The same bytes on a GPU: decode reads all weights once per token (a ceiling, not a measurement).
     h100 = GPUS["H100-80GB-SXM"]
@@ -126,23 +134,32 @@ def main():
           f"{w.nbytes:,} bytes fp32 -> {q.nbytes + scales.nbytes:,} int8 + scales ({(q.nbytes + scales.nbytes) / w.nbytes:.1%}).")
     print(f"Q4_1 source: a group of 32 consecutive weights holds at most {distinct} distinct values (4 bits: 16).")
     print_table(f"the whole model: fp32 vs int8 weights ({ppl_fp.n_tokens} tokens of eval_text, windows of {context})",
-                ["weights", "layer matrices MB", "whole model MB", "perplexity", "Δ perplexity", "decode tok/s"],
+                ["weights", "layer matrices MB", "whole model MB", "perplexity", "Δ perplexity",
+                 "decode tok/s, median (min-max)"],
                 [["fp32", f"{fp_layer / 1e6:.1f}", f"{fp_total / 1e6:.1f}", f"{ppl_fp.ppl:.3f}", "",
-                  f"{tok_s['fp32']:.1f}"],
+                  steps["fp32"].rate()],
                  ["int8", f"{q_layer / 1e6:.1f}", f"{q_total / 1e6:.1f}", f"{ppl_q.ppl:.3f}",
-                  f"{100 * (ppl_q.ppl / ppl_fp.ppl - 1):+.2f}%", f"{tok_s['int8']:.1f}"]])
+                  f"{100 * (ppl_q.ppl / ppl_fp.ppl - 1):+.2f}%", steps["int8"].rate()]])
     # the project's own figures for this model (lessons/BENCHMARKS.md, one BLAS thread), to set yours beside
-    print(reference("cpu.decode.smollm2.fp32.narrow-run"))
-    print(reference("cpu.decode.smollm2.int8"))
+    print(beside_reference("cpu.decode.smollm2.fp32.narrow-run", tok_s["fp32"]))
+    print(beside_reference("cpu.decode.smollm2.int8", tok_s["int8"]))
+    print(beside_reference("cpu.perplexity.smollm2.int8", 100 * (ppl_q.ppl / ppl_fp.ppl - 1)))
+    print(f"decode steps: the two models took turns for {len(steps['fp32'].samples)} rounds; {load_line(load_start)}")
+    check("over the whole model int8 decodes about as fast as fp32 (decode pays for bytes, and widening is "
+          "cheap next to streaming the weights)", tok_s["int8"] > 0.7 * tok_s["fp32"],
+          f"int8 {tok_s['int8']:.1f} tok/s vs fp32 {tok_s['fp32']:.1f} ({tok_s['int8'] / tok_s['fp32']:.2f}x)")
     print(f"The embedding / tied LM head ({cfg.vocab_size:,} x {cfg.dim}) stays fp32: "
           f"{tensors['model.embed_tokens.weight'].nbytes / 1e6:.0f} MB of both totals.")
-    print_table(f"one matrix alone, hot in cache: x @ Wᵀ for one token, {list(w.shape)}, best of runs",
-                ["step", "µs"], [["fp32 GEMV (BLAS)", f"{us[0]:.0f}"], ["int8 -> fp32 widening alone", f"{us[1]:.0f}"],
-                                 ["int8: widen + fp32 GEMV, scale on the outputs (engine)", f"{us[2]:.0f}"]])
+    print_table(f"one matrix alone, hot in cache: x @ Wᵀ for one token, {list(w.shape)}, µs: median (min-max) of "
+                f"{len(next(iter(us.values())).samples)} interleaved rounds",
+                ["step", "µs"], [[label, spread.format(1e6, 0)] for label, spread in us.items()])
+    gemv, widen = (us[k] for k in list(us)[:2])
+    check("in cache, widening int8 to fp32 costs more than the fp32 GEMV itself (NumPy has no int8 GEMV)",
+          widen.median > gemv.median, f"widening {widen.format(1e6, 0)} µs vs GEMV {gemv.format(1e6, 0)} µs")
     ratio = tok_s["int8"] / tok_s["fp32"]
     print("NumPy has no int8 matrix-vector product: the engine widens a block of rows to fp32 and runs the fp32\n"
           "GEMV anyway (the row's scale multiplies its one output, not each weight). With the matrix already in\n"
-          f"cache that is {us[2] / us[0]:.1f}x the fp32 GEMV. In the whole model the fp32 weights ({fp_layer / 1e6:.0f} MB) "
+          f"cache that is {us[list(us)[2]].median / gemv.median:.1f}x the fp32 GEMV. In the whole model the fp32 weights ({fp_layer / 1e6:.0f} MB) "
           "stream from\nDRAM at 4 bytes a weight, while int8 streams 1 byte and widens into a block that stays in "
           "cache:\ndecode is memory-bound (lesson 03), and here int8 decoded "
           + (f"{ratio:.2f}x as fast as fp32 (table above)." if ratio >= 1 else

@@ -25,6 +25,25 @@ g = 32 is that very grid, so it gives the weights back exactly; larger groups ro
 
 Run: python lessons/09_int4_groupwise.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 08 (int8 per row)",
+    ],
+    "objectives": [
+        "pack two 4-bit codes in a byte and quantize in groups with a scale and a minimum",
+        "count bits per weight including the fp16 scale and minimum of each group",
+        "measure how group size trades error and perplexity for bytes",
+    ],
+    "study_time": "50 min, plus 25 min for exercise 09 (int4 in groups)",
+    "check_questions": [
+        "How many bits per weight does int4 with groups of 64 cost, scales and minima included?",
+        "Why does asymmetric (scale + min) beat symmetric (scale only) at 16 levels?",
+    ],
+    "try_this": [
+        "add a group size of 16 to GROUP_SIZES and predict its bits per weight first",
+        "minillm generate --quant int4 and compare the answer with fp32",
+    ],
+}
 import os
 import sys
 import time
@@ -36,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm import threads
+from minillm.course.measure import beside_reference, load_line
 from minillm.course import hf_tensors, lesson_model, print_table, quick, save_plot
 from minillm.tools.evaluate import eval_text, perplexity
 from minillm.llm import LLM
@@ -136,7 +156,7 @@ def main():
     # The grid search is elementwise NumPy, run in row blocks on threads.parallel_map's threads: give it
     # every core. BLAS stays on one thread, set again before each forward pass (threads.for_rows).
     threads.fix(threads.cores())
-    ppl, exact = {}, []
+    ppl, bits, exact = {}, {}, []
     for g in sizes:
         for grid, imp in (("min/max", None), ("searched", importance)):
             if grid == "searched" and g in exact:   # nothing to search for: min/max is the file's own grid
@@ -147,10 +167,11 @@ def main():
             nbytes = sum(a.nbytes for k, a in qt.items() if k.endswith((".qweight", ".scales", ".mins")))
             r = perplexity(LLM(qcfg, Transformer(qcfg, qt), llm.tokenizer), text, context=context, max_tokens=n_tokens)
             ppl[g, grid] = r.ppl
+            bits[g, grid] = 8 * nbytes / (layer_fp32 / 4)                 # measured: codes, scales, mins, padding
             if abs(r.ppl / base.ppl - 1) < 1e-4:     # the weights came back as they were: an exact grid
                 exact.append(g)
             model_rows.append(["int4 asymmetric", grid, g, f"{nbytes / 1e6:.1f}",
-                               f"{8 * nbytes / (layer_fp32 / 4):.3f}", f"{r.ppl:.3f}",
+                               f"{bits[g, grid]:.3f}", f"{r.ppl:.3f}",
                                f"{100 * (r.ppl / base.ppl - 1):+.1f}%", f"{seconds:.1f}"])
     g_sym = sizes[-1]
     r = perplexity(LLM(cfg, Transformer(cfg, symmetric_tensors(tensors, g_sym)), llm.tokenizer), text,
@@ -183,6 +204,9 @@ def main():
           "and searched rows. Symmetric is fake-quantized (dequantized to fp32: the same numbers a kernel would\n"
           "use, not the same bytes). The Δs at g = 64/128 stay large because they round a grid that was already\n"
           "4-bit (groups of 32) a second time; only g = 32 lands on it.")
+    if (128, "min/max") in ppl:   # the project's own figure (int4 g128, lessons/BENCHMARKS.md) beside yours
+        print(beside_reference("cpu.perplexity.smollm2.int4", 100 * (ppl[128, "min/max"] / base.ppl - 1)))
+    print(f"quantize s and the calibration time depend on the machine's load: {load_line()}")
     if exact:
         print(f"Not searched at g = {', '.join(map(str, exact))}: min/max already gives the model back (Δ +0.0%), and the\n"
               "search keeps min/max's grid wherever nothing beats it (the one-matrix table: error 0 for both).")
@@ -190,12 +214,12 @@ def main():
     def draw(ax):
         for grid, style in (("min/max", "o--"), ("searched", "o-")):
             measured = [g for g in sizes if (g, grid) in ppl]
-            xs = [4 + 32 / g for g in measured]
+            xs = [bits[g, grid] for g in measured]                       # the table's bits/weight, padding included
             ys = [100 * (ppl[g, grid] / base.ppl - 1) for g in measured]
             ax.plot(xs, ys, style, label=grid)
             for x, y, g in zip(xs, ys, measured):
                 ax.annotate(f"g={g}", (x, y), textcoords="offset points", xytext=(5, 5))
-        ax.set_xlabel("bits per weight (codes + fp16 scale and min)"), ax.set_ylabel("Δ perplexity vs fp32 (%)")
+        ax.set_xlabel("bits per weight (codes + fp16 scale and min, as in the table)"), ax.set_ylabel("Δ perplexity vs fp32 (%)")
         ax.set_title("Lesson 09: int4 group size and grid, bytes against quality (SmolLM2)")
         ax.legend(), ax.grid(alpha=0.3)
     save_plot("09_int4_groups.png", draw)

@@ -11,6 +11,26 @@ GPU, long-context decode with the 16-bit and the int8 cache side by side.
 
 Run: python lessons/10_kv_cache_int8.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 02 (the KV cache)",
+        "lesson 08 (int8 per row)",
+    ],
+    "objectives": [
+        "quantize keys and values per (token, head) vector and measure the error at each granularity",
+        "measure perplexity and top-1 agreement with an int8 cache",
+        "read what halving the cache buys in users (`minillm plan --kv-dtype int8`)",
+    ],
+    "study_time": "45 min, plus 20 min for exercise 10 (int8 KV vectors)",
+    "check_questions": [
+        "Why does a scale per (token, head) vector suit a cache that grows one token at a time?",
+        "Why is halving the cache's bytes not halving the decode time on a GPU?",
+    ],
+    "try_this": [
+        "minillm generate --kv-cache int8 \"The capital of France is\"",
+        "minillm plan -m mistral-7b --context 32768 --kv-dtype int8",
+    ],
+}
 import os
 import sys
 from pathlib import Path

@@ -20,6 +20,26 @@ CPU model's logits. Lessons 12 and 13 explain the difference in speed between th
 Run: python lessons/11_numpy_to_cupy.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 Without a GPU the lesson runs its CPU parts and lists the GPU measurements it skipped.
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 03 (bytes and bandwidth)",
+        "what a GPU is: many threads, its own memory",
+    ],
+    "objectives": [
+        "list which arrays cross the bus once and which cross every token, and their bytes",
+        "run the engine's NumPy model on CuPy arrays unchanged and see why it is slow",
+        "measure host-device copies, pageable vs pinned (on a GPU)",
+    ],
+    "study_time": "45 min, plus 20 min for exercise 11 (bytes over the bus)",
+    "check_questions": [
+        "Which bytes cross the bus per decoded token, and why so few?",
+        "Why is NumPy code on CuPy arrays correct but slow?",
+    ],
+    "try_this": [
+        "on a GPU machine: pip install -e \".[gpu]\" and run the GPU part",
+        "change n_new and check the per-token bytes do not grow",
+    ],
+}
 import statistics
 import sys
 import time
@@ -29,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
+from minillm.course.measure import Spread, interleaved, load_line
 from minillm.course import lesson_model, print_table, quick, run_gpu_parts, transfer_bytes_reference, why_no_gpu
 from minillm.model.transformer import Transformer
 from minillm.engine.sampling import Sampler, SamplingParams
@@ -54,14 +75,9 @@ def decode_buffer_bytes(cfg) -> int:
     return 4 * (2 * cfg.dim + qkv + cfg.n_heads * cfg.head_dim + 3 * cfg.ffn_dim + cfg.vocab_size)
 
 
-def host_us(fn, repeats: int) -> float:
-    """Best µs of fn() over `repeats` runs (the least disturbed by other work on the machine)."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return 1e6 * best
+def host_us(fn, repeats: int) -> str:
+    """µs of fn(): median (min-max) over `repeats` runs (course/measure.py)."""
+    return interleaved({"fn": fn}, repeats)["fn"].format(1e6, 0)
 # -------------------------------------------------------------------------------------------------------
 
 
@@ -169,13 +185,14 @@ def main():
     stream = llm.tokenizer.stream_decoder()
     cpu_ms = 1e3 * statistics.median(cpu_times)
     sampling_us = host_us(lambda: top_p(logits), reps)
-    host_rows = [["greedy: argmax over the logits", f"{host_us(lambda: np.argmax(logits), reps):,.0f}"],
-                 ["temperature 0.8 + top-p 0.9 (sort of the vocab)", f"{sampling_us:,.0f}"],
-                 ["tokenizer: one token to text (stream decoder)",
-                  f"{host_us(lambda: stream.push(tokens[0]), reps):,.0f}"],
-                 ["for scale: one decode step of the CPU engine (fp32)", f"{1e3 * cpu_ms:,.0f}"]]
-    print_table(f"what stays on the host, per token, measured on this CPU (best of {reps}; vocab {cfg.vocab_size:,})",
-                ["work", "µs"], host_rows)
+    host_rows = [["greedy: argmax over the logits", host_us(lambda: np.argmax(logits), reps)],
+                 ["temperature 0.8 + top-p 0.9 (sort of the vocab)", sampling_us],
+                 ["tokenizer: one token to text (stream decoder)", host_us(lambda: stream.push(tokens[0]), reps)],
+                 ["for scale: one decode step of the CPU engine (fp32)",
+                  Spread(tuple(cpu_times)).format(1e6, 0)]]
+    print_table(f"what stays on the host, per token, measured on this CPU (µs: median (min-max) of {reps}; vocab "
+                f"{cfg.vocab_size:,})", ["work", "µs"], host_rows)
+    print(load_line())
 
     # 3. The GPU: the bus, the upload, the engine's code through CuPy, GPUTransformer.
     state, results = {}, {}
@@ -288,7 +305,7 @@ def main():
               f"GPUTransformer {results['gpu'][0]:.2f} ms. The weights are only 2x smaller; the rest is hundreds of "
               f"small CuPy launches per layer (lesson 13) and unfused elementwise passes (lesson 12).")
     if "gpu" in results:
-        print(f"What stayed on the host matters now: top-p sampling took {sampling_us:,.0f} µs on this CPU, "
+        print(f"What stayed on the host matters now: top-p sampling took {sampling_us} µs on this CPU, "
               f"GPUTransformer's whole decode step {1e3 * results['gpu'][0]:,.0f} µs (greedy argmax is cheap).")
     if failed:
         sys.exit(f"GPU parts failed: {', '.join(failed)}")

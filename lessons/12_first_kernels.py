@@ -19,6 +19,26 @@ Run: python lessons/12_first_kernels.py      (MINILLM_LESSON_QUICK=1 for a smoke
 Without a GPU the lesson runs the NumPy references, the reduction-order study and the compile of the
 kernels (nvcc, NVRTC), and lists the GPU measurements it skipped.
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 11 (NumPy to CuPy)",
+        "basic C syntax",
+    ],
+    "objectives": [
+        "write RMSNorm and SwiGLU kernels: a thread per row, then a block per row with warp shuffles",
+        "sum in a tree and see that the order fixes the bits",
+        "read registers per thread from the compiler",
+    ],
+    "study_time": "60 min, plus 30 min for exercise 12 (a block's fp32 sum)",
+    "check_questions": [
+        "Why does a block per row with shuffles beat a thread per row?",
+        "Why does a tree sum give different bits from a sequential one, and which is more accurate?",
+    ],
+    "try_this": [
+        "change the block size of the xor-shuffle tree and compare the sum's error",
+        "on a GPU: compare the kernels' GB/s with the copy bandwidth",
+    ],
+}
 import os
 import re
 import shutil
@@ -33,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
+from minillm.course.measure import Spread, load_line
 from minillm.course import block_sum_reference, print_table, quick, run_gpu_parts, why_no_gpu
 from minillm.model.layers import rmsnorm, silu
 
@@ -267,10 +288,11 @@ def main():
              swiglu_reference, swiglu_bytes)):
         for T, width in (cases if small else cases[:-1]):         # the largest size would take seconds here
             args = make(T, width)
-            best = min(_seconds(lambda: ref(*args)) for _ in range(3 if small else 5))
-            cpu_rows.append([name, T, width, f"{best * 1e6:,.0f}", f"{nbytes(T, width) / best / 1e9:.2f}"])
-    print_table("Lesson 12 — the NumPy references on this CPU (what every kernel version must match)",
-                ["op", "rows T", "dim / ffn", "µs", "GB/s (read + write)"], cpu_rows)
+            spread = Spread(tuple(_seconds(lambda: ref(*args)) for _ in range(3 if small else 5)))
+            cpu_rows.append([name, T, width, spread.format(1e6, 0), f"{nbytes(T, width) / spread.median / 1e9:.2f}"])
+    print_table("Lesson 12 — the NumPy references on this CPU (what every kernel version must match; µs: median "
+                "(min-max))", ["op", "rows T", "dim / ffn", "µs", "GB/s (read + write)"], cpu_rows)
+    print(load_line())
 
     # 2. The order of a parallel sum: error against float64, per order. Exercise 12 is the block's order.
     order_rows = []

@@ -20,6 +20,24 @@ model (random weights) with and without the graph.
 
 Run: python lessons/13_cuda_graphs.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 12 (first kernels)",
+    ],
+    "objectives": [
+        "count the launches of one decode step, recorded on the CPU",
+        "measure what a launch costs the host, and what a CUDA graph saves (on a GPU)",
+    ],
+    "study_time": "40 min, plus 20 min for exercise 13 (launches per token)",
+    "check_questions": [
+        "Why is a small model's decode step bound by launches rather than by bytes?",
+        "What does a CUDA graph need to read the token and position of each step?",
+    ],
+    "try_this": [
+        "MINILLM_LESSON_MODEL=random:mistral-7b and compare the launch count",
+        "on a GPU: decode with use_graph=False and True",
+    ],
+}
 import statistics
 import sys
 import time
@@ -31,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm.model.config import PRESETS
+from minillm.course.measure import Spread, load_line
 from minillm.course import (print_table, quick, record_decode_launches, recording_decode_step, run_gpu_parts,
                             transfer_bytes_reference, why_no_gpu)
 
@@ -56,17 +75,17 @@ def _layers(config, n: int):
     return dataclasses.replace(config, n_layers=n)
 
 
-def python_us_per_launch(config, version: int, fuse: bool, repeats: int) -> float:
+def python_us_per_launch(config, version: int, fuse: bool, repeats: int) -> Spread:
     """µs the engine's Python spends per launch (Kernels wrappers, argument packing), without CuPy or the
-    driver: the recorded decode step, best of `repeats`, divided by its launches."""
+    driver: the recorded decode step over `repeats` runs, each divided by its launches."""
     step, launches = recording_decode_step(config, version, fuse)
-    best = float("inf")
+    samples = []
     for _ in range(repeats):
         launches.clear()
         start = time.perf_counter()
         step()
-        best = min(best, time.perf_counter() - start)
-    return 1e6 * best / len(launches)
+        samples.append(1e6 * (time.perf_counter() - start) / len(launches))
+    return Spread(tuple(samples))
 
 
 def weights_read_per_token(config) -> int:
@@ -144,7 +163,7 @@ def decode_timings(preset: str, n_tokens: int) -> list[dict]:
                      for mode in (False, True)}
         rows.append(dict(label=label, launches=len(counted), eager=per_token[False], graph=per_token[True],
                          queue=queue_us(run, cache), replay=replay_us(run, cache),
-                         python=python_us_per_launch(cfg, version, fuse, 5)))
+                         python=python_us_per_launch(cfg, version, fuse, 5).median))
     del gpu, cache
     cp.get_default_memory_pool().free_all_blocks()
     return rows
@@ -205,13 +224,16 @@ def main():
         for label, version, fuse in CONFIGS:
             n = len(record_decode_launches(cfg, version, fuse))
             per_layer, outside = layer_split(cfg, version, fuse)
-            python_us[shape, label] = us = python_us_per_launch(cfg, version, fuse, 3 if small else 10)
-            rows.append([shape, label, n, f"{per_layer} x {cfg.n_layers}", outside, f"{us:.1f}", f"{us * n:.0f}"])
+            spread = python_us_per_launch(cfg, version, fuse, 3 if small else 10)
+            python_us[shape, label] = us = spread.median
+            rows.append([shape, label, n, f"{per_layer} x {cfg.n_layers}", outside, spread.format(1, 1),
+                         f"{us * n:.0f}"])
     print_table("Lesson 13 — kernel launches per decoded token (GPUTransformer.decode_step, recorded on the CPU)",
                 ["shape", "configuration", "launches/token", "per layer", "outside layers",
                  "engine Python µs/launch", "engine Python µs/token"], rows)
     print("'engine Python' is minillm's own launch code (argument checks, packing) timed on this CPU with the\n"
-          "launch itself replaced by a recorder: CuPy's and the driver's share of a launch comes on top.")
+          "launch itself replaced by a recorder: CuPy's and the driver's share of a launch comes on top.\n"
+          f"µs/launch: median (min-max) of the runs; {load_line()}")
 
     mistral = PRESETS["mistral-7b"].config
     kinds = [Counter(name.split()[0] for name in record_decode_launches(mistral, v, f))

@@ -17,6 +17,27 @@ and put the measured points on the H200 roofline (lessons/out/14_roofline.png).
 
 Run: python lessons/14_quantized_gemv_roofline.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 03 (the roofline)",
+        "lessons 08-09 (int8, int4)",
+        "lesson 13 (launches)",
+    ],
+    "objectives": [
+        "compute bytes per token and roofline tok/s for fp16, int8 and int4",
+        "count the instructions per weight a kernel may spend under the memory stream",
+        "reproduce the kernel's magic-number dequantization in NumPy, exactly",
+    ],
+    "study_time": "60 min, plus 30 min for exercise 14 (int4 as 32-bit words)",
+    "check_questions": [
+        "Where does batch-1 decode sit on the roofline, and what is its only lever?",
+        "Why does int4 pay only if the codes become floats in registers in two or three instructions?",
+    ],
+    "try_this": [
+        "python -m minillm.cuda.dev.qfloor on a GPU",
+        "compare your GPU's tok/s with the reference figures (lessons/BENCHMARKS.md)",
+    ],
+}
 import sys
 from pathlib import Path
 

@@ -6,12 +6,32 @@ rewrites that without changing a single logit:
   Prop. 2  1/RMS(x) is one number per token, so it can be applied AFTER the matmul: x·W* and the
            reduction no longer wait for each other (on a GPU: two streams at once);
   Prop. 3  a norm right after a normalized projection cancels the inner 1/RMS (shown, not used: Llama
-           has no such double norm).
+           has no such double norm; Gemma 3's and Qwen3's QK-norm is one, shown on a Gemma-3 shape).
 Then the GPU part, and the bug that comes with it: two streams need an explicit join. Without it the
 model reads the previous token's projection and "talks one step late".
 
 Run: python lessons/15_flashnorm.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 01 (rmsnorm)",
+        "lesson 13 (streams and graphs) for the GPU part",
+    ],
+    "objectives": [
+        "fold a norm's gain into the next matrix and check the logits",
+        "defer the 1/RMS past the matmul and bound its fp16 error",
+        "see how a missing join between two streams passes unit tests yet talks one step late",
+    ],
+    "study_time": "60 min, plus 25 min for exercise 15 (folding the gain)",
+    "check_questions": [
+        "Why can a norm's gain move into the following matrix but not into the previous one?",
+        "What does a missing stream join do to the text, and why does perplexity not catch it?",
+    ],
+    "try_this": [
+        "minillm generate --flashnorm \"The capital of France is\"",
+        "on a GPU: run the micro-benchmark's fused vs two-stream rows",
+    ],
+}
 import os
 import sys
 from pathlib import Path
@@ -157,6 +177,36 @@ def prop3_section():
           "does not use this one (MLA's latent norm after kv_a_proj is the case the paper names).")
 
 
+# NEW: Prop. 3 on a real architecture ----------------------------------------------------------------
+def gemma_prop3_section(small: bool):
+    """Gemma 3 (and Qwen3) norm each head of q and k right after q_proj/k_proj, whose input is already
+    RMSNorm(x): the input's 1/RMS(x) is one number per token, so the per-head norm cancels it (Prop. 3).
+    Shown with the engine's own Transformer.qkv on random weights of gemma-3-1b's layer shape."""
+    from minillm.model.config import PRESETS
+    from minillm.tools.bench import random_model
+    shape = PRESETS["gemma-3-1b"].config
+    cfg = shape.replace(n_layers=1, vocab_size=256, layer_windows=None, sliding_window=None)
+    model = random_model(cfg, seed=15)                                  # dim 1152, 4 q heads, 1 KV head, hd 256
+    layer, T, hd = model.layers[0], 4 if small else 16, cfg.head_dim
+    cos, sin = np.ones((T, hd // 2), np.float32), np.zeros((T, hd // 2), np.float32)   # position 0: no rotation
+    rows = []
+    for scale in (1.0, 34.0, 1e-3):                    # 34 ~ sqrt(1152): Gemma's scaled embeddings
+        x = (np.random.default_rng(7).standard_normal((T, cfg.dim)) * scale).astype(np.float32)
+        q, k, v = model.qkv(x, layer, cos, sin)                                     # the engine: norm, q_proj, q_norm
+        gained = x * as_f32(layer.attn_norm)                                        # the input norm's gain, no 1/RMS
+        q_once = rmsnorm(linear(gained, layer.wq).reshape(T, cfg.n_heads, hd), layer.q_norm, cfg.norm_eps)
+        k_once = rmsnorm(linear(gained, layer.wk).reshape(T, cfg.n_kv_heads, hd), layer.k_norm, cfg.norm_eps)
+        v_once = linear(gained, layer.wv).reshape(T, cfg.n_kv_heads, hd)
+        rows.append([f"{scale:g}", f"{np.abs(q - q_once).max():.1e}", f"{np.abs(k - k_once).max():.1e}",
+                     f"{np.abs(v - v_once).max() / np.abs(v).max():.1e}"])
+    print_table(f"Prop. 3 on a Gemma-3 shape (dim {cfg.dim}, {cfg.n_heads} q heads of {hd}, eps {cfg.norm_eps:g}): "
+                "the engine's q, k, v vs the same without the input norm's 1/RMS(x)",
+                ["x scale", "max |q - q without 1/RMS|", "max |k - ...|", "v: relative difference"], rows)
+    print("q and k do not need the input's 1/RMS(x): QK-norm right after the projection cancels it (up to eps,\n"
+          "which only shows when mean(x²) nears it). v has no norm after it, so v still needs the scale: a\n"
+          "FlashNorm for Gemma would defer 1/RMS(x) onto v alone and drop it from q and k.")
+
+
 def stand_in_head(untied) -> Transformer:
     """Random stand-in weights decode one "hub" token forever, and a step-late copy of a constant looks
     the same. So the race demos get a stand-in whose next token is a fixed shuffle of the current one:
@@ -190,6 +240,7 @@ def main():
     untied, ref = fold_section(cfg, tensors, orig, ids)
     fn = defer_section(cfg, untied, orig, ids, ref)
     prop3_section()
+    gemma_prop3_section(small)
     race = stand_in_head(untied) if llm.name.startswith("random:") else fn
     cpu_replay(llm, race, ids, n_new)
     state: dict = {}

@@ -11,9 +11,28 @@ window (Mistral): the blocks a sequence has slid past go back to the pool.
 
 Run: python lessons/16_paged_kv.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 02 (the KV cache)",
+        "lesson 07 (the sliding window)",
+    ],
+    "objectives": [
+        "store each sequence's cache in fixed-size blocks through a block table",
+        "measure the memory a contiguous cache wastes on long-tailed lengths against pages",
+        "give back the blocks a sliding window has passed",
+    ],
+    "study_time": "45 min, plus 20 min for exercise 16 (the block-table gather)",
+    "check_questions": [
+        "How much memory can a paged cache waste per sequence at most?",
+        "What does a block table cost on the CPU that a GPU kernel avoids?",
+    ],
+    "try_this": [
+        "change the block size (`block`) and watch waste against table length",
+        "raise the number of users and compare users in 4 GiB",
+    ],
+}
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # stable timings on a shared machine (lesson 08)
@@ -23,6 +42,7 @@ import numpy as np
 
 from minillm.tools.bench import random_model
 from minillm.model.config import ModelConfig
+from minillm.course.measure import Spread, faster, interleaved, load_average, load_line
 from minillm.course import lesson_model, print_table, quick, save_plot
 from minillm.engine.engine import Engine
 from minillm.llm import LLM
@@ -55,15 +75,12 @@ def interleaved_decode(model, pool, manager, a: list[int], b: list[int]):
     return np.concatenate(logits), ca, cb
 
 
-def decode_ms(model, cache, prompt, n_steps: int) -> float:
-    """Best per-token decode time after a prefill of `prompt`."""
-    model.prefill(prompt, cache)
-    times = []
-    for t in range(n_steps):
-        start = time.perf_counter()
-        model.decode(prompt[t % len(prompt)], cache)
-        times.append(time.perf_counter() - start)
-    return 1e3 * min(times)
+def decode_times(model, caches: dict, prompt, rounds: int) -> dict[str, Spread]:
+    """Seconds of one decode step after a prefill of `prompt`, for each cache; the caches take turns
+    (course/measure.py), so other work on the machine slows both alike."""
+    for cache in caches.values():
+        model.prefill(prompt, cache)
+    return interleaved({name: lambda c=c: model.decode(prompt[0], c) for name, c in caches.items()}, rounds)
 
 
 def window_run(llm, prompts, n_new: int, give_back: bool) -> tuple[list[list[int]], int]:
@@ -123,14 +140,15 @@ def main():
                          int(budget // (r.used_bytes / users))])
 
     # 3. The CPU price of paging: decode through a block table vs a contiguous cache.
-    cost_rows = []
+    cost_rows, load_start = [], load_average()
+    steps = 2 if small else 8
     for ctx in ((16, 48) if small else (64, 512)):
         prompt = rng.integers(100, cfg.vocab_size, ctx).tolist()
-        steps = 2 if small else 8
-        flat = decode_ms(model, model.new_cache(ctx + steps), prompt, steps)
-        pool = PagedKVCache(cfg, num_blocks=(ctx + steps) // 16 + 1)
-        paged_ms = decode_ms(model, BlockTableCache(pool, BlockManager(pool.num_blocks)), prompt, steps)
-        cost_rows.append([ctx, f"{flat:.1f}", f"{paged_ms:.1f}", f"{paged_ms / flat - 1:+.0%}"])
+        pool = PagedKVCache(cfg, num_blocks=(ctx + steps + 1) // 16 + 1)
+        times = decode_times(model, {"contiguous": model.new_cache(ctx + steps + 1),
+                                     "paged": BlockTableCache(pool, BlockManager(pool.num_blocks))}, prompt, steps)
+        flat, paged = times["contiguous"], times["paged"]
+        cost_rows.append([ctx, flat.ms(), paged.ms(), f"{paged.median / flat.median - 1:+.0%}"])
 
     # 4. A sliding window: a random Mistral-like model (window 32), four requests of ~100-200 positions.
     window = 32
@@ -157,6 +175,8 @@ def main():
           "scattered, so engines use 16 (vLLM) or so.")
     print_table("the CPU price of reading through a block table (decode ms/token, blocks of 16)",
                 ["context", "contiguous", "paged", "extra"], cost_rows)
+    print(f"ms: median (min-max) of {steps} interleaved steps; {load_line(load_start)}")
+    faster(times, "contiguous", "paged", "on the CPU, reading through a block table costs a gather per step")
     print("NumPy's gather copies the blocks every step; a GPU paged-attention kernel reads them where they lie.")
     print_table(f"a sliding window of {window}: the most blocks (of 8) one request held after a step, "
                 f"requests of up to {longest} positions; outputs {'identical' if kept == freed else 'DIFFERENT'}",

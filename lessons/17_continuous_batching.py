@@ -12,6 +12,25 @@ the attention of a step full of prompt chunks: one key at a time (the paged kern
 
 Run: python lessons/17_continuous_batching.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 16 (paged KV)",
+    ],
+    "objectives": [
+        "follow the scheduler step by step: prefill chunks, decodes, preemption by recompute",
+        "show batched greedy tokens equal each request alone",
+        "measure throughput and TTFT of sequential, static and continuous batching",
+    ],
+    "study_time": "60 min, plus 30 min for exercise 17 (packing a batch)",
+    "check_questions": [
+        "Why does a decode step for B users cost little more than for one?",
+        "What would happen to a full pool without preemption?",
+    ],
+    "try_this": [
+        "minillm bench serve -m smollm2-135m --random-weights --requests 16",
+        "shrink the pool in the step-by-step table and count the preemptions",
+    ],
+}
 import os
 import sys
 import time
@@ -24,6 +43,7 @@ import numpy as np
 
 from minillm.engine.batched import SeqChunk
 from minillm.course import lesson_model, print_table, quick, run_gpu_parts, save_plot
+from minillm.course.measure import Spread, beside_reference, check, interleaved, load_average, load_line
 from minillm.engine.engine import Engine
 from minillm.engine.generate import generate_ids
 from minillm.engine.sampling import SamplingParams
@@ -88,20 +108,16 @@ def sequential(llm, prompts, outs) -> tuple[float, float]:
     return total / (time.perf_counter() - t0), float(np.mean(first))
 
 
-def step_ms(engine: Engine, batch: int, context: int) -> float:
-    """One decode step for `batch` sequences of `context` positions each (best of 3)."""
-    tables = [[engine.blocks.allocate() for _ in range(context // engine.pool.block_size + 1)] for _ in range(batch)]
+def step_times(engine: Engine, sizes: list[int], context: int, rounds: int) -> dict[int, Spread]:
+    """Seconds of one decode step for B sequences of `context` positions each, for each B in `sizes`; the
+    batch sizes take turns (course/measure.py), so other work on the machine slows them alike."""
+    tables = [[engine.blocks.allocate() for _ in range(context // engine.pool.block_size + 1)]
+              for _ in range(max(sizes))]                                # the batches share these sequences
     chunks = [SeqChunk([7], context, t) for t in tables]
-    best = min(_timed(lambda: engine.runner.forward(chunks)) for _ in range(3))
+    times = interleaved({b: lambda b=b: engine.runner.forward(chunks[:b]) for b in sizes}, rounds)
     for t in tables:
         engine.blocks.release_all(t)
-    return best * 1e3
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    return times
 
 
 def main():
@@ -138,8 +154,10 @@ def main():
     engine = Engine(llm, num_blocks=1024)
     context = 32 if small else 256
     sizes = (1, 2, 4) if small else (1, 2, 4, 8, 16, 32)
-    ms = {b: step_ms(engine, b, context) for b in sizes}
-    batch_rows = [[b, f"{ms[b]:.1f}", f"{b * 1e3 / ms[b]:.1f}", f"{b * ms[1] / ms[b]:.1f}x"] for b in sizes]
+    load_start = load_average()
+    times = step_times(engine, sizes, context, 1 if small else 3)
+    ms = {b: 1e3 * times[b].median for b in sizes}
+    batch_rows = [[b, times[b].ms(), times[b].rate(b), f"{b * ms[1] / ms[b]:.1f}x"] for b in sizes]
 
     print_table("Lesson 17 — the scheduler, step by step (5 requests, max_batch 3, 24 tokens/step, 7 blocks of 8)",
                 ["step", "batch: request:what (positions)", "waiting", "blocks", "finished", "preempted"], trace)
@@ -153,8 +171,13 @@ def main():
                 ["server", "output tok/s", "vs sequential", "mean TTFT ms"], mode_rows)
     print("Static batches wait for their longest answer and make the next group wait too; continuous\n"
           "batching refills every free slot at the next step.")
-    print_table(f"one decode step for B sequences of {context} positions", ["B", "ms/step", "tok/s", "speedup"],
-                batch_rows)
+    speedup = results[f"continuous, batch {batch}"][0] / base
+    print(beside_reference("cpu.serve.8-users", speedup) + f" — yours: {n_req} requests at batch {batch}, one run each")
+    check("continuous batching serves more tokens per second than one request at a time", speedup > 1,
+          f"continuous {speedup:.1f}x sequential")
+    print_table(f"one decode step for B sequences of {context} positions (median (min-max) of interleaved rounds)",
+                ["B", "ms/step", "tok/s", "speedup"], batch_rows)
+    print(load_line(load_start))
     print("The weights are read once per step for the whole batch: until the matmuls turn compute-bound,\n"
           "B sequences cost little more than one. One CPU core turns compute-bound within a few rows (a GPU\n"
           "only past dozens), and OpenBLAS multiplies 2-3 rows more slowly than 1 or 4 (its small-matrix\n"
@@ -198,7 +221,7 @@ def gpu_prefill_attention() -> None:
     print("A decode row has one query, so reading its keys one by one is all there is to do. A prompt chunk has\n"
           "128 queries over the same keys: the tensor-core kernel loads a tile of keys once for 64 query rows and\n"
           "multiplies them as matrices (lesson 24's FlashAttention, its K/V tiles read through the block table).\n"
-          "The engine uses it for every step with a prompt chunk (GPUBatching(model, prefill=\"paged\") does not).")
+          "The engine uses it for every step with a prompt chunk over a 16-bit pool (head_dim 64 or 128).")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,25 @@ then shows least-recently-used eviction deciding which prefixes stay when the po
 
 Run: python lessons/18_prefix_caching.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 17 (continuous batching)",
+    ],
+    "objectives": [
+        "share a prompt prefix's KV blocks by reference count",
+        "compare hashed full blocks (vLLM) with a token-exact radix tree (SGLang)",
+        "see LRU eviction defeated by cycling more prefixes than fit",
+    ],
+    "study_time": "50 min, plus 25 min for exercise 18 (cached prefix tokens)",
+    "check_questions": [
+        "Why do hashed blocks lose up to one block of reuse per request against a radix tree?",
+        "Which workloads gain most from a prefix cache?",
+    ],
+    "try_this": [
+        "minillm serve (prefix caching is on by default) and send the same system prompt twice; --no-prefix-caching to compare",
+        "raise the number of system prompts past what the pool holds",
+    ],
+}
 import os
 import sys
 from pathlib import Path
@@ -19,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
+from minillm.course.measure import check, load_average, load_line
 from minillm.course import lesson_model, print_table, quick, save_plot
 from minillm.engine.engine import Engine
 from minillm.engine.prefix_cache import PrefixCache, block_hashes
@@ -97,6 +117,7 @@ def main():
     # 1. An agentic workload through the engine, without and with the prefix cache.
     n_req, conc, prompt_len, out = (4, 2, 48, 2) if small else (12, 4, 256, 8)
     w = agentic_workload(n_req, vocab, prompt_len, out, prefix_share=0.85)
+    load_start = load_average()
     runs = [run_engine(llm, w, conc, "no prefix cache", prefix_caching=False),
             run_engine(llm, w, conc, "prefix cache", prefix_caching=True)]
     prompt_tokens = sum(len(p) for p in w.prompts)
@@ -135,8 +156,11 @@ def main():
                 f"prompt shared by prompts of ~{prompt_len} tokens",
                 ["engine", "prompt tokens computed", "served from cache", "TTFT mean ms", "TTFT p90 ms",
                  "output tok/s"], agent_rows)
-    print(f"mean TTFT {speedup:.1f}x lower with the prefix cache. The first calls of a burst all miss: a\n"
-          "block becomes findable once it is computed, so later arrivals are the ones that hit.")
+    print(f"TTFT: mean and p90 over the {n_req} calls of one run each; {load_line(load_start)}")
+    check("a shared prefix served from the cache lowers the mean time to first token",
+          speedup > 1, f"mean TTFT {speedup:.1f}x lower with the prefix cache")
+    print("The first calls of a burst all miss: a block becomes findable once it is computed, so later arrivals\n"
+          "are the ones that hit.")
     print_table("hashed full blocks (minillm, vLLM) vs a radix tree (SGLang): tokens reused, blocks of 16",
                 ["request", "tokens", "hashed blocks", "radix tree", "radix extra"], design_rows)
     print("The tree matches to the token; hashed blocks stop at the last whole block that matches (and\n"

@@ -18,6 +18,26 @@ them from a second tab while the first still streams: the engine view beside the
 requests join one batch, their KV blocks fill the pool (the chat template's shared prefix ringed) and
 go back when they finish or you press stop. http://127.0.0.1:8000/plan is `minillm plan` with sliders.
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 17 (continuous batching)",
+        "HTTP and JSON",
+    ],
+    "objectives": [
+        "read a streamed completion's raw SSE lines",
+        "measure one request through generate(), the Engine and HTTP",
+        "compare the server's TTFT/ITL histograms with the clients' clocks",
+    ],
+    "study_time": "45 min, plus 20 min for exercise 19 (reading an SSE stream)",
+    "check_questions": [
+        "Why do HTTP handlers only enqueue and await, and who steps the model?",
+        "Why is the client's TTFT larger than the server's?",
+    ],
+    "try_this": [
+        "minillm serve -m smollm2-135m, then curl its /v1/completions with \"stream\": true",
+        "minillm bench serve --url http://localhost:8000 with more users",
+    ],
+}
 import sys
 from pathlib import Path
 
@@ -26,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm.course import lesson_model, print_table, quick, save_plot
+from minillm.course.measure import Spread, check, load_average, load_line
 from minillm.engine.generate import generate_ids
 from minillm.engine.sampling import SamplingParams
 from minillm.resources import install_hint
@@ -62,9 +83,19 @@ def histogram_mean(before: dict, after: dict, name: str) -> float:
 # ---------------------------------------------------------------------------------------------------
 
 
-def least_disturbed(run, repeats: int) -> Result:
-    """The run with the lowest inter-token latency of `repeats`: the one other work disturbed least."""
-    return min((run() for _ in range(repeats)), key=lambda r: r.row()["itl_mean_s"])
+def interleaved_runs(runs: dict, repeats: int) -> dict[str, list[Result]]:
+    """Every run once a round, in turn, for `repeats` rounds (course/measure.py's order), so other work on the
+    machine slows every path alike.  -> {path: [Result of each round]}"""
+    results = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            results[name].append(run())
+    return results
+
+
+def median_run(results: list[Result]) -> Result:
+    """The round with the median inter-token latency: the row a table shows beside the range of all rounds."""
+    return sorted(results, key=lambda r: r.row()["itl_mean_s"])[(len(results) - 1) // 2]
 
 
 def main():
@@ -84,9 +115,13 @@ def main():
     app = create_app(llm, Engine(llm, max_batch=concurrency), "lesson-model")
     with serve_in_thread(app) as url:
         wire = show_the_wire(url, "lesson-model", one.prompts[0])
-        single = [least_disturbed(lambda: in_process_generate(llm, one), repeats),
-                  least_disturbed(lambda: run_engine(llm, one, 1, "Engine, in-process"), repeats),
-                  least_disturbed(lambda: run_http(url, "lesson-model", one, 1, "Engine via HTTP"), repeats)]
+        load_start = load_average()
+        rounds = interleaved_runs({"generate()": lambda: in_process_generate(llm, one),
+                                   "Engine, in-process": lambda: run_engine(llm, one, 1, "Engine, in-process"),
+                                   "Engine via HTTP": lambda: run_http(url, "lesson-model", one, 1, "Engine via HTTP")},
+                                  repeats)
+        single = [median_run(results) for results in rounds.values()]
+        itls = {name: Spread(tuple(r.row()["itl_mean_s"] for r in results)) for name, results in rounds.items()}
         crowd = [run_engine(llm, many, concurrency, "Engine, in-process")]
         before = server_metrics(url)
         crowd.append(run_http(url, "lesson-model", many, concurrency, "Engine via HTTP"))
@@ -97,13 +132,17 @@ def main():
         print("   ", line if len(line) <= 110 else line[:107] + "...")
 
     rows = []
-    for r in single:
+    for r, itl in zip(single, itls.values()):
         d = r.row()
-        rows.append([r.mode, r.output_tokens, f"{d['ttft_mean_s'] * 1e3:.0f}", f"{d['itl_mean_s'] * 1e3:.1f}",
+        rows.append([r.mode, r.output_tokens, f"{d['ttft_mean_s'] * 1e3:.0f}", itl.ms(),
                      f"{1 / d['itl_mean_s']:.1f}" if d["itl_mean_s"] else "-"])
-    print_table(f"Lesson 19 — one request of {n_out} tokens, three ways (prompt {len(one.prompts[0])} tokens)",
+    print_table(f"Lesson 19 — one request of {n_out} tokens, three ways (prompt {len(one.prompts[0])} tokens; the "
+                f"paths took turns for {repeats} rounds: ITL median (min-max), the other columns the median round)",
                 ["path", "tokens", "TTFT ms", "ITL ms", "decode tok/s"], rows)
-    api_ms = (single[2].row()["itl_mean_s"] - single[1].row()["itl_mean_s"]) * 1e3
+    print(load_line(load_start))
+    api_ms = (itls["Engine via HTTP"].median - itls["Engine, in-process"].median) * 1e3
+    check("the API costs something per token on top of the same engine (JSON, SSE, a thread hop)", api_ms > 0,
+          f"HTTP {itls['Engine via HTTP'].ms()} ms vs in-process {itls['Engine, in-process'].ms()} ms ITL")
     print(f"the API's price per token: {api_ms:+.1f} ms of ITL (HTTP - in-process, same engine); "
           f"paging + batching vs generate(): "
           f"{(single[1].row()['itl_mean_s'] - single[0].row()['itl_mean_s']) * 1e3:+.1f} ms")

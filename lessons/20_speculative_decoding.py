@@ -20,6 +20,27 @@ speculative decoding (Leviathan et al., Chen et al., 2023). Four steps, each mea
 
 Run: python lessons/20_speculative_decoding.py    (MINILLM_LESSON_QUICK=1: smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 04 (sampling)",
+        "lesson 03 (a pass over k positions)",
+    ],
+    "objectives": [
+        "accept a draft token with min(1, p/q) and resample from the residual, keeping the output exact",
+        "measure what a verify pass over k + 1 positions costs against one decode",
+        "measure acceptance, tokens per pass and speedup of ngram, early-exit and int4 drafts",
+    ],
+    "study_time": "60 min, plus 30 min for exercise 20 (the speculative step)",
+    "check_questions": [
+        "Why is the emitted distribution exactly p whatever the draft q?",
+        "With acceptance α and k drafts, how many tokens does a pass yield on average?",
+        "When does a draft make decoding slower than plain?",
+    ],
+    "try_this": [
+        "minillm generate --speculative ngram --draft-tokens 8 on a prompt that asks to repeat text",
+        "compare your speedup with the reference line under the table",
+    ],
+}
 import os
 import sys
 from pathlib import Path
@@ -29,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
-from minillm.course import best_time, lesson_model, print_table, quick, run_gpu_parts, save_plot
+from minillm.course.measure import Spread, beside_reference, check, interleaved, load_average, load_line
+from minillm.course import lesson_model, print_table, quick, run_gpu_parts, save_plot
 from minillm.course.ex_speculative import emitted_distribution, speculative_step_reference
 from minillm.engine.generate import generate_ids
 from minillm.engine.sampling import SamplingParams
@@ -51,31 +73,30 @@ def the_rule_is_exact() -> list:
     return rows
 
 
-def verify_forms(T_values, repeats: int) -> list:
-    """One [3072, 576] matrix (SmolLM2's gate|up) times T rows, three ways."""
+def verify_forms(T_values, repeats: int) -> tuple[list, dict]:
+    """One [3072, 576] matrix (SmolLM2's gate|up) times T rows, three ways taking turns (course/measure.py).
+    -> (table rows in µs, {T: {form: Spread}})"""
     rng = np.random.default_rng(0)
     W = rng.standard_normal((3072, 576)).astype(np.float32)
-    rows = []
+    rows, spreads = [], {}
     for T in T_values:
         x = rng.standard_normal((T, 576)).astype(np.float32)
-        sgemm = best_time(lambda: x @ W.T, repeats)
-        gemvs = best_time(lambda: [W @ r for r in x], repeats)
-        blocked = best_time(lambda: small_m_matmul(x, W) if T > 1 else x @ W.T, repeats)
-        rows.append([T, f"{sgemm * 1e6:.0f}", f"{gemvs * 1e6:.0f}", f"{blocked * 1e6:.0f}"])
-    return rows
+        spreads[T] = t = interleaved({"sgemm": lambda: x @ W.T, "gemvs": lambda: [W @ r for r in x],
+                                      "engine": lambda: small_m_matmul(x, W) if T > 1 else x @ W.T}, repeats)
+        rows.append([T] + [t[form].format(1e6, 0) for form in ("sgemm", "gemvs", "engine")])
+    return rows, spreads
 
 
-def pass_cost(model, T_values, repeats: int, context: int) -> dict:
-    """The target's forward over T new positions against a cache of `context`: what a verify pass costs."""
+def pass_cost(model, T_values, repeats: int, context: int) -> dict[int, Spread]:
+    """The target's forward over T new positions against a cache of `context`: what a verify pass costs,
+    the values of T taking turns."""
     cache = model.new_cache(256 + max(T_values))
     model.prefill(list(range(1, context + 1)), cache)
-    out = {}
-    for T in T_values:
-        def run():
-            model.forward(np.arange(T) + 5, cache)
-            cache.truncate(context)
-        out[T] = best_time(run, repeats)
-    return out
+
+    def run(T):
+        model.forward(np.arange(T) + 5, cache)
+        cache.truncate(context)
+    return interleaved({T: lambda T=T: run(T) for T in T_values}, repeats)
 
 
 def prompt_ids(llm, p: dict) -> list[int]:
@@ -91,20 +112,34 @@ def stop_ids(llm) -> set:
     return set(getattr(llm.tokenizer, "eos_ids", ())) | set(llm.config.eos_token_ids)
 
 
-def run_drafter(llm, drafter, k: int, prompts, n: int, plain: list) -> dict:
-    """Speculative greedy decode of every prompt: tokens/s over all, acceptance, tokens per pass."""
-    tokens = seconds = drafted = accepted = passes = draft_s = 0
-    same = True
-    for ids, want in zip(prompts, plain):
-        g = generate_speculative(llm.model, drafter, ids, n, SamplingParams(), k, stop_ids=stop_ids(llm))
-        s = g.speculative
-        tokens, seconds = tokens + len(g.token_ids) - 1, seconds + g.decode_s
-        drafted, accepted, passes, draft_s = drafted + s.draft_tokens, accepted + s.accepted_tokens, \
-            passes + s.target_forwards, draft_s + s.draft_s
-        same &= g.token_ids == want.token_ids
+def decode_in_turns(llm, drafters: list, prompts, n: int) -> tuple[list, dict]:
+    """Greedy decode of every prompt, plain and with each drafter, taking turns prompt by prompt (course/
+    measure.py's interleaving: other work on the machine slows every contestant alike).
+    -> (plain results per prompt, {drafter name: stats, with per-prompt speedups over plain})"""
+    plain, runs = [], {name: [] for name, _, _ in drafters}
+    for ids in prompts:
+        plain.append(generate_ids(llm.model, ids, n, SamplingParams(), stop_ids=stop_ids(llm)))
+        for name, drafter, k in drafters:
+            runs[name].append(generate_speculative(llm.model, drafter, ids, n, SamplingParams(), k,
+                                                   stop_ids=stop_ids(llm)))
+    return plain, {name: drafter_stats(gs, plain) for name, gs in runs.items()}
+
+
+def tok_s(g) -> float:
+    return (len(g.token_ids) - 1) / g.decode_s if g.decode_s else 0.0
+
+
+def drafter_stats(runs: list, plain: list) -> dict:
+    """Over all prompts: tokens/s, acceptance, tokens per pass, drafting share; per prompt: the speedup."""
+    tokens = sum(len(g.token_ids) - 1 for g in runs)
+    seconds = sum(g.decode_s for g in runs)
+    drafted, accepted = sum(g.speculative.draft_tokens for g in runs), sum(g.speculative.accepted_tokens for g in runs)
+    passes, draft_s = sum(g.speculative.target_forwards for g in runs), sum(g.speculative.draft_s for g in runs)
     return dict(tok_s=tokens / seconds if seconds else 0.0, alpha=accepted / drafted if drafted else 0.0,
                 per_pass=(accepted + passes) / passes if passes else 0.0, drafts_per_pass=drafted / max(passes, 1),
-                draft_share=draft_s / seconds if seconds else 0.0, same=same)
+                draft_share=draft_s / seconds if seconds else 0.0,
+                same=all(g.token_ids == want.token_ids for g, want in zip(runs, plain)),
+                speedups=Spread(tuple(tok_s(g) / tok_s(want) for g, want in zip(runs, plain) if tok_s(want))))
 
 
 def main():
@@ -116,12 +151,24 @@ def main():
                 ["draft q", "P(accept)", "max |emitted - p|"], the_rule_is_exact())
 
     T_values = [1, 2, 5] if small else [1, 2, 3, 5, 8, 16]
-    print_table("verify forms: [T, 576] @ [3072, 576]ᵀ in µs (one BLAS thread: OPENBLAS_NUM_THREADS=1)",
-                ["T rows", "x @ W.T (sgemm)", "T GEMVs", "W-blocks @ xᵀ (engine)"], verify_forms(T_values, repeats))
+    load_start = load_average()
+    form_rows, forms = verify_forms(T_values, repeats)
+    print_table(f"verify forms: [T, 576] @ [3072, 576]ᵀ in µs, median (min-max) of {repeats} interleaved rounds "
+                "(one BLAS thread: OPENBLAS_NUM_THREADS=1)",
+                ["T rows", "x @ W.T (sgemm)", "T GEMVs", "W-blocks @ xᵀ (engine)"], form_rows)
     context = 32 if small else 200
     cost = pass_cost(llm.model, [1, 2, 5] if small else [1, 2, 3, 5, 9], min(repeats, 3), context)   # ms each: 3 do
-    print_table(f"the target's forward over T new positions (cache of {context}): a verify pass of k = T - 1 drafts",
-                ["T", "ms", "x one position"], [[T, f"{s * 1e3:.1f}", f"{s / cost[1]:.2f}"] for T, s in cost.items()])
+    print_table(f"the target's forward over T new positions (cache of {context}): a verify pass of k = T - 1 drafts "
+                f"(ms: median (min-max), the Ts taking turns)",
+                ["T", "ms", "x one position"], [[T, c.ms(), f"{c.median / cost[1].median:.2f}"] for T, c in cost.items()])
+    print(load_line(load_start))
+    T_mid = T_values[len(T_values) // 2]
+    check(f"at small T the engine's W-blocks @ xᵀ beats OpenBLAS's small-M sgemm (T = {T_mid})",
+          forms[T_mid]["engine"].median < forms[T_mid]["sgemm"].median,
+          f"engine {forms[T_mid]['engine'].format(1e6, 0)} µs vs sgemm {forms[T_mid]['sgemm'].format(1e6, 0)} µs")
+    T_top = max(cost)
+    check(f"a verify pass over {T_top} positions costs about one decode step (well under twice)",
+          cost[T_top].median < 2 * cost[1].median, f"{cost[T_top].median / cost[1].median:.2f}x one position")
 
     # The first prompt of three kinds, 16 tokens each: the model drafters below cost about two plain
     # decodes a token, and this table must fit in the lesson's minute with them.
@@ -130,25 +177,33 @@ def main():
     for p in copy_heavy_prompts():
         first.setdefault(p["kind"], p)
     prompts = [prompt_ids(llm, first[kind]) for kind in kinds]
-    plain = [generate_ids(llm.model, ids, n, SamplingParams(), stop_ids=stop_ids(llm)) for ids in prompts]
-    plain_tok_s = sum(len(g.token_ids) - 1 for g in plain) / sum(g.decode_s for g in plain)
     half = max(1, llm.config.n_layers // 2)
     drafters = [("ngram", NgramDrafter(), k) for k in (2, 8)]
+    drafters = [(f"ngram k={k}", d, k) for (_, d, k) in drafters]
     if not small:
         drafters += [(f"layers:{half} (early exit)", early_exit_drafter(llm.model, half), 2),
                      ("int4 self-draft", int4_drafter(llm.model), 2)]
+    load_start = load_average()
+    plain, stats = decode_in_turns(llm, drafters, prompts, n)
+    plain_tok_s = sum(len(g.token_ids) - 1 for g in plain) / sum(g.decode_s for g in plain)
     rows, points = [["plain decode", "-", "-", "1.00", f"{plain_tok_s:.1f}", "1.00x", "-", "-"]], []
     for name, drafter, k in drafters:
-        r = run_drafter(llm, drafter, k, prompts, n, plain)
+        r = stats[name]
         a, m = r["alpha"], r["drafts_per_pass"]          # ngram drafts fewer than k where nothing matches
         predicted = (1 - a ** (m + 1)) / (1 - a) if a < 1 else m + 1
         rows.append([name, k, f"{a:.2f}", f"{r['per_pass']:.2f} (pred {predicted:.2f})", f"{r['tok_s']:.1f}",
-                     f"{r['tok_s'] / plain_tok_s:.2f}x", f"{r['draft_share']:.0%}", "yes" if r["same"] else "NO"])
+                     f"{r['tok_s'] / plain_tok_s:.2f}x ({r['speedups'].low:.2f}-{r['speedups'].high:.2f})",
+                     f"{r['draft_share']:.0%}", "yes" if r["same"] else "NO"])
         points.append((name, k, r["tok_s"] / plain_tok_s))
     print_table(f"greedy decode of {len(prompts)} copy-heavy prompts ({', '.join(kinds)}; {n} tokens each): "
                 "speculative vs plain",
-                ["drafter", "k", "acceptance α", "tokens/pass", "tok/s", "speedup", "time drafting",
+                ["drafter", "k", "acceptance α", "tokens/pass", "tok/s", "speedup (per-prompt range)", "time drafting",
                  "same tokens"], rows)
+    ngram8 = stats["ngram k=8"]["tok_s"] / plain_tok_s
+    print(f"plain and every drafter took turns on each prompt; {load_line(load_start)}")
+    print(beside_reference("cpu.speculative.ngram", ngram8))
+    check("prompt lookup (ngram, k = 8) decodes copy-heavy prompts faster than plain decoding", ngram8 > 1,
+          f"{ngram8:.2f}x plain")
     print("Read it: with m drafts a pass, accepted independently with probability α, a pass yields "
           "(1 - α^(m+1)) / (1 - α) tokens (pred); real acceptances come in runs (a copied span is accepted "
           "whole, then nothing matches), so the measured count differs. The speedup is that divided by what a pass "

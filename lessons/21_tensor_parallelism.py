@@ -12,13 +12,34 @@ between gate/up and down: each rank's o and down give partial sums of the whole 
 all-reduce after each adds them up. Each rank reads 1/N of the weights per token — and waits for
 two all-reduces a layer. This lesson runs the engine's split (minillm/engine/parallel), checks it
 against the unsharded model, measures its cost here over MPI, and models it on GPUs: where does
-adding ranks stop paying? Exercise 21 writes one rank's shard of a block.
+adding ranks stop paying? (those four modelled tables print with --model-tables). Exercise 21 writes
+one rank's shard of a block.
 
 The same numbers from the command line: `minillm bench -m PATH --tp 2` (measured here) and
 `minillm plan -m mistral-7b --gpu h200 --tp 8 [--pp 4] [--link nvlink|pcie|mpi]` (modeled).
 
-Run: python lessons/21_tensor_parallelism.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
+Run: python lessons/21_tensor_parallelism.py [--model-tables]      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 01 (a block)",
+        "lesson 03 (bytes and FLOPs)",
+    ],
+    "objectives": [
+        "split a block Megatron-style: heads and MLP columns per rank, two all-reduces a block",
+        "check tp=3 logits against the unsharded model",
+        "measure tp=2 over MPI on this machine (when mpiexec is there)",
+    ],
+    "study_time": "50 min, plus 25 min for exercise 21 (one rank's shard)",
+    "check_questions": [
+        "Why does a block need exactly two all-reduces per token under tensor parallelism?",
+        "Which tp sizes divide SmolLM2's 9 heads and 3 KV heads?",
+    ],
+    "try_this": [
+        "python lessons/21_tensor_parallelism.py --model-tables for the modelled 7B/70B tables",
+        "minillm plan -m mistral-7b --tp 8 --link pcie",
+    ],
+}
 import os
 import shutil
 import sys
@@ -31,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm.course import lesson_model, print_table, quick
+from minillm.course.measure import beside_reference, load_line
 from minillm.engine.parallel import cost, sharding
 from minillm.engine.parallel.communicator import run_ranks
 from minillm.llm import LLM
@@ -114,6 +136,10 @@ def part_measured(n_layers: int, prompt: int, new: int) -> dict | None:
     sizes = runs[-1][1]["all_reduce_us_by_size"]
     print_table("one fp32 all-reduce between the 2 ranks, alone (median)", ["values", "bytes", "µs"],
                 [(n, f"{4 * int(n):,}", f"{us:.1f}") for n, us in sizes.items()])
+    for n, us in sizes.items():
+        if int(n) == 576:                                # a decode token of SmolLM2: the project's own figure
+            print(beside_reference("cpu.tp.all-reduce-576", us))
+    print(load_line())
     print("In decode, an all-reduce costs what it costs alone plus the wait for the slower rank: on shared "
           "cores the ranks drift apart, and every wait lands in the all-reduce.")
     return sizes
@@ -147,13 +173,21 @@ def part_modeled(sizes: dict | None) -> None:
 
 
 def main() -> None:
+    # The four modelled GPU tables (Mistral-7B and a Llama-3-70B shape, batch 1 and 64) come with a flag:
+    # the lesson measures; the model of GPUs is a second read (as `minillm plan --tp N` is).
+    model_tables = "--model-tables" in sys.argv[1:]
     llm = lesson_model()
     tp = 3 if llm.config.n_heads % 3 == 0 else 2
     part_split(llm, tp)
     ids = llm.tokenizer.encode("Tensor parallelism splits every matrix")[:4 if quick() else 16]
     part_equal(llm, tp, ids)
     sizes = part_measured(2 if quick() else 30, 16 if quick() else 64, 4 if quick() else 16)
-    part_modeled(sizes)
+    if model_tables:
+        part_modeled(sizes)
+    else:
+        print("\nModelled on GPUs (Mistral-7B and Llama-3-70B on H200s over NVLink, PCIe and this machine's link: "
+              "where adding ranks stops paying): python lessons/21_tensor_parallelism.py --model-tables, or "
+              "minillm plan -m mistral-7b --gpu h200 --tp 8")
 
 
 if __name__ == "__main__":

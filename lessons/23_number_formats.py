@@ -13,12 +13,37 @@ most weights are, sparse far out where few are:
 The float types are ml_dtypes' (NumPy dtypes with correct rounding); the packing, scales and matmuls
 are minillm.model.formats. This lesson draws the grids side by side, measures each format's error on a
 real SmolLM2 matrix (random weights of its shape when SmolLM2 is not pulled), and measures bits per
-weight against perplexity. Exercise 23 encodes one MXFP4 block.
+weight against perplexity. Last, the 240 -> 120 -> 65 GB walk-through: the planner's bytes for the real
+GPT-OSS-120B config.json (minillm/tools/data) in bf16, fp8 and MXFP4 experts (as it ships), checked
+byte for byte on a small random GPT-OSS written in each format (the MXFP4 one then loads and runs).
+Exercise 23 encodes one MXFP4 block.
 
 Run: python lessons/23_number_formats.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lessons 08 and 09 (int8, int4)",
+    ],
+    "objectives": [
+        "compare the value grids of int4, int8, E2M1, NF4, E4M3 and E5M2",
+        "measure each format's error on a real matrix and its perplexity change",
+        "encode an MXFP4 block: one power-of-two scale and 32 E2M1 codes",
+        "account for GPT-OSS-120B's 240 -> 120 -> 65 GB in bytes per parameter, checked on written checkpoints",
+    ],
+    "study_time": "50 min, plus 25 min for exercise 23 (an MXFP4 block)",
+    "check_questions": [
+        "Why does a float grid suit weights that cluster near zero better than a uniform one?",
+        "What does MXFP4's shared E8M0 scale cost in bits per weight?",
+    ],
+    "try_this": [
+        "minillm generate --quant nf4 and --quant mxfp4 on the same prompt",
+        "compare the bits-per-weight column with lesson 09's",
+    ],
+}
+import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,8 +52,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import numpy as np
 
+import minillm
 from minillm import threads
+from minillm.backend import as_f32, f32_to_bf16
+from minillm.checkpoints.hf_layouts import pack_gpt_oss_experts
+from minillm.checkpoints.hf_quantized import translate_config
+from minillm.checkpoints.weights import write_safetensors
 from minillm.checkpoints.quantize import input_importance
+from minillm.course.measure import beside_reference, load_line
 from minillm.course import hf_tensors, lesson_model, print_table, quick, save_plot
 from minillm.llm import LLM
 from minillm.model import formats
@@ -36,6 +67,8 @@ from minillm.model.formats import float_grid, nf4_values
 from minillm.model.quant import is_layer_matrix, quantization_entry, quantize_int4, quantize_int8
 from minillm.model.quantized import quantize
 from minillm.model.transformer import Transformer
+from minillm.model.config import ModelConfig
+from minillm.tools import planner
 
 QUICK = quick()
 
@@ -103,6 +136,7 @@ def matrix_errors(llm):
     print_table(f"error per format on layer {len(llm.model.layers) // 2}'s down projection {list(w.shape)} "
                 f"({llm.name})", ["format", "bits/weight", "‖Ŵ - W‖ / ‖W‖", "output error (random x)",
                                   "max |Ŵ - W|", "quantize ms"], rows)
+    print(f"quantize ms: one run each; {load_line()}")
 
 
 def quantized(llm, tensors: dict, quant: str, group: int, importance: dict) -> LLM:
@@ -161,6 +195,10 @@ def bits_vs_perplexity(llm):
         points.append((bits, r.ppl, name))
     print_table(f"bits per weight vs perplexity ({llm.name}, the layer matrices quantized; embedding and head "
                 "as stored)", ["format", "bits/weight", "perplexity", "change", "tokens"], rows)
+    changes = {row[0]: 100 * (float(row[2]) / base - 1) for row in rows}
+    for name, key in (("int8", "cpu.perplexity.smollm2.int8"), ("int4 g128", "cpu.perplexity.smollm2.int4")):
+        if name in changes:                          # the project's own figures (lessons/BENCHMARKS.md) beside yours
+            print("  " + beside_reference(key, changes[name]))
     print("  SmolLM2's 'fp32' is its Q4_1 GGUF dequantized: int4 g32 is that very grid (exact), every other")
     print("  format rounds an already-4-bit grid a second time, so 4-bit formats look worse here than on bf16 weights")
     if importance:
@@ -176,6 +214,92 @@ def bits_vs_perplexity(llm):
     save_plot("23_bits_vs_perplexity.png", draw)
 
 
+# NEW: GPT-OSS-120B's 240 -> 120 -> 65 GB, from its config.json, checked on a small checkpoint ------------
+def gpt_oss_sizes():
+    """The planner's weight bytes for the real GPT-OSS-120B config in bf16, fp8 and MXFP4 experts (as it
+    ships), then the same three formats written as checkpoints of a small random GPT-OSS of the same
+    structure: the planner's arithmetic must give each file's tensor bytes exactly."""
+    real = planner.PLANNER_ONLY["gpt-oss-120b"]
+    small_json = json.loads((Path(planner.__file__).parent / "data" / "gpt-oss-120b.config.json").read_text())
+    small_json |= {"hidden_size": 64, "intermediate_size": 64, "head_dim": 16, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "num_local_experts": 8, "num_hidden_layers": 2,
+                   "layer_types": ["sliding_attention", "full_attention"], "vocab_size": 320}
+    small = ModelConfig.from_hf(translate_config(small_json))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        files = write_gpt_oss_checkpoints(small, small_json, Path(tmp))
+        for fmt, label in (("bf16", "bf16"), ("fp8", "fp8 E4M3, every matrix"), ("mxfp4", "MXFP4 experts, rest bf16")):
+            planned, written = planner.weight_bytes(small, fmt), tensor_bytes(files[fmt])
+            rows.append([label, f"{planner.weight_bytes(real, fmt) / 1e9:.1f}",
+                         f"{planner.weight_bytes(real, fmt) / real.n_params:.3f}",
+                         f"{written:,}", f"{planned:,}", f"{written / small.n_params:.3f}"])
+        shipped = minillm.load(str(files["mxfp4"].parent))                # the MXFP4 one runs, 4-bit experts kept
+        exact = minillm.load(str(files["bf16"].parent))
+        ids = list(range(1, 17))
+        drift = np.abs(shipped.logits(ids) - exact.logits(ids)).max() / np.abs(exact.logits(ids)).max()
+    print_table(f"GPT-OSS-120B ({real.n_params / 1e9:.2f} B parameters) by weight format: the planner on its "
+                f"config.json, checked on a {small.n_params:,}-parameter GPT-OSS written in each format",
+                ["format", "120B GB", "bytes/param", "small file bytes", "planner bytes", "bytes/param"], rows)
+    print("  bf16: 2 bytes a parameter. fp8: 1 byte plus a 4-byte scale a row. MXFP4: half a byte plus one E8M0")
+    print("  byte per 32 for the experts, which hold 98% of the parameters; attention, router, embedding and")
+    print("  head stay bf16, so 4.25 bits a weight becomes ~4.5 overall. The MXFP4 file loads as shipped and runs:")
+    print(f"  its logits differ from the bf16 file's by {100 * drift:.1f}% of the largest (random weights, 2 layers).")
+    print("  The small model's bytes/param sit higher: its bf16 embedding and head are a larger share of it. The fp8")
+    print("  file is there for its bytes (minillm loads GPT-OSS in bf16 or as shipped, MXFP4 experts).")
+
+
+def write_gpt_oss_checkpoints(c: ModelConfig, config_json: dict, root: Path) -> dict[str, Path]:
+    """A random GPT-OSS of config `c` as GPT-OSS ships it (HF names, experts stacked), in bf16, in fp8
+    (every layer matrix E4M3 with a scale a row; minillm's fp8 layout) and with MXFP4 experts."""
+    rng = np.random.default_rng(0)
+    floats = {name: f32_to_bf16(0.1 * rng.standard_normal(shape).astype(np.float32))
+              for name, shape in gpt_oss_shapes(c).items()}
+    fp8 = {}
+    for name, a in floats.items():
+        matrices = [as_f32(a)] if name.endswith("proj.weight") else \
+            [as_f32(w).T for w in a] if name.endswith(("gate_up_proj", "down_proj")) else None
+        if matrices is None:
+            fp8[name] = a
+            continue
+        for i, w in enumerate(matrices):                                   # [out, in] each
+            q = formats.quantize_fp8(np.ascontiguousarray(w))
+            fp8 |= q.tensors(f"{name.removesuffix('.weight')}.{i}")
+    files = {}
+    for fmt, tensors in (("bf16", floats), ("fp8", fp8), ("mxfp4", pack_gpt_oss_experts(floats))):
+        (root / fmt).mkdir()
+        write_safetensors(root / fmt / "model.safetensors", tensors)
+        config = config_json if fmt == "mxfp4" else {k: v for k, v in config_json.items() if k != "quantization_config"}
+        (root / fmt / "config.json").write_text(json.dumps(config))
+        files[fmt] = root / fmt / "model.safetensors"
+    return files
+
+
+def gpt_oss_shapes(c: ModelConfig) -> dict[str, tuple]:
+    """GPT-OSS's tensors as its checkpoints name and shape them: the experts stacked, gate/up interleaved."""
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.dim), "lm_head.weight": (c.vocab_size, c.dim),
+              "model.norm.weight": (c.dim,)}
+    for i in range(c.n_layers):
+        p = f"model.layers.{i}."
+        for part, out, inp in (("q", q, c.dim), ("k", kv, c.dim), ("v", kv, c.dim), ("o", c.dim, q)):
+            shapes |= {f"{p}self_attn.{part}_proj.weight": (out, inp), f"{p}self_attn.{part}_proj.bias": (out,)}
+        shapes |= {p + "input_layernorm.weight": (c.dim,), p + "post_attention_layernorm.weight": (c.dim,),
+                   p + "self_attn.sinks": (c.n_heads,), p + "mlp.router.weight": (c.n_experts, c.dim),
+                   p + "mlp.router.bias": (c.n_experts,),
+                   p + "mlp.experts.gate_up_proj": (c.n_experts, c.dim, 2 * c.moe_ffn_dim),
+                   p + "mlp.experts.gate_up_proj_bias": (c.n_experts, 2 * c.moe_ffn_dim),
+                   p + "mlp.experts.down_proj": (c.n_experts, c.moe_ffn_dim, c.dim),
+                   p + "mlp.experts.down_proj_bias": (c.n_experts, c.dim)}
+    return shapes
+
+
+def tensor_bytes(path: Path) -> int:
+    """A safetensors file's tensor bytes: its size less the 8-byte length and the JSON header."""
+    with open(path, "rb") as f:
+        header = int.from_bytes(f.read(8), "little")
+    return path.stat().st_size - 8 - header
+
+
 if __name__ == "__main__":
     show_grids()
     llm = lesson_model()
@@ -184,3 +308,4 @@ if __name__ == "__main__":
         print("bits per weight vs perplexity skipped: random weights have no perplexity worth comparing (pull smollm2-135m)")
     else:
         bits_vs_perplexity(llm)
+    gpt_oss_sizes()

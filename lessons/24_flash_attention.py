@@ -16,6 +16,26 @@ engine prefills with), against a naive one. Exercise 24 writes the merge of two 
 
 Run: python lessons/24_flash_attention.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
+ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
+    "prerequisites": [
+        "lesson 03 (prefill)",
+        "lesson 04 (softmax)",
+    ],
+    "objectives": [
+        "compute attention over key tiles with a running max, running sum and rescaled accumulator",
+        "measure peak memory against the full T×T table",
+        "count the global-memory bytes of naive, one-query and tiled kernels",
+    ],
+    "study_time": "60 min, plus 30 min for exercise 24 (merging softmax partials)",
+    "check_questions": [
+        "Why can the softmax be normalized once at the end instead of per tile?",
+        "Which bytes does tiling save, and which re-reads does a bigger query tile cut?",
+    ],
+    "try_this": [
+        "change the tile sizes in the accuracy table and check the error stays below 1e-6",
+        "on a GPU: compare the fp32 FMA tiles with the tensor-core kernel at T = 4096",
+    ],
+}
 import math
 import os
 import re
@@ -30,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import numpy as np
 
 from minillm.course import print_table, quick, run_gpu_parts, save_plot
+from minillm.course.measure import load_line
 from minillm.model.attention import attend, grouped_attention
 
 KERNEL = Path(__file__).resolve().parents[1] / "kernels" / "prefill_attention.cu"
@@ -225,6 +246,7 @@ def main():
     print_table("peak NumPy memory of one attention call (2 query heads, 1 KV head, hd 64), MiB (tracemalloc)",
                 ["T", "scores T×T×heads fp32", "attend (whole table)", "grouped_attention (128-query blocks)",
                  "tiled 64×64", "attend / tiled", "tiled ms (Python loop)"], rows)
+    print(f"tiled ms: one run each, under tracemalloc (slower than without it); {load_line()}")
     print("The whole table grows as T²; minillm's CPU prefill (grouped_attention) already cuts it to 128 query rows\n"
           "× T keys, which grows as T; tiling the keys too leaves a constant [64, 64] block plus the output.\n"
           "In NumPy the tiles cost a Python loop per tile: on a CPU the point is the memory, on a GPU the bytes.")

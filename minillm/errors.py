@@ -16,4 +16,9 @@ class WeightsNotFound(MiniLLMError):
 class InvalidValue(MiniLLMError, ValueError):
     """An argument outside what it may be (a NaN temperature, a negative seed, an empty prompt).
 
-    Also a ValueError, so code that already catches ValueError from these checks keeps working."""
+    Also a ValueError, so code that already catches ValueError from these checks keeps working.
+    `param` names the argument when the caller knows it (the server's 400 then names that field)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param

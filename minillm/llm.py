@@ -20,8 +20,9 @@ from minillm.model.transformer import NonFiniteLogits, Transformer
 from minillm import threads as blas
 from minillm.checkpoints.quantize import quantize_checkpoint
 from minillm.model.formats import FORMATS
-from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, quantization_entry
+from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, QuantizedWeight, quantization_entry
 from minillm.engine.sampling import SamplingParams
+from minillm.engine.structured import Grammar, compile_grammar, grammar_source
 from minillm.checkpoints.reader import read_checkpoint  # noqa: F401  (minillm.llm.read_checkpoint, as before)
 from minillm.resources import install_hint
 
@@ -94,24 +95,32 @@ class LLM:
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: Sequence[str] | None = None, chat: bool | None = None,
                  on_text: Callable[[str], None] | None = None, speculative=None,
-                 draft_tokens: int | None = None) -> Generation:
+                 draft_tokens: int | None = None, response_format: dict | None = None,
+                 structured_outputs: dict | None = None, **controls) -> Generation:
         """Complete `prompt` (plain text), or answer it (a list of messages, or chat=True).
         speculative: "ngram", "int4", "layers:N", a draft model (name, path or LLM) or a Drafter:
         `draft_tokens` proposed per target pass (default: the drafter's own, 8 for ngram, 4 for models;
-        engine/speculative); the same tokens when greedy."""
+        engine/speculative); the same tokens when greedy. controls: the other SamplingParams fields
+        (min_p, presence_penalty, frequency_penalty, repetition_penalty, logit_bias, stop_token_ids,
+        logprobs; engine/sampling.py). response_format ({"type": "json_object"}, {"type": "json_schema", ...})
+        or structured_outputs ({"regex" | "grammar" | "choice" | "json": ...}): every token follows that
+        grammar (`LLM.grammar`, engine/structured.py)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
             raise InvalidValue(f"max_tokens must be an integer >= 1, got {max_tokens}")
         if getattr(self.model, "comm", None) is not None:    # tensor parallel: every rank samples alike
             seed = shared_seed(self.model.comm, seed)
-        try:
-            params = SamplingParams(temperature, top_k, top_p, seed)
-        except ValueError as e:
-            raise MiniLLMError(str(e)) from None
+        params = self.sampling_params(temperature, top_k, top_p, seed, **controls)
+        grammar = self.grammar(response_format, structured_outputs)
+        if speculative is not None:
+            params.check_speculative()
+            if grammar is not None:
+                raise MiniLLMError("structured output with speculative decoding is not supported: drop one")
         ids = self.prompt_ids(prompt, chat)
         stop_ids = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
         try:
             with np.errstate(over="ignore", invalid="ignore"):   # NaN/Inf is checked once, at the logits
-                g = self._generate(ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens)
+                g = self._generate(ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens,
+                                   grammar)
         except NonFiniteLogits as e:
             raise MiniLLMError(f"{e}{non_finite_weight(self.model)}") from None
         context = self.config.max_seq_len
@@ -120,9 +129,48 @@ class LLM:
                       f"tokens and the answer must fit the model's context of {context}")
         return g
 
-    def _generate(self, ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens) -> Generation:
+    def generate_choices(self, prompt: str | Messages, n: int, max_tokens: int = 64, temperature: float = 0.0,
+                         top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                         stop: Sequence[str] | None = None, chat: bool | None = None, **controls) -> list[Generation]:
+        """n continuations of `prompt` (OpenAI's `n`), choice i at index i: its prefill is done once and its KV
+        blocks are shared copy-on-write by the n (Engine.add_choices, engine/choices.py). With a seed, the
+        choices differ and the call repeats exactly. controls: as generate's."""
+        from minillm.engine.choices import blocks_for_choices
+        from minillm.engine.engine import Engine         # n sequences at once: the batching engine
+        from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE
+        for name, value in (("n", n), ("max_tokens", max_tokens)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise InvalidValue(f"{name} must be an integer >= 1, got {value!r}", param=name)
+        ids = self.prompt_ids(prompt, chat)
+        room = max(1, min(max_tokens, self.config.max_seq_len - len(ids)))     # the engine refuses what cannot run
+        engine = Engine(self, num_blocks=blocks_for_choices(len(ids), room, n, DEFAULT_BLOCK_SIZE), max_batch=n,
+                        prefix_caching=False)            # a pool just big enough for the n at once
+        return engine.generate_choices(ids, n, max_tokens, temperature=temperature, top_k=top_k or 0,
+                                       top_p=1.0 if top_p is None else top_p, seed=seed, stop=tuple(stop or ()),
+                                       **controls)
+
+    def sampling_params(self, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                        seed: int | None = None, **controls) -> SamplingParams:
+        """SamplingParams checked against this model's vocabulary (logit_bias, stop_token_ids)."""
+        try:
+            params = SamplingParams(temperature, top_k, top_p, seed, **controls)
+            params.check_vocab(self.config.vocab_size)
+        except ValueError as e:
+            raise MiniLLMError(str(e)) from None
+        return params
+
+    def grammar(self, response_format: dict | None = None, structured_outputs: dict | None = None) -> Grammar | None:
+        """The compiled grammar (engine/structured.py) for OpenAI's `response_format` or vLLM's
+        `structured_outputs`, over this model's tokenizer; None when neither constrains the output. Pass it to
+        `Engine.add_request(grammar=...)`; a bad one raises GrammarError (a MiniLLMError naming its field)."""
+        source = grammar_source(response_format, structured_outputs)
+        return None if source is None else compile_grammar(self.tokenizer, self.config.vocab_size, source)
+
+    def _generate(self, ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens,
+                  grammar=None) -> Generation:
         try:
             if speculative is not None:
+                stop_ids = set(stop_ids) | set(params.stop_token_ids)
                 drafter = self.drafter(speculative)
                 k = drafter.default_k if draft_tokens is None else draft_tokens
                 if k < 1:
@@ -131,7 +179,7 @@ class LLM:
                                             k, stop_ids=stop_ids, stop_strings=stop or (),
                                             tokenizer=self.tokenizer, on_text=on_text)
             return generate_ids(self.model, ids, max_tokens, params, stop_ids=stop_ids,
-                                stop_strings=stop or (), tokenizer=self.tokenizer, on_text=on_text)
+                                stop_strings=stop or (), tokenizer=self.tokenizer, on_text=on_text, grammar=grammar)
         except ContextOverflow as e:
             raise MiniLLMError(str(e)) from None
 
@@ -247,17 +295,28 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
         if not auto_pull:
             raise
         path = pulling.pull(name)
-    config, tensors, tokenizer = read_checkpoint(path)
+    # a GGUF's matrices stay quantized where the model runs on them as they are (gguf_quantized.py); folding,
+    # re-quantizing, the GPU and tensor parallelism take them dequantized
+    whole = flashnorm or quant is not None or device != "cpu" or tp > 1 or comm is not None
+    config, tensors, tokenizer = read_checkpoint(path, gguf="float" if whole else "auto")
     _check_sparse(config, device, flashnorm, quant)
     if device == "cuda" and (config.qkv_bias or config.o_bias or config.mlp_bias):
         raise MiniLLMError(f"{config.family} with biases (q/k/v, o or MLP) runs on the CPU only: the GPU path "
                            "has no bias kernels yet (use --device cpu)")
+    if device == "cuda" and (config.partial_rotary_factor != 1.0 or config.attention_sinks or
+                             (config.attention == "gqa" and (config.rope_scaling or {}).get("rope_type") in ("longrope", "yarn"))):
+        raise MiniLLMError(f"{config.family}'s partial RoPE, LongRoPE/YaRN or attention sinks run on the CPU only: the "
+                           "GPU kernels rotate whole heads at plain RoPE frequencies (use --device cpu)")
+    if device == "cuda" and (config.qk_norm or config.sandwich_norms):    # GPUTransformer's fused kernels lack them
+        raise MiniLLMError(f"{config.family} (QK-norm, Gemma's norms, GeGLU, per-layer windows) runs on the CPU only "
+                           "for now: the GPU kernels do not have these pieces yet (use --device cpu)")
     if flashnorm:   # before quantizing: a gain scales a column, int8/int4 scales belong to rows and groups
         config, tensors = _folded(config, tensors)
     if quant is not None:
-        config, tensors = _quantized(config, tensors, quant, group_size)
+        config, tensors = _quantized(config, tensors, quant, group_size, None if flashnorm else path)
     if dtype is not None:   # the weights left in float: embedding, LM head, norms
-        tensors = {k: v if k.endswith(QUANT_SUFFIXES) else to_dtype(v, dtype) for k, v in tensors.items()}
+        tensors = {k: v if k.endswith(QUANT_SUFFIXES) or isinstance(v, QuantizedWeight) else to_dtype(v, dtype)
+                   for k, v in tensors.items()}
     chat_default = preset.chat if preset is not None else None
     comm = parallel_communicator(tp, comm, device, _tp_timeout_s())
     model_config = config
@@ -404,14 +463,18 @@ def batching_for(model):
     return CPUBatching(model)
 
 
-def _quantized(config: ModelConfig, tensors: dict, quant: str, group_size: int):
-    """Quantize at load, or accept a checkpoint already stored that way (never re-quantize)."""
+def _quantized(config: ModelConfig, tensors: dict, quant: str, group_size: int, source: Path | None = None):
+    """Quantize at load, or accept a checkpoint already stored that way (never re-quantize). `source`: the
+    checkpoint's path, to keep the quantized copy beside it for the next load (quant_cache.py)."""
     wanted = quantization_entry(quant, group_size)
     if config.quantization == wanted:
         return config, tensors
     if config.quantization:
         raise MiniLLMError(f"these weights are stored quantized as {config.quantization}; load them without "
                            f"quant= (or convert the original weights with {wanted})")
+    if source is not None and quant == "int4":        # the slow one (calibration + grid search): kept once made
+        from minillm.checkpoints.quant_cache import quantize_cached
+        return quantize_cached(source, config, tensors, quant, group_size)
     return quantize_checkpoint(config, tensors, quant, group_size)
 
 

@@ -50,6 +50,18 @@ def smollm2_gguf(smollm2_dir, tmp_path_factory):
     return alone
 
 
+@pytest.fixture(scope="session")
+def llama_cpp_convert():
+    """llama.cpp's own convert_hf_to_gguf.py (tests/llama_cpp_converter.py: from the llama-cpp-python sdist, fetched
+    once into ~/.cache/minillm-test): `convert(hf_dir, outfile, outtype)` -> outfile. Skips only where
+    the package index cannot be reached."""
+    import llama_cpp_converter
+    root = llama_cpp_converter.converter_dir()
+    if root is None:
+        pytest.skip("the package index cannot be reached to fetch llama-cpp-python's sdist (llama.cpp's converter)")
+    return lambda hf_dir, outfile, outtype: llama_cpp_converter.run_converter(root, hf_dir, outfile, outtype)
+
+
 @pytest.fixture(scope="module", params=["float16", "bfloat16"])
 def k(request):
     """The GPU kernels (minillm.cuda.kernels.Kernels) for each 16-bit weight dtype; GPU test modules only

@@ -67,7 +67,9 @@ def test_hf_fp8_checkpoint_converts_and_reloads(fp8_pair, tmp_path):
 
 
 @pytest.mark.parametrize("arch,quant,says", [
-    ("GptOssForCausalLM", {"quant_method": "mxfp4"}, "GPT-OSS"),
+    ("LlamaForCausalLM", {"quant_method": "mxfp4"}, "MXFP4 checkpoints of GptOssForCausalLM"),   # GPT-OSS's loads
+    ("GptOssForCausalLM", {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.mlp.experts"]},
+     "experts are all MXFP4"),
     ("DeepseekV3ForCausalLM", {"quant_method": "fp8", "weight_block_size": [128, 128]}, "not MLA"),
     ("LlamaForCausalLM", {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"},
      "dynamic"),

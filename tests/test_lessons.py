@@ -11,7 +11,7 @@ from minillm.errors import MiniLLMError
 LESSONS = list_lessons()
 # What a lesson's own table must show, beyond its title (lessons without an entry: the title is enough).
 EVIDENCE = {3: ["decode tok/s", "reference: "],
-            5: ["MQA-1 (KV heads mean-pooled)", "perplexity"],
+            5: ["MQA-1 (KV heads mean-pooled)", "perplexity", "median (min-max)", "load average"],
             6: ["max |naive - absorbed|", "convert_to_mla", "SmolLM2 GQA -> MLA"],
             7: ["max |rolling - full|", "users (rolling)", "H200-SXM"],
             8: ["error <= scale/2", "decode tok/s", "int8 -> fp32 widening", "reference: "],
@@ -25,12 +25,20 @@ EVIDENCE = {3: ["decode tok/s", "reference: "],
             12: ["block of 256: strided + xor tree (v2)", "registers/thread", "v1 vs v2 vs the engine"],
             13: ["launches/token", "v4 + norm fused (default)", "what the CUDA graph saves"],
             14: ["roofline tok/s", "int4: magic-number codes vs unpack_int4", "% of issue rate", "GPU 2/2"],
-            15: ["max |folded - original|", "one step late", "Prop. 3", "[GPU 1/5] the race", "[GPU 5/5] the whole decode step"],
+            15: ["max |folded - original|", "one step late", "Prop. 3", "Prop. 3 on a Gemma-3 shape", "[GPU 1/5] the race", "[GPU 5/5] the whole decode step"],
             19: ["data: [DONE]", "Engine via HTTP", "client - server", "largest batch"],
             20: ["max |emitted - p|", "W-blocks @ xᵀ (engine)", "verify pass", "same tokens"],
             22: ["max |sparse - dense|", "busiest / balanced", "time / dense time", "DeepSeek-V3"],
-            23: ["the value grids", "MXFP4 (E8M0 / 32)", "bits per weight vs perplexity", "NF4"],
-            24: ["max |tiled - attend|", "tiled 64×64", "score table", "prefill_attention.cu", "[GPU 1/1]"]}
+            23: ["the value grids", "MXFP4 (E8M0 / 32)", "bits per weight vs perplexity", "NF4",
+                 "GPT-OSS-120B (116.83 B parameters)", "MXFP4 experts, rest bf16"],
+            24: ["max |tiled - attend|", "tiled 64×64", "score table", "prefill_attention.cu", "[GPU 1/1]"],
+            25: ["cheapest first", "most tokens per GPU at the target", "largest batch that keeps the promise",
+                 "load average"],
+            26: ["handoff MB", "same tokens", "when disaggregation pays", "load average"],
+            27: ["as a DFA: the tokens each state allows", "after the space"],
+            28: ["what each control does", "min_p 0.1", "distinct / tokens", "is still the reported top-1",
+                 "blocks copied", "4 choices, prompt shared"],
+            29: ["keys added", "lines of model/", "without qk_norm", "without sandwich_norms", "5 windowed : 1 global"]}
 
 
 def test_lessons_are_numbered_in_order():

@@ -1,6 +1,6 @@
 """MoE in the tools: `minillm plan` holds every expert in memory but reads only the routed ones per
 decode step, splits experts over GPUs (all-to-all bytes), and reproduces the workshop's GPT-OSS-120B
-sizes; `minillm info` prints total vs active; GPT-OSS checkpoints are refused in one line."""
+sizes from its real config.json; `minillm info` prints total vs active."""
 import json
 
 import pytest
@@ -44,14 +44,21 @@ def test_info_prints_total_and_active():
     assert "8 of width 14336, top-2" in text and "active parameters" in text and "(12.880 B) a token" in text
 
 
-def test_gpt_oss_checkpoint_is_refused_in_one_line(tmp_path):
+def test_a_gpt_oss_config_missing_a_field_is_refused_in_one_line(tmp_path):
     from minillm.checkpoints.weights import read_config
     from minillm.errors import MiniLLMError
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
                                                       "hidden_size": 2880, "num_hidden_layers": 36}))
-    with pytest.raises(MiniLLMError, match="GptOssForCausalLM") as e:
+    with pytest.raises(MiniLLMError, match="num_attention_heads is missing") as e:
         read_config(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_the_planner_reads_gpt_oss_120b_from_its_config_json():
+    """The real config (minillm/tools/data): 116.83 B parameters, as OpenAI's model card counts them."""
+    c = planner.PLANNER_ONLY["gpt-oss-120b"]
+    assert (c.family, c.n_layers, c.n_experts, c.quantization) == ("gpt_oss", 36, 128, {"method": "mxfp4", "experts_only": True})
+    assert round(c.n_params / 1e9, 2) == 116.83
 
 
 def test_plan_cli_takes_the_expert_parallel_size():

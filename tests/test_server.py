@@ -215,8 +215,9 @@ def _post(served, path, body, raw=None):
     ({"top_p": 0}, "top_p", None),
     ({"top_p": 1.5}, "top_p", None),
     ({"max_tokens": 0}, "max_tokens", None),
-    ({"n": 2}, "n", None),
-    ({"logprobs": 3}, "logprobs", "unsupported_parameter"),
+    ({"n": 0}, "n", None),
+    ({"n": 17}, "n", None),                       # past MAX_CHOICES
+    ({"logprobs": 21}, "logprobs", None),                             # 0..20 alternatives per token
     ({"prompt": ""}, "prompt", None),
     ({"prompt": ["one", "two"]}, "prompt", None),
     ({"prompt": [1, 2, 10 ** 9]}, "prompt", None),

@@ -25,6 +25,13 @@ REFUSALS_THE_SCHEMA_CANNOT_EXPRESS = {
     ("prompt", "context_length_exceeded"): "a prompt's length is counted in tokens, by the model's tokenizer",
     ("messages", "context_length_exceeded"): "likewise for the messages, rendered through the chat template",
     ("max_tokens", "context_length_exceeded"): "the prompt's tokens plus max_tokens must fit the context",
+    ("logit_bias", None): "its keys are token ids below the vocabulary's size; a schema bounds no key numerically",
+    ("top_logprobs", None): "top_logprobs > 0 needs logprobs: true, a rule between two fields",
+    # Grammars (engine/structured.py, engine/tool_calls.py): whether one compiles is found by compiling it.
+    ("response_format", "invalid_grammar"): "a JSON schema may be unsatisfiable, cyclic or name an unknown format",
+    ("structured_outputs", "invalid_grammar"): "likewise, and a regex or grammar may not parse",
+    ("tools", "invalid_grammar"): "a function's parameters must be a JSON schema that compiles; names unique",
+    ("tool_choice", "invalid_grammar"): "it must name a function of tools, a rule between two fields",
 }
 
 

@@ -9,8 +9,9 @@ The grader compares it with what the engine's GPU path moves (minillm/cuda/gpu_m
 def transfer_bytes(config, weight_bytes: int = 2) -> tuple[int, int, int]:
     """Bytes copied between host memory and GPU memory when minillm runs `config` on the GPU.
 
-    config        a minillm.model.config.ModelConfig (vocab_size, dim, n_layers, n_heads, n_kv_heads,
-                  head_dim, ffn_dim, tie_embeddings, ...); config.n_params counts every parameter
+    config        a model's shape: the fields and properties of a minillm.model.config.ModelConfig
+                  (vocab_size, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, tie_embeddings, ...;
+                  config.n_params counts every parameter), as attributes; not its methods
     weight_bytes  bytes per weight of the matrices on the device: 2 for fp16 or bf16
 
     returns (upload, up_per_token, down_per_token):

@@ -38,19 +38,35 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# Qwen3 and Gemma 3 (llama.cpp's "qwen3", "gemma3"): QK-norm, and Gemma's sandwich norms. Gemma's ffn_norm
+# norms the MLP input as Llama's does, but HF names it apart (post_attention_layernorm is its attention-output norm).
+_QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_SANDWICH_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                   "post_ffw_norm": "post_feedforward_layernorm"}
+GGUF_ARCHITECTURES = ("llama", "qwen3", "gemma3")
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _LAYER_INDEX = re.compile(r"blk\.(\d+)\.")
 _ROUTER = re.compile(r"blk\.\d+\.ffn_gate_inp\.weight")
 
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for tensors we don't use."""
+def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for tensors we don't use.
+    config: the model's, for the norms Qwen3 and Gemma 3 add (without it only Llama's are named)."""
     if m := _BLOCK.fullmatch(gguf_name):
         part = _LAYER_NAMES.get(m.group(2))
+        if config is not None and config.qk_norm:
+            part = part or _QK_NORM_NAMES.get(m.group(2))
+        if config is not None and config.sandwich_norms:
+            part = _SANDWICH_NAMES.get(m.group(2), part)
         return f"model.layers.{m.group(1)}.{part}.weight" if part else None
     base = gguf_name.removesuffix(".weight")
     return f"{_GLOBAL_NAMES[base]}.weight" if base in _GLOBAL_NAMES else None
+
+
+def permuted_qk(config: ModelConfig) -> bool:
+    """llama.cpp permutes q/k rows for its "llama" architecture only (Qwen3, Gemma 3 rotate HF's halves)."""
+    return not (config.qk_norm or config.sandwich_norms)
 
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -91,14 +107,14 @@ def _f32(x: float) -> float:
 
 
 def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
-    """Build a ModelConfig from a llama-architecture GGUF's metadata."""
+    """Build a ModelConfig from a GGUF's metadata: llama (and Llama-shaped: Mistral, Mixtral), qwen3, gemma3."""
     arch = _meta(reader, "general.architecture")
-    if arch != "llama":
-        raise MiniLLMError(f"{path}: unsupported GGUF architecture {arch!r} (only 'llama' and Llama-shaped "
-                           f"models such as Mistral and SmolLM2 are supported)")
+    if arch not in GGUF_ARCHITECTURES:
+        raise MiniLLMError(f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(GGUF_ARCHITECTURES)}; "
+                           f"'llama' covers Llama-shaped models such as Mistral and SmolLM2)")
 
     def get(key, default=None):
-        return _meta(reader, f"llama.{key}", default)
+        return _meta(reader, f"{arch}.{key}", default)
 
     names = {t.name for t in reader.tensors}
     n_heads = get("attention.head_count")
@@ -118,12 +134,12 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
     sliding_window = get("attention.sliding_window")
     try:
         for key in ("block_count", "embedding_length", "attention.head_count", "feed_forward_length"):
-            require_int(get(key), f"llama.{key}")
+            require_int(get(key), f"{arch}.{key}")
         for key in ("attention.head_count_kv", "attention.key_length", "context_length", "attention.sliding_window"):
             if get(key) is not None:
-                require_int(get(key), f"llama.{key}")
-        require_number(get("attention.layer_norm_rms_epsilon", 1e-5), "llama.attention.layer_norm_rms_epsilon", 0.0, 1.0)
-        require_number(get("rope.freq_base", 10000.0), "llama.rope.freq_base", low=1.0)
+                require_int(get(key), f"{arch}.{key}")
+        require_number(get("attention.layer_norm_rms_epsilon", 1e-5), f"{arch}.attention.layer_norm_rms_epsilon", 0.0, 1.0)
+        require_number(get("rope.freq_base", 10000.0), f"{arch}.rope.freq_base", low=1.0)
     except ConfigError as e:
         raise MiniLLMError(f"{path}: {e}") from None
     _check_counts(reader, get("block_count"), get("expert_count"), path)
@@ -146,9 +162,34 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
             eos_token_id=_meta(reader, "tokenizer.ggml.eos_token_id"),
             family="mixtral" if get("expert_count") else "mistral" if sliding_window else "llama",
             **moe_fields(get),                                      # Mixtral: experts (gguf_moe.py)
-        )
+        ) if arch == "llama" else _qwen3_gemma3_config(arch, get, names, vocab, rope_scaling, reader)
     except (TypeError, ValueError) as e:
         raise MiniLLMError(f"{path}: incomplete llama metadata ({e})") from None
+
+
+def _qwen3_gemma3_config(arch: str, get, names: set, vocab: int, rope_scaling, reader) -> ModelConfig:
+    """A qwen3 or gemma3 GGUF's config. What llama.cpp's converter does not write, llama.cpp fixes in code, and
+    so does this: Gemma 3's windowed layers are 5 of every 6, their RoPE base is 10000, and scores are scaled by
+    1/sqrt(head_dim) (by 1/sqrt(hidden / heads) for the 62-layer 27B)."""
+    n_layers, dim, n_heads = get("block_count"), get("embedding_length"), get("attention.head_count")
+    head_dim = get("attention.key_length") or dim // n_heads
+    fields = dict(family="qwen3", qk_norm=True)
+    if arch == "gemma3":
+        window, softcap = get("attention.sliding_window"), get("final_logit_softcapping")
+        fields = dict(family="gemma3_text", qk_norm=True, norm_plus_one=True, sandwich_norms=True,
+                      activation="gelu_tanh", embed_scale=True, rope_local_theta=10000.0,
+                      layer_windows=tuple(None if (i + 1) % 6 == 0 or window is None else window for i in range(n_layers)),
+                      attn_scalar=float(dim // n_heads if n_layers == 62 else head_dim),
+                      final_softcap=None if softcap is None else _f32(softcap))
+        if len(set(fields["layer_windows"])) == 1:              # every layer windowed (or none): one window
+            fields |= dict(layer_windows=None, sliding_window=fields["layer_windows"][0])
+    return ModelConfig(
+        vocab_size=int(vocab), dim=dim, n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=get("attention.head_count_kv", n_heads), ffn_dim=get("feed_forward_length"), head_dim=head_dim,
+        norm_eps=_f32(get("attention.layer_norm_rms_epsilon", 1e-6)), rope_theta=_f32(get("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling, max_seq_len=get("context_length", 2048), tie_embeddings="output.weight" not in names,
+        bos_token_id=_meta(reader, "tokenizer.ggml.bos_token_id"), eos_token_id=_meta(reader, "tokenizer.ggml.eos_token_id"),
+        **fields)
 
 
 def _check_counts(reader, n_layers: int, n_experts: int | None, path) -> None:
@@ -185,7 +226,7 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
 
     tensors: dict[str, np.ndarray] = {}
     for t in tqdm(reader.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor", disable=not progress):
-        name = hf_name(t.name) if not is_moe_tensor(t.name) else t.name
+        name = hf_name(t.name, config) if not is_moe_tensor(t.name) else t.name
         if name is None:
             if t.name != "rope_freqs.weight":  # already warned about in config_from_gguf
                 warnings.warn(f"{path}: skipping unknown tensor {t.name}")
@@ -213,10 +254,12 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
 
 def _hf_tensor(w: np.ndarray, name: str, config: ModelConfig, dtype: str) -> np.ndarray:
     """A dequantized GGUF tensor in HF's row order and the output dtype, owning its memory."""
-    if name.endswith("q_proj.weight"):
+    if name.endswith("q_proj.weight") and permuted_qk(config):
         w = unpermute_rows(w, config.n_heads)
-    elif name.endswith("k_proj.weight"):
+    elif name.endswith("k_proj.weight") and permuted_qk(config):
         w = unpermute_rows(w, config.n_kv_heads)
+    elif name.endswith("norm.weight") and config.norm_plus_one:   # llama.cpp stores Gemma's gain 1 + w; HF stores w
+        w = w - np.float32(1.0)
     w = to_dtype(w, dtype)
     return w if w.flags.owndata else w.copy()      # F32 data is a view of the file (experts: of their stack): copy
 

@@ -8,8 +8,11 @@ and config.json's entry becomes minillm's {"method": "fp8", "kind": "e4m3", "blo
 
 Loaded where the layout is a plain Llama / Mistral / Mixtral / Qwen2 one (every layer matrix fp8,
 activations dynamic). Everything else is refused in one line: static activation scales, a partly
-quantized layer, MLA (DeepSeek-V3's attention: minillm quantizes GQA layers only), and MXFP4
-(quant_method "mxfp4": GPT-OSS, whose attention sinks and expert layout minillm does not run).
+quantized layer, MLA (DeepSeek-V3's attention: minillm quantizes GQA layers only).
+
+MXFP4 (quant_method "mxfp4") is GPT-OSS's release format: its experts' matrices in MXFP4, the rest
+bf16. That is formats.Mxfp4Weight's layout, so config.json's entry becomes {"method": "mxfp4",
+"experts_only": true} and hf_layouts.py names each expert's blocks and scales (views, as shipped).
 """
 from __future__ import annotations
 
@@ -31,9 +34,7 @@ def translate_config(d: dict[str, Any]) -> dict[str, Any]:
         return d
     method, arch = q.get("quant_method"), (d.get("architectures") or ["?"])[0]
     if method == "mxfp4":
-        raise MiniLLMError(f"quantization_config quant_method 'mxfp4' ({arch}): MXFP4 checkpoints are GPT-OSS's, "
-                           "a layout minillm does not run (attention sinks, fused experts); minillm's own mxfp4 is "
-                           "`minillm convert --quant mxfp4`")
+        return _gpt_oss_mxfp4(d, q, arch)
     if method != "fp8":
         return d
     if arch not in FP8_LAYOUTS:
@@ -50,6 +51,20 @@ def translate_config(d: dict[str, Any]) -> dict[str, Any]:
         raise MiniLLMError(f"fp8 fmt={q.get('fmt')!r}: expected e4m3 or e5m2")
     rest = {k: v for k, v in d.items() if k != "quantization_config"}
     return rest | {"quantization": {"method": "fp8", "kind": kind, "block": list(block)}}
+
+
+def _gpt_oss_mxfp4(d: dict[str, Any], q: dict[str, Any], arch: str) -> dict[str, Any]:
+    """GPT-OSS's MXFP4 release: the experts' matrices are MXFP4 blocks and scales (hf_layouts.py names them
+    each expert's P.qweight / P.scales), everything else stays in bf16."""
+    if arch != "GptOssForCausalLM":
+        raise MiniLLMError(f"quantization_config quant_method 'mxfp4' on {arch}: minillm reads MXFP4 checkpoints "
+                           "of GptOssForCausalLM (the experts quantized); its own mxfp4 is `minillm convert --quant mxfp4`")
+    kept = q.get("modules_to_not_convert") or []
+    if not isinstance(kept, list) or any(isinstance(m, str) and ".experts" in m for m in kept):
+        raise MiniLLMError(f"mxfp4 modules_to_not_convert={str(kept)[:120]}: minillm reads checkpoints whose "
+                           "experts are all MXFP4 (and nothing else is)")
+    rest = {k: v for k, v in d.items() if k != "quantization_config"}
+    return rest | {"quantization": {"method": "mxfp4", "experts_only": True}}
 
 
 def translate_tensors(tensors: dict[str, np.ndarray], layer_matrices) -> dict[str, np.ndarray]:

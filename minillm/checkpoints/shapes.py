@@ -39,7 +39,8 @@ def hf_count_mismatch(c: ModelConfig, names: Iterable[str]) -> str | None:
         return f"num_hidden_layers={c.n_layers} in config.json, but {layers}"
     experts = count_mismatch(c.n_experts, numbered(names, _EXPERT), "expert") if c.n_moe_layers else None
     if experts:
-        field = "num_local_experts" if c.family == "mixtral" else "n_routed_experts"
+        field = {"mixtral": "num_local_experts", "qwen3_moe": "num_experts",
+                 "gpt_oss": "num_local_experts"}.get(c.family, "n_routed_experts")
         return f"{field}={c.n_experts} in config.json, but {experts}"
     return None
 
@@ -56,11 +57,17 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         "self_attn.o_proj": (c.dim, q)}
     dense = {"mlp.gate_proj": (c.ffn_dim, c.dim), "mlp.up_proj": (c.ffn_dim, c.dim), "mlp.down_proj": (c.dim, c.ffn_dim)}
     norms = {"input_layernorm": (c.dim,), "post_attention_layernorm": (c.dim,)}
+    if c.sandwich_norms:                                    # Gemma: a norm before and after attention and the MLP
+        norms |= {"pre_feedforward_layernorm": (c.dim,), "post_feedforward_layernorm": (c.dim,)}
+    if c.qk_norm:                                           # Qwen3, Gemma 3: one gain per head dimension
+        norms |= {"self_attn.q_norm": (c.head_dim,), "self_attn.k_norm": (c.head_dim,)}
     for i in range(c.n_layers):
         p = f"model.layers.{i}."
         mlp = {} if c.is_moe_layer(i) else dense
         shapes |= {f"{p}{part}.weight": shape for part, shape in (attention | mlp | norms).items()}
         shapes |= {name: (shapes[name.removesuffix(".bias") + ".weight"][0],) for name in bias_names(c, i).values()}
+        if c.attention_sinks:                                   # GPT-OSS: one learned logit per query head
+            shapes[p + "self_attn.sinks"] = (c.n_heads,)
         if c.is_moe_layer(i):
             shapes |= moe_matrix_shapes(c, i)
     return shapes

@@ -31,12 +31,13 @@ from minillm.backend import STORAGE_DTYPES, bf16_to_f32, f32_to_bf16, to_dtype  
 from minillm.model.config import ConfigError, ModelConfig
 from minillm.errors import MiniLLMError
 from minillm.model.formats import FORMATS, stored_shapes
-from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES, is_layer_matrix
+from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES, QuantizedWeight
 from minillm.model.quantized import quantized_matrices
 from minillm.checkpoints.hf_quantized import translate_config, translate_tensors
+from minillm.checkpoints.hf_layouts import split_fused
 from minillm.checkpoints.tokenizer_files import save_hf
 from minillm.checkpoints.shapes import expected_shapes, hf_count_mismatch  # noqa: F401  (expected_shapes read from here too)
-from minillm.checkpoints.gguf_import import load_gguf
+from minillm.checkpoints.gguf_quantized import load_gguf_for_cpu
 
 # safetensors dtype name <-> numpy dtype. BF16 travels as raw uint16 bits (see the module docstring).
 _ST_TO_NP = {
@@ -199,13 +200,14 @@ def read_config(path: str | Path) -> ModelConfig:
         raise MiniLLMError(f"{file}: cannot read the model shape ({type(e).__name__}: {e})") from None
 
 
-def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+def load_hf_dir(path: str | Path, gguf: str = "auto") -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Load an HF-layout dir: config.json plus model.safetensors or a sharded index + shards, or, with
     neither, the GGUF its weights came in (GGUF_WEIGHTS).
 
     Safetensors arrays are memory-mapped views in the stored dtype (bf16 as uint16); nothing is read
-    until used. A GGUF's tensors are dequantized to float32 here (a few seconds for SmolLM2), every time:
-    that keeps the values exact at a sixth of the disk (a Q4_1 weight needs float32, not 16 bits).
+    until used. A GGUF's tensors load as `gguf` says (gguf_quantized.load_gguf_for_cpu): a small model's
+    are dequantized to float32 here (a few seconds for SmolLM2), every time: that keeps the values exact
+    at a sixth of the disk (a Q4_1 weight needs float32, not 16 bits); a large one's stay quantized.
     """
     path = Path(path)
     if not path.is_dir():
@@ -216,13 +218,14 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     elif (path / SAFETENSORS_INDEX).is_file():
         tensors = _load_sharded(path / SAFETENSORS_INDEX)
     elif (path / GGUF_WEIGHTS).is_file():
-        _, tensors = load_gguf(path / GGUF_WEIGHTS, dtype="float32")
+        _, tensors = load_gguf_for_cpu(path / GGUF_WEIGHTS, how=gguf)
     else:
         raise MiniLLMError(f"{path}: no {SAFETENSORS} or {SAFETENSORS_INDEX} (only safetensors weights are read; "
                            f"convert .bin checkpoints with transformers' save_pretrained first)")
     if (config.quantization or {}).get("block"):            # an HF fp8 checkpoint: its tensors renamed
         _check_counts(config, tensors, path)                # (quantized_matrices lists every layer's)
         tensors = translate_tensors(tensors, quantized_matrices(config))
+    tensors = split_fused(config, tensors)                  # Phi-3's fused, GPT-OSS's stacked: views per matrix
     check_tensors(config, tensors, path)
     return config, tensors
 
@@ -232,8 +235,9 @@ def _quantized_shapes(c: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> dic
     """The same with each layer matrix P.weight stored as quant.py writes it: P.qweight, P.scales (, P.mins)."""
     out = {}
     group = c.quantization.get("group_size", 0)
+    quantized = quantized_matrices(c)
     for name, shape in shapes.items():
-        if not is_layer_matrix(name):
+        if not (name.endswith(".weight") and name.removesuffix(".weight") in quantized):
             out[name] = shape
             continue
         p, (rows, cols) = name.removesuffix(".weight"), shape
@@ -272,7 +276,7 @@ def check_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], where: st
         if tuple(a.shape) != shape:
             raise MiniLLMError(f"{where}: tensor {name} has shape {tuple(a.shape)}, config.json implies {shape} "
                                f"({_fields_of(config, name, shape, tuple(a.shape))})")
-        if not name.endswith(QUANT_SUFFIXES) and not _is_float(a):
+        if not name.endswith(QUANT_SUFFIXES) and not isinstance(a, QuantizedWeight) and not _is_float(a):
             raise MiniLLMError(f"{where}: tensor {name} has dtype {a.dtype}, expected a float type")
     if config.tie_embeddings and "lm_head.weight" in tensors:   # a tied head's copy: HF ignores it, if it is one
         _check_tied_copy(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"], where)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minillm.errors import MiniLLMError
-from minillm.course.grader import display_path, check_exercise, exercise_path, student_folder
+from minillm.course.grader import display_path, check_exercise, exercise_files, exercise_path, student_folder
 from minillm.course.lessons import EXERCISES_DIR
 from minillm.course.registry import EXERCISES
 
@@ -37,15 +37,15 @@ def _is_docstring(node: ast.stmt) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
-def solution_path(number: int) -> Path | None:
+def solution_path(number: int | str) -> Path | None:
     """The reference solution of exercise `number` (lessons/exercises/solutions/exNN_*.py), if there is one."""
-    matches = sorted(SOLUTIONS_DIR.glob(f"ex{number:02d}_*.py"))
+    matches = exercise_files(SOLUTIONS_DIR, number)
     return matches[0] if matches else None
 
 
 @dataclass
 class ExerciseStatus:
-    number: int
+    number: str            # the exercise's id: '07', '17.2'
     lesson: int
     function: str
     file: str
@@ -59,8 +59,8 @@ def exercise_list(folder: str | Path | None = None) -> list[ExerciseStatus]:
     student's own code."""
     folder = student_folder(folder)
     rows = []
-    for number, ex in sorted(EXERCISES.items()):
-        matches = sorted(folder.glob(f"ex{number:02d}_*.py"))
+    for number, ex in EXERCISES.items():
+        matches = exercise_files(folder, number)
         path = matches[0] if matches else None
         if path is None:
             rows.append(ExerciseStatus(number, ex.lesson, ex.function, "-", "no file"))
@@ -93,7 +93,7 @@ def write_handout(dest: str | Path) -> list[Path]:
     and refuses to overwrite a different file already in `dest`."""
     dest = Path(dest)
     plan = []
-    for number, ex in sorted(EXERCISES.items()):
+    for number, ex in EXERCISES.items():
         src = exercise_path(number)
         if not is_stub(src, ex.function):
             raise MiniLLMError(f"{src} is not a stub any more ({ex.function}() has code in it): restore it "
@@ -133,7 +133,9 @@ go with the exercises: `minillm lesson` lists them, `minillm lesson 1` runs one.
 
 Hand in your `exNN_*.py` files as they are, with their names unchanged: this whole folder, or the
 files you finished. Your teacher grades a folder per student with `minillm exercise grade`, which runs
-the same cases as `minillm exercise check`.
+the same cases as `minillm exercise check` and hidden ones with fresh random values (try some with
+`minillm exercise check 1 --seed 5`). It runs your file alone, in a process that may import only
+Python's standard library and NumPy and read no other file: keep each exercise in its own file.
 
 ## The exercises
 
@@ -144,8 +146,8 @@ the same cases as `minillm exercise check`.
 
 def handout_readme() -> str:
     """The README.md of a handout: how to check an exercise and how to hand it in, and the exercises."""
-    rows = [f"| {n:02d} | {ex.lesson:02d} | `{exercise_path(n).name}` | `{ex.function}` |"
-            for n, ex in sorted(EXERCISES.items())]
+    rows = [f"| {n} | {ex.lesson:02d} | `{exercise_path(n).name}` | `{ex.function}` |"
+            for n, ex in EXERCISES.items()]
     return HANDOUT_README + "\n".join(rows) + "\n"
 
 
@@ -154,9 +156,9 @@ def handout_readme() -> str:
 def format_exercise_list(rows: list[ExerciseStatus], folder: str | Path | None = None) -> str:
     """`minillm exercise list`: the folder listed, then one line per exercise: number, lesson, function,
     status, file."""
-    width = max(len(r.function) for r in rows)
+    width, id_width = max(len(r.function) for r in rows), max(len(r.number) for r in rows)
     header = [f"exercises in {display_path(Path(folder))}/"] if folder is not None else []
-    lines = header + [f"{r.number:02d}  lesson {r.lesson:02d}  {r.function:<{width}}  {r.status:<20}  {r.file}"
+    lines = header + [f"{r.number:<{id_width}}  lesson {r.lesson:02d}  {r.function:<{width}}  {r.status:<20}  {r.file}"
                       for r in rows]
     done = sum(r.passed for r in rows)
     return "\n".join(lines + [f"{done} of {len(rows)} exercises pass"])

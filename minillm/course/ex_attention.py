@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.course.cases import Case, CaseFailed, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, case_rng, expect_close, expect_unchanged
 
 
 # 05: mean-pooling KV heads ---------------------------------------------------------------------------
@@ -23,7 +23,7 @@ def _check_pool(fn, case: Case) -> str:
     from minillm.checkpoints.kv_heads import pool_heads
     c = case.inputs
     n_kv, n_new, hd, dim = c["n_kv"], c["n_new"], c["hd"], c["dim"]
-    rng = np.random.default_rng(n_kv * 100 + n_new)
+    rng = case_rng(n_kv * 100 + n_new)
     # Each head gets its own offset, so mixing up which heads are averaged cannot hide.
     offsets = np.repeat(np.arange(n_kv, dtype=np.float32) * 0.5, hd)[:, None]        # [n_kv * hd, 1]
     w = (rng.standard_normal((n_kv * hd, dim)) * 0.1 + offsets).astype(np.float32)  # [n_kv * hd, dim]
@@ -75,7 +75,7 @@ def _check_mla(fn, case: Case) -> str:
     from minillm.model.mla import absorbed_attention
     c = case.inputs
     H, T, L, nope, rope, r, v = (c[k] for k in ("H", "T", "L", "nope", "rope", "r", "v"))
-    rng = np.random.default_rng(H * 1000 + T * 100 + L)
+    rng = case_rng(H * 1000 + T * 100 + L)
 
     def rand(*shape, s=1.0):
         return (rng.standard_normal(shape) * s).astype(np.float32)
@@ -111,6 +111,19 @@ def _mask_cases() -> list[Case]:
             case("window longer than the sequence: plain causal", 6, 6, 100),
             case("no window (None): plain causal, 4 queries after 3 cached", 4, 7, None),
             case("Mistral at decode: position 5000, window 4096", 1, 5001, 4096)]
+
+
+def _mask_hidden(seed: int) -> list[Case]:
+    """Fresh lengths and windows: a mask recalled from the public cases fails these."""
+    rng = np.random.default_rng([seed, 7])
+    cases = []
+    for i in range(6):
+        L = int(rng.integers(1, 300))
+        T = int(rng.integers(1, L + 1))
+        window = None if i == 0 else int(rng.integers(1, L + 3))
+        cases.append(Case(f"{T} queries after {L - T} cached positions, window {window}",
+                          dict(T=T, L=L, window=window)))
+    return cases
 
 
 def _check_mask(fn, case: Case) -> str:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.course.cases import Case, CaseFailed, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, case_rng, expect_close, expect_unchanged
 
 
 # 01: RMSNorm ------------------------------------------------------------------------------------
 
 def _rmsnorm_cases() -> list[Case]:
-    rng = np.random.default_rng(1)
+    rng = case_rng(1)
 
     def case(name, T, dim, scale=1.0, eps=1e-5):
         x = ((rng.standard_normal((T, dim)) + 0.5) * scale).astype(np.float32)   # mean ≠ 0: not LayerNorm
@@ -60,7 +60,7 @@ def _kv_cases() -> list[Case]:
 
 def _check_kv(fn, case: Case) -> str:
     c = case.inputs
-    rng = np.random.default_rng(c["pos"] * 31 + c["T"])
+    rng = case_rng(c["pos"] * 31 + c["T"])
     n_kv, max_seq, hd, T, pos = c["n_kv"], c["max_seq"], c["hd"], c["T"], c["pos"]
     # Stale values everywhere (never zeros), so a write to the wrong place cannot hide.
     cache_k, cache_v = (rng.standard_normal((n_kv, max_seq, hd)).astype(np.float32) for _ in range(2))
@@ -115,7 +115,7 @@ def _rope_cases() -> list[Case]:
 def _check_rope(fn, case: Case) -> str:
     from minillm.model.layers import apply_rope, rope_inv_freq, rope_tables
     c = case.inputs
-    rng = np.random.default_rng(c["start"] + c["hd"])
+    rng = case_rng(c["start"] + c["hd"])
     x = rng.standard_normal((c["T"], c["heads"], c["hd"])).astype(np.float32)
     cos, sin = rope_tables(np.arange(c["start"], c["start"] + c["T"]), rope_inv_freq(c["hd"], c["theta"]))
     x_in, cos_in, sin_in = x.copy(), cos.copy(), sin.copy()
@@ -127,7 +127,7 @@ def _check_rope(fn, case: Case) -> str:
 # 04: top-p ------------------------------------------------------------------------------------------
 
 def _top_p_cases() -> list[Case]:
-    rng = np.random.default_rng(4)
+    rng = case_rng(4)
     return [Case("vocab 50, p 0.9", dict(logits=rng.normal(0, 2, 50), p=0.9)),
             Case("p 1.0 keeps every token", dict(logits=rng.normal(0, 2, 100), p=1.0)),
             Case("the token that crosses p is kept: probs 0.2/0.5/0.3, p 0.6",

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from minillm.course.cases import Case, CaseFailed, _expect_tuple, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, _expect_tuple, case_rng, expect_close, expect_unchanged
 
 
 def merge_partials_reference(m_a, l_a, acc_a, m_b, l_b, acc_b):
@@ -37,7 +37,7 @@ def partial_attention(q, k, v):
 
 
 def _merge_cases() -> list[Case]:
-    rng = np.random.default_rng(24)
+    rng = case_rng(24)
 
     def split(name, rows, hd, n_a, n_b, shift=0.0, scale=1.0):
         q = (rng.standard_normal((rows, hd)) * scale / math.sqrt(hd)).astype(np.float32)
@@ -81,5 +81,7 @@ def _check_merge(fn, case: Case) -> str:
         q, k, v = case.inputs["q"], case.inputs["k"], case.inputs["v"]
         s = q @ k.T
         p = np.exp(s - s.max(axis=1, keepdims=True))
-        expect_close("acc / l (the attention output)", got[2] / got[1][:, None], (p / p.sum(1, keepdims=True)) @ v)
+        # Loose: scores near 1000 keep only ~6e-5 of float32 resolution in m, and so in every weight.
+        expect_close("acc / l (the attention output)", got[2] / got[1][:, None], (p / p.sum(1, keepdims=True)) @ v,
+                     rtol=1e-3, atol=1e-4)
     return "; ".join(summary)

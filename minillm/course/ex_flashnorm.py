@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.course.cases import Case, CaseFailed, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, case_rng, expect_close, expect_unchanged
 
 
 def fold_rmsnorm_reference(gain: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -13,7 +13,7 @@ def fold_rmsnorm_reference(gain: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def _fold_cases() -> list[Case]:
-    rng = np.random.default_rng(15)
+    rng = case_rng(15)
 
     def case(name, out, n_in, spread=0.3):
         w = (rng.standard_normal((out, n_in)) * 0.05).astype(np.float32)
@@ -43,6 +43,6 @@ def _check_fold(fn, case: Case) -> str:
             if wrong is not None and np.allclose(got, wrong, rtol=1e-4, atol=1e-7):
                 raise CaseFailed(hint)
     summary = expect_close("W*", got, want)
-    x = np.random.default_rng(w.shape[0]).standard_normal((3, w.shape[1])).astype(np.float32) * 2
+    x = case_rng(w.shape[0]).standard_normal((3, w.shape[1])).astype(np.float32) * 2
     expect_close("rmsnorm(x, ones) @ W*.T", rmsnorm(x, np.ones_like(gain), 1e-5) @ got.T, rmsnorm(x, gain, 1e-5) @ w.T)
     return summary + "; rmsnorm(x, gain) @ W.T == rmsnorm(x, ones) @ W*.T"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.course.cases import Case, CaseFailed, _expect_tuple, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, _expect_tuple, case_rng, expect_unchanged
 
 
 def encode_mxfp4_block_reference(block: np.ndarray) -> tuple[np.ndarray, int]:
@@ -19,7 +19,7 @@ def _e2m1_values() -> np.ndarray:
 
 
 def _block_cases() -> list[Case]:
-    rng = np.random.default_rng(23)
+    rng = case_rng(23)
 
     def normal(s=1.0):
         return (rng.standard_normal(32) * s).astype(np.float32)

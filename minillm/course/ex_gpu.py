@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.course.cases import Case, CaseFailed, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, case_rng, expect_unchanged
 from minillm.course.gpu_parts import record_decode_launches
 
 
@@ -32,6 +32,29 @@ def _transfer_cases() -> list[Case]:
             Case("Llama-3.2-1B in bf16 (tied, vocab 128256)", dict(config=preset("llama-3.2-1b"), weight_bytes=2)),
             Case("a tiny MQA model (1 KV head, untied), fp16", dict(config=mqa, weight_bytes=2)),
             Case("Llama-2-7B with fp32 weights (weight_bytes 4)", dict(config=preset("llama-2-7b"), weight_bytes=4))]
+
+
+def _random_configs(seed: int, n: int, tag: int) -> list:
+    """Small random GQA models (tied or not): fresh shapes for the hidden cases of 11 and 13."""
+    from minillm.model.config import ModelConfig
+    rng = np.random.default_rng([seed, tag])
+    configs = []
+    for _ in range(n):
+        n_kv = int(rng.integers(1, 5))
+        n_heads = n_kv * int(rng.integers(1, 5))
+        head_dim = 8 * int(rng.integers(1, 9))
+        configs.append(ModelConfig(vocab_size=int(rng.integers(100, 50_000)), dim=n_heads * head_dim,
+                                   n_layers=int(rng.integers(1, 40)), n_heads=n_heads, n_kv_heads=n_kv,
+                                   ffn_dim=16 * int(rng.integers(1, 200)), head_dim=head_dim,
+                                   tie_embeddings=bool(rng.integers(0, 2))))
+    return configs
+
+
+def _transfer_hidden(seed: int) -> list[Case]:
+    rng = np.random.default_rng([seed, 11])
+    return [Case(f"a random model: {c.n_layers} layers, dim {c.dim}, vocab {c.vocab_size}, "
+                 f"{'tied' if c.tie_embeddings else 'untied'}", dict(config=c, weight_bytes=int(rng.choice([1, 2, 4]))))
+            for c in _random_configs(seed, 5, 11)]
 
 
 def _check_transfer(fn, case: Case) -> str:
@@ -132,7 +155,7 @@ def _block_sum_variants(v: np.ndarray, n_threads: int) -> dict[str, np.ndarray]:
 
 
 def _block_sum_cases() -> list[Case]:
-    rng = np.random.default_rng(12)
+    rng = case_rng(12)
 
     def case(name, rows, n, n_threads, values=None):
         v = values if values is not None else rng.standard_normal((rows, n)).astype(np.float32)
@@ -199,6 +222,14 @@ def _launch_cases() -> list[Case]:
             case("SmolLM2-135M, gemv v2 with the norm fused into the GEMV (v3)", smol, 2, True),
             case("a 16384-wide model, gemv v2 + fuse_norm: v3 holds x in shared memory", wide, 2, True),
             case("gemv v1, 3 layers: the same launches as v2", tiny, 1, False)]
+
+
+def _launch_hidden(seed: int) -> list[Case]:
+    rng = np.random.default_rng([seed, 13])
+    return [Case(f"a random model: {c.n_layers} layers, dim {c.dim}, gemv v{v}, fuse_norm {bool(f)}",
+                 dict(config=c, gemv_version=v, fuse_norm=bool(f)))
+            for c in _random_configs(seed, 5, 13)
+            for v, f in [(int(rng.choice([1, 2, 4])), int(rng.integers(0, 2)))]]
 
 
 def _check_launches(fn, case: Case) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.course.cases import Case, CaseFailed, _expect_tuple, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, _expect_tuple, case_rng, expect_close, expect_unchanged
 
 
 def top_k_route_reference(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -17,7 +17,7 @@ def top_k_route_reference(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
 
 
 def _route_cases() -> list[Case]:
-    rng = np.random.default_rng(22)
+    rng = case_rng(22)
 
     def logits(T, E, scale=1.0, shift=0.0):
         return (rng.standard_normal((T, E)) * scale + shift).astype(np.float32)

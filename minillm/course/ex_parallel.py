@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.course.cases import Case, _expect_tuple, expect_close, expect_unchanged
+from minillm.course.cases import Case, _expect_tuple, case_rng, expect_close, expect_unchanged
 
 WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 _HF = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj", "wo": "self_attn.o_proj",
@@ -50,7 +50,7 @@ def _tp_cases() -> list[Case]:
 
 def _check_tp(fn, case: Case) -> str:
     c = case.inputs
-    rng = np.random.default_rng(c["T"] * 100 + c["n_heads"] * 10 + c["n_ranks"])
+    rng = case_rng(c["T"] * 100 + c["n_heads"] * 10 + c["n_ranks"])
     H, kv, hd, dim, ffn = c["n_heads"], c["n_kv"], c["hd"], c["dim"], c["ffn"]
     shapes = dict(wq=(H * hd, dim), wk=(kv * hd, dim), wv=(kv * hd, dim), wo=(dim, H * hd),
                   w_gate=(ffn, dim), w_up=(ffn, dim), w_down=(dim, ffn))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.course.cases import Case, CaseFailed, _expect_tuple, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, _expect_tuple, case_rng, expect_close, expect_unchanged
 
 
 # 08-10: quantization: int8 rows, int4 groups, int8 KV vectors ------------------------------------
@@ -72,7 +72,7 @@ def _expect_int8_codes(w: np.ndarray, q, scales, want_q: np.ndarray, want_scales
 # 08: int8 per output row ------------------------------------------------------------------------------
 
 def _int8_cases() -> list[Case]:
-    rng = np.random.default_rng(8)
+    rng = case_rng(8)
 
     def normal(*shape, s=0.05):
         return (rng.standard_normal(shape) * s).astype(np.float32)
@@ -106,7 +106,7 @@ def _check_int8(fn, case: Case) -> str:
 # 09: int4 in groups, packed two a byte -------------------------------------------------------------
 
 def _int4_cases() -> list[Case]:
-    rng = np.random.default_rng(9)
+    rng = case_rng(9)
 
     def normal(*shape, s=0.05, shift=0.0):
         return (rng.standard_normal(shape) * s + shift).astype(np.float32)
@@ -183,7 +183,7 @@ def _worst(got: np.ndarray, want: np.ndarray) -> str:
 # 10: int8 KV cache vectors --------------------------------------------------------------------------
 
 def _kv_int8_cases() -> list[Case]:
-    rng = np.random.default_rng(10)
+    rng = case_rng(10)
 
     def normal(*shape, s=1.0):
         return (rng.standard_normal(shape) * s).astype(np.float32)
@@ -233,7 +233,7 @@ def dequantize_int4_words_reference(words: np.ndarray, scales: np.ndarray, mins:
 
 def _int4_words(rows: int, cols: int, group: int, seed: int, codes: np.ndarray | None = None) -> dict:
     from minillm.model.quant import Int4Weight, pack_int4, quantize_int4
-    rng = np.random.default_rng(seed)
+    rng = case_rng(seed)
     q = quantize_int4((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), group)
     if codes is not None:                                  # chosen codes, to expose the order of the nibbles
         q = Int4Weight(pack_int4(codes), q.scales, q.mins, cols)

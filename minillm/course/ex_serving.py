@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.course.cases import Case, CaseFailed, _expect_tuple, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, _expect_tuple, case_rng, expect_close, expect_unchanged
 
 
 def gather_reference(pool: np.ndarray, block_table, length: int) -> np.ndarray:
@@ -32,7 +32,7 @@ def _gather_cases() -> list[Case]:
 
 def _check_gather(fn, case: Case) -> str:
     c = case.inputs
-    rng = np.random.default_rng(c["n_blocks"] * 7 + c["length"])
+    rng = case_rng(c["n_blocks"] * 7 + c["length"])
     pool = rng.standard_normal((c["n_blocks"], c["bs"], c["n_kv"], c["hd"])).astype(np.float32)
     pool_in = pool.copy()
     got = fn(pool_in, list(c["table"]), c["length"])
@@ -58,7 +58,7 @@ def pack_reference(chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _pack_cases() -> list[Case]:
-    rng = np.random.default_rng(17)
+    rng = case_rng(17)
 
     def toks(n):
         return rng.integers(0, 1000, n).tolist()
@@ -104,7 +104,7 @@ def cached_prefix_reference(prompt: list[int], cached: list[list[int]], block_si
 
 
 def _prefix_cases() -> list[Case]:
-    rng = np.random.default_rng(18)
+    rng = case_rng(18)
 
     def toks(n):
         return rng.integers(100, 1000, n).tolist()
@@ -201,6 +201,20 @@ def _sse_cases() -> list[Case]:
                  dict(body=_sse_body(_chat_chunks(["line 1\n", 'a "quote"', " café ☕"], "stop")))),
             Case("an empty answer: only the role chunk and the finish chunk",
                  dict(body=_sse_body(_chat_chunks([], "stop"))))]
+
+
+def _sse_hidden(seed: int) -> list[Case]:
+    """Fresh answers, in both formats, with and without keep-alive comments and CRLF."""
+    rng = np.random.default_rng([seed, 19])
+    words = ["the", " cat", " sat", "\n", ' "quoted"', " naïve", " ☕", " 42", "", " end."]
+    cases = []
+    for i in range(5):
+        pieces = [str(w) for w in rng.choice(words, size=int(rng.integers(0, 8)))]
+        finish = str(rng.choice(["stop", "length"]))
+        chunks = _chat_chunks(pieces, finish) if i % 2 else _completion_chunks(pieces, finish)
+        body = _sse_body(chunks, newline="\r\n" if rng.integers(0, 2) else "\n", comments=bool(rng.integers(0, 2)))
+        cases.append(Case(f"{'chat' if i % 2 else 'completions'}: {len(pieces)} pieces, {finish}", dict(body=body)))
+    return cases
 
 
 def _check_sse(fn, case: Case) -> str:

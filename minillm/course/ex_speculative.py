@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.course.cases import Case, CaseFailed, expect_close, expect_unchanged
+from minillm.course.cases import Case, CaseFailed, case_rng, expect_close, expect_unchanged
 
 
 def speculative_step_reference(p: np.ndarray, q: np.ndarray, token: int) -> tuple[float, np.ndarray]:
@@ -27,7 +27,7 @@ def emitted_distribution(fn, p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def _spec_cases() -> list[Case]:
-    rng = np.random.default_rng(20)
+    rng = case_rng(20)
 
     def dist(v, zeros=()):
         x = rng.dirichlet(np.ones(v))

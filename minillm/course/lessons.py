@@ -70,6 +70,50 @@ def run_lesson(number: int, quick: bool = False, model: str | None = None) -> in
     return subprocess.run([sys.executable, str(lesson.path)], env=env).returncode
 
 
+# ---- what a lesson asks and gives: its ABOUT ------------------------------------------------------
+
+# Every lesson opens with a module-level ABOUT dict of these keys, read here without running the lesson.
+ABOUT_FIELDS = {"prerequisites": "before you start", "objectives": "you will be able to",
+                "study_time": "study time", "check_questions": "check yourself", "try_this": "try this"}
+
+
+def lesson_about(lesson: Lesson) -> dict:
+    """The lesson's ABOUT dict, read from its source with ast (the lesson is not run); MiniLLMError when it
+    is missing or malformed."""
+    import ast
+    tree = ast.parse(lesson.path.read_text(encoding="utf-8"), str(lesson.path))
+    node = next((n.value for n in tree.body if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "ABOUT" for t in n.targets)), None)
+    where = f"lesson {lesson.number:02d} ({lesson.path.name})"
+    if node is None:
+        raise MiniLLMError(f"{where} has no module-level ABOUT dict (prerequisites, objectives, ...)")
+    try:
+        about = ast.literal_eval(node)
+    except ValueError:
+        raise MiniLLMError(f"{where}: ABOUT must be a plain literal (strings and lists)") from None
+    missing = [k for k in ABOUT_FIELDS if not about.get(k)] if isinstance(about, dict) else list(ABOUT_FIELDS)
+    if missing:
+        raise MiniLLMError(f"{where}: ABOUT lacks {', '.join(missing)}")
+    if not 2 <= len(about["check_questions"]) <= 3:
+        raise MiniLLMError(f"{where}: ABOUT has {len(about['check_questions'])} check questions (2 or 3)")
+    return about
+
+
+def format_about(lesson: Lesson) -> str:
+    """`minillm lesson N --about`: the title, then each ABOUT field as a short list."""
+    about = lesson_about(lesson)
+    out = [lesson.title, ""]
+    for key, heading in ABOUT_FIELDS.items():
+        value = about[key]
+        if isinstance(value, str):
+            out.append(f"{heading}: {value}")
+            continue
+        out.append(f"{heading}:")
+        out += [f"  {i}. {item}" if key == "check_questions" else f"  - {item}" for i, item in enumerate(value, 1)]
+    out.append(f"\nrun it: minillm lesson {lesson.number}   (or python lessons/{lesson.path.name})")
+    return "\n".join(out)
+
+
 def _first_doc_line(path: Path) -> str:
     for line in path.read_text().splitlines():
         line = line.strip().strip('"').strip()

@@ -1,27 +1,35 @@
-"""EXERCISES: every exercise by number, with the function a student writes, its lesson, the engine's
-reference, its cases and its check."""
+"""EXERCISES: every exercise by id ('07'; '17.2' for lesson 17's second one), with the function a student
+writes, its lesson, the engine's reference, its cases and its check."""
 from __future__ import annotations
 
 from typing import Callable
 
-from minillm.course.cases import Exercise
-from minillm.course.ex_attention import _check_mask, _check_mla, _check_pool, _mask_cases, _mla_cases, _pool_cases
+from minillm.course.cases import Exercise, ExerciseRegistry
+from minillm.course.ex_attention import (_check_mask, _check_mla, _check_pool, _mask_cases, _mask_hidden, _mla_cases,
+                                         _pool_cases)
 from minillm.course.ex_basics import (_check_kv, _check_rmsnorm, _check_rope, _check_top_p, _kv_cases, _rmsnorm_cases,
                         _rope_cases, _top_p_cases, kv_cache_update_reference)
+from minillm.course.ex_deploy import (_check_handoff, _check_target, _handoff_cases, _target_cases,
+                                     batch_for_target_reference, install_handoff_reference)
+from minillm.course.ex_architectures import _check_qk_norm, _qk_cases, qk_norm_reference
 from minillm.course.ex_flash import _check_merge, _merge_cases, merge_partials_reference
+from minillm.course.ex_constrained import _check_mask as _check_dfa_mask, _mask_cases as _dfa_mask_cases
+from minillm.course.ex_constrained import dfa_token_mask_reference
+from minillm.course.ex_controls import _check_penalty, _penalty_cases, repetition_penalty_reference
 from minillm.course.ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
 from minillm.course.ex_speculative import _check_spec, _spec_cases, speculative_step_reference
 from minillm.course.ex_formats import _block_cases, _check_block, encode_mxfp4_block_reference
 from minillm.course.ex_moe import _check_route, _route_cases, top_k_route_reference
 from minillm.course.ex_parallel import _check_tp, _tp_cases, tp_partials_reference
 from minillm.course.ex_gpu import (_block_sum_cases, _check_block_sum, _check_launches, _check_transfer, _launch_cases,
-                     _transfer_cases, block_sum_reference, decode_launches_reference, transfer_bytes_reference)
+                                   _launch_hidden, _transfer_cases, _transfer_hidden, block_sum_reference,
+                                   decode_launches_reference, transfer_bytes_reference)
 from minillm.course.ex_quant import (_check_int4, _check_int4_words, _check_int8, _check_kv_int8, _int4_cases, _int4_word_cases,
                        _int8_cases, _kv_int8_cases, dequantize_int4_words_reference, quantize_int4_reference,
                        quantize_int8_reference, quantize_kv_int8_reference)
 from minillm.course.ex_serving import (_check_gather, _check_pack, _check_prefix, _check_sse, _gather_cases, _pack_cases,
-                         _prefix_cases, _sse_cases, cached_prefix_reference, gather_reference, pack_reference,
-                         stream_text_reference)
+                         _prefix_cases, _sse_cases, _sse_hidden, cached_prefix_reference, gather_reference,
+                         pack_reference, stream_text_reference)
 
 
 def _reference(name: str) -> Callable:
@@ -39,29 +47,38 @@ def _reference(name: str) -> Callable:
     return ref
 
 
-EXERCISES: dict[int, Exercise] = {e.number: e for e in [
+EXERCISES: ExerciseRegistry = ExerciseRegistry([
     Exercise(1, "rmsnorm", 1, _reference("rmsnorm"), _rmsnorm_cases, _check_rmsnorm),
-    Exercise(2, "kv_cache_update", 2, kv_cache_update_reference, _kv_cases, _check_kv),
-    Exercise(3, "apply_rope", 3, _reference("apply_rope"), _rope_cases, _check_rope),
+    Exercise(2, "kv_cache_update", 2, kv_cache_update_reference, _kv_cases, _check_kv, draws_in_check=True),
+    Exercise(3, "apply_rope", 3, _reference("apply_rope"), _rope_cases, _check_rope, draws_in_check=True),
     Exercise(4, "top_p_filter", 4, _reference("top_p_filter"), _top_p_cases, _check_top_p),
-    Exercise(5, "mean_pool_kv_heads", 5, _reference("pool_heads"), _pool_cases, _check_pool),
-    Exercise(6, "absorbed_attention", 6, _reference("absorbed_attention"), _mla_cases, _check_mla),
-    Exercise(7, "sliding_window_mask", 7, _reference("attention_mask"), _mask_cases, _check_mask),
+    Exercise(5, "mean_pool_kv_heads", 5, _reference("pool_heads"), _pool_cases, _check_pool, draws_in_check=True),
+    Exercise(6, "absorbed_attention", 6, _reference("absorbed_attention"), _mla_cases, _check_mla, draws_in_check=True),
+    Exercise(7, "sliding_window_mask", 7, _reference("attention_mask"), _mask_cases, _check_mask,
+             hidden=_mask_hidden),
     Exercise(8, "quantize_int8_per_row", 8, quantize_int8_reference, _int8_cases, _check_int8),
     Exercise(9, "quantize_int4_groupwise", 9, quantize_int4_reference, _int4_cases, _check_int4),
     Exercise(10, "quantize_kv_int8", 10, quantize_kv_int8_reference, _kv_int8_cases, _check_kv_int8),
-    Exercise(11, "transfer_bytes", 11, transfer_bytes_reference, _transfer_cases, _check_transfer),
+    Exercise(11, "transfer_bytes", 11, transfer_bytes_reference, _transfer_cases, _check_transfer,
+             hidden=_transfer_hidden),
     Exercise(12, "block_sum", 12, block_sum_reference, _block_sum_cases, _check_block_sum),
-    Exercise(13, "decode_launches", 13, decode_launches_reference, _launch_cases, _check_launches),
+    Exercise(13, "decode_launches", 13, decode_launches_reference, _launch_cases, _check_launches,
+             hidden=_launch_hidden),
     Exercise(14, "dequantize_int4_words", 14, dequantize_int4_words_reference, _int4_word_cases, _check_int4_words),
     Exercise(15, "fold_rmsnorm_into_linear", 15, fold_rmsnorm_reference, _fold_cases, _check_fold),
-    Exercise(16, "gather_through_block_table", 16, gather_reference, _gather_cases, _check_gather),
+    Exercise(16, "gather_through_block_table", 16, gather_reference, _gather_cases, _check_gather,
+             draws_in_check=True),
     Exercise(17, "pack_batch", 17, pack_reference, _pack_cases, _check_pack),
     Exercise(18, "cached_prefix_tokens", 18, cached_prefix_reference, _prefix_cases, _check_prefix),
-    Exercise(19, "stream_text", 19, stream_text_reference, _sse_cases, _check_sse),
+    Exercise(19, "stream_text", 19, stream_text_reference, _sse_cases, _check_sse, hidden=_sse_hidden),
     Exercise(20, "speculative_step", 20, speculative_step_reference, _spec_cases, _check_spec),
-    Exercise(21, "tp_partials", 21, tp_partials_reference, _tp_cases, _check_tp),
+    Exercise(21, "tp_partials", 21, tp_partials_reference, _tp_cases, _check_tp, draws_in_check=True),
     Exercise(22, "top_k_route", 22, top_k_route_reference, _route_cases, _check_route),
     Exercise(23, "encode_mxfp4_block", 23, encode_mxfp4_block_reference, _block_cases, _check_block),
     Exercise(24, "merge_softmax_partials", 24, merge_partials_reference, _merge_cases, _check_merge),
-]}
+    Exercise(25, "batch_for_target", 25, batch_for_target_reference, _target_cases, _check_target),
+    Exercise(26, "install_handoff", 26, install_handoff_reference, _handoff_cases, _check_handoff),
+    Exercise(27, "dfa_token_mask", 27, dfa_token_mask_reference, _dfa_mask_cases, _check_dfa_mask),
+    Exercise(28, "repetition_penalty", 28, repetition_penalty_reference, _penalty_cases, _check_penalty),
+    Exercise(29, "qk_norm", 29, qk_norm_reference, _qk_cases, _check_qk_norm),
+])

@@ -73,6 +73,13 @@ class DevicePagedKV(PagedKVCache):
     def write(self, *args, **kw):
         raise NotImplementedError("the device pool is written by paged_kv_write (GPUBatchedRunner)")
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """PagedKVCache.copy_blocks on the device. It runs on the current stream, which the model's stream
+        does not wait for: synchronize, so the copies land before the next step reads the blocks."""
+        super().copy_blocks(pairs)
+        if pairs and not isinstance(self.k, np.ndarray):
+            _cp().cuda.Device().synchronize()
+
     def read(self, layer: int, block_table, length: int, first_block: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """PagedKVCache.read on the host in fp32 (tests, debugging): positions first_block * block_size ..
         length - 1.   -> k, v: [n_kv, n, hd]"""

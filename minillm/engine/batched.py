@@ -24,7 +24,7 @@ import numpy as np
 from minillm.model.attention import grouped_attention
 from minillm.backend import as_f32
 from minillm.errors import MiniLLMError
-from minillm.model.layers import linear, rope_tables
+from minillm.model.layers import linear
 from minillm.engine.paged_kv import PagedKVCache, first_needed_block
 
 
@@ -57,11 +57,12 @@ class BatchedRunner:
         slots = [self.pool.slots(c.block_table, c.start, c.end) for c in chunks]
         blocks = np.concatenate([b for b, _ in slots])                                      # [N]
         offsets = np.concatenate([o for _, o in slots])                                     # [N]
-        cos, sin = rope_tables(positions, m.inv_freq)                                       # [N, hd/2] each
+        seq_ends = np.concatenate([np.full(len(c.token_ids), c.end) for c in chunks])      # [N] (LongRoPE picks by it)
+        ropes = m.rope(positions, seq_ends)                                                 # per layer: [N, hd/2] x 2
         x = m.embed_tokens(tokens)                                                          # [N, dim]
-        for i, layer in enumerate(m.layers[:self.n_layers]):            # m.reduce: tp's all-reduces (else nothing)
-            x = x + m.reduce(self.attention(x, layer, i, chunks, cos, sin, blocks, offsets))
-            x = x + m.reduce(m.ffn(x, layer))
+        for i, layer in enumerate(m.layers[:self.n_layers]):    # add_residual: tp's all-reduces, Gemma's out norms
+            x = m.add_residual(x, self.attention(x, layer, i, chunks, *ropes[i], blocks, offsets), layer.attn_out_norm)
+            x = m.add_residual(x, m.ffn(x, layer), layer.mlp_out_norm)
         if rows is not None:
             x = x[rows]                                                                     # [len(rows), dim]
         elif not all_logits:
@@ -84,7 +85,8 @@ class BatchedRunner:
             first = first_needed_block(c.start, window, self.pool.block_size)     # 0 without a window
             keys, values = self.pool.read(i, c.block_table, c.end, first)         # [n_kv, L, hd] each
             # the queries are the last T of these L keys: masks only need positions relative to them
-            out[row:row + T] = grouped_attention(q[row:row + T], keys, values, window)
+            out[row:row + T] = grouped_attention(q[row:row + T], keys, values, self.model.config.window(i),
+                                                 sinks=layer.sinks)
             row += T
         return linear(out, layer.wo, layer.bias.get("o"))                          # [N, dim]
 

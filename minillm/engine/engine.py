@@ -12,14 +12,18 @@ back once a step), sample each request with its own sampler, detokenize, finish 
 (their blocks go back to the pool, or stay in the prefix cache). With a sliding window, a running request
 gives back the blocks its window has passed, so its KV memory stops growing at about the window's size.
 `generate(prompts)` runs the loop for a list of prompts and returns one `Generation` per prompt, like
-`llm.generate` does for one.
+`llm.generate` does for one. `add_choices` / `generate_choices` ask for n continuations of one prompt: it is
+prefilled once and its blocks shared copy-on-write (choices.py: the scheduler says which blocks to copy, the
+pool copies them before the step runs).
 
-Greedy steps: when every request in a step samples greedily (temperature 0) and the step verifies no
-speculative drafts, the engine asks the runner for token ids instead of logits (`runner.forward_greedy`):
+Greedy steps: when every request in a step samples greedily (temperature 0, and nothing else: no penalty,
+logit_bias, token mask or logprobs, `Sampler.argmax_only`) and the step verifies no speculative drafts and
+wants no prompt logprobs, the engine asks the runner for token ids instead of logits (`runner.forward_greedy`):
 the GPU runner takes each row's argmax on the device and copies back B int32 instead of [B, vocab] fp32.
 The tokens are the ones the Sampler would pick (np.argmax, NaN rule included), and go through the same
 stop / max_tokens / stop-string rules. Engine(device_greedy=False) sends every step through the logits
-and the samplers (to compare).
+and the samplers (to compare). A request with a grammar (structured output, engine/structured.py) never takes
+that path: its mask comes first, and is filled on a worker thread while the forward pass runs (`_fill_masks`).
 
 One client cannot slow another down: every request in a step waits for the whole step, so while more than
 one request has work, a step takes every decode but only as many prompt tokens as keep it near
@@ -38,17 +42,20 @@ from __future__ import annotations
 import math
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
 import numpy as np
 
 from minillm.engine.batched import SeqChunk
-from minillm.errors import MiniLLMError
+from minillm.engine.choices import blocks_for_choices, choice_seed
+from minillm.errors import InvalidValue, MiniLLMError
 from minillm.engine.generate import Generation, _TextCollector
 from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, BlockManager
 from minillm.engine.prefix_cache import PrefixCache
-from minillm.engine.sampling import Sampler, SamplingParams
+from minillm.engine.structured import Grammar, GrammarState, constrained_pick, log_dead_end
+from minillm.engine.sampling import Sampler, SamplingParams, token_logprob
 from minillm.threads import for_rows
 from minillm.engine.scheduler import Scheduler, Sequence
 from minillm.engine.speculative.pooled import EngineSpeculation
@@ -64,6 +71,8 @@ class StepEvent:
     text: str                           # new text this step; text that may become a stop string is held back
     finished: bool
     finish_reason: str | None           # "stop" | "length" | "abort" | None while running
+    logprobs: list | None = None        # a TokenLogprob per token in token_ids, when the request asked for them
+    prompt_logprobs: list | None = None  # with the first token, when asked for: None, then one per prompt token
 
 
 @dataclass(eq=False)
@@ -76,9 +85,19 @@ class Request:
     arrival: float
     pieces: list[str] = field(default_factory=list)      # text produced since the last event
     sample_times: list[float] = field(default_factory=list)
-    greedy: bool = False                                 # temperature 0: its next token is its row's argmax
     finish_reason: str | None = None
     speculative: object | None = None                    # SpeculativeStats once finished, with speculation
+    logprobs: list | None = None                         # TokenLogprob per output token, when asked for
+    prompt_logprobs: list | None = None                  # per prompt token from the second, when asked for
+    prompt_top: int = 0                                  # top alternatives per prompt token
+    grammar: GrammarState | None = None                  # structured output: where it is in its grammar
+    forks: list["Request"] = field(default_factory=list)  # the other choices of its prompt, off the queue until
+                                                          # its prompt is computed, then forked from it (choices.py)
+
+    @property
+    def argmax_only(self) -> bool:
+        """Is its next token its raw row's argmax (so the runner may pick it on the device)?"""
+        return self.sampler.argmax_only and self.grammar is None
 
     def generation(self) -> Generation:
         """The result in `llm.generate`'s form (times measured from add_request)."""
@@ -87,7 +106,8 @@ class Request:
         decode_s = times[n - 1] - times[0] if n > 1 else 0.0
         latencies = [b - a for a, b in zip([self.arrival] + times, times)]
         return Generation(self.text.text, list(self.seq.output_ids), self.seq.prompt_len, ttft, decode_s,
-                          self.finish_reason or "abort", latencies, speculative=self.speculative)
+                          self.finish_reason or "abort", latencies, speculative=self.speculative,
+                          logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs)
 
 
 class Engine:
@@ -159,6 +179,7 @@ class Engine:
         self._events: list[StepEvent] = []               # aborts, reported by the next step
         self._lock = threading.RLock()
         self._next_id = 0
+        self._mask_worker: ThreadPoolExecutor | None = None     # fills grammar masks beside the forward pass
         self._counters = dict(tokens_generated=0, tokens_computed=0, prompt_tokens_computed=0, steps=0,
                               batch_size=0, peak_blocks_used=0)
 
@@ -177,30 +198,93 @@ class Engine:
     # ---- requests in ---------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | list[dict], max_tokens: int = 64, temperature: float = 0.0,
                     top_p: float = 1.0, top_k: int = 0, stop: Seq[str] = (), seed: int | None = None,
-                    chat: bool = False, ignore_eos: bool = False) -> int:
+                    chat: bool = False, ignore_eos: bool = False, prompt_logprobs: int | None = None,
+                    grammar: Grammar | None = None, **controls) -> int:
         """Queue a request (text, token ids, or chat messages); -> its request id. top_k=0 and
-        top_p=1.0 mean no filter; ignore_eos runs to max_tokens (benchmarks: fixed output lengths)."""
-        return self._add(prompt, max_tokens, temperature, top_p, top_k, stop, seed, chat, ignore_eos).seq.request_id
+        top_p=1.0 mean no filter; ignore_eos runs to max_tokens (benchmarks: fixed output lengths).
+        controls: the other SamplingParams fields (min_p, penalties, logit_bias, stop_token_ids, logprobs);
+        prompt_logprobs: the logprob of every prompt token after the first, with this many alternatives
+        (its prompt is then computed whole: no prefix-cache hit). grammar: every token follows it
+        (structured output: `llm.grammar(response_format=...)`, engine/structured.py)."""
+        return self._add(prompt, max_tokens, temperature, top_p, top_k, stop, seed, chat, ignore_eos,
+                         prompt_logprobs, grammar=grammar, **controls).seq.request_id
 
-    def _add(self, prompt, max_tokens, temperature, top_p, top_k, stop, seed, chat, ignore_eos=False) -> Request:
+    def add_choices(self, prompt: str | list[int] | list[dict], n: int, max_tokens: int = 64,
+                    seed: int | None = None, chat: bool = False, **options) -> list[int]:
+        """Queue n choices of one prompt (OpenAI's `n`); -> their request ids, choice i at index i. The prompt
+        is prefilled once and its KV blocks are shared copy-on-write by the n continuations (engine/choices.py);
+        with a seed, choice i samples with choice_seed(seed, i). options: add_request's."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise InvalidValue(f"n must be an integer >= 1, got {n!r}", param="n")
+        if n > 1 and self.spec is not None:
+            raise InvalidValue("n > 1 does not run with speculative decoding (--speculative)", param="n")
+        if n > 1 and getattr(self.llm.model, "comm", None) is not None:
+            raise InvalidValue("n > 1 does not run with tensor parallelism (--tp): the other ranks' pools "
+                               "would not copy the shared blocks", param="n")
+        with self._lock:                                 # no step between the choices: the first one is prefilled
+            ids = self._prompt_ids(prompt, chat)
+            self._check_choices_fit(len(ids), min(max_tokens, self.config.max_seq_len - len(ids)), n)
+            rids: list[int] = []
+            try:
+                for i in range(n):
+                    rids.append(self.add_request(ids, max_tokens=max_tokens, seed=choice_seed(seed, i), **options))
+            except MiniLLMError:
+                for rid in rids:
+                    self.abort(rid)
+                raise
+            first, *others = [self.requests[rid] for rid in rids]
+            for request in others:                       # off the queue: they fork from the first (_fork)
+                self.scheduler.waiting.remove(request.seq)
+            first.forks = others
+        return rids
+
+    def _check_choices_fit(self, n_prompt: int, max_tokens: int, n: int) -> None:
+        """n choices run together: more blocks than the pool holds at once is refused, naming n."""
+        if n == 1:
+            return                                       # _add's _check_fits says it for one request
+        bs = self.pool.block_size
+        need = blocks_for_choices(n_prompt, max_tokens, n, bs)
+        if self.config.sliding_window:                   # each choice holds about a window's blocks at most
+            need = min(need, n * math.ceil((self.config.sliding_window + self.scheduler.max_batch_tokens) / bs))
+        if need > self.pool.num_blocks:
+            raise InvalidValue(f"n={n} choices of up to {max_tokens} new tokens need {need} KV blocks of {bs} tokens "
+                               f"at once (the prompt's full blocks shared); the pool has {self.pool.num_blocks}: "
+                               "lower n or max_tokens", param="n")
+
+    def _add(self, prompt, max_tokens, temperature, top_p, top_k, stop, seed, chat, ignore_eos=False,
+             prompt_logprobs=None, grammar: Grammar | None = None, **controls) -> Request:
         if max_tokens < 1:
             raise MiniLLMError(f"max_tokens must be >= 1, got {max_tokens}")
         try:
-            params = SamplingParams(temperature, top_k or None, None if top_p == 1.0 else top_p, seed)
+            params = SamplingParams(temperature, top_k or None, None if top_p == 1.0 else top_p, seed, **controls)
+            params.check_vocab(self.config.vocab_size)
+            if prompt_logprobs is not None:
+                SamplingParams(logprobs=prompt_logprobs)             # the same range as logprobs
         except ValueError as e:
             raise MiniLLMError(str(e)) from None
+        if self.spec is not None:
+            params.check_speculative()
+            if prompt_logprobs is not None:
+                raise MiniLLMError("prompt logprobs do not run with speculative decoding (--speculative) yet")
+            if grammar is not None:
+                raise MiniLLMError("structured output does not run with speculative decoding (--speculative) yet")
+        if grammar is not None and grammar.vocab_size != self.config.vocab_size:
+            raise MiniLLMError("this grammar was compiled for another model's vocabulary")
         ids = self._prompt_ids(prompt, chat)
         max_tokens = min(max_tokens, self.config.max_seq_len - len(ids))
         self._check_fits(len(ids) + max_tokens - 1)
         tokenizer = self._tokenizer()
         stop_ids = set() if ignore_eos else set(self.config.eos_token_ids) | set(tokenizer.eos_ids if tokenizer else ())
+        stop_ids |= set(params.stop_token_ids)                   # asked for by name: they stop even with ignore_eos
         with self._lock:
             rid = self._next_id
             self._next_id += 1
             pieces: list[str] = []
-            request = Request(Sequence(rid, list(ids), len(ids), max_tokens), Sampler(params), stop_ids,
-                              _TextCollector(tokenizer, list(stop), pieces.append), time.perf_counter(), pieces,
-                              greedy=params.temperature == 0.0)
+            request = Request(Sequence(rid, list(ids), len(ids), max_tokens, whole_prompt=prompt_logprobs is not None),
+                              Sampler(params, ids), stop_ids, _TextCollector(tokenizer, list(stop), pieces.append),
+                              time.perf_counter(), pieces, logprobs=[] if params.logprobs is not None else None,
+                              prompt_logprobs=[None] if prompt_logprobs is not None else None,
+                              prompt_top=prompt_logprobs or 0, grammar=grammar.start() if grammar else None)
             self.requests[rid] = request
             self.scheduler.add(request.seq)
         return request
@@ -268,6 +352,7 @@ class Engine:
         if self.spec is not None:                                # drafts ride along as pending tokens
             self.spec.draft(self.scheduler.running, self.requests)
         batch = self.scheduler.schedule()
+        self.pool.copy_blocks(self.scheduler.copies)              # copy-on-write of shared blocks (choices.py)
         if self.spec is not None:
             self.spec.fill(batch, self.requests)
         self._count_step(batch)
@@ -286,13 +371,62 @@ class Engine:
                 else:
                     self._advance_and_sample(seq, n, logits[rows][-1], events)
             return events
-        if self.device_greedy and all(self.requests[seq.request_id].greedy for seq, _ in batch):
+        wanted = self._prompt_rows(batch)                        # prompt logprobs: every row of those chunks
+        if wanted is None and self.device_greedy and all(self.requests[seq.request_id].argmax_only
+                                                         for seq, _ in batch):
             self._greedy_step(batch, chunks, events)             # token ids back, not logits
             return events
-        logits = self.runner.forward(chunks)                     # [len(batch), vocab]
-        for (seq, n), row in zip(batch, logits):
-            self._advance_and_sample(seq, n, row, events)
+        masks = self._fill_masks(batch)                          # grammar masks, filled while the model runs
+        if wanted is None:
+            logits = self.runner.forward(chunks)                 # [len(batch), vocab]
+            slices = [slice(i, i + 1) for i in range(len(batch))]
+        else:
+            logits = self.runner.forward(chunks, rows=wanted[0])  # [len(rows), vocab]
+            slices = wanted[1]
+        if masks is not None:
+            masks.result()
+        for (seq, n), rows in zip(batch, slices):
+            self._record_prompt_logprobs(self.requests[seq.request_id], logits[rows])
+            self._advance_and_sample(seq, n, logits[rows][-1], events)
         return events
+
+    def _prompt_rows(self, batch) -> tuple[list[int], list[slice]] | None:
+        """Which rows of the packed batch need logits when a chunk still owes prompt logprobs: every row of
+        such a chunk, the last of the rest. -> (rows, each sequence's slice of them), or None."""
+        def owes(seq) -> bool:
+            done = self.requests[seq.request_id].prompt_logprobs
+            return done is not None and len(done) < seq.prompt_len
+        if not any(owes(seq) for seq, _ in batch):
+            return None
+        rows, slices, start = [], [], 0
+        for seq, n in batch:
+            first = len(rows)
+            rows.extend(range(start, start + n) if owes(seq) else [start + n - 1])
+            slices.append(slice(first, len(rows)))
+            start += n
+        return rows, slices
+
+    def _record_prompt_logprobs(self, request: Request, logits: np.ndarray) -> None:
+        """The logprobs of the prompt tokens these rows predict (row j: the token at position j + 1), the ones
+        not recorded yet (a preempted request recomputes its prompt).    logits: [rows, vocab]"""
+        seq, done = request.seq, request.prompt_logprobs
+        if done is None or len(done) >= seq.prompt_len:          # its slice is one row: nothing owed
+            return
+        start = seq.num_computed                                 # before `advance`: the chunk's first position
+        for j, row in enumerate(logits, start):
+            if len(done) == j + 1 and j + 1 < seq.prompt_len:
+                done.append(token_logprob(row, seq.tokens[j + 1], request.prompt_top))
+
+    def _fill_masks(self, batch):
+        """Start filling the grammar masks of the requests that sample this step, on a worker thread (llguidance
+        drops the GIL), so they cost no time beside the forward pass; -> a future, or None without grammars."""
+        states = [self.requests[seq.request_id].grammar for seq, n in batch
+                  if self.requests[seq.request_id].grammar is not None and seq.num_computed + n == len(seq.tokens)]
+        if not states:
+            return None
+        if self._mask_worker is None:
+            self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="minillm-masks")
+        return self._mask_worker.submit(lambda: [state.prepare() for state in states])
 
     def _greedy_step(self, batch, chunks: list[SeqChunk], events: list) -> None:
         """A step whose requests all sample greedily: the runner returns each row's argmax (on the GPU, picked
@@ -301,7 +435,7 @@ class Engine:
         for (seq, n), token in zip(batch, ids.tolist()):
             request = self._advance(seq, n)
             if request is not None:
-                events.append(self._emit(request, [token]))
+                events.extend(self._emit(r, [token]) for r in self._fork(request))
 
     def _advance(self, seq, n: int) -> Request | None:
         """Count seq's n computed tokens; -> its request if its next token is due now (caught up), else None."""
@@ -311,12 +445,37 @@ class Engine:
     def _advance_and_sample(self, seq, n: int, row: np.ndarray, events: list) -> None:
         request = self._advance(seq, n)
         if request is not None:
-            events.append(self._sample(request, row))
+            events.extend(self._sample(r, row) for r in self._fork(request))
+
+    def _fork(self, request: Request) -> list[Request]:
+        """request's first token is due: the other choices of its prompt join it now, sharing its blocks
+        (Scheduler.fork), to sample from the same logits. -> the requests to sample this row for."""
+        if not request.forks:
+            return [request]
+        waiting, request.forks = [r for r in request.forks if not r.seq.finished], []   # not the aborted ones
+        for r in waiting:
+            if request.prompt_logprobs is not None:          # computed once, for every choice
+                r.prompt_logprobs = list(request.prompt_logprobs)
+        joined = self.scheduler.fork(request.seq, [r.seq for r in waiting])
+        return [request] + waiting[:joined]
 
     def _sample(self, request: Request, logits: np.ndarray) -> StepEvent:
         """The same rules as generate.generate_ids: EOS stops (and is not output), then stop strings,
         then max_tokens."""
-        return self._emit(request, [request.sampler(logits)])
+        token = constrained_pick(request.sampler, logits, request.grammar)
+        if token is None:                                            # its grammar allows no token: it ends here
+            log_dead_end(len(request.seq.output_ids))
+            self._finish(request, "stop")
+            text = "".join(request.pieces)
+            request.pieces.clear()
+            return StepEvent(request.seq.request_id, [], text, True, "stop", [] if request.logprobs is not None else None)
+        event = self._emit(request, [token])
+        if request.logprobs is not None:
+            event.logprobs = [request.sampler.last_logprob] if event.token_ids else []
+            request.logprobs += event.logprobs
+        if len(request.sample_times) == 1:                           # its first token: the prompt is all computed
+            event.prompt_logprobs = request.prompt_logprobs
+        return event
 
     def _emit(self, request: Request, tokens: list[int]) -> StepEvent:
         """Append sampled tokens (one, or a speculative run) under those rules, one token at a time."""
@@ -350,6 +509,10 @@ class Engine:
         request.text.finish()                                        # release held-back text
         self.scheduler.finish(request.seq)
         del self.requests[request.seq.request_id]
+        waiting = [r for r in request.forks if not r.seq.finished]
+        if waiting:                          # it ended before its prompt was computed: the next choice leads
+            waiting[0].forks = waiting[1:]
+            self.scheduler.waiting.appendleft(waiting[0].seq)
 
     def _count_step(self, batch) -> None:
         c = self._counters
@@ -390,17 +553,28 @@ class Engine:
                     spec_mean_accepted_length=t.mean_accepted_length)
 
     # ---- the convenience loop ------------------------------------------------------------------
+    def generate_choices(self, prompt: str | list[int] | list[dict], n: int, max_tokens: int = 64,
+                         **options) -> list[Generation]:
+        """n continuations of one prompt, its prefill done once (add_choices); -> one Generation per choice,
+        choice i at index i. options: add_request's (temperature, seed, ...)."""
+        requests = [self.requests[rid] for rid in self.add_choices(prompt, n, max_tokens, **options)]
+        while not all(r.seq.finished for r in requests):
+            self.step()
+        return [r.generation() for r in requests]
+
     def generate(self, prompts: list, max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, stop: Seq[str] = (), seed: int | None = None,
-                 chat: bool = False) -> list[Generation]:
+                 chat: bool = False, **controls) -> list[Generation]:
         """Run every prompt through the engine together; -> one Generation per prompt, in order.
-        It drives `step()` itself: other requests in the engine advance too, their events unseen."""
+        It drives `step()` itself: other requests in the engine advance too, their events unseen.
+        controls: as add_request's."""
         if isinstance(prompts, str) or any(isinstance(p, int) for p in prompts):
             raise MiniLLMError("Engine.generate takes a list of prompts (texts, token-id lists or message lists)")
         requests = []
         try:
             for prompt in prompts:
-                requests.append(self._add(prompt, max_tokens, temperature, top_p, top_k, stop, seed, chat))
+                requests.append(self._add(prompt, max_tokens, temperature, top_p, top_k, stop, seed, chat,
+                                          **controls))
         except MiniLLMError:
             for request in requests:
                 self.abort(request.seq.request_id)

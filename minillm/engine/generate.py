@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from minillm.engine.sampling import Sampler, SamplingParams
+from minillm.engine.structured import Grammar, constrained_pick, log_dead_end
 from minillm.errors import InvalidValue
 from minillm.threads import for_rows
 
@@ -25,6 +26,8 @@ class Generation:
     token_times_s: list[float] = field(default_factory=list, repr=False)  # per-token latencies
     speculative: object | None = None    # speculative decoding's SpeculativeStats (engine/speculative), else None
     note: str | None = None              # one line the caller should see, e.g. max_tokens cut to fit the context
+    logprobs: list | None = None         # a TokenLogprob per new token when SamplingParams.logprobs is set
+    prompt_logprobs: list | None = None  # per prompt token (None for the first) when prompt logprobs were asked
 
     @property
     def decode_tok_s(self) -> float:
@@ -49,8 +52,9 @@ class ContextOverflow(InvalidValue):
 
 def generate_ids(model, prompt_ids: Sequence[int], max_tokens: int, params: SamplingParams,
                  stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = (), tokenizer=None,
-                 on_text: Callable[[str], None] | None = None) -> Generation:
-    """Generate up to `max_tokens` new tokens after `prompt_ids`, streaming text to `on_text`."""
+                 on_text: Callable[[str], None] | None = None, grammar: Grammar | None = None) -> Generation:
+    """Generate up to `max_tokens` new tokens after `prompt_ids`, streaming text to `on_text`; with a `grammar`
+    (structured.py) every token is one it accepts, and the answer ends where it accepts none."""
     context = model.config.max_seq_len
     if len(prompt_ids) == 0:
         raise InvalidValue("the prompt is empty: there is no token to continue from")
@@ -58,7 +62,10 @@ def generate_ids(model, prompt_ids: Sequence[int], max_tokens: int, params: Samp
         raise ContextOverflow(f"the prompt is {len(prompt_ids)} tokens; this model's context is {context}")
     max_tokens = min(max_tokens, context - len(prompt_ids))
     cache = model.new_cache(len(prompt_ids) + max_tokens)
-    sampler = Sampler(params)
+    sampler = Sampler(params, prompt_ids)
+    state = grammar.start() if grammar is not None else None
+    stop_ids = set(stop_ids) | set(params.stop_token_ids)
+    logprobs = [] if params.logprobs is not None else None
     text = _TextCollector(tokenizer, stop_strings, on_text)
 
     start = time.perf_counter()
@@ -67,12 +74,16 @@ def generate_ids(model, prompt_ids: Sequence[int], max_tokens: int, params: Samp
     for_rows(1)
     new_ids, times, finish = [], [], "length"
     for step in range(max_tokens):
-        token = sampler(logits)
+        token = constrained_pick(sampler, logits, state)
         times.append(time.perf_counter())
-        if token in stop_ids:
+        if token is None or token in stop_ids:      # None: the grammar allows no token here
+            if token is None:
+                log_dead_end(len(new_ids))
             finish = "stop"
             break
         new_ids.append(token)
+        if logprobs is not None:
+            logprobs.append(sampler.last_logprob)
         if text.push(token):                       # a stop string appeared
             finish = "stop"
             break
@@ -82,7 +93,7 @@ def generate_ids(model, prompt_ids: Sequence[int], max_tokens: int, params: Samp
     ttft = times[0] - start if times else time.perf_counter() - start
     decode_s = times[len(new_ids) - 1] - times[0] if len(new_ids) > 1 else 0.0
     latencies = [b - a for a, b in zip([start] + times, times)]
-    return Generation(text.text, new_ids, len(prompt_ids), ttft, decode_s, finish, latencies)
+    return Generation(text.text, new_ids, len(prompt_ids), ttft, decode_s, finish, latencies, logprobs=logprobs)
 
 
 class _TextCollector:

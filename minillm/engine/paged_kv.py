@@ -13,7 +13,8 @@ Attention reads a sequence's keys back through its table: on the CPU a NumPy gat
 blocks, the price of paging here), on a GPU a paged attention kernel that follows the table itself.
 
 `BlockManager` owns the blocks: a free list, a reference count per block (a block shared by several
-sequences, through the prefix cache, is freed when the last one lets go), and, with a `PrefixCache`,
+sequences, through the prefix cache or by the n choices of one prompt, is freed when the last one lets
+go; a shared block is copied before one of them writes into it), and, with a `PrefixCache`,
 the blocks that are unused but still hold a known prefix (evicted least recently used first).
 
 Sliding-window models (Mistral) never look further back than the window, so the scheduler gives back
@@ -77,6 +78,17 @@ class PagedKVCache:
             return
         for new, q, scale in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale)):
             q[layer, blocks, offsets], scale[layer, blocks, offsets] = quantize_vectors(new)   # per (token, head)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole blocks, every layer, for each (src, dst): a shared block about to be written gets its
+        own copy first (copy-on-write, engine/choices.py)."""
+        if not pairs:
+            return
+        src, dst = [s for s, _ in pairs], [d for _, d in pairs]    # lists index NumPy and CuPy alike
+        for name in ("k", "v", "k_scale", "v_scale"):
+            a = getattr(self, name, None)
+            if a is not None:
+                a[:, dst] = a[:, src]                               # [layers, len(pairs), bs, n_kv(, hd)]
 
     def clear(self, blocks: np.ndarray, offsets: np.ndarray) -> None:
         """Zero these slots in every layer (a rolled-back speculative draft).   blocks, offsets: [T]"""
@@ -143,7 +155,7 @@ class BlockManager:
         return block
 
     def share(self, block: int) -> None:
-        """One more owner of a block holding a cached prefix (a prefix-cache hit)."""
+        """One more owner of a block: a prefix-cache hit, or a choice forked from another (engine/choices.py)."""
         if self.refcount[block] == 0:
             self.prefix_cache.touch(block)                              # in use again: not evictable
         self.refcount[block] += 1

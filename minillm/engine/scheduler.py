@@ -26,6 +26,10 @@ comparisons.)
 After a step, a sequence's newly full blocks become findable by the prefix cache, and with a sliding
 window (Mistral) the blocks that every later query of it is past go back to the pool (FREED in its table).
 
+The n choices of one prompt (choices.py) fork from the first once its prompt is computed (`fork`): they
+share its blocks, and `_reserve` gives a sequence its own copy of a shared block before it writes into
+it (the copies are listed in `copies`, made by the pool before the step runs).
+
 So a request never waits for the whole batch to finish (static batching's problem): it joins at the next
 step.
 
@@ -59,6 +63,7 @@ class Sequence:
     num_dropped: int = 0                  # block_table[:num_dropped] are FREED: behind the sliding window
     cached_tokens: int = 0                # tokens served by the prefix cache at its last admission
     decoding: bool = False                # caught up with its tokens since admission: one new token a step
+    whole_prompt: bool = False            # computed from position 0, never from cached blocks (prompt logprobs)
     finished: bool = False
 
     @property
@@ -94,12 +99,14 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.copies: list[tuple[int, int]] = []   # (src, dst) blocks to copy before this step runs (copy-on-write)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def schedule(self) -> list[tuple[Sequence, int]]:
         """The next step's batch: (sequence, number of its tokens to compute): decodes, then prompt chunks."""
+        self.copies = []
         if self.arrival_order:
             return self._schedule_in_arrival_order()
         preemptions, batch = self.preemptions, []
@@ -208,17 +215,26 @@ class Scheduler:
 
     # ---- blocks ----------------------------------------------------------------------------------
     def _reserve(self, seq: Sequence, n_positions: int) -> bool:
-        """Grow seq's block table to hold n_positions; all or nothing."""
-        need = math.ceil(n_positions / self.block_size) - len(seq.block_table)
-        if need > self.blocks.num_free:
+        """Grow seq's block table to hold n_positions, and give it its own copy of each shared block it is
+        about to write (copy-on-write: the copies are done before the step runs); all or nothing."""
+        first, end = seq.num_computed // self.block_size, math.ceil(n_positions / self.block_size)
+        shared = [j for j in range(first, min(end, len(seq.block_table)))
+                  if seq.block_table[j] != FREED and self.blocks.refcount[seq.block_table[j]] > 1]
+        need = end - len(seq.block_table)
+        if max(need, 0) + len(shared) > self.blocks.num_free:
             return False
+        for j in shared:
+            copy = self.blocks.allocate()
+            self.copies.append((seq.block_table[j], copy))
+            self.blocks.release(seq.block_table[j])          # the other owners keep it
+            seq.block_table[j] = copy
         seq.block_table += [self.blocks.allocate() for _ in range(need)]
         return True
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks that can stand for seq's first tokens. The last token is always computed:
         its logits give the first new token."""
-        if self.prefix_cache is None:
+        if self.prefix_cache is None or seq.whole_prompt:
             return []
         n_blocks = (len(seq.tokens) - 1) // self.block_size
         return self.prefix_cache.match(seq.full_block_hashes(n_blocks, self.block_size))
@@ -242,6 +258,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop seq's blocks (cached ones stay findable), requeue it first."""
+        self.copies = [(src, dst) for src, dst in self.copies if dst not in seq.block_table]
         self.blocks.release_all(seq.block_table)
         seq.num_computed = seq.num_registered = seq.num_dropped = 0
         seq.decoding = False
@@ -271,6 +288,22 @@ class Scheduler:
             self.blocks.release(seq.block_table[j])
             seq.block_table[j] = FREED
         seq.num_dropped = max(seq.num_dropped, keep)
+
+    def fork(self, parent: Sequence, children: list[Sequence]) -> int:
+        """Run children (the other choices of parent's prompt, engine/choices.py) from parent's computed prompt:
+        each shares parent's blocks (one more reference each) and joins the running batch; -> how many joined.
+        The ones the batch has no room for (max_batch) wait first in the queue, as requests of their own."""
+        joined = children[:max(0, self.max_batch - len(self.running))]
+        for child in joined:
+            for block in parent.block_table:
+                if block != FREED:
+                    self.blocks.share(block)
+            child.block_table, child.hashes = list(parent.block_table), list(parent.hashes)
+            child.num_computed, child.num_registered = parent.num_computed, parent.num_registered
+            child.num_dropped, child.cached_tokens, child.decoding = parent.num_dropped, parent.cached_tokens, True
+            self.running.append(child)
+        self.waiting.extendleft(reversed(children[len(joined):]))
+        return len(joined)
 
     def rollback(self, seq: Sequence) -> None:
         """Speculative decoding rejected drafts past `num_computed`: the blocks that now hold no computed

@@ -48,10 +48,13 @@ def mask_bias(n_queries: int, n_keys: int, sliding_window: int | None = None, xp
 
 
 def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                      sliding_window: int | None = None, block: int = 128) -> np.ndarray:
+                      sliding_window: int | None = None, block: int = 128, sinks=None) -> np.ndarray:
     """softmax(q·kᵀ/√d + mask)·v for the new queries against every cached key.
 
     q: [T, n_heads, hd]   k, v: [n_kv_heads, L, hd] (L = cached + new)   -> [T, n_heads * hd]
+    sinks: [n_heads] or None. GPT-OSS's attention sinks: each head's learned logit s joins the softmax's
+    denominator as one more score, with no value behind it: weights exp(score) / (Σ exp(scores) + exp(s)),
+    so a head can attend to "nothing" (its weights then sum to less than 1).
 
     Long prefills go `block` queries at a time, each against only the keys it can see: causal
     masking hides every key after a block's last query, so skipping them halves the work, and
@@ -61,7 +64,7 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
     L = k.shape[1]
     q = q * (1.0 / math.sqrt(hd))                  # scale T·hd query values once, not T·L scores per block
     if T <= block:
-        return _attend_scaled(q, k, v, sliding_window)
+        return _attend_scaled(q, k, v, sliding_window, sinks)
     first = L - T                                                     # absolute position of q[0]
     out = array_module(q).empty((T, n_heads * hd), dtype=np.result_type(q.dtype, k.dtype, v.dtype))
 
@@ -69,7 +72,7 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
         end = min(start + block, T)
         k_end = first + end                                           # keys after the block's last query: masked
         k_start = 0 if sliding_window is None else max(0, first + start - sliding_window + 1)
-        out[start:end] = _attend_scaled(q[start:end], k[:, k_start:k_end], v[:, k_start:k_end], sliding_window)
+        out[start:end] = _attend_scaled(q[start:end], k[:, k_start:k_end], v[:, k_start:k_end], sliding_window, sinks)
     return out                                                        # [T, n_heads * hd]
 
 
@@ -81,7 +84,8 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, sliding_window: int | No
     return _attend_scaled(q * (1.0 / math.sqrt(q.shape[-1])), k, v, sliding_window)
 
 
-def _attend_scaled(q: np.ndarray, k: np.ndarray, v: np.ndarray, sliding_window: int | None) -> np.ndarray:
+def _attend_scaled(q: np.ndarray, k: np.ndarray, v: np.ndarray, sliding_window: int | None,
+                   sinks=None) -> np.ndarray:
     """`attend` for queries already multiplied by 1/√hd.   q: [T, n_heads, hd] -> [T, n_heads * hd]"""
     T, n_heads, hd = q.shape
     n_kv, L, _ = k.shape
@@ -90,23 +94,30 @@ def _attend_scaled(q: np.ndarray, k: np.ndarray, v: np.ndarray, sliding_window: 
     q = q.reshape(T, n_kv, group, hd).transpose(1, 0, 2, 3)          # [n_kv, T, group, hd]
     q = q.reshape(n_kv, T * group, hd)                                # [n_kv, T*group, hd]
     scores = q @ k.transpose(0, 2, 1)                                 # [n_kv, T*group, L]
-    denominators = _exp_scores(scores.reshape(n_kv, T, group, L), L - T, sliding_window)   # [n_kv, T, group, 1]
+    sinks = None if sinks is None else sinks.reshape(n_kv, 1, group, 1)   # head h = kv · group + g, as q's
+    denominators = _exp_scores(scores.reshape(n_kv, T, group, L), L - T, sliding_window, sinks)   # [n_kv, T, group, 1]
     out = scores @ v                                                  # [n_kv, T*group, hd]
     out /= denominators.reshape(n_kv, T * group, 1)                   # normalize hd values, not L weights
     out = out.reshape(n_kv, T, group, hd)
     return out.transpose(1, 0, 2, 3).reshape(T, n_heads * hd)         # [T, n_heads * hd]
 
 
-def _exp_scores(scores: np.ndarray, first_query: int, sliding_window: int | None) -> np.ndarray:
-    """Softmax numerators in place: scores <- exp(scores + mask - row max); returns the row sums.
+def _exp_scores(scores: np.ndarray, first_query: int, sliding_window: int | None, sinks=None) -> np.ndarray:
+    """Softmax numerators in place: scores <- exp(scores + mask - row max); returns the row sums
+    (plus exp(sink - row max) with sinks [n_kv, 1, group, 1]: the max then counts the sink too).
 
     scores: [n_kv, T, group, L] for queries at key positions first_query..   -> [n_kv, T, group, 1]
     At prefill these score tables are the largest arrays in the model: nothing else is allocated.
     """
     _add_mask(scores, first_query, sliding_window)
-    scores -= scores.max(axis=-1, keepdims=True)                      # the max becomes 0: exp cannot overflow
-    array_module(scores).exp(scores, out=scores)
-    return scores.sum(axis=-1, keepdims=True)
+    xp = array_module(scores)
+    row_max = scores.max(axis=-1, keepdims=True)                      # [n_kv, T, group, 1]
+    if sinks is not None:
+        row_max = xp.maximum(row_max, sinks)
+    scores -= row_max                                                 # the max becomes 0: exp cannot overflow
+    xp.exp(scores, out=scores)
+    sums = scores.sum(axis=-1, keepdims=True)
+    return sums if sinks is None else sums + xp.exp(sinks - row_max)
 
 
 def _add_mask(scores: np.ndarray, first_query: int, sliding_window: int | None) -> None:

@@ -1,7 +1,8 @@
 """ModelConfig: the shape of a Llama-family model, and the registry of named presets.
 
-One dataclass describes Llama 2/3, Mistral, SmolLM2, Mixtral (sparse mixture-of-experts MLPs) and
-DeepSeek-V3 (multi-head latent attention, MLA, with dense or MoE MLPs). It reads and writes HF
+One dataclass describes Llama 2/3, Mistral, SmolLM2, Mixtral (sparse mixture-of-experts MLPs),
+DeepSeek-V3 (multi-head latent attention, MLA, with dense or MoE MLPs), Phi-3 (partial RoPE, LongRoPE)
+and GPT-OSS (attention sinks, clamped-SwiGLU experts), each family a few fields more. It reads and writes HF
 `config.json` dictionaries, so a checkpoint written by `save_pretrained` round-trips through it.
 """
 from __future__ import annotations
@@ -20,6 +21,11 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "MixtralForCausalLM": "mixtral",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Gemma3ForCausalLM": "gemma3_text",
+    "Phi3ForCausalLM": "phi3",
+    "GptOssForCausalLM": "gpt_oss",
 }
 # RoPE variants the forward pass implements (layers.rope_inv_freq; mla.mla_rope adds YaRN and
 # mla_convert's "repeat" for DeepSeek-style latent attention).
@@ -76,6 +82,22 @@ class ModelConfig:
     n_groups_per_token: int = 1        # ... topk_group of them (best by their top-2 scores) eligible per token
     norm_topk_prob: bool = True        # renormalize the k chosen weights to sum to 1
     routed_scaling_factor: float = 1.0 # DeepSeek: the routed experts' sum is scaled by this
+    # Qwen3 and Gemma 3: what they change against Llama (lesson 29 walks through each).
+    qk_norm: bool = False              # RMSNorm over each head's q and k before RoPE (q_norm, k_norm: [head_dim])
+    norm_plus_one: bool = False        # Gemma: every norm's gain is (1 + w), w as stored
+    sandwich_norms: bool = False       # Gemma: the attention and MLP outputs are normed too, before each residual add
+    activation: str = "silu"           # the gated MLP's: "silu" (SwiGLU) | "gelu_tanh" (Gemma's GeGLU)
+    embed_scale: bool = False          # Gemma: embeddings times sqrt(dim), rounded to the embedding dtype
+    layer_windows: tuple | None = None # Gemma 3: each layer's sliding window or None (global); None: sliding_window everywhere
+    rope_local_theta: float | None = None  # Gemma 3: the RoPE base of windowed layers (global ones: rope_theta, rope_scaling)
+    attn_scalar: float | None = None   # Gemma: scores are q·k / sqrt(this) (query_pre_attn_scalar), not / sqrt(head_dim)
+    final_softcap: float | None = None # Gemma: logits = c · tanh(logits / c) (final_logit_softcapping)
+    # Phi-3 / Phi-4-mini and GPT-OSS: what they change against Llama.
+    partial_rotary_factor: float = 1.0 # Phi-4-mini: RoPE turns the first head_dim · factor dims of a head only
+    attention_sinks: bool = False      # GPT-OSS: a learned logit per head joins each softmax's denominator
+    moe_bias: bool = False             # GPT-OSS: the router and every expert's gate, up and down have a bias
+    swiglu_limit: float | None = None  # GPT-OSS experts: gate clamped above, up to ±limit, then
+    swiglu_alpha: float = 1.702        # (up + 1) · gate · sigmoid(alpha · gate)
 
     def __post_init__(self):
         if self.attention not in ("gqa", "mla"):
@@ -93,6 +115,21 @@ class ModelConfig:
             raise ValueError("attention biases are not implemented for MLA (latent attention)")
         if self.n_experts and self.mlp_bias:
             raise ValueError("mlp_bias is not implemented for mixture-of-experts layers")
+        if self.activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"activation={self.activation!r}: expected 'silu' or 'gelu_tanh'")
+        if self.layer_windows is not None:
+            self.layer_windows = tuple(self.layer_windows)
+            if len(self.layer_windows) != self.n_layers or self.sliding_window is not None:
+                raise ValueError("layer_windows needs one entry per layer, and sliding_window=None")
+
+    def window(self, i: int) -> int | None:
+        """Layer i's sliding window (None: it attends to every earlier position)."""
+        return self.sliding_window if self.layer_windows is None else self.layer_windows[i]
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many dims of each q/k head RoPE turns (the rest pass through): all but with Phi's partial factor."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def is_moe_layer(self, i: int) -> bool:
         """Layer i has a sparse MoE block (else a dense SwiGLU MLP of ffn_dim)."""
@@ -118,9 +155,12 @@ class ModelConfig:
         attn = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
         if self.attention == "mla":
             attn = self._mla_params()
-        dense = 3 * self.dim * self.ffn_dim
+        attn += ((self.n_heads + 2 * self.n_kv_heads) * self.head_dim * self.qkv_bias + self.dim * self.o_bias
+                 + self.n_heads * self.attention_sinks)                     # biases, GPT-OSS's sinks
+        dense = 3 * self.dim * self.ffn_dim + (2 * self.ffn_dim + self.dim) * self.mlp_bias
         moe = (3 * self.dim * self.moe_ffn_dim * (experts_counted + self.n_shared_experts)
                + self.n_experts * self.dim)                                 # experts + the router
+        moe += (self.n_experts + experts_counted * (2 * self.moe_ffn_dim + self.dim)) * self.moe_bias   # GPT-OSS
         mlps = (self.n_layers - self.n_moe_layers) * dense + self.n_moe_layers * moe
         head = 0 if self.tie_embeddings else self.vocab_size * self.dim
         return self.vocab_size * self.dim + self.n_layers * (attn + 2 * self.dim) + mlps + self.dim + head
@@ -154,7 +194,8 @@ class ModelConfig:
     # ---- HF config.json ------------------------------------------------------------------------
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> "ModelConfig":
-        """Build from an HF `config.json` dictionary (Llama, Mistral, Mixtral, Qwen2, DeepseekV3).
+        """Build from an HF `config.json` dictionary (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE,
+        Gemma 3 text, DeepseekV3).
 
         Every field HF's model class reads is either implemented or refused with a ConfigError that
         names it: a field we ignored would load and give wrong numbers without a word.
@@ -174,8 +215,8 @@ class ModelConfig:
                               "and there is no head_dim")
         if (head_dim or dim // n_heads) % 2 and family != "deepseek_v3":
             raise ConfigError(f"head_dim={head_dim or dim // n_heads} is odd: RoPE rotates pairs of dimensions")
-        rope_theta, rope_scaling = _rope(d, family)
-        attention_bias = _bool(d, "attention_bias", False) if family == "llama" else False
+        rope_theta, rope_scaling = _gemma_rope(d) if family == "gemma3_text" else _rope(d, family)
+        attention_bias = _bool(d, "attention_bias", family == "gpt_oss") if family in _ATTENTION_BIAS_FAMILIES else False
         return cls(
             vocab_size=_int(d, "vocab_size"),
             dim=dim,
@@ -188,7 +229,7 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_seq_len=_int(d, "max_position_embeddings", default=2048),
-            tie_embeddings=_bool(d, "tie_word_embeddings", False),
+            tie_embeddings=_bool(d, "tie_word_embeddings", family == "gemma3_text"),   # Gemma's default: tied
             sliding_window=_sliding_window(d, family),
             bos_token_id=_token_ids(d, "bos_token_id"),
             eos_token_id=_token_ids(d, "eos_token_id"),
@@ -199,7 +240,11 @@ class ModelConfig:
             o_bias=attention_bias,
             mlp_bias=_bool(d, "mlp_bias", False) if family == "llama" else False,
             **(_mla_fields(d) if family == "deepseek_v3" else {}),
-            **(_moe_fields(d, family) if family in ("mixtral", "deepseek_v3") else {}),
+            **(_moe_fields(d, family) if family in ("mixtral", "deepseek_v3", "qwen3_moe") else {}),
+            qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text"),
+            **(_gemma_fields(d) if family == "gemma3_text" else {}),
+            **(_phi3_fields(d, head_dim or dim // n_heads) if family == "phi3" else {}),
+            **(_gpt_oss_fields(d) if family == "gpt_oss" else {}),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -246,6 +291,10 @@ class ModelConfig:
             d["quantization"] = self.quantization
         if self.family == "deepseek_v3":
             d = _deepseek_hf(self, d)
+        if self.family in ("qwen3", "qwen3_moe", "gemma3_text"):
+            d = _qwen3_gemma3_hf(self, d)
+        if self.family in ("phi3", "gpt_oss"):
+            d = _phi3_gpt_oss_hf(self, d)
         return d
 
     def replace(self, **changes) -> "ModelConfig":
@@ -270,7 +319,15 @@ def _check_moe(c: ModelConfig) -> None:
 
 
 def _moe_fields(d: dict[str, Any], family: str) -> dict[str, Any]:
-    """The mixture-of-experts part of a Mixtral or DeepseekV3 `config.json` (empty: all dense)."""
+    """The mixture-of-experts part of a Mixtral, Qwen3-MoE or DeepseekV3 `config.json` (empty: all dense)."""
+    if family == "qwen3_moe":   # Mixtral's softmax router, renormalized only if norm_topk_prob; no shared expert
+        if _int(d, "decoder_sparse_step", default=1) != 1 or d.get("mlp_only_layers") not in (None, []):
+            raise ConfigError(f"decoder_sparse_step={d.get('decoder_sparse_step')!r}, mlp_only_layers="
+                              f"{str(d.get('mlp_only_layers'))[:80]}: only every layer MoE (1, []) is implemented")
+        experts = _int(d, "num_experts", default=None) or _int(d, "num_local_experts")   # transformers 5 renames it
+        return dict(n_experts=experts, n_experts_per_token=_int(d, "num_experts_per_tok"),
+                    moe_ffn_dim=_int(d, "moe_intermediate_size"), router="softmax",
+                    norm_topk_prob=_bool(d, "norm_topk_prob", False))
     if family == "mixtral":
         if d.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"hidden_act={d['hidden_act']!r} is not supported (only silu)")
@@ -318,7 +375,11 @@ def _family(d: dict[str, Any]) -> str:
 def _refuse_unsupported(d: dict[str, Any], family: str) -> None:
     """Fields that change the math and are not implemented: refuse rather than run something else."""
     act = d.get("hidden_act", "silu")
-    if act not in ACTIVATIONS:
+    if family == "gemma3_text":                      # Gemma's class reads hidden_activation only
+        act = d.get("hidden_activation", "gelu_pytorch_tanh")
+        if act != "gelu_pytorch_tanh":
+            raise ConfigError(f"hidden_activation={act!r}: only gelu_pytorch_tanh (Gemma's GeGLU) is implemented")
+    elif act not in ACTIVATIONS:
         raise ConfigError(f"hidden_act={act!r}: only silu (SwiGLU MLPs) is implemented")
     quant = d.get("quantization_config")
     if quant is not None:
@@ -405,7 +466,7 @@ def _rope(d: dict[str, Any], family: str) -> tuple[float, dict | None]:
             scaling = dict(params)
     theta = 10000.0 if theta is None else require_number(theta, "rope_theta", low=1.0)
     for where in (d, params if isinstance(params, dict) else {}, scaling if isinstance(scaling, dict) else {}):
-        if where.get("partial_rotary_factor", 1.0) not in (1, 1.0, None):   # RoPE on part of each head only
+        if family != "phi3" and where.get("partial_rotary_factor", 1.0) not in (1, 1.0, None):   # part of a head only
             raise ConfigError(f"partial_rotary_factor={where['partial_rotary_factor']!r} is not implemented "
                               "(RoPE rotates every dimension of a head)")
     if scaling is None:
@@ -413,7 +474,9 @@ def _rope(d: dict[str, Any], family: str) -> tuple[float, dict | None]:
     if not isinstance(scaling, dict):
         raise ConfigError(f"rope_scaling={scaling!r}: expected an object with a rope_type")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    supported = MLA_ROPE_TYPES if family == "deepseek_v3" else ROPE_TYPES
+    if family == "phi3" and kind in ("su", "yarn"):       # HF's Phi3Config reads both old names as longrope
+        kind = "longrope"
+    supported = _FAMILY_ROPE_TYPES.get(family, ROPE_TYPES)
     if not isinstance(kind, str) or kind not in supported:
         raise ConfigError(f"rope_scaling rope_type={kind!r} is not implemented (supported: {', '.join(supported)})")
     needs, may_have = _ROPE_NUMBERS.get(kind, ((), ()))
@@ -424,7 +487,40 @@ def _rope(d: dict[str, Any], family: str) -> tuple[float, dict | None]:
             require_number(scaling[key], f"rope_scaling.{key}", low=-math.inf)
     if kind == "llama3" and not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
         raise ConfigError("rope_scaling: llama3 needs low_freq_factor < high_freq_factor")
+    if kind == "yarn" and not isinstance(scaling.get("truncate", True), bool):
+        raise ConfigError(f"rope_scaling.truncate={scaling['truncate']!r}: expected true or false")
+    if kind == "longrope":
+        scaling = _longrope(d, scaling)
     return theta, None if kind == "default" else scaling
+
+
+# Scaling types beyond ROPE_TYPES that a family's HF class reads (layers.rope_frequencies computes them).
+_FAMILY_ROPE_TYPES = {"deepseek_v3": MLA_ROPE_TYPES, "phi3": ROPE_TYPES + ("longrope",),
+                      "gpt_oss": ROPE_TYPES + ("yarn",)}
+
+
+def _longrope(d: dict[str, Any], scaling: dict) -> dict:
+    """Phi-3's LongRoPE: a factor per frequency, `short_factor` while a sequence fits the pretraining
+    context (original_max_position_embeddings, top-level in Phi's config.json), `long_factor` beyond it;
+    cos and sin scaled by attention_factor (default from factor = max_position_embeddings / original)."""
+    original = scaling.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
+    original = require_int(original, "original_max_position_embeddings")
+    factor = scaling.get("factor")
+    factor = _int(d, "max_position_embeddings", default=2048) / original if factor is None else \
+        require_number(factor, "rope_scaling.factor", low=0.0)
+    for key in ("short_factor", "long_factor"):
+        values = scaling.get(key)
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"rope_scaling.{key}={str(values)[:80]}: expected a list of numbers")
+        for v in values:
+            require_number(v, f"rope_scaling.{key}", low=0.0)
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:      # LongRoPE's: sqrt(1 + ln(factor) / ln(original)), 1 without stretching
+        attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {"rope_type": "longrope", "short_factor": [float(v) for v in scaling["short_factor"]],
+            "long_factor": [float(v) for v in scaling["long_factor"]], "factor": float(factor),
+            "original_max_position_embeddings": original,
+            "attention_factor": require_number(attention_factor, "rope_scaling.attention_factor", low=0.0)}
 
 
 # The numbers layers.py and mla.py read from rope_scaling, by rope_type: (required, optional).
@@ -437,11 +533,15 @@ _ROPE_NUMBERS = {
 
 
 def _sliding_window(d: dict[str, Any], family: str) -> int | None:
-    """Mistral: one window for every layer. Qwen2: a window on the layers from max_window_layers on
-    (or as layer_types says): only all-or-none is implemented."""
-    if family in ("mistral", "mixtral"):
+    """Mistral: one window for every layer. Qwen2/Qwen3: a window on the layers from max_window_layers on
+    (or as layer_types says): only all-or-none is implemented. Gemma 3: the window when every layer has
+    it (mixed layers: _gemma_fields' layer_windows)."""
+    if family in ("mistral", "mixtral", "phi3"):
         return _int(d, "sliding_window", default=None)
-    if family != "qwen2":
+    if family in ("gemma3_text", "gpt_oss"):
+        windows = _gemma_windows(d) if family == "gemma3_text" else _gpt_oss_windows(d)
+        return windows[0] if len(set(windows)) == 1 else None
+    if family not in ("qwen2", "qwen3", "qwen3_moe"):
         return None
     n_layers = _int(d, "num_hidden_layers")
     types = d.get("layer_types")
@@ -462,6 +562,103 @@ def _sliding_window(d: dict[str, Any], family: str) -> int | None:
         raise ConfigError("layer_types mixes sliding and full attention layers: not implemented "
                           "(only a window on every layer or on none)")
     return window
+
+
+# Families whose HF class reads attention_bias (a bias on q, k, v and o).
+_ATTENTION_BIAS_FAMILIES = ("llama", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss")
+MAX_WINDOWED_LAYERS = 4096      # layer_windows is a tuple of n_layers: bounded before a config can claim 2^31
+
+
+def _gemma_windows(d: dict[str, Any]) -> tuple[int | None, ...]:
+    """Each layer's window (None: global) from layer_types, or from sliding_window_pattern (older
+    configs: every pattern-th layer is global, the others windowed)."""
+    n_layers = _int(d, "num_hidden_layers")
+    if n_layers > MAX_WINDOWED_LAYERS:
+        raise ConfigError(f"num_hidden_layers={n_layers}: more than {MAX_WINDOWED_LAYERS} layers")
+    types = d.get("layer_types")
+    if types is None:
+        pattern = _int(d, "sliding_window_pattern", default=None) or _int(d, "_sliding_window_pattern", default=6)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
+    if not (isinstance(types, list) and len(types) == n_layers and
+            all(t in ("full_attention", "sliding_attention") for t in types)):
+        raise ConfigError(f"layer_types={str(types)[:200]}: expected {n_layers} of 'full_attention'/'sliding_attention'")
+    window = _int(d, "sliding_window", default=4096)
+    return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def _gemma_rope(d: dict[str, Any]) -> tuple[float, dict | None]:
+    """The global layers' (rope_theta, rope_scaling): the old keys, or transformers 5's rope_parameters
+    keyed by layer type. The windowed layers' base is _gemma_fields' rope_local_theta."""
+    params = d.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        return _rope({"rope_parameters": params["full_attention"]}, "gemma3_text")
+    return _rope({"rope_theta": 1_000_000.0} | d, "gemma3_text")        # Gemma 3's default global base
+
+
+def _gemma_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """What Gemma 3 (text) changes against Llama; the attention-score softcap of Gemma 2 is refused."""
+    for key in ("attn_logit_softcapping", "use_bidirectional_attention"):
+        if d.get(key):
+            raise ConfigError(f"{key}={d[key]!r} is not implemented (Gemma 3 text leaves it unset)")
+    params = d.get("rope_parameters")
+    if isinstance(params, dict) and "sliding_attention" in params:
+        local_theta, local_scaling = _rope({"rope_parameters": params["sliding_attention"]}, "gemma3_text")
+        if local_scaling is not None:
+            raise ConfigError("rope_parameters.sliding_attention: only the default rope_type is implemented")
+    else:
+        local_theta = _number(d, "rope_local_base_freq", 10_000.0, low=1.0)
+    windows = _gemma_windows(d)
+    softcap = d.get("final_logit_softcapping")
+    return dict(norm_plus_one=True, sandwich_norms=True, activation="gelu_tanh", embed_scale=True,
+                layer_windows=windows if len(set(windows)) > 1 else None, rope_local_theta=local_theta,
+                attn_scalar=_number(d, "query_pre_attn_scalar", 256.0, low=0.0),
+                final_softcap=None if softcap is None else require_number(softcap, "final_logit_softcapping", 0.0))
+
+
+def _phi3_fields(d: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    """What Phi-3 / Phi-4-mini change against Llama besides the fused qkv_proj and gate_up_proj (split into
+    views at load, checkpoints/hf_layouts.py): RoPE on part of each head, and LongRoPE's factors."""
+    params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+    factor = 1.0 if factor is None else require_number(factor, "partial_rotary_factor", low=0.0, high=1.0 + 1e-9)
+    rotary = int(head_dim * factor)
+    if rotary < 2 or rotary % 2:
+        raise ConfigError(f"partial_rotary_factor={factor}: RoPE would turn {rotary} of {head_dim} dims "
+                          "(needs an even number >= 2)")
+    _, scaling = _rope(d, "phi3")
+    for key in ("short_factor", "long_factor"):
+        if scaling and len(scaling[key]) != rotary // 2:
+            raise ConfigError(f"rope_scaling.{key} has {len(scaling[key])} numbers; the {rotary} rotary dims "
+                              f"need {rotary // 2}")
+    return dict(partial_rotary_factor=min(float(factor), 1.0))
+
+
+def _gpt_oss_windows(d: dict[str, Any]) -> tuple[int | None, ...]:
+    """Each layer's window from layer_types (HF's default: sliding, full, sliding, ... from layer 0),
+    the window itself sliding_window (128)."""
+    n_layers = _int(d, "num_hidden_layers")
+    if n_layers > MAX_WINDOWED_LAYERS:
+        raise ConfigError(f"num_hidden_layers={n_layers}: more than {MAX_WINDOWED_LAYERS} layers")
+    types = d.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
+    if "sliding_window" in d and d["sliding_window"] is None:          # HF: sliding layers then see everything
+        return (None,) * n_layers
+    return _gemma_windows(d | {"layer_types": types, "sliding_window": d.get("sliding_window", 128)})
+
+
+def _gpt_oss_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """What GPT-OSS changes against Llama: attention sinks, windowed and full layers in turn, and MoE
+    layers with biases, a clamped SwiGLU and a router that softmaxes its top-k logits (the same
+    weights as Mixtral's renormalized softmax)."""
+    k = _int(d, "num_experts_per_tok", default=None)
+    old_k = _int(d, "experts_per_token", default=None)          # the original release's name for it
+    if k is not None and old_k is not None and k != old_k:
+        raise ConfigError(f"num_experts_per_tok={k} disagrees with experts_per_token={old_k}")
+    windows = _gpt_oss_windows(d)
+    return dict(n_experts=_int(d, "num_local_experts"), n_experts_per_token=k or old_k or 4,
+                moe_ffn_dim=_int(d, "intermediate_size"), router="softmax", norm_topk_prob=True,
+                attention_sinks=True, moe_bias=True, layer_windows=windows if len(set(windows)) > 1 else None,
+                swiglu_limit=_number(d, "swiglu_limit", 7.0, low=0.0),
+                swiglu_alpha=_number(d, "swiglu_alpha", 1.702, low=0.0))
 
 
 def _quantization(d: dict[str, Any]) -> dict | None:
@@ -523,6 +720,44 @@ def _deepseek_hf(c: ModelConfig, llama_like: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def _qwen3_gemma3_hf(c: ModelConfig, llama_like: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite a Llama-style dict as Qwen3, Qwen3-MoE or Gemma 3 text's config.json."""
+    d = {k: v for k, v in llama_like.items() if k != "mlp_bias"}
+    arch = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+    d |= {"architectures": [arch[c.family]], "model_type": c.family}
+    if c.family == "qwen3_moe":
+        d |= {"num_experts": c.n_experts, "num_experts_per_tok": c.n_experts_per_token,
+              "moe_intermediate_size": c.moe_ffn_dim, "norm_topk_prob": c.norm_topk_prob,
+              "decoder_sparse_step": 1, "mlp_only_layers": []}
+    if c.family != "gemma3_text":
+        return d | {"use_sliding_window": c.sliding_window is not None, "sliding_window": c.sliding_window,
+                    "max_window_layers": 0}
+    windows = c.layer_windows or (c.sliding_window,) * c.n_layers
+    del d["hidden_act"]
+    return d | {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": c.attn_scalar,
+                "rope_local_base_freq": c.rope_local_theta, "final_logit_softcapping": c.final_softcap,
+                "sliding_window": next((w for w in windows if w is not None), None),
+                "layer_types": ["sliding_attention" if w is not None else "full_attention" for w in windows]}
+
+
+def _phi3_gpt_oss_hf(c: ModelConfig, llama_like: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite a Llama-style dict as Phi-3's or GPT-OSS's config.json. The tensors minillm writes beside it keep
+    its per-matrix names (q/k/v_proj, each expert's): minillm reads them back; transformers wants them fused."""
+    d = {k: v for k, v in llama_like.items() if k != "mlp_bias"}
+    if c.family == "phi3":
+        d |= {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+              "partial_rotary_factor": c.partial_rotary_factor, "sliding_window": c.sliding_window}
+        if c.rope_scaling is not None:
+            d["original_max_position_embeddings"] = c.rope_scaling["original_max_position_embeddings"]
+        return d
+    windows = c.layer_windows or (c.sliding_window,) * c.n_layers
+    return d | {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_local_experts": c.n_experts,
+                "num_experts_per_tok": c.n_experts_per_token, "intermediate_size": c.moe_ffn_dim,
+                "swiglu_limit": c.swiglu_limit, "swiglu_alpha": c.swiglu_alpha,
+                "sliding_window": next((w for w in windows if w is not None), None),
+                "layer_types": ["sliding_attention" if w is not None else "full_attention" for w in windows]}
+
+
 @dataclass(frozen=True)
 class Preset:
     """A named model: where its weights come from and what shape it has."""
@@ -576,6 +811,38 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
             vocab_size=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632,
             norm_eps=1e-5, rope_theta=10000.0, max_seq_len=2048, bos_token_id=1, eos_token_id=2,
             torch_dtype="bfloat16"),
+    _preset("qwen3-0.6b", "Qwen/Qwen3-0.6B", chat=True, family="qwen3",
+            notes="thinks in <think>...</think> (reasoning_content in the API)",
+            revision="c1899de289a04d12100db370d81485cdf75e47ca",
+            vocab_size=151936, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, ffn_dim=3072, head_dim=128,
+            norm_eps=1e-6, rope_theta=1000000.0, max_seq_len=40960, tie_embeddings=True, qk_norm=True,
+            bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16"),
+    _preset("gemma-3-1b", "google/gemma-3-1b-it", chat=True, family="gemma3_text",
+            notes="gated on the hub: accept Google's license there and set HF_TOKEN before pulling",
+            revision="dcc83ea841ab6100d6b47a070329e1ba4cf78752",
+            vocab_size=262144, dim=1152, n_layers=26, n_heads=4, n_kv_heads=1, ffn_dim=6912, head_dim=256,
+            norm_eps=1e-6, rope_theta=1000000.0, rope_local_theta=10000.0, max_seq_len=32768,
+            layer_windows=tuple(None if (i + 1) % 6 == 0 else 512 for i in range(26)),   # 5 windowed : 1 global
+            tie_embeddings=True, qk_norm=True, norm_plus_one=True, sandwich_norms=True, activation="gelu_tanh",
+            embed_scale=True, attn_scalar=256.0, bos_token_id=2, eos_token_id=[1, 106], torch_dtype="bfloat16"),
+    # Pinned at the commits public projects record for them (each seen in several). The shapes are the
+    # checkpoints' own; LongRoPE's 48 factors and the exact config come from the pulled config.json.
+    _preset("phi-4-mini", "microsoft/Phi-4-mini-instruct", chat=True, family="phi3",
+            revision="cfbefacb99257ffa30c83adab238a50856ac3083",
+            notes="fused qkv/gate_up, RoPE on 3/4 of each head, LongRoPE",
+            vocab_size=200064, dim=3072, n_layers=32, n_heads=24, n_kv_heads=8, ffn_dim=8192,
+            norm_eps=1e-5, rope_theta=10000.0, max_seq_len=131072, tie_embeddings=True, partial_rotary_factor=0.75,
+            bos_token_id=199999, eos_token_id=199999, torch_dtype="bfloat16"),
+    _preset("gpt-oss-20b", "openai/gpt-oss-20b", chat=True, family="gpt_oss",
+            revision="6cee5e81ee83917806bbde320786a8fb61efebee",
+            notes="32 experts (4 a token) kept MXFP4 as shipped; attention sinks; harmony channels as reasoning",
+            vocab_size=201088, dim=2880, n_layers=24, n_heads=64, n_kv_heads=8, ffn_dim=2880, head_dim=64,
+            norm_eps=1e-5, rope_theta=150000.0, max_seq_len=131072, eos_token_id=200002, bos_token_id=None,
+            rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                          "truncate": False, "original_max_position_embeddings": 4096},
+            layer_windows=(128, None) * 12, qkv_bias=True, o_bias=True, attention_sinks=True, moe_bias=True,
+            n_experts=32, n_experts_per_token=4, moe_ffn_dim=2880, swiglu_limit=7.0,
+            quantization={"method": "mxfp4", "experts_only": True}, torch_dtype="bfloat16"),
 ]}
 
 DEFAULT_MODEL = "smollm2-135m"

@@ -81,6 +81,24 @@ def silu(x: np.ndarray) -> np.ndarray:
     return xp.divide(x, out, out=out)
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), elementwise: Gemma's
+    GeGLU gate (HF's gelu_pytorch_tanh)."""
+    xp = array_module(x)
+    inner = x * x
+    inner *= 0.044715 * x
+    inner += x
+    inner *= math.sqrt(2.0 / math.pi)
+    xp.tanh(inner, out=inner)
+    inner += 1.0
+    inner *= 0.5 * x
+    return inner
+
+
+# The gated MLP's activation by ModelConfig.activation: SwiGLU (Llama) or GeGLU (Gemma).
+ACTIVATION_FUNCTIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+
+
 def swiglu(x: np.ndarray, w_gate, w_up, w_down) -> np.ndarray:
     """The Llama MLP: down(silu(gate(x)) * up(x)).    x: [T, dim] -> [T, dim]"""
     return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)
@@ -116,6 +134,51 @@ def _llama3_inv_freq(inv_freq: np.ndarray, s: dict) -> np.ndarray:
     return np.where(is_medium, blended, scaled).astype(np.float32)
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention gain for a context stretched `factor` times: 0.1 · mscale · ln(factor) + 1."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_inv_freq(dim: int, theta: float, s: dict, max_seq_len: int) -> tuple[np.ndarray, float]:
+    """YaRN: interpolate slow pairs by `factor`, keep fast ones, ramp linearly between."""
+    factor = s.get("factor") or max_seq_len / s["original_max_position_embeddings"]
+    gain = s.get("attention_factor")
+    if gain is None:
+        mscale, mscale_all = s.get("mscale"), s.get("mscale_all_dim")
+        gain = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all
+                else yarn_mscale(factor))
+    old_context = s["original_max_position_embeddings"]
+
+    def pair_rotating(n_rotations):   # the dim whose pair turns n_rotations times over old_context
+        return dim * math.log(old_context / (n_rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = pair_rotating(s.get("beta_fast") or 32), pair_rotating(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)   # [dim/2]
+    keep = (1 - ramp).astype(np.float32)          # 1: fast pair, extrapolate (unchanged frequency)
+    pos_freqs = theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)                  # [dim/2]
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+    return inv_freq.astype(np.float32), float(gain)
+
+
+def rope_frequencies(config, long: bool = False) -> tuple[np.ndarray, float]:
+    """(inv_freq [rotary_dim/2], the gain on cos and sin) of a GQA model: YaRN (GPT-OSS) and LongRoPE
+    (Phi-3) scale cos and sin too. LongRoPE has two sets of factors: `long` picks the one for sequences
+    past the pretraining context (Transformer.rope chooses)."""
+    s = config.rope_scaling or {}
+    kind = s.get("rope_type", s.get("type", "default"))
+    if kind == "yarn":
+        return yarn_inv_freq(config.rotary_dim, config.rope_theta, s, config.max_seq_len)
+    if kind == "longrope":
+        factors = np.asarray(s["long_factor" if long else "short_factor"], dtype=np.float32)   # [rotary_dim/2]
+        return (rope_inv_freq(config.rotary_dim, config.rope_theta) / factors).astype(np.float32), s["attention_factor"]
+    return rope_inv_freq(config.rotary_dim, config.rope_theta, config.rope_scaling), 1.0
+
+
 def rope_tables(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of each position's angles, computed in fp32 as HF does.   -> 2 × [T, hd/2]"""
     xp = array_module(positions, inv_freq)
@@ -124,11 +187,15 @@ def rope_tables(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate each (x[i], x[i + hd/2]) pair by its angle (HF's half-split layout).
+    """Rotate each (x[i], x[i + r/2]) pair by its angle (HF's half-split layout), over the first r = 2 ·
+    cos.shape[-1] dims of each head: all of them, or Phi's partial rotary share (the rest pass unturned).
 
-    x: [T, n_heads, hd]; cos, sin: [T, hd/2]
+    x: [T, n_heads, hd]; cos, sin: [T, r/2]
     """
-    half = x.shape[-1] // 2
+    xp = array_module(x)
+    half = cos.shape[-1]
+    if 2 * half < x.shape[-1]:                                             # partial: rotate [..., :r], keep the rest
+        return xp.concatenate([apply_rope(x[..., :2 * half], cos, sin), x[..., 2 * half:]], axis=-1)
     x1, x2 = x[..., :half], x[..., half:]                                  # [T, H, hd/2] each
     c, s = cos[:, None, :], sin[:, None, :]                                # [T, 1, hd/2]
-    return array_module(x).concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)   # [T, H, hd]
+    return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)     # [T, H, hd]

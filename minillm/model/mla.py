@@ -26,7 +26,6 @@ per token; kv_a_proj_with_mqa stacks W_DKV over W_KR; kv_b_proj stacks, per head
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +33,7 @@ import numpy as np
 from minillm.model.attention import mask_bias
 from minillm.backend import array_module, as_f32
 from minillm.model.config import ModelConfig
-from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq
+from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq, yarn_inv_freq, yarn_mscale
 
 # DeepSeek builds q_a_layernorm and kv_a_layernorm with their default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -72,41 +71,11 @@ def mla_rope(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     s = cfg.rope_scaling or {}
     kind = s.get("rope_type", s.get("type", "default"))
     if kind == "yarn":
-        return _yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, s, cfg.max_seq_len)
+        return yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, s, cfg.max_seq_len)
     if kind == "repeat":   # mla_convert: each source frequency serves `repeat` latent key heads
         base = rope_inv_freq(s["head_dim"], cfg.rope_theta, s.get("base"))          # [hd/2]
         return np.repeat(base, s["repeat"]), 1.0                                   # [hd/2 * repeat]
     return rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling), 1.0
-
-
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def _yarn_inv_freq(dim: int, theta: float, s: dict, max_seq_len: int) -> tuple[np.ndarray, float]:
-    """YaRN: interpolate slow pairs by `factor`, keep fast ones, ramp linearly between."""
-    factor = s.get("factor") or max_seq_len / s["original_max_position_embeddings"]
-    gain = s.get("attention_factor")
-    if gain is None:
-        mscale, mscale_all = s.get("mscale"), s.get("mscale_all_dim")
-        gain = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all) if mscale and mscale_all
-                else _yarn_mscale(factor))
-    old_context = s["original_max_position_embeddings"]
-
-    def pair_rotating(n_rotations):   # the dim whose pair turns n_rotations times over old_context
-        return dim * math.log(old_context / (n_rotations * 2 * math.pi)) / (2 * math.log(theta))
-
-    low, high = pair_rotating(s.get("beta_fast") or 32), pair_rotating(s.get("beta_slow") or 1)
-    if s.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)   # [dim/2]
-    keep = (1 - ramp).astype(np.float32)          # 1: fast pair, extrapolate (unchanged frequency)
-    pos_freqs = theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)                  # [dim/2]
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
-    return inv_freq.astype(np.float32), float(gain)
 
 
 def softmax_scale(cfg: ModelConfig) -> float:
@@ -114,7 +83,7 @@ def softmax_scale(cfg: ModelConfig) -> float:
     scale = cfg.head_dim ** -0.5
     s = cfg.rope_scaling or {}
     if s.get("mscale_all_dim") and s.get("rope_type", s.get("type", "default")) != "default":
-        scale *= _yarn_mscale(s["factor"], s["mscale_all_dim"]) ** 2
+        scale *= yarn_mscale(s["factor"], s["mscale_all_dim"]) ** 2
     return scale
 
 

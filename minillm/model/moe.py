@@ -1,4 +1,4 @@
-"""Sparse mixture of experts (Mixtral, DeepSeek-V3): a router picks k of E SwiGLU experts per token.
+"""Sparse mixture of experts (Mixtral, Qwen3-MoE, DeepSeek-V3): a router picks k of E SwiGLU experts per token.
 
 A dense layer runs every token through one MLP. An MoE layer holds E expert MLPs and a router, a
 [E, dim] matrix that scores each token against each expert; the token goes through its k best
@@ -9,7 +9,10 @@ experts only, and their outputs are summed with the router's weights:
 So a model can hold E/k times the MLP parameters of the dense model it costs to run: Mixtral 8x7B
 stores 47 B parameters and uses 13 B a token. Two routers:
 
-  softmax (Mixtral)    p = softmax(x Wᵣᵀ) over the E experts; the k largest, renormalized to sum 1.
+  softmax (Mixtral)    p = softmax(x Wᵣᵀ) over the E experts; the k largest, renormalized to sum 1
+                       (Qwen3-MoE: only when norm_topk_prob; no shared expert). GPT-OSS adds a bias to
+                       the logits and softmaxes its top-k logits: the same weights. Its experts
+                       have biases and a clamped SwiGLU (`clamped_swiglu`).
   sigmoid (DeepSeek-V3) s = sigmoid(x Wᵣᵀ), each expert scored on its own. The *choice* adds a
                        per-expert correction bias b (trained to balance the load without an
                        auxiliary loss), the *weights* do not: pick by s + b, weigh by s.
@@ -45,13 +48,30 @@ class Expert:
     w_gate: np.ndarray   # [ffn, dim]
     w_up: np.ndarray     # [ffn, dim]
     w_down: np.ndarray   # [dim, ffn]
+    biases: tuple | None = None        # GPT-OSS: (gate [ffn], up [ffn], down [dim])
+    swiglu_limit: float | None = None  # GPT-OSS: the clamped SwiGLU (clamped_swiglu) instead of SwiGLU
+    swiglu_alpha: float = 1.702
 
     def __call__(self, h):
-        """down(silu(gate(h)) * up(h)).   h: [n, dim] -> [n, dim]"""
-        return linear(silu(linear(h, self.w_gate)) * linear(h, self.w_up), self.w_down)
+        """down(silu(gate(h)) * up(h)), or GPT-OSS's clamped form, biases added.   h: [n, dim] -> [n, dim]"""
+        b_gate, b_up, b_down = self.biases or (None, None, None)
+        gate, up = linear(h, self.w_gate, b_gate), linear(h, self.w_up, b_up)      # [n, ffn] each
+        if self.swiglu_limit is None:
+            return linear(silu(gate) * up, self.w_down, b_down)
+        return linear(clamped_swiglu(gate, up, self.swiglu_alpha, self.swiglu_limit), self.w_down, b_down)
 
     def matrices(self) -> list:
         return [self.w_gate, self.w_up, self.w_down]
+
+
+def clamped_swiglu(gate, up, alpha: float, limit: float):
+    """GPT-OSS's expert activation: (up + 1) · g · sigmoid(alpha · g), g = gate clamped to at most
+    `limit` and up to ±limit. The clamps bound what an outlier token can put through an expert; the +1
+    lets up = 0 pass the gate's value on (a plain SwiGLU would zero it).   [n, ffn] each -> [n, ffn]"""
+    xp = array_module(gate)
+    g = xp.minimum(gate, np.float32(limit))
+    u = xp.clip(up, np.float32(-limit), np.float32(limit))
+    return (u + 1) * g / (1 + xp.exp(-np.float32(alpha) * g))
 
 
 @dataclass
@@ -61,29 +81,42 @@ class MoEWeights:
     experts: list[Expert]          # E of them, each [moe_ffn, dim] / [dim, moe_ffn]
     bias: np.ndarray | None = None     # [E] DeepSeek's e_score_correction_bias: added for the choice only
     shared: Expert | None = None       # DeepSeek: [n_shared * moe_ffn, dim] ..., every token
+    router_bias: np.ndarray | None = None   # [E] GPT-OSS: added to the router's logits (choice and weights)
 
     def matrices(self, active: int | None = None) -> list:
         """The arrays this block holds; active=k: those one token reads (the router, the shared
         experts and k experts' worth: the first k stand in for whichever are chosen)."""
         experts = self.experts if active is None else self.experts[:active]
-        extra = [self.bias] if self.bias is not None else []
+        extra = [b for b in (self.bias, self.router_bias) if b is not None]
         shared = self.shared.matrices() if self.shared is not None else []
-        return [self.router] + extra + shared + [m for e in experts for m in e.matrices()]
+        biases = [b for e in experts for b in e.biases or ()]
+        return [self.router] + extra + shared + [m for e in experts for m in e.matrices()] + biases
 
     @classmethod
     def from_hf(cls, tensors: dict, i: int, config: ModelConfig) -> "MoEWeights":
         """Layer i's MoE tensors, under Mixtral's or DeepSeek-V3's HF names (see `moe_matrix_names`)."""
         names = moe_tensor_names(config, i)
-        experts = [Expert(*(tensors[n] for n in names[f"experts.{e}"])) for e in range(config.n_experts)]
+        experts = [Expert(*(tensors[n] for n in names[f"experts.{e}"]),
+                          biases=tuple(tensors[n] for n in names[f"expert_biases.{e}"]) if config.moe_bias else None,
+                          swiglu_limit=config.swiglu_limit, swiglu_alpha=config.swiglu_alpha)
+                   for e in range(config.n_experts)]
         shared = Expert(*(tensors[n] for n in names["shared"])) if "shared" in names else None
         return cls(router=tensors[names["router"]], experts=experts,
-                   bias=tensors.get(names["bias"]) if "bias" in names else None, shared=shared)
+                   bias=tensors.get(names["bias"]) if "bias" in names else None, shared=shared,
+                   router_bias=tensors[names["router_bias"]] if "router_bias" in names else None)
 
 
 def moe_tensor_names(config: ModelConfig, i: int) -> dict:
     """HF tensor names of layer i's MoE block: {"router": name, "bias": name, "experts.e": (gate, up, down),
     "shared": (gate, up, down)} (Mixtral calls gate/up/down w1/w3/w2 under block_sparse_moe)."""
     p = f"model.layers.{i}."
+    if config.family == "gpt_oss":     # stacked [E, ...] in the file: checkpoints/hf_layouts.py names each expert's
+        m = p + "mlp."
+        out = {"router": m + "router.weight", "router_bias": m + "router.bias"}
+        for e in range(config.n_experts):
+            out[f"experts.{e}"] = tuple(f"{m}experts.{e}.{w}_proj.weight" for w in ("gate", "up", "down"))
+            out[f"expert_biases.{e}"] = tuple(f"{m}experts.{e}.{w}_proj.bias" for w in ("gate", "up", "down"))
+        return out
     if config.family == "mixtral":
         m = p + "block_sparse_moe."
         out = {"router": m + "gate.weight"}
@@ -91,7 +124,9 @@ def moe_tensor_names(config: ModelConfig, i: int) -> dict:
             out[f"experts.{e}"] = tuple(f"{m}experts.{e}.{w}.weight" for w in ("w1", "w3", "w2"))
         return out
     m = p + "mlp."
-    out = {"router": m + "gate.weight", "bias": m + "gate.e_score_correction_bias"}
+    out = {"router": m + "gate.weight"}
+    if config.family != "qwen3_moe":                                       # DeepSeek-V3's; Qwen3-MoE has none
+        out["bias"] = m + "gate.e_score_correction_bias"
     for e in range(config.n_experts):
         out[f"experts.{e}"] = tuple(f"{m}experts.{e}.{w}_proj.weight" for w in ("gate", "up", "down"))
     if config.n_shared_experts:
@@ -103,9 +138,12 @@ def moe_matrix_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]
     """Every tensor of layer i's MoE block -> its shape (the expert matrices are [out, in])."""
     names, dim, ffn = moe_tensor_names(config, i), config.dim, config.moe_ffn_dim
     shapes = {names["router"]: (config.n_experts, dim)}
-    if "bias" in names:
-        shapes[names["bias"]] = (config.n_experts,)
+    for key in ("bias", "router_bias"):
+        if key in names:
+            shapes[names[key]] = (config.n_experts,)
     for key, triple in names.items():
+        if key.startswith("expert_biases."):
+            shapes |= dict(zip(triple, [(ffn,), (ffn,), (dim,)]))
         if key.startswith("experts.") or key == "shared":
             gate, up, down = triple
             width = ffn * (config.n_shared_experts if key == "shared" else 1)
@@ -118,13 +156,17 @@ def route(h, moe: MoEWeights, cfg: ModelConfig):
     """Which k experts each token goes to, and with what weight.   h: [T, dim] -> ids [T, k], weights [T, k]"""
     xp = array_module(h)
     logits = h @ as_f32(moe.router).T                                      # [T, E]
+    if moe.router_bias is not None:                                        # GPT-OSS
+        logits += as_f32(moe.router_bias)
     k = cfg.n_experts_per_token
     if cfg.router == "softmax":                                            # Mixtral
         probs = xp.exp(logits - logits.max(axis=-1, keepdims=True))
         probs /= probs.sum(axis=-1, keepdims=True)                         # [T, E]
         ids = top_k(probs, k)                                              # [T, k]
         weights = xp.take_along_axis(probs, ids, axis=-1)                  # [T, k]
-        return ids, weights / weights.sum(axis=-1, keepdims=True)          # Mixtral always renormalizes
+        if cfg.norm_topk_prob:                                             # Mixtral always; Qwen3-MoE if its config says
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        return ids, weights
     scores = 1.0 / (1.0 + xp.exp(-logits))                                 # [T, E] sigmoid, each expert on its own
     choice = scores if moe.bias is None else scores + as_f32(moe.bias)     # the bias steers the choice only
     if cfg.n_expert_groups > 1:

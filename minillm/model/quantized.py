@@ -29,12 +29,14 @@ def quantize(w: np.ndarray, method: str, group_size: int = 128,
 
 def quantized_matrices(config: ModelConfig) -> dict[str, int]:
     """Every matrix a quantized checkpoint of `config` stores quantized -> its input width.
-    ({"model.layers.0.self_attn.q_proj": dim, ...}; an MoE layer's experts instead of its MLP.)"""
+    ({"model.layers.0.self_attn.q_proj": dim, ...}; an MoE layer's experts instead of its MLP; only the
+    experts when the entry says "experts_only".)"""
     width = {"dim": config.dim, "attn": config.n_heads * config.head_dim, "ffn": config.ffn_dim}
+    experts_only = (config.quantization or {}).get("experts_only", False)   # GPT-OSS's MXFP4 release
     out = {}
     for i in range(config.n_layers):
         for part, in_kind in LAYER_MATRICES.items():
-            if not (config.is_moe_layer(i) and part.startswith("mlp.")):
+            if not (config.is_moe_layer(i) and part.startswith("mlp.")) and not experts_only:
                 out[f"model.layers.{i}.{part}"] = width[in_kind]
         if config.is_moe_layer(i):
             for key, names in moe_tensor_names(config, i).items():

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+import math
 
 import numpy as np
 
 from minillm.errors import MiniLLMError
 from minillm.model.attention import grouped_attention
-from minillm.backend import array_module, as_f32, to_host
+from minillm.backend import STORAGE_DTYPES, array_module, as_f32, to_dtype, to_host
 from minillm.model.config import ModelConfig
 from minillm.model.flashnorm import deferred_linear, deferred_swiglu, inv_rms, is_weightless, require_weightless
 from minillm.model.kv_cache import Fp8KVCache, Int8KVCache, KVCache, MLACache, RollingKVCache, kv_cache_format
-from minillm.model.layers import apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, silu
+from minillm.model.layers import ACTIVATION_FUNCTIONS, apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, rope_frequencies
 from minillm.model.mla import MLAWeights, mla_attention, mla_rope
 from minillm.model.moe import MoEWeights, moe_block, moe_tensor_names
 from minillm.model.quantized import gather
@@ -49,6 +50,11 @@ class LayerWeights:
     # Additive biases, by projection ("q", "k", "v", "o", "gate", "up", "down"; see BIASES), [out] each;
     # empty for bias-free models. fuse() adds the stacks "qkv" and "gate_up" (the parts become views).
     bias: dict = field(default_factory=dict)
+    q_norm: np.ndarray | None = None         # [hd] QK-norm gains (Qwen3, Gemma 3), shared by every head
+    k_norm: np.ndarray | None = None         # [hd]
+    attn_out_norm: np.ndarray | None = None  # [dim] Gemma's sandwich norms: on the attention output ...
+    mlp_out_norm: np.ndarray | None = None   # [dim] ... and on the MLP output, before each residual add
+    sinks: np.ndarray | None = None          # [n_heads] fp32: GPT-OSS's attention sinks (attention.py)
 
     def fuse(self) -> None:
         """Stack q/k/v into one matrix, and gate/up into another; the separate names become views
@@ -84,7 +90,8 @@ class LayerWeights:
             attention = [w for w in vars(self.mla).values() if w is not None]
         mlp = [self.w_gate_up] if self.w_gate_up is not None else [self.w_gate, self.w_up]
         mlp = self.moe.matrices(active_experts) if self.moe is not None else mlp + [self.w_down]
-        return [self.attn_norm, self.mlp_norm] + attention + mlp + self.biases()
+        norms = [n for n in (self.q_norm, self.k_norm, self.attn_out_norm, self.mlp_out_norm, self.sinks) if n is not None]
+        return [self.attn_norm, self.mlp_norm] + attention + mlp + self.biases() + norms
 
     @classmethod
     def from_hf(cls, tensors: dict[str, np.ndarray], i: int, attention: str = "gqa",
@@ -101,13 +108,33 @@ class LayerWeights:
         else:
             attn = dict(wq=tensors[p + "self_attn.q_proj.weight"], wk=tensors[p + "self_attn.k_proj.weight"],
                         wv=tensors[p + "self_attn.v_proj.weight"], wo=tensors[p + "self_attn.o_proj.weight"])
+        norms = {part: norm_gain(tensors[name], config) for part, name in norm_names(config, i).items()}
         return cls(
-            attn_norm=tensors[p + "input_layernorm.weight"],
             **attn,
-            mlp_norm=tensors[p + "post_attention_layernorm.weight"],
             **mlp,
+            **norms,
             bias={part: tensors[name] for part, name in bias_names(config, i).items()} if config else {},
+            sinks=as_f32(tensors[p + "self_attn.sinks"]) if config is not None and config.attention_sinks else None,
         )
+
+
+def norm_names(config: ModelConfig | None, i: int) -> dict[str, str]:
+    """Layer i's norm gains: LayerWeights field -> HF name. Gemma's sandwich names shift: its
+    post_attention_layernorm norms the attention output, pre_feedforward_layernorm the MLP input."""
+    p = f"model.layers.{i}."
+    names = {"attn_norm": p + "input_layernorm.weight", "mlp_norm": p + "post_attention_layernorm.weight"}
+    if config is not None and config.sandwich_norms:
+        names |= {"mlp_norm": p + "pre_feedforward_layernorm.weight",
+                  "attn_out_norm": p + "post_attention_layernorm.weight",
+                  "mlp_out_norm": p + "post_feedforward_layernorm.weight"}
+    if config is not None and config.qk_norm:
+        names |= {"q_norm": p + "self_attn.q_norm.weight", "k_norm": p + "self_attn.k_norm.weight"}
+    return names
+
+
+def norm_gain(w, config: ModelConfig | None):
+    """The gain a norm multiplies by: w, or Gemma's 1 + w (added once here, in fp32 as HF computes it)."""
+    return as_f32(w) + np.float32(1.0) if config is not None and config.norm_plus_one else w
 
 
 # Bias tensors: our short name -> (the HF module it belongs to, the ModelConfig flag that says it exists).
@@ -132,8 +159,11 @@ def _moe_tensors(config: ModelConfig, i: int, moe: MoEWeights) -> dict:
     t = {names["router"]: moe.router}
     if moe.bias is not None:
         t[names["bias"]] = moe.bias
+    if moe.router_bias is not None:
+        t[names["router_bias"]] = moe.router_bias
     for e, expert in enumerate(moe.experts):
         t |= dict(zip(names[f"experts.{e}"], expert.matrices()))
+        t |= dict(zip(names.get(f"expert_biases.{e}", ()), expert.biases or ()))
     if moe.shared is not None:
         t |= dict(zip(names["shared"], moe.shared.matrices()))
     return t
@@ -168,6 +198,15 @@ def require_finite(logits, positions=None):
                           "activations overflowed")
 
 
+def _stored_gain(gain, config: ModelConfig):
+    """The inverse of norm_gain: what the checkpoint stores."""
+    return gain - np.float32(1.0) if config.norm_plus_one else gain
+
+
+def _is_longrope(config: ModelConfig) -> bool:
+    return (config.rope_scaling or {}).get("rope_type") == "longrope"
+
+
 def _plain_arrays(*weights) -> bool:
     return all(type(w) is np.ndarray or isinstance(w, np.memmap) for w in weights) and \
         len({w.dtype for w in weights}) == 1
@@ -196,12 +235,15 @@ class Transformer:
         self.layers = [LayerWeights.from_hf(tensors, i, config.attention, config) for i in range(config.n_layers)]
         for layer in self.layers:
             layer.fuse()
-        self.final_norm = tensors["model.norm.weight"]                      # [dim]
+        self.final_norm = norm_gain(tensors["model.norm.weight"], config)   # [dim]
         self.lm_head = tensors.get("lm_head.weight", self.embed)            # [vocab, dim] (tied: the embedding)
         if config.tie_embeddings:
             self.lm_head = self.embed
         if flashnorm and any(layer.bias for layer in self.layers):     # Prop. 2 would scale the bias by 1/RMS too
             raise ValueError("flashnorm is not implemented for models with biases (attention_bias, mlp_bias, Qwen2)")
+        if flashnorm and (config.qk_norm or config.sandwich_norms):
+            raise ValueError("flashnorm is not implemented for QK-norm or sandwich norms (Qwen3, Gemma 3)")
+        self.activation = ACTIVATION_FUNCTIONS[config.activation]         # the gated MLP's: SwiGLU or GeGLU
         if flashnorm:   # a tied head keeps its final-norm gain unless untied: then it is normalized first
             self.flashnorm = require_weightless(self.layers)
             self.defer_head = is_weightless(self.final_norm)
@@ -211,8 +253,13 @@ class Transformer:
             self.inv_freq, self.rope_gain = mla_rope(config)
             self.attend = self.mla_block
         else:
-            self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+            self.inv_freq, self.rope_gain = rope_frequencies(config)       # [rotary_dim/2]; YaRN/LongRoPE gain
             self.attend = self.attention_block
+        # LongRoPE (Phi-3): sequences past the pretraining context turn at the long factors instead.
+        self.inv_freq_long = rope_frequencies(config, long=True)[0] if _is_longrope(config) else None
+        # Gemma 3: windowed layers rotate with their own base; None: every layer uses inv_freq.
+        self.inv_freq_local = None if config.rope_local_theta is None else \
+            rope_inv_freq(config.head_dim, config.rope_local_theta)
 
     def new_cache(self, max_seq_len: int | None = None, spare: int = 0) -> KVCache | RollingKVCache | MLACache | Int8KVCache:
         """A cache for up to `max_seq_len` positions (default: the model's context). With a sliding
@@ -275,26 +322,56 @@ class Transformer:
         xp = array_module(self.embed)                                       # numpy, or cupy: weights on the GPU
         positions = xp.arange(cache.length, cache.length + len(tokens))
         tokens = xp.asarray(tokens)
-        cos, sin = rope_tables(positions, self.inv_freq)                    # [T, hd/2] each
-        if self.rope_gain != 1.0:
-            cos, sin = cos * self.rope_gain, sin * self.rope_gain
+        ropes = self.rope(positions)                                        # per layer: cos, sin [T, hd/2]
         x = self.embed_tokens(tokens)                                       # [T, dim]
         layers = self.layers if n_layers is None else self.layers[:n_layers]
         last = len(layers) - 1
         for i, layer in enumerate(layers):
+            cos, sin = ropes[i]
             if last_only and i == last and self.attend == self.attention_block:
                 # Only the last row reaches the LM head. The last layer still writes every row's k and v
                 # into the cache, but attention, o and the MLP run for the last query alone.
-                x = x[-1:] + self.reduce(self.attention_block(x, layer, i, cache, cos, sin, last_row_only=True))
+                x = self.add_residual(x[-1:], self.attention_block(x, layer, i, cache, cos, sin, last_row_only=True),
+                                      layer.attn_out_norm)
             else:
-                x = x + self.reduce(self.attend(x, layer, i, cache, cos, sin))   # tp: one all-reduce after o
-            x = x + self.reduce(self.ffn(x, layer))                           # tp: and one after down
+                x = self.add_residual(x, self.attend(x, layer, i, cache, cos, sin), layer.attn_out_norm)
+            x = self.add_residual(x, self.ffn(x, layer), layer.mlp_out_norm)
         cache.advance(len(tokens))
         if skip_head:
             return None
         if last_only:
             x = x[-1:]                                                      # only the next token's logits are needed
         return self.head(x, positions[-len(x):])                            # [T or 1, vocab]
+
+    def rope(self, positions, seq_ends=None) -> list:
+        """RoPE's cos and sin for every layer: [(cos, sin) [T, hd/2] each] * n_layers, two tables at most
+        (Gemma 3's windowed layers have their own base; YaRN (MLA, GPT-OSS) and LongRoPE scale both).
+        LongRoPE: rows whose sequence reaches past original_max_position_embeddings (seq_ends [T], default
+        this forward's last position + 1, as HF decides per forward) turn at the long factors; keys already
+        cached keep the rotation they were written with (as vLLM; HF's generate recomputes them once)."""
+        cos, sin = rope_tables(positions, self.inv_freq)                    # [T, hd/2] each
+        if self.inv_freq_long is not None:
+            xp, original = array_module(positions), self.config.rope_scaling["original_max_position_embeddings"]
+            ends = positions.max() + 1 if seq_ends is None else xp.asarray(seq_ends)
+            long_rows = ends > original                                     # [T], or one for every row
+            if long_rows.any():
+                cos_long, sin_long = rope_tables(positions, self.inv_freq_long)
+                cos, sin = (array_module(cos).where(long_rows.reshape(-1, 1), a, b)
+                            for a, b in ((cos_long, cos), (sin_long, sin)))
+        if self.rope_gain != 1.0:
+            cos, sin = cos * self.rope_gain, sin * self.rope_gain
+        if self.inv_freq_local is None:
+            return [(cos, sin)] * self.config.n_layers
+        local = rope_tables(positions, self.inv_freq_local)
+        return [local if self.config.window(i) is not None else (cos, sin) for i in range(self.config.n_layers)]
+
+    def add_residual(self, x, partial, out_norm) -> np.ndarray:
+        """x + a block's output: summed over the tp ranks (one all-reduce after o or down), and normed
+        first where the model has sandwich norms (Gemma).   [T, dim] -> [T, dim]"""
+        y = self.reduce(partial)
+        if out_norm is not None:
+            y = rmsnorm(y, out_norm, self.config.norm_eps)
+        return x + y
 
     def ffn(self, x, layer: LayerWeights) -> np.ndarray:
         """The MLP half of a layer, norm included (shared with batched.py).   [T, dim] -> [T, dim]"""
@@ -312,7 +389,11 @@ class Transformer:
             logits = deferred_linear(x, self.lm_head, self.config.norm_eps)
         else:
             logits = linear(rmsnorm(x, self.final_norm, self.config.norm_eps), self.lm_head)
-        return require_finite(self.gather_vocab(logits), positions)
+        logits = self.gather_vocab(logits)
+        if self.config.final_softcap is not None:                           # Gemma: squashed into (-c, c)
+            c = self.config.final_softcap
+            logits = array_module(logits).tanh(logits / c) * c
+        return require_finite(logits, positions)
 
     # ---- tensor parallelism (engine/parallel): what moves between ranks; nothing at all without comm ----
     def embed_tokens(self, tokens):
@@ -320,13 +401,25 @@ class Transformer:
         Vocab-parallel: this rank holds rows rank·R ... rank·R + R - 1 of the table; other ranks' tokens
         read as zero rows here, and the all-reduce adds in the rank that holds each."""
         if self.comm is None or self.comm.size == 1:
-            return as_f32(self.embed[tokens])
+            return self.scale_embedding(as_f32(self.embed[tokens]))
         xp, rows = array_module(self.embed), len(self.embed)
         local = tokens - self.comm.rank * rows                              # [T] row in this rank's block
         mine = (local >= 0) & (local < rows)                                # [T]
         x = as_f32(self.embed[xp.where(mine, local, 0)])                    # [T, dim] (a fresh copy)
         x *= mine[:, None]
-        return self.comm.all_reduce(x)
+        return self.scale_embedding(self.comm.all_reduce(x))
+
+    def scale_embedding(self, x):
+        """Gemma: embeddings times sqrt(dim), the factor and the product rounded to the embedding's
+        dtype as HF computes them (bf16: sqrt(1152) = 33.94 becomes 34.0).   [T, dim] -> [T, dim]"""
+        if not self.config.embed_scale:
+            return x
+        stored = {np.dtype(t): name for name, t in STORAGE_DTYPES.items()}.get(self.embed.dtype, "float32")
+        factor = as_f32(to_dtype(np.array([math.sqrt(self.config.dim)], np.float32), stored))[0]
+        x = x * factor
+        if stored != "float32" and array_module(x) is np:                   # the product rounded too, as torch's
+            x = as_f32(to_dtype(x, stored))
+        return x
 
     def reduce(self, partial):
         """Sum the ranks' partial outputs of a row-parallel matmul (o, down).   [T, dim] -> [T, dim]"""
@@ -347,7 +440,7 @@ class Transformer:
         keys, values = cache.append(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [n_kv, L, hd] each
         if last_row_only:
             q = q[-1:]                                                      # [1, n_heads, hd]: the last position
-        out = grouped_attention(q, keys, values, self.config.sliding_window)  # [T or 1, n_heads * hd]
+        out = grouped_attention(q, keys, values, self.config.window(i), sinks=layer.sinks)   # [T or 1, n_heads * hd]
         return linear(out, layer.wo, layer.bias.get("o"))                   # [T or 1, dim]
 
     def qkv(self, x, layer: LayerWeights, cos, sin):
@@ -369,30 +462,38 @@ class Transformer:
         q = q.reshape(T, cfg.n_heads, hd)                                   # [T, n_heads, hd]
         k = k.reshape(T, cfg.n_kv_heads, hd)                                # [T, n_kv_heads, hd]
         v = v.reshape(T, cfg.n_kv_heads, hd)                                # [T, n_kv_heads, hd]
+        if layer.q_norm is not None:                                        # QK-norm: each head's q and k to unit RMS
+            q, k = rmsnorm(q, layer.q_norm, cfg.norm_eps), rmsnorm(k, layer.k_norm, cfg.norm_eps)
+        if cfg.attn_scalar is not None:         # attention divides by sqrt(hd); Gemma's scores want sqrt(scalar)
+            q = q * np.float32(math.sqrt(hd / cfg.attn_scalar))
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def mlp_block(self, h, layer: LayerWeights) -> np.ndarray:
-        """SwiGLU: down(silu(gate(h)) * up(h)), with gate and up as one matmul when stacked.   [T, dim]"""
+        """SwiGLU (GeGLU for Gemma): down(act(gate(h)) * up(h)), gate and up one matmul when stacked.   [T, dim]"""
         b = layer.bias                                                      # empty unless mlp_bias
         if layer.w_gate_up is None:
             gate, up = linear(h, layer.w_gate, b.get("gate")), linear(h, layer.w_up, b.get("up"))   # [T, ffn_dim]
         else:
             gate_up = linear(h, layer.w_gate_up, b.get("gate_up"))          # [T, 2 * ffn_dim]
             gate, up = gate_up[:, :self.config.ffn_dim], gate_up[:, self.config.ffn_dim:]
-        return linear(silu(gate) * up, layer.w_down, b.get("down"))         # [T, dim]
+        return linear(self.activation(gate) * up, layer.w_down, b.get("down"))   # [T, dim]
 
     def hf_tensors(self) -> dict[str, np.ndarray]:
         """The HF-named weights this (GQA) model holds: the inverse of __init__, for conversions."""
         t = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.final_norm,
              "lm_head.weight": self.lm_head}
+        if self.config.norm_plus_one:                                       # stored as w, held as 1 + w
+            t["model.norm.weight"] = self.final_norm - np.float32(1.0)
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
-            t |= {p + "input_layernorm.weight": layer.attn_norm, p + "post_attention_layernorm.weight": layer.mlp_norm,
-                  p + "self_attn.q_proj.weight": layer.wq, p + "self_attn.k_proj.weight": layer.wk,
+            t |= {name: _stored_gain(getattr(layer, part), self.config) for part, name in norm_names(self.config, i).items()}
+            t |= {p + "self_attn.q_proj.weight": layer.wq, p + "self_attn.k_proj.weight": layer.wk,
                   p + "self_attn.v_proj.weight": layer.wv, p + "self_attn.o_proj.weight": layer.wo,
                   p + "mlp.gate_proj.weight": layer.w_gate, p + "mlp.up_proj.weight": layer.w_up,
                   p + "mlp.down_proj.weight": layer.w_down}
             t |= {name: layer.bias[part] for part, name in bias_names(self.config, i).items()}
+            if layer.sinks is not None:
+                t[p + "self_attn.sinks"] = layer.sinks
             if layer.moe is not None:                                       # the experts' names instead
                 t = {k: v for k, v in t.items() if ".mlp." not in k} | _moe_tensors(self.config, i, layer.moe)
         return t

@@ -3,7 +3,8 @@
 Only shapes live here (pydantic models in, plain dicts out); nothing here knows about the engine,
 so the server file reads as "parse, submit, stream" and this file as the API reference.
 The subset: /v1/completions and /v1/chat/completions with temperature, top_p, max_tokens, stop,
-seed and n=1, streamed as server-sent events or not, with usage counts and a finish_reason.
+seed and n (up to MAX_CHOICES choices, indexed 0..n-1, streamed chunks carrying their choice's index),
+streamed as server-sent events or not, with usage counts (the prompt counted once) and a finish_reason.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 
 MAX_STOP_CHARS = 1000                # one stop string; four of them at most, as OpenAI allows
 MAX_SEED = 2 ** 64 - 1               # NumPy's generator takes any seed in 0 .. 2^64 - 1
+MAX_CHOICES = 16                     # n: each choice is a running sequence; the default batch holds 32
 
 
 class ApiError(Exception):
@@ -81,18 +83,112 @@ class StreamOptions(BaseModel):
     include_usage: bool = False          # one last chunk with the usage counts and no choices
 
 
-# Parameters of OpenAI's API that would change the output and that minillm does not implement:
-# refused with a 400 rather than silently ignored. The value is what "not asked for" looks like.
-_UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-                "suffix": (None, ""), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-                "logit_bias": (None, {}), "tools": (None, []), "response_format": (None, {"type": "text"})}
+# Fields a request may carry besides the declared ones. Any other field is a 400 naming it: a field minillm
+# does not implement is never silently ignored (it would change the answer the client expects).
+# Parameters of OpenAI's API minillm does not implement, accepted only as what "not asked for" looks like:
+_UNSUPPORTED = {"best_of": (None, 1), "suffix": (None, ""), "tools": (None, []), "modalities": (None, ["text"])}
+# Metadata that changes nothing in the answer (OpenAI's clients and SDKs send some of them): accepted, unused.
+_METADATA = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
+# Fields of the chat endpoint that the completions endpoint accepts and ignores, as OpenAI's does when no tools
+# are given (its SDKs send them along): tool calls are the chat endpoint's (ChatCompletionRequest).
+_PENDING = {"tool_choice", "parallel_tool_calls"}
+MAX_LOGPROBS = 20                    # top alternatives per token, as SamplingParams allows
+
+
+def _declare_extras(accepted_any: set[str], accepted_if: dict[str, tuple]):
+    """A json_schema_extra: the OpenAPI document lists the undeclared fields refuse_unsupported lets through
+    (any value, or only the "not asked for" ones) and no other (additionalProperties false)."""
+    def declare(schema: dict) -> None:
+        properties = schema.setdefault("properties", {})
+        for name in sorted(accepted_any):
+            properties.setdefault(name, {})
+        for name, values in accepted_if.items():
+            properties.setdefault(name, {"enum": list(values)})
+        schema["additionalProperties"] = False
+    return declare
+
+
+# ---- structured output and tool calls (engine/structured.py, engine/tool_calls.py) ------------------------
+# Their shapes, declared; what only compiling can tell (a JSON schema that is unsatisfiable or has a $ref cycle,
+# a regex or grammar that does not parse, tool_choice naming a function tools lacks) is a 400 "invalid_grammar".
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class JsonSchemaSpec(_Closed):
+    name: Text | None = None                 # OpenAI's asks for a name; the output does not depend on it
+    description: Text | None = None
+    schema_: dict | bool = Field({}, alias="schema")
+    strict: bool | None = None               # false is enforced all the same, as vLLM does
+
+
+class TextFormat(_Closed):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Closed):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(_Closed):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+class StructuredOutputs(_Closed):
+    """vLLM's extension: one of these constrains the output (none given: no constraint)."""
+    json_: dict | bool | Text | None = Field(None, alias="json")
+    regex: Text | None = None
+    grammar: Text | None = None               # Lark, or GBNF
+    choice: list[Text] | None = None
+
+
+class FunctionDefinition(_Closed):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]    # OpenAI's rule for a function's name
+    description: Text | None = None
+    parameters: dict | None = None            # a JSON schema of the arguments
+    strict: bool | None = None
+
+
+class ToolDefinition(_Closed):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Closed):
+    name: Text
+
+
+class NamedToolChoice(_Closed):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class CalledFunction(_Closed):
+    name: Text
+    arguments: Text                           # a JSON object as text, as OpenAI sends it
+
+
+class ToolCall(_Closed):
+    """An assistant message's earlier call, going back into the chat template."""
+    id: Text | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+    index: Integer | None = None              # what a client that accumulated a stream may leave in
+
+
+def plain(model: BaseModel | None):
+    """A declared shape back to the plain JSON it came as (None stays None)."""
+    return None if model is None else model.model_dump(by_alias=True, exclude_none=True)
 
 
 class _Sampling(BaseModel):
     """The fields both endpoints share. Ranges follow OpenAI's API reference."""
-    # Unknown fields are ignored, as OpenAI's clients expect; known ones take their JSON type only (strict:
-    # no "5" or true for an integer), as OpenAI's API does.
-    model_config = ConfigDict(extra="allow", strict=True)
+    # Undeclared fields are checked by name (refuse_unsupported); declared ones take their JSON type only
+    # (strict: no "5" or true for an integer), as OpenAI's API does.
+    model_config = ConfigDict(extra="allow", strict=True,
+                              json_schema_extra=_declare_extras(_METADATA | _PENDING, _UNSUPPORTED))
 
     model: Annotated[Text, served("model")]
     max_tokens: PositiveInteger | None = None
@@ -100,18 +196,22 @@ class _Sampling(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: Integer = Field(0, ge=0)                    # an extension (vLLM has it too); 0 = off
     ignore_eos: bool = False                           # vLLM's extension for benchmarks: run to max_tokens
-    n: Integer = Field(1, json_schema_extra={"minimum": 1, "maximum": 1})
+    n: Integer = Field(1, ge=1, le=MAX_CHOICES)       # choices of one prompt, prefilled once (engine/choices.py)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Annotated[list[StopText], WithJsonSchema(STOP_SCHEMA)] = []   # a string or a list on the wire
+    # The sampling controls (engine/sampling.py says the order they apply in); null is "not asked for".
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)   # vLLM's extension, as HF's
+    min_p: float | None = Field(None, ge=0.0, le=1.0)                             # vLLM's extension
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(   # token id (text) -> bias
+        None, json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}})
+    stop_token_ids: list[Annotated[int, Field(ge=0), BeforeValidator(_integral), served("token_id")]] | None = None
+    # Structured output (engine/structured.py): OpenAI's field, and vLLM's extension with regex, grammar, choice.
+    response_format: Union[TextFormat, JsonObjectFormat, JsonSchemaFormat] | None = None
+    structured_outputs: StructuredOutputs | None = None      # vLLM's: json, regex, grammar or choice
     seed: Seed | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"only n=1 is supported, got n={n}")
-        return n
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -126,11 +226,32 @@ class _Sampling(BaseModel):
     def _drop_empty(cls, stops: list[str]) -> list[str]:
         return [s for s in stops if s]
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias):
+        for key in bias or {}:
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"the keys are token ids, got {key!r}")
+        return bias
+
     def refuse_unsupported(self) -> None:
         for name, value in (self.model_extra or {}).items():
-            if name in _UNSUPPORTED and value not in _UNSUPPORTED[name]:
-                raise ApiError(400, f"{name} is not supported by minillm serve", param=name,
-                               code="unsupported_parameter")
+            if name in _METADATA or name in _PENDING or (name in _UNSUPPORTED and value in _UNSUPPORTED[name]):
+                continue
+            raise ApiError(400, f"{name} is not supported by minillm serve", param=name, code="unsupported_parameter")
+
+    def controls(self) -> dict:
+        """The sampling controls asked for, as SamplingParams' fields (engine/sampling.py)."""
+        asked = dict(presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                     repetition_penalty=self.repetition_penalty, min_p=self.min_p,
+                     logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
+                     stop_token_ids=tuple(self.stop_token_ids) if self.stop_token_ids else None,
+                     logprobs=self.token_logprobs())
+        return {name: value for name, value in asked.items() if value is not None}
+
+    def token_logprobs(self) -> int | None:
+        """How many alternatives per generated token to report (0: the token's own only); None: no logprobs."""
+        return None
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -140,6 +261,11 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions: one prompt, as text or as token ids."""
     prompt: Annotated[Union[Text, list[Integer], list[Text], list[list[Integer]]], WithJsonSchema(PROMPT_SCHEMA)]
     max_tokens: PositiveInteger | None = 16          # the legacy endpoint's default
+    logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)   # this many alternatives per token
+    echo: bool | None = False                        # the prompt (and its logprobs) before the answer
+
+    def token_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -163,10 +289,24 @@ class ContentPart(BaseModel):
     text: Text | None = None
 
 
+# A message's undeclared fields: those an assistant message from OpenAI's client carries back, accepted when
+# empty. Any other is a 400 naming it.
+_MESSAGE_EMPTY = {"refusal": (None,), "audio": (None,), "function_call": (None,), "annotations": (None, [])}
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True,
+                              json_schema_extra=_declare_extras(set(), _MESSAGE_EMPTY))
     role: Annotated[Text, served("role")]      # which roles are known is the chat template's to say
     content: Text | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None   # an assistant's calls, and the id a tool's result answers
+    tool_call_id: Text | None = None
+
+    def refuse_unsupported(self, i: int) -> None:
+        for name, value in (self.model_extra or {}).items():
+            if not (name in _MESSAGE_EMPTY and value in _MESSAGE_EMPTY[name]):
+                raise ApiError(400, f"messages.{i}.{name} is not supported by minillm serve", param="messages",
+                               code="unsupported_parameter")
 
     def text(self, i: int) -> str:
         """The message's text: a string, or the text parts of a list of content parts."""
@@ -181,12 +321,83 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions: messages rendered through the model's chat template."""
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: PositiveInteger | None = None   # the newer name of max_tokens
+    logprobs: bool | None = False                          # each answer token's logprob ...
+    top_logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)   # ... and this many alternatives
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, top, info):
+        if top and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return top
+
+    def token_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        for i, message in enumerate(self.messages):
+            message.refuse_unsupported(i)
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    # Tool calls (engine/tool_calls.py): the functions the model may call, whether and which it must call.
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
     def plain_messages(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]
+        """The messages as the chat template takes them: role, text, and an assistant's tool_calls or a tool
+        result's tool_call_id where given."""
+        return [{"role": m.role, "content": m.text(i),
+                 **({"tool_calls": [plain(c) for c in m.tool_calls]} if m.tool_calls else {}),
+                 **({"tool_call_id": m.tool_call_id} if m.tool_call_id is not None else {})}
+                for i, m in enumerate(self.messages)]
+
+    def plain_tools(self) -> tuple[list[dict], str | dict | None]:
+        """(tools, tool_choice) as plain JSON, for engine/tool_calls.py."""
+        choice = plain(self.tool_choice) if isinstance(self.tool_choice, BaseModel) else self.tool_choice
+        return [plain(t) for t in self.tools or []], choice
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's shape): a text, or messages through the chat template -> its token ids."""
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"oneOf": [    # one of the two, not null
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]})
+    model: Annotated[Text, served("model")]
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None       # the tokenizer's BOS for a text (default on); never for messages
+    add_generation_prompt: bool = True           # messages: end with the assistant's turn opening, as a chat does
+
+    @field_validator("messages")
+    @classmethod
+    def _prompt_or_messages(cls, messages, info):
+        if (messages is None) == (info.data.get("prompt") is None):
+            raise ValueError("give either prompt or messages")
+        return messages
+
+    def refuse_unsupported(self) -> None:
+        if self.prompt is None and self.messages is None:
+            raise ApiError(400, "give either prompt or messages", param="prompt")
+        for i, message in enumerate(self.messages or []):
+            message.refuse_unsupported(i)
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (vLLM's shape): token ids -> their text."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: Annotated[Text, served("model")] | None = None
+    tokens: list[Annotated[int, Field(ge=0), BeforeValidator(_integral), served("token_id")]]
+
+    def refuse_unsupported(self) -> None:
+        pass
+
+
+def tokenized(tokens: list[int], max_model_len: int) -> dict:
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": max_model_len}
 
 
 def parse(schema: type[_Sampling], raw: bytes) -> _Sampling:
@@ -249,26 +460,40 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion(id: str, model: str, text: str, finish_reason: str | None, counts: dict | None) -> dict:
-    """A /v1/completions response (counts given) or one streamed chunk of it (counts None)."""
+def completion(id: str, model: str, text: str, finish_reason: str | None, counts: dict | None,
+               logprobs: dict | None = None) -> dict:
+    """A /v1/completions response (counts given) or one streamed chunk of it (counts None); logprobs:
+    serve/logprobs.py's, when asked for."""
     body = {"id": id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
     if counts is not None:
         body["usage"] = counts
     return body
 
 
-def chat_completion(id: str, model: str, text: str, finish_reason: str, counts: dict) -> dict:
+def chat_completion(id: str, model: str, text: str | None, finish_reason: str, counts: dict,
+                    logprobs: dict | None = None, tool_calls: list[dict] | None = None,
+                    reasoning: str | None = None) -> dict:
+    """A /v1/chat/completions response; reasoning: a thinking model's, as `reasoning_content` (vLLM's field)."""
+    message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     return {"id": id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "message": message,
+                         "logprobs": logprobs, "finish_reason": finish_reason}],
             "usage": counts}
 
 
-def chat_chunk(id: str, model: str, delta: dict, finish_reason: str | None) -> dict:
+def with_choices(bodies: list[dict]) -> dict:
+    """One response (or chunk) of n choices from n bodies of one choice each (made by the builders above):
+    the first body, its `choices` the bodies' choices indexed 0..n-1."""
+    return {**bodies[0], "choices": [{**body["choices"][0], "index": i} for i, body in enumerate(bodies)]}
+
+
+def chat_chunk(id: str, model: str, delta: dict, finish_reason: str | None, logprobs: dict | None = None) -> dict:
     """One streamed chunk: the first carries the role, the next ones text, the last the finish."""
     return {"id": id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
 
 
 def usage_chunk(id: str, model: str, object: str, counts: dict) -> dict:

@@ -32,13 +32,19 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import AsyncIterator, Iterator
 
 from minillm.checkpoints.chat_template import template_roles
+from minillm.engine.choices import max_tokens_for_choices
+from minillm.engine.reasoning import split_answer, splitter_for
+from minillm.engine.structured import Grammar, GrammarError, compile_grammar
+from minillm.engine.tool_calls import (ToolCallStream, ToolSyntax, check_tools, messages_with_tools,
+                                       parse_tool_calls, tool_grammar, tool_syntax)
 from minillm.errors import MiniLLMError
 from minillm.serve.live import LiveView
+from minillm.serve.logprobs import ChoiceLogprobs
 from minillm.serve.metrics import Metrics
 from minillm.resources import install_hint
 
@@ -53,7 +59,8 @@ try:
     from minillm.serve.web import add_web
     from minillm.serve.protocol import (SSE_DONE, ApiError, ChatCompletionRequest, CompletionRequest, chat_chunk,
                                         chat_completion, completion, error_responses, json_schema, model_list,
-                                        new_id, parse, sse, usage, usage_chunk)
+                                        new_id, parse, plain, sse, usage, usage_chunk, with_choices)
+    from minillm.serve.protocol import DetokenizeRequest, TokenizeRequest, tokenized
 except ImportError:
     raise MiniLLMError(f"minillm serve needs FastAPI and uvicorn: {install_hint('serve')}") from None
 
@@ -62,20 +69,23 @@ log = logging.getLogger("minillm.serve.server")
 # Besides the engine's StepEvents and ApiErrors, a request's queue receives these two: the first item
 # of every accepted request, and the last item of an aborted one (whose engine events are dropped).
 _ACCEPTED = object()
-_ABORTED = SimpleNamespace(token_ids=[], text="", finished=True, finish_reason="abort")
+_ABORTED = SimpleNamespace(request_id=None, token_ids=[], text="", finished=True, finish_reason="abort")
 
 
 # ---- the engine thread ----------------------------------------------------------------------------
 
 @dataclass(eq=False)
 class Submission:
-    """One HTTP request's handle on its engine request; its events arrive on `events`."""
+    """One HTTP request's handle on its engine request (n of them for n choices); its events arrive on `events`."""
     prompt_ids: list[int]
     params: dict
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     arrived: float                     # perf_counter() when the handler submitted it
-    rid: int | None = None             # the engine's id, set by the engine thread
+    n: int = 1                         # choices of the prompt (engine.add_choices)
+    rid: int | None = None             # the engine's id (of choice 0), set by the engine thread
+    rids: list[int] = field(default_factory=list)     # every choice's engine id, choice i at index i
+    unfinished: int = 1                # choices whose last event the handler has not seen
     first_token_at: float | None = None
     last_token_at: float | None = None
     done: bool = False                 # the handler has seen the last event
@@ -94,8 +104,14 @@ class Submission:
             if isinstance(item, ApiError):
                 self.done = True
                 raise item
-            self.done = item.finished
+            if item.finished:              # an abort ends every choice at once
+                self.unfinished = 0 if item is _ABORTED else self.unfinished - 1
+            self.done = self.unfinished == 0
             yield item
+
+    def index(self, event) -> int:
+        """Which choice an event is for (0 for the abort that ends them all)."""
+        return self.rids.index(event.request_id) if event.request_id in self.rids else 0
 
 
 class EngineLoop:
@@ -120,8 +136,9 @@ class EngineLoop:
         self._thread.join(timeout=30)
 
     # -- called from the event loop's thread --
-    def submit(self, prompt_ids: list[int], **params) -> Submission:
-        sub = Submission(prompt_ids, params, asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter())
+    def submit(self, prompt_ids: list[int], n: int = 1, **params) -> Submission:
+        sub = Submission(prompt_ids, params, asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter(), n,
+                         unfinished=n)
         self._send("add", sub)
         return sub
 
@@ -163,23 +180,29 @@ class EngineLoop:
                 self._add(sub)
             elif command == "watch":
                 pass                                 # only woke the thread: live.idle() sends the picture
-            elif sub.rid in self._live:
-                self.engine.abort(sub.rid)           # frees its KV blocks now
-                self._end(sub, "abort")
+            elif any(rid in self._live for rid in sub.rids):
+                for rid in reversed(sub.rids):       # the last choices first: none becomes the one to prefill
+                    if rid in self._live:
+                        self.engine.abort(rid)       # frees its KV blocks now
+                        self._end(rid, "abort")
                 self._post(sub, _ABORTED)
         self._snapshot_stats()
 
     def _add(self, sub: Submission) -> None:
         try:
-            sub.rid = self.engine.add_request(sub.prompt_ids, **sub.params)
+            if sub.n == 1:
+                sub.rids = [self.engine.add_request(sub.prompt_ids, **sub.params)]
+            else:                                    # the prompt prefilled once, its blocks shared
+                sub.rids = self.engine.add_choices(sub.prompt_ids, sub.n, **sub.params)
         except (MiniLLMError, ValueError) as e:      # the engine's own checks: the request's fault
-            self._post(sub, ApiError(400, str(e)))
+            self._post(sub, ApiError(400, str(e), param=getattr(e, "param", None)))
             return
         except Exception as e:
             log.exception("add_request failed")
             self._post(sub, ApiError(500, f"the engine failed: {type(e).__name__}: {e}", type="server_error"))
             return
-        self._live[sub.rid] = sub
+        sub.rid = sub.rids[0]
+        self._live.update(dict.fromkeys(sub.rids, sub))
         with self.metrics.lock:
             self.metrics.prompt_tokens += len(sub.prompt_ids)
         self._post(sub, _ACCEPTED)
@@ -193,18 +216,21 @@ class EngineLoop:
             sub = self._live.get(event.request_id)
             if sub is None:                          # aborted between its last step and this one
                 continue
-            self._record_latency(sub, len(event.token_ids), now)
+            self._record_latency(sub, event, now)
             if event.finished:
-                self._end(sub, event.finish_reason)
+                self._end(event.request_id, event.finish_reason)
             self._post(sub, event)
         self._snapshot_stats()
 
-    def _record_latency(self, sub: Submission, n_new: int, now: float) -> None:
+    def _record_latency(self, sub: Submission, event, now: float) -> None:
+        n_new = len(event.token_ids)
         if n_new == 0:
             return
         with self.metrics.lock:
             m = self.metrics
             m.generation_tokens += n_new
+            if event.request_id != sub.rid:          # the latencies are choice 0's (n > 1: all come together)
+                return
             if sub.first_token_at is None:           # the first token's wait is TTFT, not ITL
                 sub.first_token_at = now
                 m.ttft.observe(now - sub.arrived)
@@ -214,8 +240,8 @@ class EngineLoop:
                     m.itl.observe(gap)
         sub.last_token_at = now
 
-    def _end(self, sub: Submission, reason: str | None) -> None:
-        self._live.pop(sub.rid, None)
+    def _end(self, rid: int, reason: str | None) -> None:
+        self._live.pop(rid, None)
         with self.metrics.lock:
             self.metrics.finished[reason] = self.metrics.finished.get(reason, 0) + 1
 
@@ -225,7 +251,7 @@ class EngineLoop:
                 self.engine.abort(rid)
             except Exception:
                 log.exception("abort after a failed step failed too")
-            self._end(sub, "error")
+            self._end(rid, "error")
             self._post(sub, error)
 
     def _snapshot_stats(self) -> None:
@@ -316,6 +342,14 @@ class OpenAIServer:
         body, ids = await self._off_loop(len(raw), self._chat_ids, raw)
         return await self._answer(request, body, ids, body.token_limit(), chat=True)
 
+    async def tokenize(self, request: Request) -> dict:
+        raw = await self._body(request)
+        return await self._off_loop(len(raw), self._tokenize, raw)
+
+    async def detokenize(self, request: Request) -> dict:
+        raw = await self._body(request)
+        return await self._off_loop(len(raw), self._detokenize, raw)
+
     async def _body(self, request: Request) -> bytes:
         require_json(request)
         return await request.body()         # bounded by the Guard: past max_body_bytes it raises the 413
@@ -340,15 +374,85 @@ class OpenAIServer:
         self._check_prompt_chars(len(body.prompt), "prompt")
         return body, self._encode(lambda: body.prompt, lambda: self.llm.prompt_ids(body.prompt, chat=False), "prompt")
 
+    def _tokenize(self, raw: bytes) -> dict:
+        """/tokenize: a text's ids (its BOS as a completion would get it, unless add_special_tokens is false),
+        or messages' through the chat template."""
+        body = parse(TokenizeRequest, raw)
+        self._check_model(body.model)
+        if body.messages is not None:
+            messages = [{"role": m.role, "content": m.text(i)} for i, m in enumerate(body.messages)]
+            self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
+            encode, param = lambda: self.llm.tokenizer.encode_chat(messages, body.add_generation_prompt), "messages"
+        else:
+            self._check_prompt_chars(len(body.prompt), "prompt")
+            plain = body.add_special_tokens is False
+            encode = (lambda: self.llm.tokenizer.encode(body.prompt)) if plain else \
+                (lambda: self.llm.prompt_ids(body.prompt, chat=False))
+            param = "prompt"
+        try:
+            ids = encode()
+        except (MiniLLMError, ValueError) as e:      # no tokenizer, a template that refused, ...
+            raise ApiError(400, str(e), param=param) from None
+        return tokenized(ids, self.llm.config.max_seq_len)
+
+    def _detokenize(self, raw: bytes) -> dict:
+        """/detokenize: token ids' text."""
+        body = parse(DetokenizeRequest, raw)
+        if body.model is not None:
+            self._check_model(body.model)
+        vocab = self.llm.config.vocab_size
+        bad = [t for t in body.tokens if t >= vocab]
+        if bad:
+            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="tokens")
+        try:
+            return {"prompt": self.llm.tokenizer.decode(body.tokens)}
+        except MiniLLMError as e:                    # no tokenizer
+            raise ApiError(400, str(e), param="tokens") from None
+
     def _chat_ids(self, raw: bytes) -> tuple[ChatCompletionRequest, list[int]]:
         body = parse(ChatCompletionRequest, raw)
         self._check_model(body.model)
         messages = body.plain_messages()
         self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
+        tokenizer = self.llm.tokenizer
+        tools, _ = self._checked_tools(body)
+        messages, extra = messages_with_tools(tokenizer.chat_template, messages, tools)   # tools into the prompt
         # The template's rendering is bounded (chat_template.TemplateLimits); the ids come from the
         # same template, its text as control tokens and the messages' as text only.
-        return body, self._encode(lambda: self.llm.tokenizer.render_chat(messages),
-                                  lambda: self.llm.prompt_ids(messages), "messages")
+        return body, self._encode(lambda: tokenizer.render_chat(messages, **extra),
+                                  lambda: tokenizer.encode_chat(messages, True, **extra), "messages")
+
+    def _checked_tools(self, body) -> tuple[list[dict], object]:
+        """(the tools the prompt shows, tool_choice), checked; tool_choice "none" shows none (engine/tool_calls.py)."""
+        try:
+            tools, choice = check_tools(*body.plain_tools(), body.parallel_tool_calls)
+        except GrammarError as e:
+            raise ApiError(400, str(e), param=e.field, code="invalid_grammar") from None
+        return (tools if choice != "none" else []), choice
+
+    def _tool_syntax(self, body, chat: bool) -> ToolSyntax | None:
+        """The model's tool-call syntax when this answer is to be parsed for calls, else None."""
+        if not chat or not body.tools or body.tool_choice == "none":
+            return None
+        return tool_syntax(self.llm.tokenizer)
+
+    def _grammar(self, body) -> Grammar | None:
+        """The grammar the request's output must follow (engine/structured.py), compiled here, off the event
+        loop and the engine thread (capped at COMPILE_TIMEOUT_S); a bad one is a 400 naming its field."""
+        try:
+            tokenizer, vocab, calls = self.llm.tokenizer, self.llm.config.vocab_size, None
+            if isinstance(body, ChatCompletionRequest):       # tool_choice "required" or a named function
+                tools, choice = self._checked_tools(body)
+                calls = tool_grammar(tools, choice, body.parallel_tool_calls is not False, tool_syntax(tokenizer),
+                                     tokenizer.special_tokens)
+            if calls is not None and (body.response_format or body.structured_outputs):
+                raise GrammarError("tool_choice requires a tool call; it cannot also require response_format or "
+                                   "structured_outputs", "tool_choice")
+            if calls is not None:
+                return compile_grammar(tokenizer, vocab, calls)
+            return self.llm.grammar(plain(body.response_format), plain(body.structured_outputs))
+        except GrammarError as e:
+            raise ApiError(400, str(e), param=e.field, code="invalid_grammar") from None
 
     def _encode(self, text, ids, param: str) -> list[int]:
         """The prompt ids, after a one-pass lower bound on their number has not already refused them."""
@@ -400,8 +504,13 @@ class OpenAIServer:
 
     async def _answer(self, request: Request, body, ids: list[int], max_tokens: int | None, chat: bool):
         budget = self._token_budget(len(ids), max_tokens, "messages" if chat else "prompt")
-        sub = self.loop.submit(ids, max_tokens=budget, temperature=body.temperature, top_p=body.top_p,
-                               top_k=body.top_k, stop=tuple(body.stop), seed=body.seed, ignore_eos=body.ignore_eos)
+        if body.n > 1 and max_tokens is None:      # "as long as it takes" for n choices: what the pool holds of each
+            pool = self.loop.engine.pool
+            budget = max(1, min(budget, max_tokens_for_choices(len(ids), body.n, pool.block_size, pool.num_blocks)))
+        grammar = await self._off_loop(0, self._grammar, body)
+        sub = self.loop.submit(ids, n=body.n, max_tokens=budget, temperature=body.temperature, top_p=body.top_p,
+                               top_k=body.top_k, stop=tuple(body.stop), seed=body.seed, ignore_eos=body.ignore_eos,
+                               grammar=grammar, **self._controls(body, chat))
         watcher = asyncio.create_task(self._abort_on_disconnect(request, sub))
         try:
             await sub.accepted()
@@ -412,38 +521,107 @@ class OpenAIServer:
             # The engine's id lets the page find its own request in the live view (which shows ids only).
             return StreamingResponse(self._sse(sub, body, chat, watcher), media_type="text/event-stream",
                                      headers={"x-minillm-request-id": str(sub.rid)})
+        logprobs = [self._logprobs(body, chat, ids) for _ in range(sub.n)]                 # per choice
         try:
-            pieces, n_tokens, finish = [], 0, None
+            pieces, n_tokens, finish = [[self._echo(body, chat, ids)] for _ in range(sub.n)], 0, [None] * sub.n
             async for event in sub.stream():
-                pieces.append(event.text)
+                i = sub.index(event)
+                pieces[i].append(event.text)
                 n_tokens += len(event.token_ids)
-                finish = event.finish_reason
+                finish[i] = event.finish_reason
+                if logprobs[i] is not None:
+                    logprobs[i].chunk(event)
         finally:
             watcher.cancel()
-        counts = usage(len(ids), n_tokens)
+        counts = usage(len(ids), n_tokens)                # the prompt once, every choice's tokens
+        id, answer = (new_id("chatcmpl"), chat_completion) if chat else (new_id("cmpl"), completion)
+        texts, reasoning = ["".join(p) for p in pieces], [None] * sub.n
+        if chat:                                          # a thinking model's <think>...</think>: reasoning_content
+            reasoning, texts = map(list, zip(*(split_answer(self.llm.tokenizer, ids, t) for t in texts)))
+        syntax = self._tool_syntax(body, chat)
+        if syntax is not None:                            # the model's tool-call syntax -> OpenAI's tool_calls
+            calls = [parse_tool_calls(t, syntax) for t in texts]
+            return with_choices([chat_completion(id, self.model_name, content, "tool_calls" if tc else f, counts,
+                                                 lp and lp.total(), tool_calls=tc, reasoning=r)
+                                 for (content, tc), f, lp, r in zip(calls, finish, logprobs, reasoning)])
         if chat:
-            return chat_completion(new_id("chatcmpl"), self.model_name, "".join(pieces), finish, counts)
-        return completion(new_id("cmpl"), self.model_name, "".join(pieces), finish, counts)
+            return with_choices([chat_completion(id, self.model_name, t, f, counts, lp and lp.total(), reasoning=r)
+                                 for t, f, lp, r in zip(texts, finish, logprobs, reasoning)])
+        return with_choices([answer(id, self.model_name, t, f, counts, lp and lp.total())
+                             for t, f, lp in zip(texts, finish, logprobs)])
+
+    def _controls(self, body, chat: bool) -> dict:
+        """The request's sampling controls for the engine (engine/sampling.py), their token ids checked
+        against the vocabulary here, where the 400 can name the field."""
+        controls, vocab = body.controls(), self.llm.config.vocab_size
+        for name in ("logit_bias", "stop_token_ids"):
+            bad = [t for t in controls.get(name, ()) if t >= vocab]
+            if bad:
+                raise ApiError(400, f"{name}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param=name)
+        if not chat and body.echo and body.logprobs is not None:
+            controls["prompt_logprobs"] = body.logprobs
+        return controls
+
+    def _logprobs(self, body, chat: bool, ids: list[int]) -> ChoiceLogprobs | None:
+        """What turns a choice's TokenLogprobs into OpenAI's shape, when the request asked for logprobs."""
+        if body.token_logprobs() is None:
+            return None
+        return ChoiceLogprobs(self.llm.tokenizer, chat, ids if not chat and body.echo else None)
+
+    def _echo(self, body, chat: bool, ids: list[int]) -> str:
+        """The prompt's text, before the answer's, when a completion asks for echo."""
+        if chat or not body.echo:
+            return ""
+        return body.prompt if isinstance(body.prompt, str) else self.llm.tokenizer.decode(ids)
 
     async def _sse(self, sub: Submission, body, chat: bool, watcher: asyncio.Task) -> AsyncIterator[str]:
         """The streamed answer: one chunk per step that produced text, a last chunk with the finish
         reason, optionally one with the usage, then [DONE]."""
         id, model = new_id("chatcmpl" if chat else "cmpl"), self.model_name
 
-        def chunk(text: str | None, finish: str | None) -> dict:
+        def chunk(text: str | None, finish: str | None, index: int, delta: dict | None = None,
+                  logprobs: dict | None = None) -> dict:
             if chat:
-                return chat_chunk(id, model, {} if text is None else {"content": text}, finish)
-            return completion(id, model, text or "", finish, None)
+                body = chat_chunk(id, model, delta or ({} if text is None else {"content": text}), finish, logprobs)
+            else:
+                body = completion(id, model, text or "", finish, None, logprobs)
+            return {**body, "choices": [{**body["choices"][0], "index": index}]}     # choice `index`'s chunk
+        logprobs = [self._logprobs(body, chat, sub.prompt_ids) for _ in range(sub.n)]     # per choice
+        echo = [self._echo(body, chat, sub.prompt_ids)] * sub.n                          # before each one's text
+        syntax = self._tool_syntax(body, chat)
+        calls = [ToolCallStream(syntax) if syntax else None for _ in range(sub.n)]      # holds back tool calls
+        thinking = [splitter_for(self.llm.tokenizer, sub.prompt_ids) if chat else None for _ in range(sub.n)]
         try:
             if chat:
-                yield sse(chat_chunk(id, model, {"role": "assistant", "content": ""}, None))
+                for i in range(sub.n):
+                    yield sse(chunk(None, None, i, delta={"role": "assistant", "content": ""}))
             n_tokens = 0
             async for event in sub.stream():
                 n_tokens += len(event.token_ids)
-                if event.text:
-                    yield sse(chunk(event.text, None))
+                i = sub.index(event)
+                text, echo[i] = echo[i] + event.text, ""
+                if thinking[i] is not None:                  # the reasoning goes out as reasoning_content
+                    said, text = thinking[i].push(text)
+                    if event.finished:
+                        said, text = (a + b for a, b in zip((said, text), thinking[i].finish()))
+                    if said:
+                        yield sse(chunk(None, None, i, delta={"reasoning_content": said}))
+                if calls[i] is not None:
+                    text = calls[i].push(text)
+                part = logprobs[i].chunk(event) if logprobs[i] is not None else None
+                if text or part is not None:
+                    yield sse(chunk(text, None, i, logprobs=part))
                 if event.finished:
-                    yield sse(chunk(None, event.finish_reason))
+                    finish = event.finish_reason
+                    if calls[i] is not None:                 # what was held back: content, or the calls whole
+                        rest, tool_calls = calls[i].finish()
+                        if rest:
+                            yield sse(chunk(rest, None, i))
+                        if tool_calls:
+                            finish = "tool_calls"
+                            yield sse(chunk(None, None, i, delta={"tool_calls": [
+                                dict(call, index=k) for k, call in enumerate(tool_calls)]}))
+                    yield sse(chunk(None, finish, i))
             if body.include_usage():
                 yield sse(usage_chunk(id, model, "chat.completion.chunk" if chat else "text_completion",
                                       usage(len(sub.prompt_ids), n_tokens)))
@@ -483,6 +661,7 @@ def create_app(llm, engine, model_name: str, options: ServeOptions | None = None
     app = FastAPI(title="minillm", lifespan=lifespan, responses=error_responses(400, 408, 413, 503))
     app.state.server = server
     app.include_router(api_routes(server))
+    app.include_router(tokenizer_routes(server))
     app.include_router(ops_routes(server))
     add_web(app, server, planner)
     add_error_handlers(app)
@@ -512,6 +691,17 @@ def api_routes(server: OpenAIServer) -> APIRouter:
     api.post("/chat/completions", openapi_extra=request_body(ChatCompletionRequest, facts),
              responses=answers)(server.chat_completions)
     return api
+
+
+def tokenizer_routes(server: OpenAIServer) -> APIRouter:
+    """vLLM's /tokenize and /detokenize (at the root, as vLLM serves them), behind the API key when one is set."""
+    key = server.options.api_key
+    routes = APIRouter(dependencies=[Depends(require_api_key(key))],
+                       responses={**error_responses(400, 404, 415), **(error_responses(401) if key else {})})
+    facts = server.served_facts()
+    routes.post("/tokenize", openapi_extra=request_body(TokenizeRequest, facts))(server.tokenize)
+    routes.post("/detokenize", openapi_extra=request_body(DetokenizeRequest, facts))(server.detokenize)
+    return routes
 
 
 def ops_routes(server: OpenAIServer) -> APIRouter:

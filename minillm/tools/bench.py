@@ -237,6 +237,10 @@ def random_model(cfg: ModelConfig, seed: int = 0):
               "self_attn.v_proj": (cfg.n_kv_heads * hd, cfg.dim), "self_attn.o_proj": (cfg.dim, cfg.n_heads * hd),
               "mlp.gate_proj": (cfg.ffn_dim, cfg.dim), "mlp.up_proj": (cfg.ffn_dim, cfg.dim),
               "mlp.down_proj": (cfg.dim, cfg.ffn_dim)}
+    if cfg.qk_norm:                                        # Qwen3, Gemma 3
+        shapes |= {"self_attn.q_norm": (hd,), "self_attn.k_norm": (hd,)}
+    if cfg.sandwich_norms:                                 # Gemma: the gains are 1 + w, so w = 0 is a gain of 1
+        shapes |= {"pre_feedforward_layernorm": (cfg.dim,), "post_feedforward_layernorm": (cfg.dim,)}
     t = {"model.embed_tokens.weight": rng.standard_normal((cfg.vocab_size, cfg.dim), dtype=np.float32) * 0.02,
          "model.norm.weight": np.ones(cfg.dim, np.float32)}
     if not cfg.tie_embeddings:

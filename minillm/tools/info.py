@@ -15,7 +15,7 @@ def describe(model: str) -> str:
     from minillm.checkpoints.reader import read_checkpoint
 
     preset = PRESETS.get(model)
-    weights_bytes, disk, where = None, None, "not pulled: run `minillm pull %s`" % model
+    weights_bytes, disk, where, loaded = None, None, "not pulled: run `minillm pull %s`" % model, None
     try:
         path = pull.resolve(model)
     except WeightsNotFound:
@@ -26,7 +26,10 @@ def describe(model: str) -> str:
         config, tensors, _ = read_checkpoint(path)
         weights_bytes = sum(t.nbytes for t in tensors.values())
         where, disk = str(path), on_disk(path)
-    return _report(model, config, weights_bytes, where, disk)
+        if ".gguf" in disk:             # which way a GGUF's matrices load (gguf_quantized.load_gguf_for_cpu)
+            from minillm.checkpoints.gguf_quantized import load_path
+            loaded = load_path(tensors)
+    return _report(model, config, weights_bytes, where, disk, loaded)
 
 
 def on_disk(path) -> str:
@@ -50,22 +53,26 @@ def on_disk(path) -> str:
     if converted:       # pulled before issue 16: the GGUF and a float32 copy of it, which is what loads
         return (f"{_gb(total)}: safetensors (loaded) and {gguf.name} ({_gb(gguf.stat().st_size)}: {form} tensors, "
                 f"which they were converted from); `minillm pull {path.name} --force` keeps only the GGUF")
-    return (f"{_gb(total)}: {gguf.name} ({_gb(gguf.stat().st_size)}: {form} tensors, as they came; dequantized "
-            f"at load)" + ("" if path.is_file() else ", config and tokenizer"))
+    return (f"{_gb(total)}: {gguf.name} ({_gb(gguf.stat().st_size)}: {form} tensors, as they came)"
+            + ("" if path.is_file() else ", config and tokenizer"))
 
 
-def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str, disk: str | None = None) -> str:
+def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str, disk: str | None = None,
+            loaded: str | None = None) -> str:
     heads = _attention_summary(c)
     rows = [
         ("model", name),
         ("weights", where),
-        ("family", c.family + (f", sliding window {c.sliding_window}" if c.sliding_window else "")),
+        ("family", c.family + (f", sliding window {c.sliding_window}" if c.sliding_window else "")
+         + (f", windowed layers {sum(w is not None for w in c.layer_windows)} of {c.n_layers} "
+            f"(window {next(w for w in c.layer_windows if w)})" if c.layer_windows else "")),
         ("layers", c.n_layers),
         ("dim / ffn", f"{c.dim} / {c.ffn_dim}"),
         ("attention", heads),
         ("vocab", f"{c.vocab_size}" + (" (tied embeddings)" if c.tie_embeddings else "")),
         ("context", c.max_seq_len),
-        ("rope", f"theta {c.rope_theta:g}" + (f", scaling {c.rope_scaling.get('rope_type')}" if c.rope_scaling else "")),
+        ("rope", f"theta {c.rope_theta:g}" + (f", scaling {c.rope_scaling.get('rope_type')}" if c.rope_scaling else "")
+         + (f", windowed layers theta {c.rope_local_theta:g}" if c.rope_local_theta is not None else "")),
         ("parameters", f"{c.n_params:,} ({c.n_params / 1e9:.3f} B)"),
         ("bytes fp32 / bf16", f"{_gb(4 * c.n_params)} / {_gb(2 * c.n_params)}"),
     ]
@@ -76,9 +83,12 @@ def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str, di
     if c.quantization:
         q = c.quantization
         rows.append(("quantization", q["method"] + (f", groups of {q['group_size']}" if "group_size" in q else "")
-                     + " (layer matrices; embedding and head as stored)"))
+                     + (" (the experts as shipped; attention, router, embedding and head as stored)"
+                        if q.get("experts_only") else " (layer matrices; embedding and head as stored)")))
     if disk is not None:
         rows.append(("on disk", disk))
+    if loaded is not None:
+        rows.append(("load path", loaded + " (on the CPU; --device cuda, --quant and --flashnorm dequantize)"))
     if weights_bytes is not None:
         rows.append(("bytes in memory", _gb(weights_bytes) + " (the weights as loaded, before --dtype/--quant)"))
     rows += [

@@ -24,6 +24,7 @@ Assumptions, all optimistic or conservative in a known direction:
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +163,10 @@ def _bytes(c: ModelConfig, dtype: str, experts: int | None, n_params: int) -> in
     matrices = [m for i in range(c.n_layers) for m in _layer_matrices(c, i, experts)]
     linear = sum(rows * cols for rows, cols in matrices)
     if dtype in FORMAT_BYTES:   # fp8 / nf4 / mxfp4: (bytes a weight, bytes a scale, weights a scale or per row)
+        if _ships_experts_only(c, dtype):    # GPT-OSS's MXFP4 release: the experts only, attention stays 16-bit
+            attention = len(_block_matrices(c)) - 3
+            matrices = [m for i in range(c.n_layers) for m in _layer_matrices(c, i, experts)[attention:]]
+            linear = sum(rows * cols for rows, cols in matrices)
         per_weight, per_scale, block = FORMAT_BYTES[dtype]
         scales = sum(rows * (1 if block is None else math.ceil(cols / block)) for rows, cols in matrices)
         return int(linear * per_weight) + scales * per_scale + (n_params - linear) * 2
@@ -254,13 +259,21 @@ def resolve_model(model: str | Path | ModelConfig) -> tuple[str, ModelConfig]:
     raise PlanError(f"unknown model {str(model)!r}: not a preset ({', '.join(PRESETS)}) nor a folder with config.json")
 
 
-# Shapes the planner knows but minillm does not run (their checkpoints are refused in one line).
-# GPT-OSS-120B (the inference workshop's example: ~240 GB bf16, ~120 GB fp8, ~65 GB MXFP4): 36 layers
-# of 128 experts (top-4) of width 2880, GQA 64/8 heads of 64; its attention sinks, biases and the
-# alternating 128-token window are left out (a few MB).
-PLANNER_ONLY = {"gpt-oss-120b": ModelConfig(
-    vocab_size=201088, dim=2880, n_layers=36, n_heads=64, n_kv_heads=8, head_dim=64, ffn_dim=2880,
-    max_seq_len=131072, family="mixtral", n_experts=128, n_experts_per_token=4, moe_ffn_dim=2880)}
+def _ships_experts_only(c: ModelConfig, dtype: str) -> bool:
+    q = c.quantization or {}
+    return bool(q.get("experts_only")) and q.get("method") == dtype
+
+
+def _config_file(name: str) -> ModelConfig:
+    """A real checkpoint's config.json kept as data (minillm/tools/data), read as a checkpoint's is."""
+    from minillm.checkpoints.hf_quantized import translate_config
+    return ModelConfig.from_hf(translate_config(json.loads((Path(__file__).parent / "data" / name).read_text())))
+
+
+# Shapes the planner knows without a preset. GPT-OSS-120B (the inference workshop's example: ~240 GB
+# bf16, ~120 GB fp8, ~65 GB MXFP4, its experts stored MXFP4 as shipped): its own config.json, 36 layers
+# of 128 experts (top-4) of width 2880, GQA 64/8 heads of 64, biases and attention sinks counted.
+PLANNER_ONLY = {"gpt-oss-120b": _config_file("gpt-oss-120b.config.json")}
 
 
 def reserve_bytes(reserve: float, memory_bytes: float) -> float:

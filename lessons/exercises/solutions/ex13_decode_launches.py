@@ -11,7 +11,7 @@ The grader compares it with the launches recorded while the engine's own decode 
 def decode_launches(config, gemv_version: int, fuse_norm: bool) -> int:
     """Kernel launches in one decode step (one new token) of a model shaped like `config`.
 
-    config        a minillm.model.config.ModelConfig (n_layers, dim, ...)
+    config        a model's shape: a minillm.model.config.ModelConfig's fields as attributes (n_layers, dim, ...)
     gemv_version  1 or 2 (the first GEMV kernels: one matrix-vector product a launch, then separate RoPE,
                   KV-append, attention split + combine and SwiGLU launches) or 4 (fused variants)
     fuse_norm     whether each RMSNorm is folded into the GEMV that follows it

@@ -1,0 +1,310 @@
+"""Tool calls: the tools go into the prompt, the model's tool-call syntax comes back out as OpenAI `tool_calls`.
+
+Three steps, each in the model family's own syntax (`ToolSyntax`, chosen from the tokenizer's special tokens):
+
+* In: the chat template receives `tools` (HF's `apply_chat_template(tools=...)` convention), and assistant
+  messages' `tool_calls` and `tool` messages go back into it. A template that renders no tools (SmolLM2's)
+  gets them another way rather than losing them: a Hermes-style tools block (`TOOLS_BLOCK`) at the top of
+  the system message, earlier calls written into the assistant's text as <tool_call> blocks, and tool
+  results as user turns in <tool_response> blocks. Every string of a tool (its description, its schema,
+  the arguments, the results) reaches the template as text, never as control tokens (chat_template.py).
+* Enforced: tool_choice "required" or a named function compiles a grammar (structured.py) that accepts
+  only calls in the family's syntax, each function's arguments following its own JSON schema.
+* Out: `parse_tool_calls` cuts the answer into its content and its calls; `ToolCallStream` does the same
+  on a stream, holding text back from where a call may start.
+
+The syntaxes:
+    hermes   (Hermes, Qwen, the injected block)  <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    llama3   (Llama 3.1 and later)               {"name": ..., "parameters": {...}}, or after <|python_tag|>
+    mistral  (Mistral)                           [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+"""
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+
+from minillm.engine.structured import GrammarError, GrammarSource
+
+TOOL_CHOICES = ("none", "auto", "required")
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")           # OpenAI's rule for a function's name
+
+# The tools block minillm writes into the system message when the chat template renders no tools. It
+# follows the Hermes convention (the one Qwen's template writes too), so the call syntax is "hermes".
+TOOLS_BLOCK = ("You can call functions to help with the request. Their signatures, as JSON schemas, are "
+               "between <tools> and </tools>:\n<tools>\n{tools}\n</tools>\n\nTo call one, answer with a JSON "
+               "object of its name and arguments between <tool_call> and </tool_call>:\n<tool_call>\n"
+               '{{"name": <function-name>, "arguments": <arguments-as-a-JSON-object>}}\n</tool_call>')
+
+
+@dataclass(frozen=True)
+class ToolSyntax:
+    """How one model family writes a tool call."""
+    name: str
+    start: str                 # the text a call starts with ("" for llama3's bare JSON)
+    arguments_key: str         # "arguments", or "parameters" for Llama 3.1
+
+
+HERMES = ToolSyntax("hermes", "<tool_call>", "arguments")
+LLAMA3 = ToolSyntax("llama3", "<|python_tag|>", "parameters")
+MISTRAL = ToolSyntax("mistral", "[TOOL_CALLS]", "arguments")
+
+
+def tool_syntax(tokenizer) -> ToolSyntax:
+    """The family's syntax, from the tokenizer's special tokens: Mistral's [TOOL_CALLS], Llama 3's
+    <|python_tag|> (or its <|eot_id|>), else Hermes (Qwen, and every template given the injected block)."""
+    special = getattr(tokenizer, "special_tokens", {})
+    if "[TOOL_CALLS]" in special:
+        return MISTRAL
+    if "<|python_tag|>" in special or "<|eot_id|>" in special:
+        return LLAMA3
+    return HERMES
+
+
+def renders_tools(template: str | None) -> bool:
+    """Does the chat template do something with `tools`? (SmolLM2's never mentions them.)"""
+    return bool(template) and re.search(r"\btools\b", template) is not None
+
+
+# ---- the request's tools, checked ----------------------------------------------------------------------
+
+def check_tools(tools, tool_choice=None, parallel_tool_calls=None) -> tuple[list[dict], str | dict]:
+    """(tools as the template takes them, the tool_choice) checked: each function named as OpenAI allows, its
+    parameters a JSON schema llguidance can compile; a bad one is a GrammarError naming `tools` or
+    `tool_choice`. tool_choice defaults to "auto" with tools and "none" without."""
+    import llguidance as llg
+    tools = tools or []
+    if not isinstance(tools, list):
+        raise GrammarError("tools must be a list of functions", "tools")
+    checked = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
+            raise GrammarError(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}', "tools")
+        name = function.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise GrammarError(f"tools[{i}].function.name must be 1 to 64 letters, digits, _ or -", "tools")
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict):
+            raise GrammarError(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        error = llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_json_schema(parameters))
+        if error:
+            raise GrammarError(f"tools[{i}].function.parameters is not a valid JSON schema: "
+                               f"{error.splitlines()[0][:200]}", "tools")
+        if not isinstance(function.get("description", ""), str):
+            raise GrammarError(f"tools[{i}].function.description must be a string", "tools")
+        checked.append({"type": "function", "function": dict(function, parameters=parameters)})
+    names = [t["function"]["name"] for t in checked]
+    if len(set(names)) != len(names):
+        raise GrammarError("tools: two functions have the same name", "tools")
+    choice = tool_choice if tool_choice is not None else ("auto" if checked else "none")
+    if isinstance(choice, dict):
+        function = choice.get("function") if choice.get("type") == "function" else None
+        wanted = function.get("name") if isinstance(function, dict) else None
+        if wanted not in names:
+            raise GrammarError(f"tool_choice names the function {wanted!r}, which is not in tools", "tool_choice")
+    elif choice not in TOOL_CHOICES:
+        raise GrammarError(f'tool_choice must be "none", "auto", "required" or {{"type": "function", ...}}, '
+                           f"got {choice!r}", "tool_choice")
+    elif choice == "required" and not checked:
+        raise GrammarError('tool_choice "required" needs at least one tool', "tool_choice")
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise GrammarError("parallel_tool_calls must be true or false", "parallel_tool_calls")
+    return checked, choice
+
+
+# ---- into the prompt ------------------------------------------------------------------------------------
+
+def messages_with_tools(template: str | None, messages: list[dict], tools: list[dict]) -> tuple[list[dict], dict]:
+    """(messages, extra template variables) for rendering a chat with `tools` (already checked).
+
+    A template that renders tools gets them as `tools=`, and the messages as they are, with each call's
+    arguments as a JSON object (OpenAI sends a string; HF's templates expect a mapping). One that renders
+    none gets the Hermes-style block in its system message, and calls and results written as text."""
+    messages = [_arguments_as_objects(m) for m in messages]
+    if renders_tools(template):
+        return messages, ({"tools": tools} if tools else {})
+    plain = [_as_plain_turn(m) for m in messages]
+    if not tools:
+        return plain, {}
+    block = TOOLS_BLOCK.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+    if plain and plain[0]["role"] == "system":
+        return [dict(plain[0], content=f"{plain[0]['content']}\n\n{block}")] + plain[1:], {}
+    return [{"role": "system", "content": block}] + plain, {}
+
+
+def _arguments_as_objects(message: dict) -> dict:
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for call in calls:
+        function = dict(call.get("function") or {})
+        if isinstance(function.get("arguments"), str):
+            try:
+                function["arguments"] = json.loads(function["arguments"])
+            except ValueError:
+                pass                           # not JSON: the template gets the string as sent
+        out.append(dict(call, function=function))
+    return dict(message, tool_calls=out)
+
+
+def _as_plain_turn(message: dict) -> dict:
+    """A turn a tools-blind template can render: calls written in the assistant's text, results as a user
+    turn, both in the Hermes tags the injected block describes."""
+    role, content = message["role"], message.get("content") or ""
+    if role == "assistant" and message.get("tool_calls"):
+        calls = [f"<tool_call>\n{json.dumps(_call_json(c), ensure_ascii=False)}\n</tool_call>"
+                 for c in message["tool_calls"]]
+        return {"role": "assistant", "content": "\n".join(([content] if content else []) + calls)}
+    if role == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    return {"role": role, "content": content}
+
+
+def _call_json(call: dict) -> dict:
+    function = call.get("function") or {}
+    return {"name": function.get("name"), "arguments": function.get("arguments", {})}
+
+
+# ---- enforced -------------------------------------------------------------------------------------------
+
+def tool_grammar(tools: list[dict], tool_choice, parallel: bool, syntax: ToolSyntax,
+                 special_ids: dict[str, int]) -> GrammarSource | None:
+    """The grammar that makes the answer tool calls (tool_choice "required": any of the tools; a named one:
+    that function), in the family's syntax, each call's arguments following its function's schema; None for
+    "auto" and "none" (the model chooses)."""
+    import llguidance as llg
+    if not isinstance(tool_choice, dict) and tool_choice != "required":
+        return None
+    if isinstance(tool_choice, dict):
+        tools = [t for t in tools if t["function"]["name"] == tool_choice["function"]["name"]]
+    rules, calls = [], []
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        head = json.dumps({"name": function["name"]})[:-1] + f', "{syntax.arguments_key}": '
+        rules.append(f"call_{i}: {json.dumps(head)} args_{i} \"}}\"")
+        rules.append(f"args_{i}: %json {json.dumps(function['parameters'])}")
+        calls.append(f"call_{i}")
+    one = " | ".join(calls)
+    if syntax is MISTRAL:
+        marker = f"<[{special_ids['[TOOL_CALLS]']}]>"
+        body = f'"[" call ("," " " call)* "]"' if parallel else '"[" call "]"'
+        start = f"start: {marker} {body}"
+    elif syntax is LLAMA3:                 # one call per answer: Llama 3.1's JSON form takes no second one
+        start = "start: call"
+    else:
+        block = '"<tool_call>\\n" call "\\n</tool_call>"'
+        start = f'start: {block} ("\\n" {block})*' if parallel else f"start: {block}"
+    lark = "\n".join([start, f"call: {one}", *rules])
+    return GrammarSource(llg.grammar_from("lark", lark), "tool_choice")
+
+
+# ---- out of the answer ----------------------------------------------------------------------------------
+
+def parse_tool_calls(text: str, syntax: ToolSyntax) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls) of an answer: the calls in OpenAI's shape ({"id", "type": "function", "function":
+    {"name", "arguments": a JSON string}}), the text before the first as content (None if empty). An answer
+    whose calls do not parse is all content, as vLLM's parsers leave it."""
+    found = _find_calls(text, syntax)
+    if found is None:
+        return text, []
+    content, objects = found
+    calls = []
+    for obj in objects:
+        arguments = obj.get(syntax.arguments_key, obj.get("arguments", obj.get("parameters", {})))
+        if not isinstance(obj.get("name"), str):
+            return text, []
+        calls.append({"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                      "function": {"name": obj["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
+    content = content.strip()
+    return (content or None), calls
+
+
+def _find_calls(text: str, syntax: ToolSyntax) -> tuple[str, list[dict]] | None:
+    """(text before the calls, the calls' JSON objects), or None if the text holds no call that parses."""
+    if syntax is HERMES:
+        blocks = re.findall(r"<tool_call>\s*(.*?)\s*(</tool_call>|$)", text, re.S)
+        objects = [_json_object(b) for b, _ in blocks]
+        if blocks and objects[-1] is None and not blocks[-1][1] and len(blocks) > 1:
+            objects.pop()                  # an unclosed last call cut off by max_tokens: the ones before stand
+        if not blocks or any(o is None for o in objects):
+            return None
+        return text[:text.index("<tool_call>")], objects
+    if syntax is MISTRAL:
+        if "[TOOL_CALLS]" not in text:
+            return None
+        before, _, after = text.partition("[TOOL_CALLS]")
+        try:
+            value = json.loads(after.strip())
+        except ValueError:
+            return None
+        objects = value if isinstance(value, list) else [value]
+        return (before, objects) if all(isinstance(o, dict) for o in objects) else None
+    before, tag, after = text.partition("<|python_tag|>")             # llama3: tagged, or bare JSON
+    candidate = after if tag else text
+    if not tag and not candidate.lstrip().startswith("{"):
+        return None
+    objects = [_json_object(part) for part in candidate.split(";") if part.strip()] if tag else [_json_object(candidate)]
+    if not objects or any(o is None or "name" not in o for o in objects):
+        return None
+    return (before if tag else ""), objects
+
+
+def _json_object(text: str) -> dict | None:
+    try:
+        value = json.loads(text.strip())
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class ToolCallStream:
+    """Streams an answer's content while holding back, from where a tool call may start, what may be one;
+    `finish` parses what was held: -> (content left to send, tool_calls)."""
+
+    def __init__(self, syntax: ToolSyntax):
+        self.syntax = syntax
+        self.sent, self.held = "", ""
+        self.calling = False           # a call's start was seen: everything from there is held
+
+    def push(self, text: str) -> str:
+        """More of the answer; -> the content that can go to the client now."""
+        self.held += text
+        if not self.calling:
+            start = self._call_start()
+            if start is not None:
+                self.calling = True
+                out, self.held = self.held[:start], self.held[start:]
+                self.sent += out
+                return out
+            keep = self._maybe_start()          # a tail that may grow into a call's start
+            out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+            self.sent += out
+            return out
+        return ""
+
+    def finish(self) -> tuple[str, list[dict]]:
+        content, calls = parse_tool_calls(self.sent + self.held, self.syntax)
+        if not calls:
+            held, self.held = self.held, ""
+            return held, []
+        return "", calls
+
+    def _call_start(self) -> int | None:
+        i = self.held.find(self.syntax.start) if self.syntax.start else -1
+        if i >= 0:
+            return i
+        if self.syntax is LLAMA3 and not self.sent and self.held.lstrip().startswith("{"):
+            return 0                    # Llama 3.1's bare JSON call: an answer that opens with "{"
+        return None
+
+    def _maybe_start(self) -> int:
+        if self.syntax is LLAMA3 and not self.sent and not self.held.strip():
+            return len(self.held)       # only whitespace so far: a bare JSON call may still come
+        marker = self.syntax.start
+        for n in range(min(len(marker) - 1, len(self.held)), 0, -1):
+            if self.held.endswith(marker[:n]):
+                return n
+        return 0
