@@ -9,7 +9,9 @@ Nothing here re-describes the model: the copy's forward pass is model/transforme
 and every layer function makes its masks, positions and buffers with `backend.array_module(x)`, so
 the same code runs on NumPy (`xp=numpy`: how the CPU tests run this very conversion) and on CuPy
 (every matmul a cuBLAS call). When loaded, it runs what has no kernels (minillm/cuda/__init__.py's table):
-MLA models of shapes mla_decode.cu cannot take, and tensor-parallel shards. The rest decode on kernels in a
+mixture-of-experts layers, biases, the newer families' pieces (QK-norm, sandwich norms, partial or scaled RoPE,
+attention sinks), fp8/NF4/MXFP4 weights (widened to 16 bits at upload), MLA models of shapes mla_decode.cu
+cannot take, and tensor-parallel shards. The rest decode on kernels in a
 CUDA graph (gpu_model.GPUTransformer; MLA: gpu_mla.GPUMLATransformer, whose prefill runs through this path).
 
 What lives on the device: the matrices in 16 bits (fp16, or bf16 as its raw uint16 bits, as on the
@@ -34,7 +36,7 @@ from minillm.model.transformer import LayerWeights, Transformer
 
 DTYPES = ("float16", "bfloat16", "float32")    # float32: lesson 11 (the CPU's numbers on the GPU)
 CACHE_DTYPES = ("float16", "float32")
-NORMS = ("attn_norm", "mlp_norm", "q_norm", "kv_norm")      # gains: fp32 on the device
+NORMS = ("q_norm", "kv_norm")              # MLA's latent gains: fp32 on the device
 STACKS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}   # the fused names and their views
 
 
@@ -52,21 +54,22 @@ def to_device(model: Transformer, dtype: str = "float16", xp=None, cache_dtype: 
         raise ValueError(f"GPU weights are float16, bfloat16 or float32, not {dtype!r}")
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"the device cache is float16 or float32, not {cache_dtype!r}")
-    if model.kv_cache == "int8":
-        raise ValueError("the GPU's Transformer path keeps a 16-bit cache: kv_cache='int8' is for GQA models")
-    if model.flashnorm or any(L.moe is not None for L in model.layers):
-        raise ValueError("FlashNorm and MoE models are not supported by the GPU's Transformer path yet")
+    if model.kv_cache != "auto":
+        raise ValueError(f"the GPU's Transformer path keeps a 16-bit cache: kv_cache={model.kv_cache!r} runs on "
+                         "GPUTransformer (Llama-style models) or the CPU")
+    if model.flashnorm:
+        raise ValueError("FlashNorm models are not supported by the GPU's Transformer path yet")
     sent: dict[int, object] = {}
 
     def dev(a, narrow: bool = True):
-        """One host array on the device (each host array sent once: views and ties stay shared)."""
+        """One host array on the device (each host array sent once: views and ties stay shared). A quantized
+        matrix (fp8, NF4, MXFP4, int8, int4) is widened to `dtype` here: no kernel computes in those formats
+        yet, so the device holds the values they encode, in 16 bits (minillm info --device cuda says so)."""
         if a is None:
             return None
-        if isinstance(a, QuantizedWeight):
-            raise ValueError("int8/int4 weights are not supported on the GPU's Transformer path: load "
-                             "16-bit weights")
         if id(a) not in sent:
-            sent[id(a)] = xp.asarray(to_dtype(np.asarray(a), dtype if narrow else "float32"))
+            host = a.dequantize() if isinstance(a, QuantizedWeight) else np.asarray(a)
+            sent[id(a)] = xp.asarray(to_dtype(host, dtype if narrow else "float32"))
         return sent[id(a)]
 
     gpu = model.with_options(mla_mode=mla_mode) if model.config.attention == "mla" else model.with_options()
@@ -88,17 +91,25 @@ def _device_layer(L: LayerWeights, dev) -> LayerWeights:
             whole = dev(getattr(L, stack))
             sizes = np.cumsum([len(getattr(L, p)) for p in parts[:-1]]).tolist()
             moved |= {stack: whole} | dict(zip(parts, _split(whole, sizes)))
+    if L.moe is not None:                                         # router, experts and biases: each moved once
+        expert = lambda e: None if e is None else replace(e, w_gate=dev(e.w_gate), w_up=dev(e.w_up),
+                                                         w_down=dev(e.w_down), biases=None if e.biases is None
+                                                         else tuple(dev(b, narrow=False) for b in e.biases))
+        moe = L.moe
+        moved["moe"] = replace(moe, router=dev(moe.router, narrow=False), experts=[expert(e) for e in moe.experts],
+                               bias=dev(moe.bias, narrow=False), shared=expert(moe.shared),
+                               router_bias=dev(moe.router_bias, narrow=False))
     for f in fields(L):
         value = getattr(L, f.name)
-        if f.name in moved or value is None or f.name == "moe":
+        if f.name in moved or value is None:
             continue
         if f.name == "bias":                                      # additive biases, [out] each: fp32
             moved["bias"] = {k: dev(b, narrow=False) for k, b in value.items()}
         elif f.name == "mla":
             moved["mla"] = replace(value, **{g.name: dev(getattr(value, g.name), g.name not in NORMS)
                                              for g in fields(value)})
-        else:
-            moved[f.name] = dev(value, f.name not in NORMS)
+        else:                                                     # matrices narrow; gains and sinks ([n]) fp32
+            moved[f.name] = dev(value, isinstance(value, QuantizedWeight) or np.ndim(value) == 2)
     return replace(L, **moved)
 
 
