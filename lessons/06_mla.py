@@ -105,7 +105,7 @@ def decode_times(model: Transformer, context: int, rounds: int) -> dict[str, Spr
     def step(mode):
         cache.length = context
         runs[mode].decode(1, cache)
-    return interleaved({mode: lambda mode=mode: step(mode) for mode in runs}, rounds)
+    return interleaved({mode: lambda mode=mode: step(mode) for mode in runs}, rounds, warmup=False)   # warm already
 
 
 def truncate_latent(mla_config: ModelConfig, tensors: dict[str, np.ndarray], rank: int):

@@ -9,6 +9,9 @@ full the newest request is preempted (its blocks freed, recomputed later). `mini
 loop: `step()` = schedule (scheduler.py) + one batched forward pass (batched.py) + sampling. On a GPU the
 lesson also times that forward pass eagerly and as a CUDA graph per batch bucket (cuda/gpu_batched.py), and
 the attention of a step full of prompt chunks: one key at a time (the paged kernels) vs on the tensor cores.
+Exercise 17.2 has you write that step's decision (who runs how many tokens, whom to preempt) as a policy;
+the grader replays it on its own block pool, so what it checks is what this lesson prints: every request
+finishes, and the pool never hands out a block it does not have.
 
 Run: python lessons/17_continuous_batching.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """

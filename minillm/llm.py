@@ -22,7 +22,9 @@ from minillm.checkpoints.quantize import quantize_checkpoint
 from minillm.model.formats import FORMATS
 from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, QuantizedWeight, quantization_entry
 from minillm.engine.sampling import SamplingParams
-from minillm.engine.structured import Grammar, compile_grammar, grammar_source
+from minillm.engine.structured import Grammar, GrammarError, compile_grammar, grammar_source
+from minillm.engine.tool_calls import (check_tools, messages_with_tools, parse_tool_calls, tool_grammar, tool_syntax,
+                                       uses_tools)
 from minillm.checkpoints.reader import read_checkpoint  # noqa: F401  (minillm.llm.read_checkpoint, as before)
 from minillm.resources import install_hint
 
@@ -78,14 +80,20 @@ class LLM:
         except NonFiniteLogits as e:
             raise MiniLLMError(f"{e}{non_finite_weight(self.model)}") from None
 
-    def prompt_ids(self, prompt: str | Messages, chat: bool | None = None) -> list[int]:
-        """The token ids a prompt becomes: the chat template for messages (or chat=True), else the
-        text as given with a BOS only where the tokenizer's config asks for one."""
+    def prompt_ids(self, prompt: str | Messages, chat: bool | None = None, tools: list[dict] | None = None) -> list[int]:
+        """The token ids a prompt becomes: the chat template for messages (or chat=True), with `tools` (checked,
+        engine/tool_calls.py) and any tool calls and results in the messages; else the text as given with a
+        BOS only where the tokenizer's config asks for one."""
         tok = self.tokenizer
+        if tools and not (isinstance(prompt, list) or chat):
+            raise MiniLLMError("tools go into a chat: give a list of messages (or chat=True), not a text to complete")
         if isinstance(prompt, list) or chat:
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             try:   # the template's text may be control tokens, the messages' only text; its own BOS if any
-                return tok.encode_chat(messages, add_generation_prompt=True)
+                extra = {}
+                if tools or uses_tools(messages):
+                    messages, extra = messages_with_tools(tok.chat_template, messages, tools or [])
+                return tok.encode_chat(messages, add_generation_prompt=True, **extra)
             except ValueError as e:
                 raise MiniLLMError(str(e)) from None
         bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
@@ -96,7 +104,8 @@ class LLM:
                  stop: Sequence[str] | None = None, chat: bool | None = None,
                  on_text: Callable[[str], None] | None = None, speculative=None,
                  draft_tokens: int | None = None, response_format: dict | None = None,
-                 structured_outputs: dict | None = None, **controls) -> Generation:
+                 structured_outputs: dict | None = None, tools: list[dict] | None = None, tool_choice=None,
+                 parallel_tool_calls: bool | None = None, **controls) -> Generation:
         """Complete `prompt` (plain text), or answer it (a list of messages, or chat=True).
         speculative: "ngram", "int4", "layers:N", a draft model (name, path or LLM) or a Drafter:
         `draft_tokens` proposed per target pass (default: the drafter's own, 8 for ngram, 4 for models;
@@ -104,23 +113,35 @@ class LLM:
         (min_p, presence_penalty, frequency_penalty, repetition_penalty, logit_bias, stop_token_ids,
         logprobs; engine/sampling.py). response_format ({"type": "json_object"}, {"type": "json_schema", ...})
         or structured_outputs ({"regex" | "grammar" | "choice" | "json": ...}): every token follows that
-        grammar (`LLM.grammar`, engine/structured.py)."""
+        grammar (`LLM.grammar`, engine/structured.py). tools, tool_choice, parallel_tool_calls: OpenAI's, for
+        messages; the model's calls come back parsed in `Generation.tool_calls` (engine/tool_calls.py)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
             raise InvalidValue(f"max_tokens must be an integer >= 1, got {max_tokens}")
         if getattr(self.model, "comm", None) is not None:    # tensor parallel: every rank samples alike
             seed = shared_seed(self.model.comm, seed)
         params = self.sampling_params(temperature, top_k, top_p, seed, **controls)
         grammar = self.grammar(response_format, structured_outputs)
+        tools, tool_choice = check_tools(tools, tool_choice, parallel_tool_calls)
+        syntax = tool_syntax(self.tokenizer) if tools and tool_choice != "none" else None
+        calls = tool_grammar(tools, tool_choice, parallel_tool_calls is not False, tool_syntax(self.tokenizer),
+                             self.tokenizer.special_tokens) if syntax else None
+        if calls is not None:
+            if grammar is not None:
+                raise GrammarError("tool_choice requires a tool call; it cannot also require response_format or "
+                                   "structured_outputs", "tool_choice")
+            grammar = compile_grammar(self.tokenizer, self.config.vocab_size, calls)
         if speculative is not None:
             params.check_speculative()
             if grammar is not None:
                 raise MiniLLMError("structured output with speculative decoding is not supported: drop one")
-        ids = self.prompt_ids(prompt, chat)
+        ids = self.prompt_ids(prompt, chat, tools=tools if syntax else None)
         stop_ids = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
         try:
             with np.errstate(over="ignore", invalid="ignore"):   # NaN/Inf is checked once, at the logits
                 g = self._generate(ids, max_tokens, params, stop_ids, stop, on_text, speculative, draft_tokens,
                                    grammar)
+            if syntax is not None:
+                g.content, g.tool_calls = parse_tool_calls(g.text, syntax)
         except NonFiniteLogits as e:
             raise MiniLLMError(f"{e}{non_finite_weight(self.model)}") from None
         context = self.config.max_seq_len

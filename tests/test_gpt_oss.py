@@ -2,6 +2,7 @@
 full layers in turn, YaRN, attention biases, and MoE layers with a biased router and clamped-SwiGLU experts;
 the MXFP4 release format loads as shipped (the experts stay 4-bit) and matches HF on the same file."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from minillm.errors import MiniLLMError
 from minillm.model.formats import Mxfp4Weight
 
 TOL = 1e-4
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
         "original_max_position_embeddings": 32, "rope_theta": 1000.0}
 
@@ -90,6 +92,7 @@ def test_gpt_oss_decodes_through_the_kv_cache_like_hf(pair):
     np.testing.assert_allclose(stepped, hf_logits(hf, ids)[5:], atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("pair", ["gqa-yarn"], indirect=True)     # one shape: HF's generate is the slow part
 def test_gpt_oss_greedy_32_tokens_equal_hf_generate(pair):
     hf, llm, _ = pair
     prompt = _ids(6, seed=3)
@@ -198,6 +201,7 @@ def harmony_tokenizer(tmp_path_factory):
     save_random_model(gpt_oss_config(num_hidden_layers=1, vocab_size=len(vocab) + 128), path)   # a GPT-OSS dir
     t.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|return|>"}))
+    (path / "chat_template.jinja").write_text((TEMPLATES / "gpt_oss.jinja").read_text())
     return path, spec, vocab, specials
 
 
@@ -248,7 +252,6 @@ def test_the_planner_gives_each_gpt_oss_checkpoints_bytes_exactly(tmp_path):
     """Lesson 23's walk-through: a small GPT-OSS written in bf16, fp8 and MXFP4 experts holds exactly the
     tensor bytes the planner computes for its config (the arithmetic behind 240 -> 120 -> 65 GB)."""
     import runpy
-    from pathlib import Path
     from minillm.checkpoints.hf_quantized import translate_config
     from minillm.model.config import ModelConfig
     from minillm.tools import planner
@@ -280,3 +283,35 @@ def test_convert_keeps_the_mxfp4_experts_as_shipped(tmp_path):
     assert isinstance(copied.model.layers[1].moe.experts[3].w_down, Mxfp4Weight)
     ids = _ids(12)
     np.testing.assert_array_equal(copied.logits(ids), shipped.logits(ids))
+
+
+GPT_OSS_CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Bonjour !", "thinking": "They greet me; answer in French."},
+     {"role": "user", "content": "Again"}],
+    [{"role": "user", "content": "Weather in Paris?"},
+     {"role": "assistant", "content": "", "thinking": "Call the tool.", "tool_calls": [{"type": "function", "function": {
+         "name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}]},
+     {"role": "tool", "content": "{\"temp\": 21}"}],
+]
+GPT_OSS_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather",
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "description": "A city"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+        "days": {"type": "array", "items": {"type": "integer"}}}}}}]
+
+
+@pytest.mark.parametrize("tools", [None, GPT_OSS_TOOLS])
+@pytest.mark.parametrize("n", range(len(GPT_OSS_CONVERSATIONS)))
+def test_gpt_oss_chat_template_renders_like_hf(harmony_tokenizer, n, tools):
+    """GPT-OSS's harmony template (system and developer messages, tools as a TypeScript namespace, earlier
+    reasoning dropped, tool calls and results): minillm renders it and encodes it as HF's apply_chat_template."""
+    from transformers import AutoTokenizer
+    path = harmony_tokenizer[0]
+    hf, ours = AutoTokenizer.from_pretrained(path), minillm.load(str(path)).tokenizer
+    messages = GPT_OSS_CONVERSATIONS[n]
+    expected = hf.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert ours.render_chat(messages, tools=tools) == expected
+    assert ours.encode_chat(messages, tools=tools) == hf(expected, add_special_tokens=False).input_ids

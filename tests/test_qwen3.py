@@ -210,3 +210,36 @@ def test_qwen3_gguf_from_llama_cpps_converter_keeps_hfs_row_order(qwen3_q8_0_ggu
     np.testing.assert_allclose(kept, floats, atol=TOL, rtol=0)
     np.testing.assert_allclose(kept, hf_logits(hf, ids), atol=0.05, rtol=0)
     assert np.abs(minillm.load(str(gguf)).logits(ids) - kept).max() <= TOL      # what `minillm.load` takes
+
+
+# The converter's Qwen3-MoE class takes its vocabulary from an HF tokenizer it must recognize by a hash of
+# its output (our trained one it does not know); its dense Qwen class reads tokenizer.model first. This runs
+# the converter with the dense class's vocabulary step: the tensors and metadata under test are its own.
+_CONVERT_QWEN3_MOE = """
+import runpy, sys
+root = sys.argv.pop(1)
+sys.path[:0] = [root + "/gguf-py", root]
+from conversion.qwen import Qwen2Model, Qwen3MoeModel
+Qwen3MoeModel.set_vocab = Qwen2Model.set_vocab
+sys.argv[0] = root + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_qwen3_moe_gguf_from_llama_cpps_converter_matches_hf(llama_cpp_convert, tmp_path):
+    """llama.cpp writes Qwen3-MoE as "qwen3moe": stacked experts, the router, expert_feed_forward_length; it
+    renormalizes the top-k weights always (the file does not say norm_topk_prob), and so does minillm."""
+    import subprocess
+    import sys
+    import llama_cpp_converter
+    from tokenizer_corpus import sentencepiece_model
+    hf = save_random_model(qwen3_moe_config(vocab_size=640, hidden_size=256, moe_intermediate_size=256), tmp_path / "hf")
+    sentencepiece_model(tmp_path / "hf")
+    done = subprocess.run([sys.executable, "-c", _CONVERT_QWEN3_MOE, str(llama_cpp_converter.converter_dir()),
+                           str(tmp_path / "hf"), "--outfile", str(tmp_path / "moe.gguf"), "--outtype", "f32"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    llm, ids = minillm.load(str(tmp_path / "moe.gguf")), _ids(vocab=640)
+    c = llm.config
+    assert (c.family, c.n_experts, c.n_experts_per_token, c.moe_ffn_dim, c.norm_topk_prob) == ("qwen3_moe", 4, 2, 256, True)
+    np.testing.assert_allclose(llm.logits(ids), hf_logits(hf, ids), atol=TOL, rtol=0)

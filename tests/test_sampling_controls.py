@@ -238,11 +238,13 @@ def test_generate_flags_equal_the_python_api(smollm2_dir, smollm2):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["--min-p", "1.5"], "--min-p"), (["--presence-penalty", "3"], "--presence-penalty"),
-    (["--repetition-penalty", "0"], "--repetition-penalty"), (["--logit-bias", "28"], "--logit-bias"),
-    (["--logit-bias", "28=abc"], "--logit-bias"), (["--logit-bias", "28=500"], "--logit-bias"),
-(["--logprobs", "21"], "--logprobs"),
-    (["--stop-token-id", "-1"], "--stop-token-id"), (["--presence-penalty", "1", "--speculative", "ngram"], "speculative"),
+    (["--min-p", "1.5"], "Invalid value for '--min-p'"),
+    (["--presence-penalty", "3"], "Invalid value for '--presence-penalty'"),
+    (["--repetition-penalty", "0"], "Invalid value for '--repetition-penalty'"),
+    (["--logit-bias", "28"], "'28' is not ID=V"), (["--logit-bias", "28=abc"], "'28=abc' is not ID=V"),
+    (["--logit-bias", "28=500"], "the bias in [-100, 100]"), (["--logprobs", "21"], "Invalid value for '--logprobs'"),
+    (["--stop-token-id", "-1"], "Invalid value for '--stop-token-id'"),
+    (["--presence-penalty", "1", "--speculative", "ngram"], "presence_penalty does not run with speculative decoding"),
 ])
 def test_bad_control_flags_are_one_line_errors(smollm2_dir, args, fragment):
     result = _cli("generate", "Hi", "--model", str(smollm2_dir), "-n", "2", *args)
@@ -295,12 +297,16 @@ def test_served_stop_token_ids_stop_the_answer(served):
     {"mirostat": 2}, {"typical_p": 0.5}, {"functions": [{"name": "f"}]}, {"audio": {"voice": "x"}},
     {"reasoning_effort": "high"},
 ])
-def test_unimplemented_fields_are_400s_naming_them(served, field):
+def test_unimplemented_fields_are_400s_naming_them_and_metadata_is_accepted(served, field):
     name = next(iter(field))
+    metadata = dict(user="u-1", metadata={"k": "v"}, store=False, service_tier="auto")
     with pytest.raises(openai.BadRequestError) as e:
         served.client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
-                                              max_tokens=2, extra_body=field)
+                                              max_tokens=1, extra_body=field, **metadata)
     assert e.value.body["param"] == name and name in e.value.body["message"]
+    got = served.client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=1, temperature=0, **metadata)
+    assert got.choices[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize("body,param,fragment", [
@@ -324,13 +330,6 @@ def test_bad_controls_are_400s_naming_the_field(served, body, param, fragment):
     ok = served.client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
                                                max_tokens=1, temperature=0)
     assert ok.choices[0].message.content                      # the server goes on
-
-
-def test_metadata_fields_are_accepted(served):
-    got = served.client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
-                                                max_tokens=2, temperature=0, user="u-1", metadata={"k": "v"},
-                                                store=False, service_tier="auto")
-    assert got.choices[0].finish_reason == "length"
 
 
 def test_controls_and_logprobs_run_under_tensor_parallelism(tmp_path):

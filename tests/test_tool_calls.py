@@ -112,6 +112,8 @@ def names_and_arguments(calls):
      None, [("get_weather", {"city": "Oslo"}), ("get_time", {"city": "Rome"})]),
     (HERMES, '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n<tool_call>{"name": "g',
      None, [("get_weather", {"city": "Oslo"})]),                              # the cut-off last one is dropped
+    (HERMES, '<tool_call>\n{"name": "get_time", "arguments": {"city": "Rome"}}\n</tool_', None,
+     [("get_time", {"city": "Rome"})]),                                      # max_tokens cut the closing tag
     (HERMES, "<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
     (HERMES, "Just text.", "Just text.", []),
     (LLAMA3, '{"name": "get_weather", "parameters": {"city": "Lima"}}', None, [("get_weather", {"city": "Lima"})]),
@@ -219,7 +221,7 @@ def served(llm):
 
 def test_required_tool_choice_makes_a_call_auto_does_not(served):
     """The same greedy request: "auto" lets SmolLM2 answer in prose, "required" gets a get_weather call."""
-    ask = dict(model="smollm2", messages=ASK, tools=[WEATHER, TIME], max_tokens=32, temperature=0,
+    ask = dict(model="smollm2", messages=ASK, tools=[WEATHER, TIME], max_tokens=40, temperature=0,
                parallel_tool_calls=False)
     auto = served.client.chat.completions.create(**ask).choices[0]
     assert auto.finish_reason != "tool_calls" and not auto.message.tool_calls
@@ -262,3 +264,15 @@ def test_server_refuses_bad_tools_with_400(served):
         served.client.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER], max_tokens=4,
                                               tool_choice="required", response_format={"type": "json_object"})
     assert refused.value.body["param"] == "tool_choice"
+
+
+def test_generate_returns_the_calls_parsed(llm):
+    """llm.generate takes tools too: tool_choice "required" makes SmolLM2 call, Generation.tool_calls has it."""
+    g = llm.generate(ASK, max_tokens=40, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    assert g.finish_reason == "stop" and g.content is None
+    assert names_and_arguments(g.tool_calls) == [("get_weather", {"city": "Paris"})]
+    free = llm.generate(ASK, max_tokens=8, tools=[WEATHER])               # "auto": SmolLM2 answers in prose
+    assert free.tool_calls == [] and free.content == free.text
+    from minillm.errors import MiniLLMError
+    with pytest.raises(MiniLLMError, match="tools go into a chat"):
+        llm.generate("The weather in Paris is", chat=False, tools=[WEATHER])

@@ -43,7 +43,7 @@ _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"
 _QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _SANDWICH_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                    "post_ffw_norm": "post_feedforward_layernorm"}
-GGUF_ARCHITECTURES = ("llama", "qwen3", "gemma3")
+GGUF_ARCHITECTURES = ("llama", "qwen3", "qwen3moe", "gemma3")
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _LAYER_INDEX = re.compile(r"blk\.(\d+)\.")
 _ROUTER = re.compile(r"blk\.\d+\.ffn_gate_inp\.weight")
@@ -107,7 +107,7 @@ def _f32(x: float) -> float:
 
 
 def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
-    """Build a ModelConfig from a GGUF's metadata: llama (and Llama-shaped: Mistral, Mixtral), qwen3, gemma3."""
+    """Build a ModelConfig from a GGUF's metadata: llama (and Llama-shaped: Mistral, Mixtral), qwen3, qwen3moe, gemma3."""
     arch = _meta(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise MiniLLMError(f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(GGUF_ARCHITECTURES)}; "
@@ -168,12 +168,16 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
 
 
 def _qwen3_gemma3_config(arch: str, get, names: set, vocab: int, rope_scaling, reader) -> ModelConfig:
-    """A qwen3 or gemma3 GGUF's config. What llama.cpp's converter does not write, llama.cpp fixes in code, and
+    """A qwen3, qwen3moe or gemma3 GGUF's config. What llama.cpp's converter does not write, llama.cpp fixes in code, and
     so does this: Gemma 3's windowed layers are 5 of every 6, their RoPE base is 10000, and scores are scaled by
     1/sqrt(head_dim) (by 1/sqrt(hidden / heads) for the 62-layer 27B)."""
     n_layers, dim, n_heads = get("block_count"), get("embedding_length"), get("attention.head_count")
     head_dim = get("attention.key_length") or dim // n_heads
     fields = dict(family="qwen3", qk_norm=True)
+    if arch == "qwen3moe":              # llama.cpp renormalizes the top-k weights of qwen3moe always: so do we
+        fields = dict(family="qwen3_moe", qk_norm=True, n_experts=get("expert_count"),
+                      n_experts_per_token=get("expert_used_count"), moe_ffn_dim=get("expert_feed_forward_length"),
+                      router="softmax", norm_topk_prob=True)
     if arch == "gemma3":
         window, softcap = get("attention.sliding_window"), get("final_logit_softcapping")
         fields = dict(family="gemma3_text", qk_norm=True, norm_plus_one=True, sandwich_norms=True,
@@ -240,7 +244,7 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
         if not np.isfinite(w).all():     # corrupt bytes: a garbled fp16 scale dequantizes to NaN/Inf
             raise MiniLLMError(f"{path}: tensor {t.name} holds {int((~np.isfinite(w)).sum())} NaN/Inf values "
                                f"(the file is corrupt)")
-        pieces = moe_hf_tensors(t.name, w) if is_moe_tensor(t.name) else {name: w}   # stacked experts split
+        pieces = moe_hf_tensors(t.name, w, config) if is_moe_tensor(t.name) else {name: w}   # stacked experts split
         for name, w in pieces.items():
             if w.shape != shapes.get(name):
                 raise MiniLLMError(f"{path}: tensor {t.name} has shape {w.shape}, "

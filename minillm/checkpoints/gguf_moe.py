@@ -33,14 +33,17 @@ def is_moe_tensor(gguf_name: str) -> bool:
     return any(p.fullmatch(gguf_name) for p in (_STACKED, _SPLIT, _ROUTER))
 
 
-def moe_hf_tensors(gguf_name: str, w: np.ndarray) -> dict[str, np.ndarray]:
-    """One dequantized MoE tensor -> {HF name: [out, in] array}: a stacked one splits into E experts."""
-    prefix = "model.layers.{}.block_sparse_moe."
+def moe_hf_tensors(gguf_name: str, w: np.ndarray, config=None) -> dict[str, np.ndarray]:
+    """One dequantized MoE tensor -> {HF name: [out, in] array}: a stacked one splits into E experts.
+    Mixtral's names, or Qwen3-MoE's (`mlp.gate`, `mlp.experts.E.gate_proj`, ...) when `config` is one."""
+    prefix, parts = "model.layers.{}.block_sparse_moe.", _HF_PART
+    if config is not None and config.family == "qwen3_moe":
+        prefix, parts = "model.layers.{}.mlp.", {p: f"{p}_proj" for p in _HF_PART}
     if m := _ROUTER.fullmatch(gguf_name):
         return {prefix.format(m.group(1)) + "gate.weight": w}                     # [E, dim]
     if m := _SPLIT.fullmatch(gguf_name):
         layer, part, e = m.groups()
-        return {prefix.format(layer) + f"experts.{e}.{_HF_PART[part]}.weight": w}
+        return {prefix.format(layer) + f"experts.{e}.{parts[part]}.weight": w}
     m = _STACKED.fullmatch(gguf_name)
     layer, part = m.groups()
-    return {prefix.format(layer) + f"experts.{e}.{_HF_PART[part]}.weight": w[e] for e in range(w.shape[0])}
+    return {prefix.format(layer) + f"experts.{e}.{parts[part]}.weight": w[e] for e in range(w.shape[0])}

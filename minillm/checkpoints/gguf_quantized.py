@@ -84,7 +84,7 @@ def _kept_pieces(t, config: ModelConfig) -> dict[str, QuantizedWeight]:
     kind = t.tensor_type.name
     if is_moe_tensor(t.name):
         # a stack of experts [E, out, row bytes] splits into one weight each; one expert's [out, row bytes] does not
-        return {name: _weight(w, kind, None) for name, w in moe_hf_tensors(t.name, t.data).items()}
+        return {name: _weight(w, kind, None) for name, w in moe_hf_tensors(t.name, t.data, config).items()}
     name = hf_name(t.name)
     heads = (config.n_heads if name.endswith("q_proj.weight") else
              config.n_kv_heads if name.endswith("k_proj.weight") else None)
@@ -135,7 +135,7 @@ def _float_pieces(t, config: ModelConfig, dtype: str, path) -> dict[str, np.ndar
                            f"which gguf cannot dequantize") from None
     if not np.isfinite(w).all():
         raise MiniLLMError(f"{path}: tensor {t.name} holds NaN/Inf values (the file is corrupt)")
-    pieces = moe_hf_tensors(t.name, w) if is_moe_tensor(t.name) else {name: w}
+    pieces = moe_hf_tensors(t.name, w, config) if is_moe_tensor(t.name) else {name: w}
     return {n: _hf_tensor(w, n, config, dtype) for n, w in pieces.items()}
 
 

@@ -4,8 +4,8 @@ reuses it while the source is unchanged.
 int4's calibration and grid search took 80 s for a 1.2B model here at every load (about 8 minutes for a
 7B: lessons/BENCHMARKS.md, "Quantizing once"). The result is what `minillm convert --quant` writes, so it
 is written once, to `<weights>/.quantized/<method>[-g<group>]/` (`<file>.quantized/...` beside a .gguf),
-with the source's fingerprint (each weight file's name, size and modification time, and minillm's
-version); a later load whose fingerprint matches memory-maps it instead (a second or less).
+with the source's fingerprint (each weight file's name, size and modification time, and the quantizer's
+settings); a later load whose fingerprint matches memory-maps it instead (a second or less).
 """
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import minillm
 from minillm.checkpoints.quantize import quantize_checkpoint
 from minillm.checkpoints.weights import GGUF_WEIGHTS, SAFETENSORS_INDEX, load_hf_dir, save_hf_dir
 from minillm.model.config import ModelConfig
-from minillm.model.quant import CALIBRATION_TOKENS
+from minillm.model.quant import CALIBRATION_TOKENS, CALIBRATION_WINDOW, LLOYD_ROUNDS, SEARCH_SHIFTS
 
 CACHE_DIR = ".quantized"
 FINGERPRINT = "source.json"       # written last: its presence means the copy is complete
@@ -37,8 +36,8 @@ def fingerprint(source: Path, method: str, group_size: int) -> dict:
             p.suffix == ".safetensors" or p.name in ("config.json", SAFETENSORS_INDEX, GGUF_WEIGHTS))]
     else:
         files = [source]
-    return {"minillm": minillm.__version__, "method": method, "group_size": group_size,
-            "calibration_tokens": CALIBRATION_TOKENS,
+    quantizer = [CALIBRATION_TOKENS, CALIBRATION_WINDOW, LLOYD_ROUNDS, [float(t) for t in SEARCH_SHIFTS]]
+    return {"method": method, "group_size": group_size, "quantizer": quantizer,
             "files": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}}
 
 

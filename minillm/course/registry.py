@@ -18,6 +18,9 @@ from minillm.course.ex_constrained import dfa_token_mask_reference
 from minillm.course.ex_controls import _check_penalty, _penalty_cases, repetition_penalty_reference
 from minillm.course.ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
 from minillm.course.ex_speculative import _check_spec, _spec_cases, speculative_step_reference
+from minillm.course.ex_preemption import _check_schedule, _schedule_cases, schedule_step_reference
+from minillm.course.ex_cache_attention import (_cache_attention_cases, _check_cache_attention,
+                                               attend_over_cache_reference)
 from minillm.course.ex_formats import _block_cases, _check_block, encode_mxfp4_block_reference
 from minillm.course.ex_moe import _check_route, _route_cases, top_k_route_reference
 from minillm.course.ex_parallel import _check_tp, _tp_cases, tp_partials_reference
@@ -50,6 +53,8 @@ def _reference(name: str) -> Callable:
 EXERCISES: ExerciseRegistry = ExerciseRegistry([
     Exercise(1, "rmsnorm", 1, _reference("rmsnorm"), _rmsnorm_cases, _check_rmsnorm),
     Exercise(2, "kv_cache_update", 2, kv_cache_update_reference, _kv_cases, _check_kv, draws_in_check=True),
+    Exercise(2, "attend_over_cache", 2, attend_over_cache_reference, _cache_attention_cases,
+             _check_cache_attention, part=2),
     Exercise(3, "apply_rope", 3, _reference("apply_rope"), _rope_cases, _check_rope, draws_in_check=True),
     Exercise(4, "top_p_filter", 4, _reference("top_p_filter"), _top_p_cases, _check_top_p),
     Exercise(5, "mean_pool_kv_heads", 5, _reference("pool_heads"), _pool_cases, _check_pool, draws_in_check=True),
@@ -69,6 +74,7 @@ EXERCISES: ExerciseRegistry = ExerciseRegistry([
     Exercise(16, "gather_through_block_table", 16, gather_reference, _gather_cases, _check_gather,
              draws_in_check=True),
     Exercise(17, "pack_batch", 17, pack_reference, _pack_cases, _check_pack),
+    Exercise(17, "schedule_step", 17, schedule_step_reference, _schedule_cases, _check_schedule, part=2),
     Exercise(18, "cached_prefix_tokens", 18, cached_prefix_reference, _prefix_cases, _check_prefix),
     Exercise(19, "stream_text", 19, stream_text_reference, _sse_cases, _check_sse, hidden=_sse_hidden),
     Exercise(20, "speculative_step", 20, speculative_step_reference, _spec_cases, _check_spec),

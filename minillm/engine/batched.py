@@ -17,11 +17,11 @@ mask the rest of the window's edge.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from minillm.model.attention import grouped_attention
 from minillm.backend import as_f32
 from minillm.errors import MiniLLMError
 from minillm.model.layers import linear
@@ -47,13 +47,16 @@ class BatchedRunner:
         """n_layers: run only the first n_layers blocks, then the head (an early-exit speculative draft)."""
         check_supported(model)
         self.model, self.pool, self.n_layers = model, pool, n_layers
+        pieces = model.pieces                                   # a student's, in course/student.py
+        self.pack = pieces.pack_batch or pack
+        self.read = pool.read if pieces.paged_read is None else functools.partial(pieces.paged_read, pool)
 
     def forward(self, chunks: list[SeqChunk], all_logits: bool = False, rows=None) -> np.ndarray:
         """Run every chunk; -> logits [len(chunks), vocab] at each chunk's last token
         (all_logits: [N, vocab], every token, in chunk order; rows: those rows of the N, e.g. every
         position of a speculative verify chunk)."""
         m = self.model
-        tokens, positions, last_rows = pack(chunks)                                         # [N], [N], [B]
+        tokens, positions, last_rows = self.pack(chunks)                                    # [N], [N], [B]
         slots = [self.pool.slots(c.block_table, c.start, c.end) for c in chunks]
         blocks = np.concatenate([b for b, _ in slots])                                      # [N]
         offsets = np.concatenate([o for _, o in slots])                                     # [N]
@@ -83,10 +86,10 @@ class BatchedRunner:
         for c in chunks:
             T = len(c.token_ids)
             first = first_needed_block(c.start, window, self.pool.block_size)     # 0 without a window
-            keys, values = self.pool.read(i, c.block_table, c.end, first)         # [n_kv, L, hd] each
+            keys, values = self.read(i, c.block_table, c.end, first)              # [n_kv, L, hd] each
             # the queries are the last T of these L keys: masks only need positions relative to them
-            out[row:row + T] = grouped_attention(q[row:row + T], keys, values, self.model.config.window(i),
-                                                 sinks=layer.sinks)
+            out[row:row + T] = self.model.pieces.attention(q[row:row + T], keys, values, self.model.config.window(i),
+                                                           sinks=layer.sinks)
             row += T
         return linear(out, layer.wo, layer.bias.get("o"))                          # [N, dim]
 

@@ -28,6 +28,8 @@ class Generation:
     note: str | None = None              # one line the caller should see, e.g. max_tokens cut to fit the context
     logprobs: list | None = None         # a TokenLogprob per new token when SamplingParams.logprobs is set
     prompt_logprobs: list | None = None  # per prompt token (None for the first) when prompt logprobs were asked
+    content: str | None = None           # with tools: the text before the model's tool calls (engine/tool_calls.py)
+    tool_calls: list | None = None       # with tools: the calls, in OpenAI's shape ([] if it made none)
 
     @property
     def decode_tok_s(self) -> float:

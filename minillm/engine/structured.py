@@ -57,12 +57,14 @@ def grammar_source(response_format: dict | None = None, structured_outputs: dict
     """The grammar a request asks for in OpenAI's `response_format` or vLLM's `structured_outputs`; None if
     neither constrains the output. Raises GrammarError naming the field for a malformed one."""
     import llguidance as llg
-    if response_format is not None and structured_outputs is not None:
+    asked = _response_format(response_format, llg) if response_format is not None else None
+    extension = _structured_outputs(structured_outputs, llg) if structured_outputs is not None else None
+    if asked is not None and extension is not None:
         raise GrammarError("give response_format or structured_outputs, not both", "structured_outputs")
-    if structured_outputs is not None:
-        return _structured_outputs(structured_outputs, llg)
-    if response_format is None:
-        return None
+    return asked or extension
+
+
+def _response_format(response_format, llg) -> GrammarSource | None:
     if not isinstance(response_format, dict):
         raise GrammarError("response_format must be an object with a type", "response_format")
     kind = response_format.get("type")

@@ -134,13 +134,22 @@ def messages_with_tools(template: str | None, messages: list[dict], tools: list[
     return [{"role": "system", "content": block}] + plain, {}
 
 
+def uses_tools(messages) -> bool:
+    """Does a conversation hold tool calls or tool results (which a tools-blind template must get as text)?"""
+    return isinstance(messages, list) and any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool")
+                                              for m in messages)
+
+
 def _arguments_as_objects(message: dict) -> dict:
-    calls = message.get("tool_calls")
-    if not calls:
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not calls or not isinstance(calls, list):
         return message
     out = []
     for call in calls:
-        function = dict(call.get("function") or {})
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise GrammarError("a message's tool_calls must be [{\"type\": \"function\", \"function\": {\"name\": "
+                               "..., \"arguments\": ...}}, ...]", "messages")
+        function = dict(call["function"])
         if isinstance(function.get("arguments"), str):
             try:
                 function["arguments"] = json.loads(function["arguments"])
@@ -154,13 +163,14 @@ def _as_plain_turn(message: dict) -> dict:
     """A turn a tools-blind template can render: calls written in the assistant's text, results as a user
     turn, both in the Hermes tags the injected block describes."""
     role, content = message["role"], message.get("content") or ""
+    rest = {k: v for k, v in message.items() if k not in ("role", "content", "tool_calls", "tool_call_id")}
     if role == "assistant" and message.get("tool_calls"):
         calls = [f"<tool_call>\n{json.dumps(_call_json(c), ensure_ascii=False)}\n</tool_call>"
                  for c in message["tool_calls"]]
-        return {"role": "assistant", "content": "\n".join(([content] if content else []) + calls)}
+        return {**rest, "role": "assistant", "content": "\n".join(([content] if content else []) + calls)}
     if role == "tool":
-        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
-    return {"role": role, "content": content}
+        return {**rest, "role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    return {**rest, "role": role, "content": message.get("content")}
 
 
 def _call_json(call: dict) -> dict:
@@ -226,7 +236,7 @@ def _find_calls(text: str, syntax: ToolSyntax) -> tuple[str, list[dict]] | None:
     """(text before the calls, the calls' JSON objects), or None if the text holds no call that parses."""
     if syntax is HERMES:
         blocks = re.findall(r"<tool_call>\s*(.*?)\s*(</tool_call>|$)", text, re.S)
-        objects = [_json_object(b) for b, _ in blocks]
+        objects = [_json_object(b if closed else _without_partial_close(b)) for b, closed in blocks]
         if blocks and objects[-1] is None and not blocks[-1][1] and len(blocks) > 1:
             objects.pop()                  # an unclosed last call cut off by max_tokens: the ones before stand
         if not blocks or any(o is None for o in objects):
@@ -250,6 +260,14 @@ def _find_calls(text: str, syntax: ToolSyntax) -> tuple[str, list[dict]] | None:
     if not objects or any(o is None or "name" not in o for o in objects):
         return None
     return (before if tag else ""), objects
+
+
+def _without_partial_close(text: str) -> str:
+    """An unclosed last call's text less the start of its closing tag (max_tokens cut "</tool_call>" short)."""
+    for n in range(len("</tool_call>") - 1, 0, -1):
+        if text.endswith("</tool_call>"[:n]):
+            return text[:-n]
+    return text
 
 
 def _json_object(text: str) -> dict | None:

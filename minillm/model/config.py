@@ -1,7 +1,8 @@
 """ModelConfig: the shape of a Llama-family model, and the registry of named presets.
 
 One dataclass describes Llama 2/3, Mistral, SmolLM2, Mixtral (sparse mixture-of-experts MLPs),
-DeepSeek-V3 (multi-head latent attention, MLA, with dense or MoE MLPs), Phi-3 (partial RoPE, LongRoPE)
+DeepSeek-V3 (multi-head latent attention, MLA, with dense or MoE MLPs), Qwen3 and Qwen3-MoE (QK-norm),
+Gemma 3 (sandwich norms, GeGLU, windowed and global layers interleaved), Phi-3 (partial RoPE, LongRoPE)
 and GPT-OSS (attention sinks, clamped-SwiGLU experts), each family a few fields more. It reads and writes HF
 `config.json` dictionaries, so a checkpoint written by `save_pretrained` round-trips through it.
 """

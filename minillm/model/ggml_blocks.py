@@ -33,6 +33,7 @@ from minillm.model.quant import BLOCK_BYTES, QuantizedWeight
 
 # kind -> (weights per block, bytes per block)
 BLOCKS = {"Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+SUB_BLOCK = {"Q8_0": 32, "Q4_K": 32, "Q6_K": 16}       # weights sharing one (scale, offset)
 DOT_ROWS = 16       # rows of x up to which the matmul works sub-block by sub-block (decode, small batches)
 
 
@@ -112,46 +113,40 @@ class GGMLWeight(QuantizedWeight):
         raw = self.blocks[stored_rows]
         return DECODERS[self.kind](raw.reshape(raw.shape[0], -1, BLOCKS[self.kind][1]))
 
-    def stored_rows(self, start: int, stop: int):
-        return slice(start, stop) if self.row_order is None else self.row_order[start:stop]
-
     def dequantize_rows(self, start: int, stop: int) -> np.ndarray:
-        codes, scale, offset = self.decode(self.stored_rows(start, stop))
+        rows = slice(start, stop) if self.row_order is None else self.row_order[start:stop]
+        return self._widen(rows)
+
+    def _widen(self, stored_rows) -> np.ndarray:
+        """Stored rows in fp32.   -> [rows, in]"""
+        codes, scale, offset = self.decode(stored_rows)
         w = codes * scale[..., None]                                         # (d·sc)·q: llama.cpp's order
         if offset is not None:
             w += offset[..., None]
-        return w.reshape(w.shape[0], -1)                                     # [rows, in]
+        return w.reshape(w.shape[0], -1)
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x @ Wᵀ over the stored rows a tile at a time, then put in W's row order.   x: [T, in] -> [T, out]"""
         out_dim, in_dim = self.shape
         if x.shape[0] > DOT_ROWS:                                            # prefill: widen each tile once
-            y = blockwise_matmul(x, out_dim, self._stored_rows_fp32, 4 * in_dim, BLOCK_BYTES)
+            y = blockwise_matmul(x, out_dim, lambda start, stop: self._widen(slice(start, stop)), 4 * in_dim,
+                                 BLOCK_BYTES)
         else:
             y = self._dot_matmul(x)
         return y if self.row_order is None else y[:, self.row_order]
 
-    def _stored_rows_fp32(self, start: int, stop: int) -> np.ndarray:
-        codes, scale, offset = self.decode(slice(start, stop))
-        w = codes * scale[..., None]
-        if offset is not None:
-            w += offset[..., None]
-        return w.reshape(w.shape[0], -1)
-
     def _dot_matmul(self, x: np.ndarray) -> np.ndarray:
-        """Σ_j w_j·x_j per sub-block = scale · (codes · x) + offset · Σ x: only the codes are widened."""
+        """Σ_j w_j·x_j per sub-block = scale · (codes · x) + offset · Σ x: only the codes are widened.
+        The hot spot of decode on a kept GGUF: every code of the model is cut out and widened here each token."""
         out_dim, in_dim = self.shape
-        T = x.shape[0]
+        T, size = x.shape[0], SUB_BLOCK[self.kind]
+        x_sub = np.ascontiguousarray(x.reshape(T, in_dim // size, size).transpose(1, 2, 0))   # [S, size, T]
+        x_sums = x_sub.sum(axis=1)                                           # [S, T]
         rows = max(1, BLOCK_BYTES // (4 * in_dim))
         y = np.empty((T, out_dim), dtype=np.float32)
-        x_sub = None
         for start in range(0, out_dim, rows):
             stop = min(start + rows, out_dim)
             codes, scale, offset = self.decode(slice(start, stop))            # [r, S, size], [r, S]
-            if x_sub is None:
-                n_sub, size = codes.shape[1:]
-                x_sub = np.ascontiguousarray(x.reshape(T, n_sub, size).transpose(1, 2, 0))   # [S, size, T]
-                x_sums = x_sub.sum(axis=1)                                   # [S, T]
             dots = np.matmul(codes.transpose(1, 0, 2), x_sub)                 # [S, r, T]: Σ q·x per sub-block
             part = np.einsum("srt,rs->tr", dots, scale)                       # [T, r]
             if offset is not None:

@@ -16,14 +16,14 @@ import math
 import numpy as np
 
 from minillm.errors import MiniLLMError
-from minillm.model.attention import grouped_attention
 from minillm.backend import STORAGE_DTYPES, array_module, as_f32, to_dtype, to_host
 from minillm.model.config import ModelConfig
 from minillm.model.flashnorm import deferred_linear, deferred_swiglu, inv_rms, is_weightless, require_weightless
 from minillm.model.kv_cache import Fp8KVCache, Int8KVCache, KVCache, MLACache, RollingKVCache, kv_cache_format
-from minillm.model.layers import ACTIVATION_FUNCTIONS, apply_rope, linear, rmsnorm, rope_inv_freq, rope_tables, rope_frequencies
+from minillm.model.layers import ACTIVATION_FUNCTIONS, linear, rmsnorm, rope_inv_freq, rope_tables, rope_frequencies
 from minillm.model.mla import MLAWeights, mla_attention, mla_rope
 from minillm.model.moe import MoEWeights, moe_block, moe_tensor_names
+from minillm.model.pieces import ENGINE_PIECES
 from minillm.model.quantized import gather
 
 
@@ -217,6 +217,7 @@ class Transformer:
     # FlashNorm (flashnorm.py), set by the constructor: norms deferred past the projections (Prop. 2).
     flashnorm = False
     defer_head = False
+    pieces = ENGINE_PIECES    # norm, RoPE, cache write, attention: a student's in course/student.py
 
     def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray], flashnorm: bool = False,
                  kv_cache: str = "auto", mla_mode: str = "absorbed", prefill_chunk: int = 512, comm=None):
@@ -377,7 +378,7 @@ class Transformer:
         """The MLP half of a layer, norm included (shared with batched.py).   [T, dim] -> [T, dim]"""
         if self.flashnorm:                                                  # Prop. 2: 1/RMS on the gate, after down
             return deferred_swiglu(x, layer, self.config.ffn_dim, self.config.norm_eps)
-        h = rmsnorm(x, layer.mlp_norm, self.config.norm_eps)                # [T, dim]
+        h = self.pieces.rmsnorm(x, layer.mlp_norm, self.config.norm_eps)    # [T, dim]
         if layer.moe is not None:                                           # sparse: k experts a token (moe.py)
             return moe_block(h, layer.moe, self.config)
         return self.mlp_block(h, layer)
@@ -388,7 +389,7 @@ class Transformer:
         if self.defer_head:                                                 # Prop. 2: (x · W*) · 1/RMS(x)
             logits = deferred_linear(x, self.lm_head, self.config.norm_eps)
         else:
-            logits = linear(rmsnorm(x, self.final_norm, self.config.norm_eps), self.lm_head)
+            logits = linear(self.pieces.rmsnorm(x, self.final_norm, self.config.norm_eps), self.lm_head)
         logits = self.gather_vocab(logits)
         if self.config.final_softcap is not None:                           # Gemma: squashed into (-c, c)
             c = self.config.final_softcap
@@ -437,10 +438,10 @@ class Transformer:
         """Norm, q/k/v, RoPE, the cache append, attention and o.   x: [T, dim] -> [T, dim] ([1, dim] when
         last_row_only: every row's k and v are cached, only the last query attends)."""
         q, k, v = self.qkv(x, layer, cos, sin)                              # [T, heads, hd] each
-        keys, values = cache.append(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [n_kv, L, hd] each
+        keys, values = self.pieces.cache_append(cache, i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [n_kv, L, hd]
         if last_row_only:
             q = q[-1:]                                                      # [1, n_heads, hd]: the last position
-        out = grouped_attention(q, keys, values, self.config.window(i), sinks=layer.sinks)   # [T or 1, n_heads * hd]
+        out = self.pieces.attention(q, keys, values, self.config.window(i), sinks=layer.sinks)   # [T or 1, n_heads * hd]
         return linear(out, layer.wo, layer.bias.get("o"))                   # [T or 1, dim]
 
     def qkv(self, x, layer: LayerWeights, cos, sin):
@@ -448,7 +449,7 @@ class Transformer:
         (Shared with the batched engine, batched.py.)   -> q [T, n_heads, hd], k, v [T, n_kv_heads, hd]"""
         cfg = self.config
         T, hd = x.shape[0], cfg.head_dim
-        h = x if self.flashnorm else rmsnorm(x, layer.attn_norm, cfg.norm_eps)   # [T, dim]
+        h = x if self.flashnorm else self.pieces.rmsnorm(x, layer.attn_norm, cfg.norm_eps)   # [T, dim]
         b = layer.bias                                                      # empty, or Qwen2's / attention_bias's
         if layer.wqkv is not None:                                          # one matmul for q, k and v
             qkv = linear(h, layer.wqkv, b.get("qkv"))                       # [T, (n_heads + 2 n_kv) * hd]
@@ -466,7 +467,7 @@ class Transformer:
             q, k = rmsnorm(q, layer.q_norm, cfg.norm_eps), rmsnorm(k, layer.k_norm, cfg.norm_eps)
         if cfg.attn_scalar is not None:         # attention divides by sqrt(hd); Gemma's scores want sqrt(scalar)
             q = q * np.float32(math.sqrt(hd / cfg.attn_scalar))
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return self.pieces.apply_rope(q, cos, sin), self.pieces.apply_rope(k, cos, sin), v
 
     def mlp_block(self, h, layer: LayerWeights) -> np.ndarray:
         """SwiGLU (GeGLU for Gemma): down(act(gate(h)) * up(h)), gate and up one matmul when stacked.   [T, dim]"""

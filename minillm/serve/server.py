@@ -320,7 +320,9 @@ class OpenAIServer:
             template = self.llm.tokenizer.chat_template
         except MiniLLMError:                         # no tokenizer: token-id prompts only
             template = None
-        return {"model": {"enum": [self.model_name]}, "role": {"enum": list(template_roles(template))},
+        # A template that renders no tool turn still takes tool results: as user turns (engine/tool_calls.py).
+        roles = list(dict.fromkeys([*template_roles(template), "tool"])) if template else list(template_roles(template))
+        return {"model": {"enum": [self.model_name]}, "role": {"enum": roles},
                 "token_id": {"maximum": self.llm.config.vocab_size - 1}}
 
     async def models(self) -> dict:
