@@ -4,6 +4,8 @@ Lesson 01 pushed the whole prefix through 30 layers for every new token: generat
 a prompt of P processes about N·P + N²/2 positions (O(N²)). Keys and values of old positions never
 change, so the engine stores them (`llm.model.new_cache`), runs the prompt once (`prefill`) and then
 one position per token (`decode`): P + N positions (O(N)). The price is memory, which we count.
+Exercise 02 writes new positions into the cache; exercise 02.2 attends the new queries over all of it.
+With both (and 01, 03), `minillm generate --student DIR` runs SmolLM2 on your own attention layer.
 
 Run: python lessons/02_kv_cache.py      (MINILLM_LESSON_QUICK=1 for a seconds-long smoke run)
 """

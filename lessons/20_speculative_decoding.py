@@ -18,6 +18,9 @@ speculative decoding (Leviathan et al., Chen et al., 2023). Four steps, each mea
    k + 1 rows is not free either: cuBLAS's GEMMs for a few rows stream the weights slower than the
    decode GEMV, so the lesson prints each step's cost and the acceptance a drafter needs to break even.
 
+Exercise 20 is step 1's rule; exercise 20.2 is the greedy loop around it: which tokens one verify pass
+commits, and how far the KV cache rolls back (the rejected drafts' positions were written by the pass).
+
 Run: python lessons/20_speculative_decoding.py    (MINILLM_LESSON_QUICK=1: smoke run)
 """
 ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)

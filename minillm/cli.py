@@ -297,9 +297,13 @@ def generate(prompt, prompt_file, model, device, dtype, quant, group_size, kv_ca
         click.echo(memory_line(llm.model), err=True)     # a collective: rank 0 prints what each rank holds
     use_chat = llm.chat_default if chat is None else chat
     if choices > 1:
-        _print_choices(llm.generate_choices(prompt, choices, max_tokens=max_tokens, temperature=temperature,
-                                            top_k=top_k, top_p=top_p, seed=seed, stop=stop, chat=use_chat,
-                                            grammar=llm.grammar(**structured), **controls))
+        generations = llm.generate_choices(prompt, choices, max_tokens=max_tokens, temperature=temperature,
+                                           top_k=top_k, top_p=top_p, seed=seed, stop=stop, chat=use_chat,
+                                           grammar=llm.grammar(**structured), **controls)
+        _print_choices(generations)
+        for i, g in enumerate(generations if controls["logprobs"] is not None else []):
+            click.echo(f"--- choice {i} ---")
+            _print_logprobs(llm, g)
         return
     printer = ReasoningPrinter(llm.tokenizer if use_chat else None)   # a thinking model's reasoning apart
     g = llm.generate(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,

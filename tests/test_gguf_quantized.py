@@ -14,6 +14,7 @@ from llama_cpp_converter import alone, save_tiny_llama
 from minillm.checkpoints import gguf_quantized
 from minillm.checkpoints.gguf_quantized import load_gguf_for_cpu, load_path
 from minillm.cli import cli
+from minillm.errors import MiniLLMError
 from minillm.model.ggml_blocks import GGMLWeight
 from minillm.model.quant import Int4Weight, QuantizedWeight
 from minillm.model.transformer import Transformer
@@ -235,3 +236,14 @@ def test_pull_gguf_refuses_other_bytes_and_unpinned_quantizations(gguf_hub, weig
     assert not list((weights_root / "tiny-test").rglob("*.gguf"))
     result = CliRunner().invoke(cli, ["pull", "tiny-test", "--gguf", "Q4_K_M"])
     assert result.exit_code == 1 and "no pinned Q4_K_M GGUF for 'tiny-test'" in result.stderr
+
+
+def test_a_nan_block_scale_is_refused_at_load_in_one_line(converted, tmp_path):
+    import gguf
+    path = requantize(converted["f32"], tmp_path / "k.gguf", {"blk.": "Q4_K"})
+    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_up.weight")
+    data = bytearray(path.read_bytes())
+    data[tensor.data_offset + 144 * 3:tensor.data_offset + 144 * 3 + 2] = np.float16(np.nan).tobytes()   # block 3's d
+    path.write_bytes(bytes(data))
+    with pytest.raises(MiniLLMError, match="tensor blk.1.ffn_up.weight has NaN/Inf block scales"):
+        load_gguf_for_cpu(path, how="kept")

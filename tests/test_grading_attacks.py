@@ -365,8 +365,11 @@ def test_every_exercise_passes_the_isolated_grader_with_its_solution(tmp_path):
     book = grade_folder(tmp_path / "subs", limits=Limits(time_s=30), plan=make_plan(seed=7))
     graded = book.students[0].exercises
     assert list(graded) == list(EXERCISES)
-    assert all(g.complete for g in graded.values()), {n: (g.cell, g.note, g.failures[:1]) for n, g in graded.items()
-                                                      if not g.complete}
+    from minillm.course.gpu_parts import why_no_gpu
+    no_gpu = {n for n in graded if EXERCISES[n].needs_gpu and why_no_gpu() is not None}   # 12.2 on a CPU machine
+    assert all(not graded[n].complete and graded[n].note.startswith("not graded (no GPU") for n in no_gpu)
+    assert all(g.complete for n, g in graded.items() if n not in no_gpu), {
+        n: (g.cell, g.note, g.failures[:1]) for n, g in graded.items() if not g.complete and n not in no_gpu}
 
 
 def test_an_array_header_claiming_a_terabyte_is_refused_before_allocating():

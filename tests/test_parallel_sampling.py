@@ -210,6 +210,13 @@ def test_aborting_the_first_choice_before_its_prefill_hands_the_prompt_to_the_ne
                 done[e.request_id] = e.finish_reason
     assert done == {rids[0]: "abort", rids[1]: "length", rids[2]: "length"}
     assert engine.stats()["blocks_used"] == 0
+    rids = engine.add_choices(_prompt(10), 3, max_tokens=20, temperature=1.0)
+    for _ in range(3):
+        engine.step()                                       # forked, shared and copied blocks in use
+    assert engine.stats()["blocks_used"] > 0
+    for rid in rids:                                        # a client hanging up aborts every choice
+        assert engine.abort(rid)
+    assert engine.stats()["blocks_used"] == 0 and len(engine.step()) == 3 and not engine.has_unfinished()
 
 
 def test_choices_over_the_pool_and_unsupported_combinations_are_refused_naming_n(llm):

@@ -32,7 +32,7 @@ def longrope(rotary_dim: int) -> dict:
 
 def phi3_config(n_heads=4, n_kv_heads=2, partial=0.75, scaling=True, **extra):
     from transformers import Phi3Config
-    rotary = int(SMALL["hidden_size"] // n_heads * partial)
+    rotary = int(extra.get("hidden_size", SMALL["hidden_size"]) // n_heads * partial)
     return Phi3Config(**(SMALL | dict(num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
                                       partial_rotary_factor=partial, original_max_position_embeddings=ORIGINAL,
                                       rope_scaling=longrope(rotary) if scaling else None,
@@ -207,3 +207,46 @@ def test_convert_writes_phi3_that_reloads_quantized(tmp_path):
     assert ModelConfig.from_hf(llm.config.to_hf()) == llm.config
     ids = _ids(ORIGINAL + 4)
     np.testing.assert_array_equal(llm.logits(ids), minillm.load(str(tmp_path / "src"), quant="int8").logits(ids))
+
+
+# ---- GGUF files written by llama.cpp's own converter ("phi3") -------------------------------------
+
+@pytest.fixture(scope="module")
+def phi3_ggufs(llama_cpp_convert, tmp_path_factory):
+    """A random Phi-3 (partial RoPE, LongRoPE), the f32 GGUF convert_hf_to_gguf.py writes of it, and that file
+    with its layer matrices in Q8_0 (gguf-py's quantizer, as test_gguf_quantized does: one conversion, not two)."""
+    from test_gguf_quantized import requantize
+    from tokenizer_corpus import sentencepiece_model
+    path = tmp_path_factory.mktemp("phi3-gguf")
+    hf = save_phi3(phi3_config(vocab_size=640, hidden_size=128, intermediate_size=256, num_hidden_layers=2), path / "hf")
+    sentencepiece_model(path / "hf")
+    f32 = llama_cpp_convert(path / "hf", path / "phi3-f32.gguf", "f32")
+    q8_0 = requantize(f32, path / "phi3-q8_0.gguf", {part: "Q8_0" for part in ("attn_qkv", "attn_output", "ffn_")})
+    return hf, {"f32": f32, "q8_0": q8_0}
+
+
+def test_phi3_gguf_from_llama_cpps_converter_matches_hf(phi3_ggufs):
+    """llama.cpp's phi3 GGUF (fused attn_qkv and ffn_up, rope.dimension_count for the partial share, LongRoPE's
+    factors as tensors): read by minillm, HF's logits past the pretraining context too."""
+    hf, ggufs = phi3_ggufs
+    llm = minillm.load(str(ggufs["f32"]))
+    assert (llm.config.family, llm.config.partial_rotary_factor, llm.config.rope_scaling["rope_type"]) == \
+        ("phi3", 0.75, "longrope")
+    ids = _ids(ORIGINAL + 14)
+    np.testing.assert_allclose(llm.logits(ids), hf_logits(hf, ids), atol=TOL, rtol=0)
+
+
+def test_phi3_q8_0_gguf_kept_quantized_splits_the_fused_blocks(phi3_ggufs):
+    """Kept quantized, the fused Q8_0 matrices split into q/k/v and gate/up row blocks of the file's bytes and
+    give the dequantized file's logits."""
+    from minillm.checkpoints.gguf_import import load_gguf
+    from minillm.checkpoints.gguf_quantized import load_gguf_for_cpu
+    from minillm.model.ggml_blocks import GGMLWeight
+    from minillm.model.transformer import Transformer
+    _, ggufs = phi3_ggufs
+    kept, floats = (Transformer(*loaded) for loaded in (load_gguf_for_cpu(ggufs["q8_0"], how="kept"),
+                                                        load_gguf(ggufs["q8_0"])))
+    assert all(isinstance(w, GGMLWeight) for w in (kept.layers[0].wq, kept.layers[0].wv, kept.layers[1].w_up))
+    ids = _ids(ORIGINAL + 4)
+    kept_logits, float_logits = (m.prefill(ids, m.new_cache(len(ids)), all_logits=True) for m in (kept, floats))
+    np.testing.assert_allclose(kept_logits, float_logits, atol=TOL, rtol=0)

@@ -4,7 +4,6 @@ splitter's rules on their own, fed one character or a few at a time."""
 import random
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner

@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minillm.engine.structured import (GrammarError, compile_grammar, constrained_pick, grammar_source,
-                                       json_schema_source)
+from minillm.engine.structured import GrammarError, GrammarSource, compile_grammar, constrained_pick, grammar_source
 
 pytest.importorskip("llguidance")
 
@@ -143,11 +142,23 @@ def test_a_recursive_schema_is_not_a_cycle(llm):
     assert llm.grammar({"type": "json_schema", "json_schema": {"schema": tree}}) is not None
 
 
-def test_compiling_is_capped(llm):
-    """A compile that outlasts the cap is refused (here a cap of 0 s: no grammar is built that fast)."""
-    with pytest.raises(GrammarError, match="longer than 0 s"):
-        compile_grammar(llm.tokenizer, llm.config.vocab_size, json_schema_source(SCHEMA, "response_format"),
-                        timeout_s=0.0)
+def test_compiling_is_capped(llm, monkeypatch):
+    """A compile that outlasts the cap is refused: here llguidance's matcher is held until the refusal came."""
+    import threading
+    import llguidance
+    release = threading.Event()
+
+    class HeldMatcher:
+        def __init__(self, *args, **kwargs):
+            release.wait()
+    monkeypatch.setattr(llguidance, "LLMatcher", HeldMatcher)
+    try:
+        with pytest.raises(GrammarError, match="took longer than 0.05 s to compile") as refused:
+            compile_grammar(llm.tokenizer, llm.config.vocab_size, GrammarSource("held", "response_format"),
+                            timeout_s=0.05)
+        assert refused.value.field == "response_format"
+    finally:
+        release.set()
 
 
 def test_text_format_is_no_grammar():
@@ -211,3 +222,17 @@ def test_a_greedy_request_with_a_grammar_never_takes_the_device_greedy_path(llm,
     monkeypatch.setattr(engine.runner, "forward_greedy", lambda chunks: pytest.fail("took the greedy path"))
     [held] = engine.generate([ASK], max_tokens=48, chat=True, grammar=animal)
     assert matches_schema(json.loads(held.text))
+
+
+def test_cli_generate_follows_a_regex_and_refuses_two_grammars(smollm2_dir):
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    result = CliRunner().invoke(cli, ["generate", "-m", str(smollm2_dir), "--no-chat", "-n", "10", "-t", "1.5",
+                                      "--seed", "0", "--regex", "[0-9]{1,3} (kg|g)", "The parcel weighs "])
+    assert result.exit_code == 0, result.output
+    answer = result.stdout.strip().splitlines()[0]
+    assert answer.split()[0].isdigit() and answer.split()[1] in ("kg", "g")
+    two = CliRunner().invoke(cli, ["generate", "-m", str(smollm2_dir), "--json", "--choice", "a", "Hi"])
+    assert two.exit_code != 0 and "give one of --json, --choice" in two.output
+    bad = CliRunner().invoke(cli, ["generate", "-m", str(smollm2_dir), "--regex", "(", "Hi"])
+    assert bad.exit_code == 1 and "unclosed group" in bad.output and "Traceback" not in bad.output

@@ -26,6 +26,7 @@ from minillm.backend import to_dtype
 from minillm.checkpoints.shapes import count_mismatch, expected_shapes, numbered  # noqa: F401  (quantize.py reads expected_shapes here)
 from minillm.checkpoints.gguf_file import GGUFFile, dequantize
 from minillm.checkpoints.gguf_moe import is_moe_tensor, moe_fields, moe_hf_tensors
+from minillm.checkpoints.hf_layouts import split_fused
 
 # Above this many bytes of float32 weights, the default output dtype is float16: a 7B model is then
 # 14 GB instead of 28 GB, which fits a 24 GB machine.
@@ -43,7 +44,10 @@ _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"
 _QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _SANDWICH_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                    "post_ffw_norm": "post_feedforward_layernorm"}
-GGUF_ARCHITECTURES = ("llama", "qwen3", "qwen3moe", "gemma3")
+# Phi-3 / Phi-4-mini (llama.cpp's "phi3"): q/k/v and gate/up stay fused; hf_layouts.split_fused splits them.
+_PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_PHI3_ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")   # read into the config
+GGUF_ARCHITECTURES = ("llama", "qwen3", "qwen3moe", "gemma3", "phi3")
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _LAYER_INDEX = re.compile(r"blk\.(\d+)\.")
 _ROUTER = re.compile(r"blk\.\d+\.ffn_gate_inp\.weight")
@@ -59,14 +63,16 @@ def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
             part = part or _QK_NORM_NAMES.get(m.group(2))
         if config is not None and config.sandwich_norms:
             part = _SANDWICH_NAMES.get(m.group(2), part)
+        if config is not None and config.family == "phi3":
+            part = _PHI3_NAMES.get(m.group(2), part)
         return f"model.layers.{m.group(1)}.{part}.weight" if part else None
     base = gguf_name.removesuffix(".weight")
     return f"{_GLOBAL_NAMES[base]}.weight" if base in _GLOBAL_NAMES else None
 
 
 def permuted_qk(config: ModelConfig) -> bool:
-    """llama.cpp permutes q/k rows for its "llama" architecture only (Qwen3, Gemma 3 rotate HF's halves)."""
-    return not (config.qk_norm or config.sandwich_norms)
+    """llama.cpp permutes q/k rows for its "llama" architecture only (Qwen3, Gemma 3, Phi-3 rotate HF's halves)."""
+    return not (config.qk_norm or config.sandwich_norms or config.family == "phi3")
 
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -136,8 +142,8 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
         for key in ("block_count", "embedding_length", "attention.head_count", "feed_forward_length"):
             require_int(get(key), f"{arch}.{key}")
         for key in ("attention.head_count_kv", "attention.key_length", "context_length", "attention.sliding_window"):
-            if get(key) is not None:
-                require_int(get(key), f"{arch}.{key}")
+            if get(key) is not None:            # phi3 writes a window of 0 for none (Phi-4-mini)
+                require_int(get(key), f"{arch}.{key}", minimum=0 if (arch, key) == ("phi3", "attention.sliding_window") else 1)
         require_number(get("attention.layer_norm_rms_epsilon", 1e-5), f"{arch}.attention.layer_norm_rms_epsilon", 0.0, 1.0)
         require_number(get("rope.freq_base", 10000.0), f"{arch}.rope.freq_base", low=1.0)
     except ConfigError as e:
@@ -162,9 +168,34 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
             eos_token_id=_meta(reader, "tokenizer.ggml.eos_token_id"),
             family="mixtral" if get("expert_count") else "mistral" if sliding_window else "llama",
             **moe_fields(get),                                      # Mixtral: experts (gguf_moe.py)
-        ) if arch == "llama" else _qwen3_gemma3_config(arch, get, names, vocab, rope_scaling, reader)
+        ) if arch == "llama" else _phi3_config(get, names, vocab, reader) if arch == "phi3" else \
+            _qwen3_gemma3_config(arch, get, names, vocab, rope_scaling, reader)
     except (TypeError, ValueError) as e:
         raise MiniLLMError(f"{path}: incomplete llama metadata ({e})") from None
+
+
+def _phi3_config(get, names: set, vocab: int, reader) -> ModelConfig:
+    """A phi3 GGUF's config: rope.dimension_count is the rotary share of a head (Phi-4-mini: 3/4), LongRoPE's
+    factors are the rope_factors_short/long tensors and its gain a key, and a window of 0 means none."""
+    dim, n_heads, context = get("embedding_length"), get("attention.head_count"), get("context_length", 4096)
+    head_dim = dim // n_heads
+    scaling = None
+    if set(_PHI3_ROPE_FACTORS) <= names:
+        factors = {t.name: [float(v) for v in np.asarray(t.data, dtype=np.float32).ravel()]
+                   for t in reader.tensors if t.name in _PHI3_ROPE_FACTORS}
+        original = get("rope.scaling.original_context_length", context)
+        scaling = {"rope_type": "longrope", "short_factor": factors[_PHI3_ROPE_FACTORS[0]],
+                   "long_factor": factors[_PHI3_ROPE_FACTORS[1]], "factor": context / original,
+                   "original_max_position_embeddings": original,
+                   "attention_factor": _f32(get("rope.scaling.attn_factor", 1.0))}
+    return ModelConfig(
+        vocab_size=int(vocab), dim=dim, n_layers=get("block_count"), n_heads=n_heads,
+        n_kv_heads=get("attention.head_count_kv", n_heads), ffn_dim=get("feed_forward_length"), head_dim=head_dim,
+        norm_eps=_f32(get("attention.layer_norm_rms_epsilon", 1e-5)), rope_theta=_f32(get("rope.freq_base", 10000.0)),
+        rope_scaling=scaling, max_seq_len=context, tie_embeddings="output.weight" not in names,
+        sliding_window=get("attention.sliding_window") or None, family="phi3",
+        partial_rotary_factor=(get("rope.dimension_count") or head_dim) / head_dim,
+        bos_token_id=_meta(reader, "tokenizer.ggml.bos_token_id"), eos_token_id=_meta(reader, "tokenizer.ggml.eos_token_id"))
 
 
 def _qwen3_gemma3_config(arch: str, get, names: set, vocab: int, rope_scaling, reader) -> ModelConfig:
@@ -232,7 +263,7 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
     for t in tqdm(reader.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor", disable=not progress):
         name = hf_name(t.name, config) if not is_moe_tensor(t.name) else t.name
         if name is None:
-            if t.name != "rope_freqs.weight":  # already warned about in config_from_gguf
+            if t.name != "rope_freqs.weight" and t.name not in _PHI3_ROPE_FACTORS:   # warned about / read already
                 warnings.warn(f"{path}: skipping unknown tensor {t.name}")
             continue
         try:
@@ -245,6 +276,7 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
             raise MiniLLMError(f"{path}: tensor {t.name} holds {int((~np.isfinite(w)).sum())} NaN/Inf values "
                                f"(the file is corrupt)")
         pieces = moe_hf_tensors(t.name, w, config) if is_moe_tensor(t.name) else {name: w}   # stacked experts split
+        pieces = split_fused(config, pieces)                    # Phi-3's fused q/k/v and gate/up: row blocks
         for name, w in pieces.items():
             if w.shape != shapes.get(name):
                 raise MiniLLMError(f"{path}: tensor {t.name} has shape {w.shape}, "

@@ -29,6 +29,7 @@ from minillm.checkpoints.gguf_file import dequantize
 from minillm.checkpoints.gguf_import import (config_from_gguf, default_dtype, expected_shapes, hf_name, load_gguf,
                                              open_gguf, permuted_qk, unpermute_rows, _hf_tensor)
 from minillm.checkpoints.gguf_moe import is_moe_tensor, moe_hf_tensors
+from minillm.checkpoints.hf_layouts import split_fused
 from minillm.errors import MiniLLMError
 from minillm.model.config import ModelConfig
 from minillm.model.ggml_blocks import BLOCKS, GGMLWeight
@@ -36,6 +37,7 @@ from minillm.model.quant import Int4Weight, QuantizedWeight, is_layer_matrix, pa
 
 KEPT = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")     # the types a layer matrix keeps
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+_FUSED = ("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight")     # Phi-3's, as gguf_import names them
 MEMORY_MARGIN = 0.9     # of the memory available now, what the float copies may take
 
 
@@ -47,11 +49,13 @@ def load_gguf_kept(path: str | Path, reader=None) -> tuple[ModelConfig, dict]:
     dtype = default_dtype(config)
     config = config.replace(torch_dtype=dtype)
     shapes = expected_shapes(config)
-    kept = {t.name for t in reader.tensors if t.tensor_type.name in KEPT and _is_matrix(t.name)}
+    kept = {t.name for t in reader.tensors if t.tensor_type.name in KEPT and _is_matrix(t.name, config)}
     _check_float_fits(reader, kept, dtype, path)
     tensors: dict = {}
     for t in reader.tensors:
         if t.name in kept:
+            if not _finite_scales(t.data, t.tensor_type.name):     # NaN/Inf would reach the logits unexplained
+                raise MiniLLMError(f"{path}: tensor {t.name} has NaN/Inf block scales (the file is corrupt)")
             pieces = _kept_pieces(t, config)
         else:
             pieces = _float_pieces(t, config, dtype, path)
@@ -64,19 +68,19 @@ def load_gguf_kept(path: str | Path, reader=None) -> tuple[ModelConfig, dict]:
     if missing:
         raise MiniLLMError(f"{path}: {len(missing)} weights missing, e.g. {missing[0]}")
     slow = sorted({t.tensor_type.name for t in reader.tensors
-                   if _is_matrix(t.name) and t.name not in kept and t.tensor_type.name not in FLOAT_TYPES})
+                   if _is_matrix(t.name, config) and t.name not in kept and t.tensor_type.name not in FLOAT_TYPES})
     if slow:
         _note(f"{Path(path).name}: {', '.join(slow)} layer matrices are dequantized to {dtype} at load "
               f"(kept quantized: {', '.join(KEPT)} only)")
     return config, tensors
 
 
-def _is_matrix(gguf_name: str) -> bool:
+def _is_matrix(gguf_name: str, config: ModelConfig | None = None) -> bool:
     """A layer matrix (or an expert's): what a quantized weight can stand for. The router stays float."""
     if is_moe_tensor(gguf_name):
         return "_exps." in gguf_name or not gguf_name.endswith("ffn_gate_inp.weight")
-    name = hf_name(gguf_name)
-    return name is not None and (is_layer_matrix(name) or name == "lm_head.weight")
+    name = hf_name(gguf_name, config)
+    return name is not None and (is_layer_matrix(name) or name == "lm_head.weight" or name.endswith(_FUSED))
 
 
 def _kept_pieces(t, config: ModelConfig) -> dict[str, QuantizedWeight]:
@@ -85,13 +89,26 @@ def _kept_pieces(t, config: ModelConfig) -> dict[str, QuantizedWeight]:
     if is_moe_tensor(t.name):
         # a stack of experts [E, out, row bytes] splits into one weight each; one expert's [out, row bytes] does not
         return {name: _weight(w, kind, None) for name, w in moe_hf_tensors(t.name, t.data, config).items()}
-    name = hf_name(t.name)
+    name = hf_name(t.name, config)
+    if name.endswith(_FUSED):                                 # Phi-3's q/k/v, gate/up: row blocks of the stored bytes
+        return {n: _weight(rows, kind, None) for n, rows in split_fused(config, {name: t.data}).items()}
     heads = (config.n_heads if name.endswith("q_proj.weight") else
              config.n_kv_heads if name.endswith("k_proj.weight") else None)
     if not permuted_qk(config):                               # Qwen3, Gemma 3: llama.cpp kept HF's row order
         heads = None
     order = None if heads is None else unpermute_rows(np.arange(t.data.shape[0])[:, None], heads)[:, 0]
     return {name: _weight(t.data, kind, order)}
+
+
+# where each block type keeps its fp16 scales (d, and dmin / m where it has them), in bytes from the block's start
+SCALE_BYTES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, **{kind: size for kind, (_, size) in BLOCKS.items()}}
+
+
+def _finite_scales(data: np.ndarray, kind: str) -> bool:
+    """Every fp16 scale of a tensor's blocks is finite (2 bytes a block are read, not the codes)."""
+    blocks = data.reshape(-1, BLOCK_BYTES[kind])
+    return all(np.isfinite(blocks[:, at:at + 2].copy().view(np.float16)).all() for at in SCALE_BYTES[kind])
 
 
 def _weight(data: np.ndarray, kind: str, row_order: np.ndarray | None) -> QuantizedWeight:
@@ -124,7 +141,7 @@ def _float_pieces(t, config: ModelConfig, dtype: str, path) -> dict[str, np.ndar
     """A tensor dequantized as gguf_import.load_gguf does it (HF names, HF row order, `dtype`)."""
     name = t.name if is_moe_tensor(t.name) else hf_name(t.name, config)
     if name is None:
-        if t.name != "rope_freqs.weight":
+        if t.name != "rope_freqs.weight" and not t.name.startswith("rope_factors_"):   # read into the config
             warnings.warn(f"{path}: skipping unknown tensor {t.name}")
         return {}
     try:
@@ -135,7 +152,7 @@ def _float_pieces(t, config: ModelConfig, dtype: str, path) -> dict[str, np.ndar
                            f"which gguf cannot dequantize") from None
     if not np.isfinite(w).all():
         raise MiniLLMError(f"{path}: tensor {t.name} holds NaN/Inf values (the file is corrupt)")
-    pieces = moe_hf_tensors(t.name, w, config) if is_moe_tensor(t.name) else {name: w}
+    pieces = split_fused(config, moe_hf_tensors(t.name, w, config) if is_moe_tensor(t.name) else {name: w})
     return {n: _hf_tensor(w, n, config, dtype) for n, w in pieces.items()}
 
 

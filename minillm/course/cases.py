@@ -29,6 +29,7 @@ class Exercise:
     hidden: Callable[[int], list[Case]] | None = None   # fresh cases from a seed, where `cases` draws nothing
     draws_in_check: bool = False            # its check draws its values with case_rng (so hidden cases differ)
     points: float = 1.0                     # what passing every case is worth in a teacher's report
+    needs_gpu: bool = False                 # its check runs the answer on a GPU: elsewhere "not graded (no GPU)"
 
     @property
     def id(self) -> str:
@@ -38,6 +39,10 @@ class Exercise:
 
 class CaseFailed(Exception):
     """Raised by a case's checker with a one-line description of what is wrong."""
+
+
+class NotGraded(Exception):
+    """The exercise cannot be graded on this machine (a GPU exercise without a GPU): never a pass."""
 
 
 class SubmissionStopped(BaseException):

@@ -131,19 +131,21 @@ go with the exercises: `minillm lesson` lists them, `minillm lesson 1` runs one.
 
 ## Run the real model on your pieces (student mode)
 
-Once your RMSNorm, KV-cache write, RoPE and top-p pass (exercises 01-04), run SmolLM2 on them:
+Once your RMSNorm, KV-cache write, attention and RoPE pass (exercises 01, 02, 02.2, 03; top-p 04 too),
+run SmolLM2 on them:
 
     minillm generate --student . --no-chat "The capital of France is"
 
 Your functions replace the engine's inside the forward pass (with `--quant int8`, your exercise 08
-quantizer too), the engine's own run beside them on the same tokens, and it prints the largest logit
-difference (tolerance 1e-3), which of your pieces this run used and which it did not, and, when they
-differ, the first layer and position where your hidden state left the engine's. A stub not written yet
-is left to the engine. This run imports your files into the minillm process (it is not confined like
-grading): your own check, local and ungraded.
+quantizer too; `minillm serve --student .` batches on your 16 and 17 as well), the engine's own run
+beside them on the same tokens, and it prints the largest logit difference (tolerance 1e-3), which of
+your pieces this run used and which it did not, and, when they differ, the first layer and position
+where your hidden state left the engine's. A stub not written yet is left to the engine. This run
+imports your files into the minillm process (it is not confined like grading): your own check, local
+and ungraded.
 
-Some exercises (17.2) ask for a policy, not a formula: your function gets the state as data and returns
-its decision; the grader applies it to its own engine objects, step by step.
+Some exercises (17.2, 20.2) ask for a policy, not a formula: your function gets the state as data and
+returns its decision; the grader applies it to its own engine objects, step by step.
 
 ## Submit
 

@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Callable
 
 from minillm.errors import MiniLLMError
-from minillm.course.cases import Case, CaseFailed, SubmissionStopped, drawing, exercise_id, hidden_cases
+from minillm.course.cases import Case, CaseFailed, NotGraded, SubmissionStopped, drawing, exercise_id, hidden_cases
 from minillm.course.lessons import EXERCISES_DIR
 from minillm.course.registry import EXERCISES
 from minillm.resources import is_checkout
@@ -52,6 +52,8 @@ class Report:
             lines.append(f"  {self.note}")
         n_ok = sum(c.passed for c in self.cases)
         verdict = "passed" if self.passed else "FAILED"
+        if self.note.startswith("not graded"):              # a GPU exercise without a GPU: neither pass nor fail
+            verdict = "NOT GRADED"
         lines.append(f"{verdict}: {n_ok}/{len(self.cases)} cases" if self.cases else f"{verdict}: no case ran")
         if self.seed is not None:
             lines.append(f"hidden cases drawn with --seed {self.seed}")
@@ -84,6 +86,10 @@ def check_exercise(number: int | str, module: ModuleType | Callable | str | Path
             with drawing(case.draw):
                 detail = exercise.check(fn, case)
             report.cases.append(CaseResult(case.name, True, detail))
+        except NotGraded as e:                   # never a pass: the report says why no case ran
+            report.cases.clear()
+            report.note = f"not graded ({e})"
+            break
         except NotImplementedError:
             report.cases.append(CaseResult(case.name, False, "raised NotImplementedError"))
             report.note = (f"{exercise.function}() is not written yet: open {source}, read the docstring, "

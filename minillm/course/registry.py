@@ -19,6 +19,9 @@ from minillm.course.ex_controls import _check_penalty, _penalty_cases, repetitio
 from minillm.course.ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
 from minillm.course.ex_speculative import _check_spec, _spec_cases, speculative_step_reference
 from minillm.course.ex_preemption import _check_schedule, _schedule_cases, schedule_step_reference
+from minillm.course.ex_radix import _check_radix, _radix_cases, radix_insert_reference
+from minillm.course.ex_kernel import _check_kernel, _kernel_cases, rmsnorm_kernel_reference
+from minillm.course.ex_speculative_loop import _check_loop, _loop_cases, speculative_decode_step_reference
 from minillm.course.ex_cache_attention import (_cache_attention_cases, _check_cache_attention,
                                                attend_over_cache_reference)
 from minillm.course.ex_formats import _block_cases, _check_block, encode_mxfp4_block_reference
@@ -67,6 +70,8 @@ EXERCISES: ExerciseRegistry = ExerciseRegistry([
     Exercise(11, "transfer_bytes", 11, transfer_bytes_reference, _transfer_cases, _check_transfer,
              hidden=_transfer_hidden),
     Exercise(12, "block_sum", 12, block_sum_reference, _block_sum_cases, _check_block_sum),
+    Exercise(12, "rmsnorm_kernel", 12, rmsnorm_kernel_reference, _kernel_cases, _check_kernel, part=2,
+             needs_gpu=True),
     Exercise(13, "decode_launches", 13, decode_launches_reference, _launch_cases, _check_launches,
              hidden=_launch_hidden),
     Exercise(14, "dequantize_int4_words", 14, dequantize_int4_words_reference, _int4_word_cases, _check_int4_words),
@@ -76,8 +81,11 @@ EXERCISES: ExerciseRegistry = ExerciseRegistry([
     Exercise(17, "pack_batch", 17, pack_reference, _pack_cases, _check_pack),
     Exercise(17, "schedule_step", 17, schedule_step_reference, _schedule_cases, _check_schedule, part=2),
     Exercise(18, "cached_prefix_tokens", 18, cached_prefix_reference, _prefix_cases, _check_prefix),
+    Exercise(18, "radix_insert", 18, radix_insert_reference, _radix_cases, _check_radix, part=2),
     Exercise(19, "stream_text", 19, stream_text_reference, _sse_cases, _check_sse, hidden=_sse_hidden),
     Exercise(20, "speculative_step", 20, speculative_step_reference, _spec_cases, _check_spec),
+    Exercise(20, "speculative_decode_step", 20, speculative_decode_step_reference, _loop_cases, _check_loop,
+             part=2),
     Exercise(21, "tp_partials", 21, tp_partials_reference, _tp_cases, _check_tp, draws_in_check=True),
     Exercise(22, "top_k_route", 22, top_k_route_reference, _route_cases, _check_route),
     Exercise(23, "encode_mxfp4_block", 23, encode_mxfp4_block_reference, _block_cases, _check_block),

@@ -136,7 +136,7 @@ def split_answer(tokenizer, prompt_ids, text: str) -> tuple[str | None, str]:
 
 
 # ---- GPT-OSS: the harmony format's channels ---------------------------------------------------------
-HARMONY_MESSAGE, HARMONY_CHANNEL, HARMONY_START = "<|message|>", "<|channel|>", "<|start|>"
+HARMONY_MESSAGE, HARMONY_CHANNEL = "<|message|>", "<|channel|>"
 HARMONY_ENDS = ("<|end|>", "<|return|>", "<|call|>")      # a message ends; <|return|> and <|call|> end the turn
 
 
@@ -144,8 +144,9 @@ class HarmonySplitter:
     """Cuts a GPT-OSS answer into reasoning and content by harmony channel. The answer is a run of messages,
     each a header and a body: `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final
     <|message|>...<|return|>` (the first header's `<|start|>assistant` is the prompt's). The analysis
-    channel's bodies are reasoning, the others' (final; commentary, a tool call's preamble) content; the
-    headers and the special tokens between go to neither. Text before any header is content. As
+    channel's bodies are reasoning, the others' content (final; commentary: a preamble, or a tool call's
+    arguments, which are not parsed into tool_calls yet); the headers and the special tokens between go to
+    neither. Text before any header is content. As
     ReasoningSplitter: push(text) -> (reasoning, content) told apart so far, holding back a possible
     partial token; finish() -> what was held (a message cut off keeps its channel)."""
 

@@ -263,6 +263,7 @@ class TokenLogprob:
 def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
     """`token`'s logprob under the raw `logits` [vocab], with the `top` most likely alternatives."""
     logp = log_softmax(logits)                                           # [vocab]
+    top = min(top, len(logp))
     best = np.argpartition(-logp, top - 1)[:top] if top else np.empty(0, dtype=np.int64)
     best = best[np.argsort(-logp[best], kind="stable")]
     return TokenLogprob(int(token), float(logp[token]), [(int(t), float(logp[t])) for t in best])

@@ -93,6 +93,7 @@ _METADATA = {"user", "metadata", "store", "service_tier", "safety_identifier", "
 # are given (its SDKs send them along): tool calls are the chat endpoint's (ChatCompletionRequest).
 _PENDING = {"tool_choice", "parallel_tool_calls"}
 MAX_LOGPROBS = 20                    # top alternatives per token, as SamplingParams allows
+LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS), BeforeValidator(_integral)]
 
 
 def _declare_extras(accepted_any: set[str], accepted_if: dict[str, tuple]):
@@ -261,7 +262,7 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions: one prompt, as text or as token ids."""
     prompt: Annotated[Union[Text, list[Integer], list[Text], list[list[Integer]]], WithJsonSchema(PROMPT_SCHEMA)]
     max_tokens: PositiveInteger | None = 16          # the legacy endpoint's default
-    logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)   # this many alternatives per token
+    logprobs: LogprobCount | None = None             # this many alternatives per token
     echo: bool | None = False                        # the prompt (and its logprobs) before the answer
 
     def token_logprobs(self) -> int | None:
@@ -322,7 +323,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: PositiveInteger | None = None   # the newer name of max_tokens
     logprobs: bool | None = False                          # each answer token's logprob ...
-    top_logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)   # ... and this many alternatives
+    top_logprobs: LogprobCount | None = None               # ... and this many alternatives
 
     @field_validator("top_logprobs")
     @classmethod

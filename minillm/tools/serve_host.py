@@ -79,6 +79,23 @@ class FakeRunner:
         return self.ids[:len(chunks)]
 
 
+class _TimedSampler:
+    """A request's sampler whose picks the clock times; the engine reads and sets its other attributes
+    (argmax_only, allowed_tokens, ...) on the sampler itself."""
+
+    def __init__(self, sampler, timed_call):
+        self.__dict__.update(_sampler=sampler, _call=timed_call)
+
+    def __call__(self, logits):
+        return self._call(logits)
+
+    def __getattr__(self, name):
+        return getattr(self._sampler, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._sampler, name, value)
+
+
 def measure(users: int, steps: int, temperature: float, prompt_len: int, tokenizer) -> dict[str, float]:
     """Median ms per decode step of each part, `users` sequences decoding at once."""
     config = dataclasses.replace(PRESETS["mistral-7b"].config, n_layers=1)   # the pool is not used: keep it small
@@ -100,7 +117,7 @@ def measure(users: int, steps: int, temperature: float, prompt_len: int, tokeniz
     while not all(r.seq.output_ids for r in engine.requests.values()):
         engine.step()                                            # the prompts, not measured
     for r in engine.requests.values():
-        r.sampler = clock.wrap("sample", r.sampler)
+        r.sampler = _TimedSampler(r.sampler, clock.wrap("sample", r.sampler))
         r.text.push = clock.wrap("detokenize", r.text.push)
     clock.now = {}
     for _ in range(steps):
