@@ -15,6 +15,8 @@ write each byte once, so their speed is achieved GB/s against the GPU's copy ban
 The order of a parallel sum decides its last bits: we emulate the block's order in NumPy (exercise 12),
 compare its error with a one-thread sum on the CPU, and on the GPU check the emulation bit for bit.
 
+Exercise 12.2 is v2's RMSNorm written by you: a block per row, graded on a GPU (elsewhere "not graded").
+
 Run: python lessons/12_first_kernels.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 Without a GPU the lesson runs the NumPy references, the reduction-order study and the compile of the
 kernels (nvcc, NVRTC), and lists the GPU measurements it skipped.

@@ -10,6 +10,9 @@ rewrites that without changing a single logit:
 Then the GPU part, and the bug that comes with it: two streams need an explicit join. Without it the
 model reads the previous token's projection and "talks one step late".
 
+Exercise 15 folds a gain; exercise 15.2 plans the deferred block as two streams (the projections of the raw
+x on one, 1/RMS on the other) and the join where each output takes its scale, SwiGLU's gate before SiLU.
+
 Run: python lessons/15_flashnorm.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
 ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)

@@ -8,6 +8,9 @@ to first token drops. minillm finds them with vLLM's design: each full block is 
 a radix tree over token ids, matching to the exact token; this lesson builds one and compares the two,
 then shows least-recently-used eviction deciding which prefixes stay when the pool is small.
 
+Exercise 18.2 is this lesson's radix tree as data (a flat list of edges), grown request by request
+through a branching conversation by the grader, which checks every match and the tree's shape.
+
 Run: python lessons/18_prefix_caching.py      (MINILLM_LESSON_QUICK=1 for a smoke run)
 """
 ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)

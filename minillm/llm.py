@@ -19,7 +19,6 @@ from minillm.model.kv_cache import kv_cache_format
 from minillm.model.transformer import NonFiniteLogits, Transformer
 from minillm import threads as blas
 from minillm.checkpoints.quantize import quantize_checkpoint
-from minillm.model.formats import FORMATS
 from minillm.model.quant import METHODS, SUFFIXES as QUANT_SUFFIXES, QuantizedWeight, quantization_entry
 from minillm.engine.sampling import SamplingParams
 from minillm.engine.structured import Grammar, GrammarError, compile_grammar, grammar_source
@@ -321,16 +320,6 @@ def load(model: str | Path = "smollm2-135m", device: str = "cpu", dtype: str | N
     whole = flashnorm or quant is not None or device != "cpu" or tp > 1 or comm is not None
     config, tensors, tokenizer = read_checkpoint(path, gguf="float" if whole else "auto")
     _check_sparse(config, device, flashnorm, quant)
-    if device == "cuda" and (config.qkv_bias or config.o_bias or config.mlp_bias):
-        raise MiniLLMError(f"{config.family} with biases (q/k/v, o or MLP) runs on the CPU only: the GPU path "
-                           "has no bias kernels yet (use --device cpu)")
-    if device == "cuda" and (config.partial_rotary_factor != 1.0 or config.attention_sinks or
-                             (config.attention == "gqa" and (config.rope_scaling or {}).get("rope_type") in ("longrope", "yarn"))):
-        raise MiniLLMError(f"{config.family}'s partial RoPE, LongRoPE/YaRN or attention sinks run on the CPU only: the "
-                           "GPU kernels rotate whole heads at plain RoPE frequencies (use --device cpu)")
-    if device == "cuda" and (config.qk_norm or config.sandwich_norms):    # GPUTransformer's fused kernels lack them
-        raise MiniLLMError(f"{config.family} (QK-norm, Gemma's norms, GeGLU, per-layer windows) runs on the CPU only "
-                           "for now: the GPU kernels do not have these pieces yet (use --device cpu)")
     if flashnorm:   # before quantizing: a gain scales a column, int8/int4 scales belong to rows and groups
         config, tensors = _folded(config, tensors)
     if quant is not None:
@@ -416,16 +405,10 @@ def _all_finite(w: np.ndarray, rows: int = 1 << 14) -> bool:
 
 
 def _check_sparse(config: ModelConfig, device: str, flashnorm: bool, quant: str | None) -> None:
-    """What mixture-of-experts models and the low-bit float formats do not run with yet, in one line."""
-    if config.n_experts and device == "cuda":
-        raise MiniLLMError("mixture-of-experts models run on the CPU only: GPU MoE kernels are future work "
-                           "(use --device cpu)")
+    """What mixture-of-experts models do not run with yet, in one line. (On cuda, MoE layers and the fp8/NF4/MXFP4
+    formats run as device_model: gpu_path.)"""
     if config.n_experts and flashnorm:
         raise MiniLLMError("--flashnorm does not fold into mixture-of-experts layers yet")
-    stored = (config.quantization or {}).get("method")
-    if device == "cuda" and (quant in FORMATS or stored in FORMATS):
-        raise MiniLLMError(f"the {quant or stored} weight format runs on the CPU only: GPU kernels for fp8/nf4/mxfp4 "
-                           "are future work (use --device cpu, or --quant int8|int4 on cuda)")
 
 
 def _folded(config: ModelConfig, tensors: dict):
@@ -441,12 +424,12 @@ def _folded(config: ModelConfig, tensors: dict):
 def gpu_path(transformer: Transformer) -> str:
     """Which GPU model serves this loaded Transformer: "GPUTransformer", "GPUMLATransformer" or "device_model"
     (the Transformer itself on CuPy arrays). The one place that picks; minillm/cuda/__init__.py tabulates it."""
-    from minillm.cuda.gpu_mla import unsupported
+    from minillm.cuda import gpu_mla, gpu_model
     if transformer.comm is not None:          # a tensor-parallel shard: the Transformer's own all-reduces (NCCL)
         return "device_model"
     if transformer.config.attention == "mla":
-        return "GPUMLATransformer" if unsupported(transformer) is None else "device_model"
-    return "GPUTransformer"
+        return "GPUMLATransformer" if gpu_mla.unsupported(transformer) is None else "device_model"
+    return "GPUTransformer" if gpu_model.unsupported(transformer) is None else "device_model"
 
 
 def _to_gpu(transformer: Transformer, dtype: str | None, quant: str | None, kv_cache: str):

@@ -122,3 +122,37 @@ def test_a_radix_tree_matching_whole_edges_only_undercounts_and_fails(tmp_path):
                             tmp_path)
     reason = dict(graded.failures)["a branching conversation: answers regenerated from the middle of an edge"]
     assert "step 1: matched 0 tokens, but an earlier request shares its first" in reason
+
+
+def test_flashnorm_plan_solution_passes_in_the_sandbox(tmp_path):
+    graded = _grade("15.2", SOLUTIONS / "ex15.2_deferred_plan.py", tmp_path)
+    assert graded.complete and graded.total == 8, graded
+
+
+PLANS = {
+    "races": '''def deferred_plan(block):           # reads s on stream 0 with no wait
+    ws = block["weights"]
+    return ([{"op": "inv_rms", "in": "x", "out": "s", "stream": 1}]
+            + [{"op": "matmul", "in": "x", "w": w, "out": w + "_raw", "stream": 0} for w in ws if block["kind"] != "mlp"]
+            + [{"op": "scale", "in": w + "_raw", "by": "s", "out": w, "stream": 0} for w in ws if block["kind"] != "mlp"])
+''',
+    "serial": '''def deferred_plan(block):           # the norm first on the projections' stream: nothing overlaps
+    ws = block["weights"]
+    return ([{"op": "inv_rms", "in": "x", "out": "s", "stream": 0}]
+            + [{"op": "scale", "in": "x", "by": "s", "out": "h", "stream": 0}]
+            + [{"op": "matmul", "in": "h", "w": w, "out": w, "stream": 0} for w in ws if block["kind"] != "mlp"])
+''',
+}
+
+
+def test_flashnorm_plans_that_race_or_do_not_overlap_fail_in_one_line(tmp_path):
+    reasons = {}
+    for name, source in PLANS.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "ex15.2_deferred_plan.py").write_text(source)
+        graded = grade_exercise("15.2", folder / "ex15.2_deferred_plan.py", Limits(time_s=20), make_plan(seed=7),
+                                folder)
+        reasons[name] = dict(graded.failures)["attention's q, k and v"]
+    assert reasons["races"] == "step 0: op 4 reads 's' on stream 0, made on stream 1, without a wait for it: a race"
+    assert reasons["serial"].startswith("every projection waited for 1/RMS: nothing overlaps")

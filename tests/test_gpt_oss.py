@@ -161,14 +161,6 @@ def test_an_unimplemented_gpt_oss_field_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_gpt_oss_on_cuda_is_refused_in_one_line(tmp_path, monkeypatch):
-    import minillm.llm
-    save_random_model(gpt_oss_config(num_hidden_layers=2), tmp_path)
-    monkeypatch.setattr(minillm.llm, "check_device", lambda device: None)
-    with pytest.raises(MiniLLMError, match="CPU only"):
-        minillm.load(str(tmp_path), device="cuda")
-
-
 # ---- the o200k_harmony tokenizer, and the harmony channels as reasoning ------------------------------
 
 def o200k_harmony_spec(monkeypatch) -> dict:

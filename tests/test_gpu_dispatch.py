@@ -1,7 +1,9 @@
 """minillm/cuda/__init__.py's table of what runs a checkpoint on the GPU, held against the code that picks
 (llm.gpu_path: the model; llm.batching_for: the Engine's runner), on small CPU models: no GPU needed."""
-import re
+import dataclasses
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import minillm.cuda
@@ -33,6 +35,8 @@ CHECKPOINTS = {
     "MLA of a shape mla_decode.cu takes": lambda: mla.small_model(mla.small_config()),
     "MLA of another shape (widths % 8 != 0)": lambda: mla.small_model(mla.small_config(r=12)),
     "a tensor-parallel shard (--tp N)": sharded,
+    "a piece the kernels lack (gpu_model.py)":      # what load hands over for a Qwen3 (the config is what is read)
+        lambda: SimpleNamespace(config=small_config("gqa", qk_norm=True), comm=None),
 }
 
 
@@ -72,9 +76,35 @@ def test_the_table_names_the_runner_batching_for_pairs_with_it(checkpoint, monke
         assert served is transformer
 
 
-def test_what_the_table_says_is_refused_is_refused_at_load():
-    """The line under the table: MoE on cuda is refused before any GPU model is picked."""
-    refused = re.search(r"Refused in one line at load: ([^;]*);", " ".join(minillm.cuda.__doc__.split())).group(1)
-    assert "mixture-of-experts" in refused
-    with pytest.raises(llm.MiniLLMError, match="mixture-of-experts"):
-        llm._check_sparse(small_config("gqa", n_experts=4, n_experts_per_token=2), "cuda", False, None)
+def test_a_config_field_the_kernels_do_not_read_sends_the_model_to_device_model():
+    """Every ModelConfig field is read by the kernels (KERNEL_FIELDS), checked against a plain Llama's value
+    (PLAIN_LLAMA, the RoPE type, the weight format), inert in a model they run (MLA's fields need attention
+    "mla", MoE's need experts), or not the layers' math (stop ids): a field added for a new family lands in one of these or this test fails, so the
+    kernels never run a model while leaving out one of its pieces."""
+    from minillm.cuda import gpu_model
+    mla_only = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave"}
+    moe_only = {"n_experts_per_token", "moe_ffn_dim", "n_shared_experts", "first_dense_layers", "router",
+                "n_expert_groups", "n_groups_per_token", "norm_topk_prob", "routed_scaling_factor", "swiglu_limit",
+                "swiglu_alpha"}
+    not_math = {"generation_eos_token_ids"}                 # what the engine stops on, not what a layer computes
+    known = set(gpu_model.KERNEL_FIELDS) | set(gpu_model.PLAIN_LLAMA) | mla_only | moe_only | not_math
+    assert {f.name for f in dataclasses.fields(llm.ModelConfig)} == known
+    plain = SimpleNamespace(config=small_config("gqa"), comm=None)
+    assert llm.gpu_path(plain) == "GPUTransformer"
+    changed = [dict(qkv_bias=True), dict(n_experts=4, n_experts_per_token=2, moe_ffn_dim=64), dict(qk_norm=True),
+               dict(sandwich_norms=True), dict(activation="gelu_tanh"), dict(partial_rotary_factor=0.5),
+               dict(attention_sinks=True), dict(final_softcap=30.0), dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+               dict(quantization={"method": "mxfp4"})]
+    for change in changed:
+        model = SimpleNamespace(config=dataclasses.replace(plain.config, **change), comm=None)
+        assert llm.gpu_path(model) == "device_model", change
+        assert gpu_model.unsupported(model)
+
+
+def test_mixture_of_experts_and_the_float_formats_are_not_refused_on_cuda_what_is_refused_is():
+    """MoE and fp8/NF4/MXFP4 run as device_model now; that path refuses an int8 KV cache in one line (GQA models
+    with one run on GPUTransformer)."""
+    from minillm.cuda.device_model import to_device
+    llm._check_sparse(small_config("gqa", n_experts=4, n_experts_per_token=2), "cuda", False, "mxfp4")
+    with pytest.raises(ValueError, match="16-bit cache"):
+        to_device(random_cpu_model(small_config("gqa")).with_options(kv_cache="int8"), xp=np)

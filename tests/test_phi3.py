@@ -141,14 +141,6 @@ def test_a_longrope_factor_list_of_the_wrong_length_is_refused_in_one_line(tmp_p
     assert "\n" not in str(e.value)
 
 
-def test_phi3_on_cuda_is_refused_in_one_line(tmp_path, monkeypatch):
-    import minillm.llm
-    save_random_model(phi3_config(num_hidden_layers=1), tmp_path)
-    monkeypatch.setattr(minillm.llm, "check_device", lambda device: None)
-    with pytest.raises(MiniLLMError, match="CPU only"):
-        minillm.load(str(tmp_path), device="cuda")
-
-
 # ---- the chat template ----------------------------------------------------------------------------
 
 PHI_CONVERSATIONS = [

@@ -105,15 +105,6 @@ def test_unimplemented_qwen3_moe_layouts_are_refused_in_one_line(tmp_path):
     assert result.exit_code not in (0, None) and len(lines) == 1 and "decoder_sparse_step" in lines[0], result.stderr
 
 
-def test_qwen3_on_cuda_is_refused_in_one_line(tmp_path, monkeypatch):
-    """The fused GPU kernels have no QK-norm: refused before anything runs there."""
-    import minillm.llm
-    save_random_model(qwen3_config(), tmp_path)
-    monkeypatch.setattr(minillm.llm, "check_device", lambda device: None)
-    with pytest.raises(MiniLLMError, match="runs on the CPU only"):
-        minillm.load(str(tmp_path), device="cuda")
-
-
 # ---- the tokenizer and the chat template -----------------------------------------------------------
 
 def test_qwen_byte_level_bpe_matches_hf_tokenizers(qwen_tokenizer_dir):

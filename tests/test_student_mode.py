@@ -174,3 +174,20 @@ def test_serve_student_prints_the_pieces_and_what_ran(tiny_dir, tmp_path, monkey
     assert "yours:    04 top_p_filter, 16 gather_through_block_table" in result.stderr
     assert "used by this run: gather_through_block_table (" in result.stderr
     assert "not used by this run: top_p_filter (needs generate)" in result.stderr
+
+
+def test_a_piece_that_raises_is_named_in_one_line(tiny, tmp_path):
+    from minillm.course.student import StudentPieceError
+    pieces = find_pieces(_folder(tmp_path, ex03_apply_rope="def apply_rope(x, cos, sin):\n    return x[5]\n"))
+    reference, student = student_model(tiny.model, pieces)
+    with pytest.raises(StudentPieceError, match=r"^your apply_rope \(ex03_apply_rope.py\) raised IndexError: "):
+        run_student(reference, student, pieces, [1, 2, 3], max_tokens=1)
+
+
+def test_the_handout_readme_says_how_to_run_student_mode(tmp_path):
+    result = CliRunner().invoke(cli, ["exercise", "handout", str(tmp_path / "mine")])
+    assert result.exit_code == 0, result.output
+    readme = (tmp_path / "mine" / "README.md").read_text()
+    assert 'minillm generate --student . --no-chat "The capital of France is"' in readme
+    assert "local\nand ungraded" in readme or "local and ungraded" in readme
+    assert (tmp_path / "mine" / "ex02.2_attend_over_cache.py").exists()       # the student-mode pieces' stubs

@@ -171,7 +171,10 @@ class Tokenizer:
 
     def _end_ids(self) -> list[int]:
         ids = [] if self.eos_id is None else [self.eos_id]
+        harmony = "<|channel|>" in self._ids        # GPT-OSS: <|end|> ends one message, the turn goes on
         for name in END_OF_TURN:
+            if harmony and name == "<|end|>":
+                continue
             i = self._ids.get(name)
             if i is not None and i not in ids and self.token_types[i] in (CONTROL, USER_DEFINED):
                 ids.append(i)

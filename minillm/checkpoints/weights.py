@@ -21,6 +21,7 @@ import json
 import math
 import shutil
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,7 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minillm.backend import STORAGE_DTYPES, bf16_to_f32, f32_to_bf16, to_dtype  # noqa: F401  (bf16 helpers re-exported)
-from minillm.model.config import ConfigError, ModelConfig
+from minillm.model.config import ConfigError, ModelConfig, require_int
 from minillm.errors import MiniLLMError
 from minillm.model.formats import FORMATS, stored_shapes
 from minillm.model.quant import SUFFIXES as QUANT_SUFFIXES, QuantizedWeight
@@ -191,13 +192,30 @@ def read_config(path: str | Path) -> ModelConfig:
     if not file.is_file():
         raise MiniLLMError(f"{file}: missing (a weights dir needs config.json next to its safetensors)")
     try:
-        return ModelConfig.from_hf(translate_config(json.loads(file.read_text(encoding="utf-8"))))
+        config = ModelConfig.from_hf(translate_config(json.loads(file.read_text(encoding="utf-8"))))
     except ConfigError as e:                                    # names the field already
         raise MiniLLMError(f"{file}: {e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MiniLLMError(f"{file}: not valid JSON ({e})") from None
     except (KeyError, ValueError, TypeError) as e:
         raise MiniLLMError(f"{file}: cannot read the model shape ({type(e).__name__}: {e})") from None
+    return replace(config, generation_eos_token_ids=generation_eos_ids(path))
+
+
+def generation_eos_ids(path: str | Path) -> tuple[int, ...]:
+    """The eos_token_id of a checkpoint dir's generation_config.json, an int or a list (() without one): the
+    ids HF's generate stops on, which may be more than config.json's (GPT-OSS's <|call|> and <|return|>)."""
+    file = Path(path) / "generation_config.json"
+    if not file.is_file():
+        return ()
+    try:
+        value = json.loads(file.read_text(encoding="utf-8")).get("eos_token_id")
+        ids = [] if value is None else value if isinstance(value, list) else [value]
+        return tuple(require_int(i, "eos_token_id", minimum=0) for i in ids)
+    except ConfigError as e:
+        raise MiniLLMError(f"{file}: {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise MiniLLMError(f"{file}: not a JSON object ({e})") from None
 
 
 def load_hf_dir(path: str | Path, gguf: str = "auto") -> tuple[ModelConfig, dict[str, np.ndarray]]:

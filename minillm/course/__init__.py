@@ -22,6 +22,9 @@ reference solution is the engine's own code (`minillm.model.layers.rmsnorm`,
     registry.py      EXERCISES: every exercise by id ('07'; '17.2' for a lesson's second exercise)
     grader.py        check_exercise: find a student's file (their handout folder) and grade it, case by case
     behaviour.py     replay: a student's policy decides as data, the grader replays it on engine objects
+    ex_preemption.py, ex_radix.py, ex_speculative_loop.py, ex_flashnorm_streams.py   behaviour exercises
+                     17.2, 18.2, 20.2, 15.2; ex_cache_attention.py 02.2; ex_kernel.py 12.2 (a GPU kernel)
+    student.py       student mode: the engine on a student's pieces (`generate --student DIR`), compared
     classroom.py     a teacher's tools: the exercise list, the handout (stubs and a README), the solutions
     grading.py       grading a class: each exercise in a confined process, hidden cases, CSV, feedback
     remote.py        the grader's side of a student's process: calls over a data-only channel

@@ -144,8 +144,9 @@ where your hidden state left the engine's. A stub not written yet is left to the
 imports your files into the minillm process (it is not confined like grading): your own check, local
 and ungraded.
 
-Some exercises (17.2, 20.2) ask for a policy, not a formula: your function gets the state as data and
-returns its decision; the grader applies it to its own engine objects, step by step.
+Some exercises (15.2, 17.2, 18.2, 20.2) ask for a mechanism, not a formula: your function gets the
+state as data and returns its decision; the grader applies it to its own engine objects, step by step.
+12.2 is a CUDA kernel: it is graded on a GPU machine only ("not graded (no GPU)" elsewhere).
 
 ## Submit
 

@@ -19,6 +19,7 @@ from minillm.course.ex_controls import _check_penalty, _penalty_cases, repetitio
 from minillm.course.ex_flashnorm import _check_fold, _fold_cases, fold_rmsnorm_reference
 from minillm.course.ex_speculative import _check_spec, _spec_cases, speculative_step_reference
 from minillm.course.ex_preemption import _check_schedule, _schedule_cases, schedule_step_reference
+from minillm.course.ex_flashnorm_streams import _check_streams, _streams_cases, deferred_plan_reference
 from minillm.course.ex_radix import _check_radix, _radix_cases, radix_insert_reference
 from minillm.course.ex_kernel import _check_kernel, _kernel_cases, rmsnorm_kernel_reference
 from minillm.course.ex_speculative_loop import _check_loop, _loop_cases, speculative_decode_step_reference
@@ -76,6 +77,7 @@ EXERCISES: ExerciseRegistry = ExerciseRegistry([
              hidden=_launch_hidden),
     Exercise(14, "dequantize_int4_words", 14, dequantize_int4_words_reference, _int4_word_cases, _check_int4_words),
     Exercise(15, "fold_rmsnorm_into_linear", 15, fold_rmsnorm_reference, _fold_cases, _check_fold),
+    Exercise(15, "deferred_plan", 15, deferred_plan_reference, _streams_cases, _check_streams, part=2),
     Exercise(16, "gather_through_block_table", 16, gather_reference, _gather_cases, _check_gather,
              draws_in_check=True),
     Exercise(17, "pack_batch", 17, pack_reference, _pack_cases, _check_pack),

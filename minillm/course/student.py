@@ -21,6 +21,7 @@ import numpy as np
 from minillm.course.grader import exercise_files, load_exercise
 from minillm.engine.sampling import top_p_filter
 from minillm.errors import MiniLLMError
+from minillm.model.kv_cache import KVCache
 from minillm.model.pieces import Pieces
 from minillm.model.quant import Int8Weight, quantize_int8
 
@@ -130,8 +131,9 @@ class StudentPieces:
 def _student_append(update: Piece, cache, layer: int, k_new, v_new):
     """The student's kv_cache_update on one layer of the engine's KVCache (the positions advance once
     per forward, after the last layer, as the engine's append)."""
-    if not hasattr(cache, "k") or cache.k.dtype != np.float32:
-        raise MiniLLMError("the student's KV-cache write runs on the fp32 cache only (drop --kv-cache)")
+    if type(cache) is not KVCache or cache.k.dtype != np.float32:      # not a ring buffer, not int8 codes
+        raise MiniLLMError("the student's KV-cache write runs on the plain fp32 cache only (no sliding window, "
+                           "no --kv-cache)")
     return update(cache.k[layer], cache.v[layer], k_new, v_new, cache.length)
 
 
@@ -332,6 +334,8 @@ def generate_cli(folder, prompt: str, model: str, quant: str | None, max_tokens:
     """`minillm generate --student DIR PROMPT`: load, run on the student's pieces beside the engine's,
     stream the text, print the comparison. -> exit code (1 when the logits leave the tolerance)."""
     from minillm.llm import load
+    if quant not in (None, "int8"):
+        raise MiniLLMError(f"student mode quantizes with --quant int8 only (your exercise 08), not {quant}")
     pieces = find_pieces(folder)
     for line in pieces.summary():
         echo(line, err=True)
@@ -339,7 +343,13 @@ def generate_cli(folder, prompt: str, model: str, quant: str | None, max_tokens:
     reference, student = student_model(llm.model, pieces, quant)
     ids = llm.prompt_ids(prompt, chat=llm.chat_default if chat is None else chat)
     stop_ids = set(llm.tokenizer.eos_ids) | set(llm.config.eos_token_ids)
-    run = run_student(reference, student, pieces, ids, max_tokens, 0.9 if top_p is None else top_p, stop_ids)
+    try:
+        run = run_student(reference, student, pieces, ids, max_tokens, 0.9 if top_p is None else top_p, stop_ids)
+    except MiniLLMError:
+        raise
+    except Exception as e:          # a piece returned something the engine cannot use: one line, not a traceback
+        raise MiniLLMError(f"the forward pass failed on your pieces ({type(e).__name__}: {e}); check each with "
+                           f"`minillm exercise check N`") from None
     echo(llm.tokenizer.decode(run.tokens))
     for line in report_lines(run, pieces, ids, llm.tokenizer.decode):
         echo(line, err=True)

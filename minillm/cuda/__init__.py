@@ -9,10 +9,14 @@ this table against both.
     dense, int8/int4 weights or int8 KV cache   | GPUTransformer (gpu_model.py)  | GPUBatching (gpu_batched.py)
     MLA of a shape mla_decode.cu takes          | GPUMLATransformer (gpu_mla.py) | CPUBatching (its prefill model)
     MLA of another shape (widths % 8 != 0)      | device_model (device_model.py) | CPUBatching (the same model)
+    a piece the kernels lack (gpu_model.py)     | device_model (device_model.py) | CPUBatching (the same model)
     a tensor-parallel shard (--tp N)            | device_model (device_model.py) | TPBatching (engine/parallel)
 
-Refused in one line at load: mixture-of-experts layers, q/k/v/o/MLP biases, fp8/nf4/mxfp4 weights; and, by
-GPUMLATransformer and device_model alike, MLA with FlashNorm or int8/int4 weights.
+The pieces the kernels lack (gpu_model.unsupported says which): mixture-of-experts layers (Mixtral, Qwen3-MoE,
+GPT-OSS), biases (Qwen2, GPT-OSS), QK-norm (Qwen3, Gemma 3), Gemma's norms, GeGLU, per-layer windows and
+softcapping, partial RoPE and LongRoPE/YaRN (Phi, GPT-OSS), attention sinks, fp8/NF4/MXFP4 weights (widened to
+16 bits there); `minillm info --device cuda` prints the reason. Refused in one line at load: device_model with an
+int8 or fp8 KV cache or FlashNorm, and a model whose 16-bit matrices would not fit in the GPU's free memory.
 
 `kernels.py` compiles kernels/*.cu (NVRTC, through CuPy's RawModule) and wraps each launch;
 `forward.py` is the one layer loop over packed rows (cuBLAS GEMMs; attention through an ops object: the paged

@@ -59,6 +59,12 @@ def to_device(model: Transformer, dtype: str = "float16", xp=None, cache_dtype: 
                          "GPUTransformer (Llama-style models) or the CPU")
     if model.flashnorm:
         raise ValueError("FlashNorm models are not supported by the GPU's Transformer path yet")
+    if xp is not np:                   # checked before allocating: every matrix lands in 16 bits, even fp8/4-bit ones
+        need = model.config.n_params() * (4 if dtype == "float32" else 2)
+        free = xp.cuda.Device().mem_info[0]
+        if need > 0.9 * free:
+            raise ValueError(f"the model needs about {need / 1e9:.1f} GB on the GPU in {dtype} (this path holds every "
+                             f"matrix in 16 bits), and {free / 1e9:.1f} GB are free: use --device cpu")
     sent: dict[int, object] = {}
 
     def dev(a, narrow: bool = True):

@@ -61,6 +61,37 @@ class GPULayer:
         return [self.wqkv, self.wo, self.w_gate_up, self.w_down]
 
 
+# What GPUTransformer's kernels implement: a Llama-family block (RMSNorm, RoPE at plain, linear or Llama-3
+# frequencies on whole heads, GQA attention with one window for every layer, SwiGLU) in 16 bits, int8 or int4.
+# A config whose other fields differ from these values uses a piece the kernels do not have: llm.gpu_path then
+# runs it as device_model (the engine's Transformer on CuPy), never the kernels without the piece.
+# tests/test_gpu_dispatch.py holds every ModelConfig field to KERNEL_FIELDS or to this table.
+PLAIN_LLAMA = {"attention": "gqa", "qkv_bias": False, "o_bias": False, "mlp_bias": False, "n_experts": 0,
+               "qk_norm": False, "norm_plus_one": False, "sandwich_norms": False, "activation": "silu",
+               "embed_scale": False, "layer_windows": None, "rope_local_theta": None, "attn_scalar": None,
+               "final_softcap": None, "partial_rotary_factor": 1.0, "attention_sinks": False, "moe_bias": False}
+KERNEL_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "head_dim", "norm_eps",
+                 "rope_theta", "rope_scaling", "max_seq_len", "tie_embeddings", "sliding_window", "bos_token_id",
+                 "eos_token_id", "family", "torch_dtype", "quantization")
+KERNEL_ROPES = ("default", "linear", "llama3")
+KERNEL_QUANT = (None, "int8", "int4")
+
+
+def unsupported(model) -> str | None:
+    """Why GPUTransformer cannot run this CPU Transformer (one line), or None. Needs no GPU."""
+    c = model.config
+    for name, plain in PLAIN_LLAMA.items():
+        if getattr(c, name) != plain:
+            return f"the kernels have no {name}={getattr(c, name)!r} (a Llama block has {plain!r})"
+    rope = (c.rope_scaling or {}).get("rope_type", (c.rope_scaling or {}).get("type", "default"))
+    if rope not in KERNEL_ROPES:
+        return f"the kernels rotate at {', '.join(KERNEL_ROPES)} RoPE frequencies, not {rope!r}"
+    method = (c.quantization or {}).get("method")
+    if method not in KERNEL_QUANT:
+        return f"the kernels read 16-bit, int8 or int4 weights, not {method}"
+    return None
+
+
 def _checked_options(config: ModelConfig, kv_cache: str, prefill_chunk: int) -> tuple[str, int]:
     if kv_cache not in KV_CACHES:
         raise ValueError(f"kv_cache is one of {KV_CACHES}, not {kv_cache!r}")

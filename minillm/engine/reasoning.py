@@ -20,6 +20,7 @@ push/finish and another branch there: `HarmonySplitter`, below.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -144,15 +145,16 @@ class HarmonySplitter:
     """Cuts a GPT-OSS answer into reasoning and content by harmony channel. The answer is a run of messages,
     each a header and a body: `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final
     <|message|>...<|return|>` (the first header's `<|start|>assistant` is the prompt's). The analysis
-    channel's bodies are reasoning, the others' content (final; commentary: a preamble, or a tool call's
-    arguments, which are not parsed into tool_calls yet); the headers and the special tokens between go to
-    neither. Text before any header is content. As
+    channel's bodies are reasoning, the others' content (final; commentary: a preamble); the headers and the
+    special tokens between go to neither. A message to a recipient (`to=functions.NAME`: a tool call) goes to
+    content whole, in the one form tool_calls.py parses (`harmony_call`). Text before any header is content. As
     ReasoningSplitter: push(text) -> (reasoning, content) told apart so far, holding back a possible
     partial token; finish() -> what was held (a message cut off keeps its channel)."""
 
     def __init__(self):
         self.state = "start"            # "start" (no header seen), "header", "body", or "plain" (no headers at all)
         self.channel = ""               # the body's channel
+        self.recipient = None           # the body's recipient (`to=functions.NAME`): the body is a tool call
         self.held = ""
         self.opened = False             # some analysis message was seen: the answer has a reasoning part
 
@@ -162,22 +164,24 @@ class HarmonySplitter:
         while True:
             if self.state == "start":
                 stripped = self.held.lstrip()
-                if len(stripped) < 2 and "<|".startswith(stripped):
+                if len(stripped) < 3 and any(m.startswith(stripped) for m in ("<|", "to=")):
                     return out["reasoning"], out["content"]              # nothing, or one "<": wait and see
-                self.state = "header" if stripped.startswith("<|") else "plain"
+                self.state = "header" if stripped.startswith(("<|", "to=")) else "plain"
             elif self.state == "header":
                 end = self.held.find(HARMONY_MESSAGE)
                 if end < 0:
                     return out["reasoning"], out["content"]
-                self.channel = _channel_of(self.held[:end])
-                self.opened |= self.channel == "analysis"
+                self.channel, self.recipient = _channel_of(self.held[:end]), _recipient_of(self.held[:end])
+                self.opened |= self.channel == "analysis" and self.recipient is None
+                if self.recipient is not None:
+                    out["content"] += harmony_call(self.recipient, self.channel)
                 self.held, self.state = self.held[end + len(HARMONY_MESSAGE):], "body"
             elif self.state == "body":
-                side = "reasoning" if self.channel == "analysis" else "content"
+                side = "reasoning" if self.channel == "analysis" and self.recipient is None else "content"
                 ends = [(i, tok) for tok in HARMONY_ENDS if (i := self.held.find(tok)) >= 0]
                 if ends:
                     i, tok = min(ends)
-                    out[side] += self.held[:i]
+                    out[side] += self.held[:i] + (HARMONY_CALL_END if self.recipient is not None else "")
                     self.held, self.state = self.held[i + len(tok):], "header"
                     continue
                 keep = max(_partial_suffix(self.held, tok) for tok in HARMONY_ENDS)
@@ -191,7 +195,7 @@ class HarmonySplitter:
     def finish(self) -> tuple[str, str]:
         held, self.held = self.held, ""
         if self.state == "body":
-            return (held, "") if self.channel == "analysis" else ("", held)
+            return (held, "") if self.channel == "analysis" and self.recipient is None else ("", held)
         return "", held if self.state in ("start", "plain") else ""
 
 
@@ -201,6 +205,21 @@ def _channel_of(header: str) -> str:
         return ""
     words = header.split(HARMONY_CHANNEL, 1)[1].split("<|", 1)[0].split()
     return words[0] if words else ""
+
+
+def _recipient_of(header: str) -> str | None:
+    """The recipient a harmony header names (`to=functions.get_weather`), or None: a message to the user."""
+    found = re.search(r"\bto=([^\s<]+)", header)
+    return found.group(1) if found else None
+
+
+HARMONY_CALL_END = "<|call|>"
+
+
+def harmony_call(recipient: str, channel: str) -> str:
+    """The header a tool call's message is given out with, whatever form the model wrote it in: the one the
+    GPT-OSS chat template writes earlier calls in (its body, the arguments, follows; then <|call|>)."""
+    return f"<|start|>assistant to={recipient}<|channel|>{channel or 'commentary'} json<|message|>"
 
 
 def is_harmony(tokenizer) -> bool:

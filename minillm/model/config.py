@@ -56,6 +56,9 @@ class ModelConfig:
     sliding_window: int | None = None  # Mistral v0.1: attend to the last `sliding_window` positions only
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
+    # generation_config.json's eos_token_id where it names more (GPT-OSS's <|call|>, Llama 3's <|eot_id|>):
+    # HF's generate stops on those, so generation here stops on them as well (weights.read_config).
+    generation_eos_token_ids: tuple[int, ...] = ()
     family: str = "llama"         # "llama" | "mistral" | "mixtral" | "deepseek_v3"
     torch_dtype: str = "float32"  # the dtype the checkpoint stores its weights in
     # Multi-head latent attention (DeepSeek-V2/V3; see mla.py). Only read when attention == "mla".
@@ -188,9 +191,10 @@ class ModelConfig:
 
     @property
     def eos_token_ids(self) -> list[int]:
-        if self.eos_token_id is None:
-            return []
-        return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
+        """The ids that end generation: config.json's eos_token_id, then generation_config.json's others."""
+        ids = [] if self.eos_token_id is None else \
+            list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
+        return ids + [i for i in self.generation_eos_token_ids if i not in ids]
 
     # ---- HF config.json ------------------------------------------------------------------------
     @classmethod

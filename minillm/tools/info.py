@@ -71,6 +71,7 @@ def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str, di
         ("attention", heads),
         ("vocab", f"{c.vocab_size}" + (" (tied embeddings)" if c.tie_embeddings else "")),
         ("context", c.max_seq_len),
+        ("stop token ids", _stop_ids(c)),
         ("rope", f"theta {c.rope_theta:g}" + (f", scaling {c.rope_scaling.get('rope_type')}" if c.rope_scaling else "")
          + (f", windowed layers theta {c.rope_local_theta:g}" if c.rope_local_theta is not None else "")),
         ("parameters", f"{c.n_params:,} ({c.n_params / 1e9:.3f} B)"),
@@ -91,12 +92,38 @@ def _report(name: str, c: ModelConfig, weights_bytes: int | None, where: str, di
         rows.append(("load path", loaded + " (on the CPU; --device cuda, --quant and --flashnorm dequantize)"))
     if weights_bytes is not None:
         rows.append(("bytes in memory", _gb(weights_bytes) + " (the weights as loaded, before --dtype/--quant)"))
+    rows.append(("on --device cuda", _gpu_path(c)))
     rows += [
         ("KV cache per token", f"{c.kv_bytes_per_token(2):,} bytes fp16, {c.kv_bytes_per_token(4):,} bytes fp32"),
         ("KV cache full context", f"{_gb(c.kv_bytes_per_token(2) * c.max_seq_len)} fp16"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _gpu_path(c: ModelConfig) -> str:
+    """Which GPU model would run it (llm.gpu_path's choice, from the config alone) and why."""
+    from types import SimpleNamespace
+    from minillm.cuda import gpu_mla, gpu_model
+    other = "device_model (the engine's own Transformer on CuPy, every matrix in 16 bits): "
+    if c.attention == "mla":
+        try:
+            gpu_mla.check_shape(c)
+        except ValueError as e:
+            return other + str(e)
+        return "GPUMLATransformer (the MLA kernels, decode as one CUDA graph)"
+    why = gpu_model.unsupported(SimpleNamespace(config=c))
+    return "GPUTransformer (the kernels, decode as one CUDA graph)" if why is None else other + why
+
+
+def _stop_ids(c: ModelConfig) -> str:
+    """The ids generation stops on, as each file names them (the tokenizer's end-of-turn tokens stop too)."""
+    eos = c.eos_token_id
+    config_ids = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    parts = [f"{' '.join(map(str, config_ids))} (config.json)"] if config_ids else []
+    if c.generation_eos_token_ids:
+        parts.append(f"{' '.join(map(str, c.generation_eos_token_ids))} (generation_config.json)")
+    return "; ".join(parts + ["the tokenizer's end-of-turn tokens"])
 
 
 def _moe_summary(c: ModelConfig) -> str:
