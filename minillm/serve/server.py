@@ -384,7 +384,10 @@ class OpenAIServer:
         if body.messages is not None:
             messages = [{"role": m.role, "content": m.text(i)} for i, m in enumerate(body.messages)]
             self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
-            encode, param = lambda: self.llm.tokenizer.encode_chat(messages, body.add_generation_prompt), "messages"
+            # as a chat request renders them: tool results become text turns where the template has no tool role
+            messages, extra = messages_with_tools(self.llm.tokenizer.chat_template, messages, [])
+            encode, param = lambda: self.llm.tokenizer.encode_chat(messages, body.add_generation_prompt, **extra), \
+                "messages"
         else:
             self._check_prompt_chars(len(body.prompt), "prompt")
             plain = body.add_special_tokens is False
