@@ -25,6 +25,7 @@ ABOUT = {                   # `minillm lesson N --about` prints this (minillm/co
         "say what each control does to the next-token distribution, and in which order they apply",
         "tell the penalties apart: which tokens each touches (prompt or answer) and how much",
         "choose min-p or top-p, and read logprobs correctly (raw model, not the controlled draw)",
+        "run n continuations of one prompt on one prefill, its KV blocks shared copy-on-write",
     ],
     "study_time": "40 min, plus 20 min for exercise 28 (the repetition penalty)",
     "check_questions": [

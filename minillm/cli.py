@@ -226,7 +226,8 @@ def _kv_cache_option(f, default="auto"):
                         show_default=default is not None,
                         help="KV-cache format: auto = the float type the model computes in (fp32 on the CPU, the "
                              "weights' 16 bits on cuda; float32 names it on the CPU); int8 = codes + a scale "
-                             "per token and head; fp8 = E4M3 codes + a scale the same way (CPU).")(f)
+                             "per token and head; fp8 = E4M3 codes + a scale the same way (on cuda: the engine's "
+                             "Transformer on CuPy, not the kernels).")(f)
 
 
 def memory_line(model) -> str:
@@ -284,10 +285,11 @@ def generate(prompt, prompt_file, model, device, dtype, quant, group_size, kv_ca
     prompt = _prompt_text(prompt, prompt_file)
     if student_dir is not None:
         from minillm.course.student import generate_cli, refused_with_student
-        refused_with_student(device=device != "cpu", tp=tp > 1, speculative=speculative is not None,
-                             choices=choices > 1, flashnorm=flashnorm, temperature=temperature > 0,
+        refused_with_student(device=device != "cpu", tp=tp > 1, choices=choices > 1, flashnorm=flashnorm,
+                             temperature=temperature > 0 and speculative is None,
                              kv_cache=kv_cache not in ("auto", "float32"), dtype=dtype is not None)
-        sys.exit(generate_cli(student_dir, prompt, model, quant, max_tokens, top_p, chat, echo=click.echo))
+        sys.exit(generate_cli(student_dir, prompt, model, quant, max_tokens, top_p, chat, click.echo, speculative,
+                              draft_tokens, temperature, seed))
     controls = _controls(speculative, **control_flags)
     structured = _structured(json_object, json_schema, regex, grammar, choice)
     if choices > 1 and (tp > 1 or speculative is not None):
@@ -801,7 +803,8 @@ def lesson(number, quick, model, about):
 @cli.group()
 def exercise():
     """Classroom exercises: write the function, then check it. Start with `minillm exercise handout DIR`
-    (the exercises, in a folder of yours), then run `check` and `list` in DIR."""
+    (the exercises, in a folder of yours), then run `check` and `list` in DIR; `minillm generate --student
+    DIR "The capital of France is"` then runs the real model on your pieces."""
 
 
 _EXERCISE_FOLDER_HELP = ("The folder with your exNN_*.py files [default: this folder when it holds any, else a "

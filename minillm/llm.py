@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from minillm.backend import STORAGE_DTYPES, to_dtype, widen_16_bit
+from minillm.backend import STORAGE_DTYPES, array_module, to_dtype, widen_16_bit
 from minillm.model.config import PRESETS, ModelConfig
 from minillm.errors import InvalidValue, MiniLLMError, WeightsNotFound
 from minillm.engine.generate import ContextOverflow, Generation, generate_ids
@@ -464,6 +464,9 @@ def batching_for(model):
     if getattr(model, "comm", None) is not None:         # tensor parallel: rank 0 leads, the others follow
         from minillm.engine.parallel.serving import TPBatching
         return TPBatching(model)
+    if isinstance(model, Transformer) and array_module(model.embed) is not np:
+        raise MiniLLMError("this model runs on the GPU as device_model (minillm info says why), whose batching "
+                           "engine is not written yet: use `minillm generate` on cuda, or serve it with --device cpu")
     return CPUBatching(model)
 
 

@@ -89,6 +89,13 @@ def test_the_gpu_kernel_exercise_is_never_passed_without_a_gpu(tmp_path):
     assert graded.note.startswith("not graded (no GPU")
     feedback = StudentGrades("ann", {"12.2": graded}).feedback()
     assert "exercise 12.2 rmsnorm_kernel" in feedback and "FAILED" in feedback and "not graded (no GPU" in feedback
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    listed = CliRunner().invoke(cli, ["exercise", "list", "--folder", str(tmp_path)])
+    row = next(line for line in listed.output.splitlines() if line.startswith("12.2"))
+    assert "not graded (no GPU" in row and "passed" not in row, listed.output
+    checked = CliRunner().invoke(cli, ["exercise", "check", "12.2", "--folder", str(tmp_path)])
+    assert checked.exit_code != 0 and "NOT GRADED: no case ran" in checked.output, checked.output
 
 
 def test_radix_tree_solution_reuses_tokens_on_a_branching_conversation_in_the_sandbox(tmp_path):
@@ -107,7 +114,8 @@ WRONG_MATCH = '''def radix_insert(tree, tokens):      # counts matches in whole 
     tree = copy.deepcopy(tree)
     node, i = -1, 0
     while True:
-        child = next((c for c, n in enumerate(tree) if n["parent"] == node and tokens[i:i + len(n["tokens"])] == n["tokens"]), None)
+        child = next((c for c, n in enumerate(tree)
+                      if n["parent"] == node and tokens[i:i + len(n["tokens"])] == n["tokens"]), None)
         if child is None:
             break
         node, i = child, i + len(tree[child]["tokens"])
@@ -133,8 +141,8 @@ PLANS = {
     "races": '''def deferred_plan(block):           # reads s on stream 0 with no wait
     ws = block["weights"]
     return ([{"op": "inv_rms", "in": "x", "out": "s", "stream": 1}]
-            + [{"op": "matmul", "in": "x", "w": w, "out": w + "_raw", "stream": 0} for w in ws if block["kind"] != "mlp"]
-            + [{"op": "scale", "in": w + "_raw", "by": "s", "out": w, "stream": 0} for w in ws if block["kind"] != "mlp"])
+            + [{"op": "matmul", "in": "x", "w": w, "out": w + "_raw", "stream": 0} for w in ws]
+            + [{"op": "scale", "in": w + "_raw", "by": "s", "out": w, "stream": 0} for w in ws])
 ''',
     "serial": '''def deferred_plan(block):           # the norm first on the projections' stream: nothing overlaps
     ws = block["weights"]

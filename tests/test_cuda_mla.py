@@ -127,17 +127,19 @@ def test_latent_cache_is_16_bit_and_refuses_overflow(model_dir):
         gpu.decode(1, cache)
 
 
-def test_quantized_weights_are_widened_and_an_int8_kv_cache_is_refused(tmp_path):
+def test_quantized_weights_are_widened_and_an_int8_kv_cache_is_kept(tmp_path):
     """The Transformer on the device holds a quantized matrix as the 16-bit values it encodes (no kernel computes in
-    int8/fp8/NF4/MXFP4 there): the same logits as the CPU's quantized model up to fp16 rounding."""
+    int8/fp8/NF4/MXFP4 there): the same logits as the CPU's quantized model up to fp16 rounding. An int8 KV cache
+    stays int8 there (tests/test_device_kv_cache.py)."""
     save_random_model(llama_config(), tmp_path)
     for quant in ("int8", "mxfp4"):
         cpu = minillm.load(str(tmp_path), quant=quant).model
         gpu = to_device(cpu, xp=np)
         assert gpu.layers[0].wq.dtype == np.float16
         assert logits_error(gpu, cpu) <= MODEL_TOL["float16"]
-    with pytest.raises(ValueError, match="16-bit cache"):
-        to_device(minillm.load(str(tmp_path), kv_cache="int8").model, xp=np)
+    cpu = minillm.load(str(tmp_path), kv_cache="int8").model
+    gpu = to_device(cpu, xp=np)
+    assert gpu.new_cache(8).k.dtype == np.int8 and logits_error(gpu, cpu) <= MODEL_TOL["float16"]
 
 
 def test_gqa_models_run_the_same_way(tmp_path):

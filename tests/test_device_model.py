@@ -113,3 +113,15 @@ def test_info_says_which_gpu_path_runs_a_checkpoint_and_why(tmp_path):
     assert "device_model" in line and "qk_norm" in line
     line = next(row for row in describe(str(tmp_path / "plain")).splitlines() if row.startswith("on --device cuda"))
     assert "GPUTransformer" in line
+
+
+def test_serving_a_device_model_on_the_gpu_is_refused_in_one_line(checkpoint, monkeypatch):
+    """The batching engine's pool and runner are host NumPy (engine/batched.py): a Transformer whose arrays are on
+    the device is refused by the Engine in one line, not run into a type error mid-step. (The arrays are made to
+    look like the device's by the array_module the check reads.)"""
+    from minillm.errors import MiniLLMError
+    cpu = _cpu(*checkpoint)
+    monkeypatch.setattr(llm, "array_module", lambda a: object())
+    with pytest.raises(MiniLLMError, match="device_model") as e:
+        llm.batching_for(cpu)
+    assert "\n" not in str(e.value)

@@ -76,17 +76,6 @@ def test_fp8_kv_cache_error_is_bounded(mixtral):
     assert int8_err < err
 
 
-def test_formats_on_cuda_are_refused_in_one_line(mixtral):
-    from minillm.errors import MiniLLMError
-    from minillm.llm import _check_sparse
-    from minillm.model.config import ModelConfig
-    dense = ModelConfig(vocab_size=8, dim=8, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=8)
-    with pytest.raises(MiniLLMError, match="CPU only"):
-        _check_sparse(dense, "cuda", False, "mxfp4")
-    with pytest.raises(MiniLLMError, match="CPU only"):
-        _check_sparse(dense.replace(n_experts=4, n_experts_per_token=2, moe_ffn_dim=8), "cuda", False, None)
-
-
 def test_engine_refuses_the_fp8_kv_cache_in_one_line(mixtral):
     from minillm.engine.engine import Engine
     from minillm.errors import MiniLLMError

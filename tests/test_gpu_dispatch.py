@@ -102,9 +102,11 @@ def test_a_config_field_the_kernels_do_not_read_sends_the_model_to_device_model(
 
 
 def test_mixture_of_experts_and_the_float_formats_are_not_refused_on_cuda_what_is_refused_is():
-    """MoE and fp8/NF4/MXFP4 run as device_model now; that path refuses an int8 KV cache in one line (GQA models
-    with one run on GPUTransformer)."""
+    """MoE and fp8/NF4/MXFP4 run as device_model now (int8 and fp8 KV caches too: tests/test_device_kv_cache.py);
+    that path refuses FlashNorm in one line."""
     from minillm.cuda.device_model import to_device
     llm._check_sparse(small_config("gqa", n_experts=4, n_experts_per_token=2), "cuda", False, "mxfp4")
-    with pytest.raises(ValueError, match="16-bit cache"):
-        to_device(random_cpu_model(small_config("gqa")).with_options(kv_cache="int8"), xp=np)
+    model = random_cpu_model(small_config("gqa"))
+    model.flashnorm = True                   # what Transformer(flashnorm=True) sets over folded weights
+    with pytest.raises(ValueError, match="FlashNorm"):
+        to_device(model, xp=np)

@@ -160,6 +160,7 @@ def test_pull_from_hub(weights_root, tiny_preset, tmp_path, monkeypatch):
     model.save_pretrained(tmp_path / "repo")
     (tmp_path / "repo" / "tokenizer_config.json").write_text("{}")
     (tmp_path / "repo" / "pytorch_model.bin").write_bytes(b"not fetched: only safetensors are")
+    (tmp_path / "repo" / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     hub = FakeHub(tiny_preset.hf_repo, tmp_path / "repo")
     try:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
@@ -167,10 +168,11 @@ def test_pull_from_hub(weights_root, tiny_preset, tmp_path, monkeypatch):
     finally:
         hub.close()
     assert path == weights_root / "tiny-test" == pulling.resolve("tiny-test")
-    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= {p.name for p in path.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer_config.json", "generation_config.json"} <= \
+        {p.name for p in path.iterdir()}
     assert not (path / "pytorch_model.bin").exists()
     config, tensors = load_hf_dir(path)
-    assert config.n_kv_heads == 2
+    assert config.n_kv_heads == 2 and 7 in config.eos_token_ids      # generation_config.json's stop ids too
     for name, t in model.state_dict().items():
         assert np.array_equal(tensors[name], t.numpy()), name
     assert any(path.startswith("/api/models/test-org/tiny-llama/revision/") for _, path in hub.requests)
@@ -192,7 +194,7 @@ def tiny_hub(weights_root, tiny_preset, tmp_path, monkeypatch):
     hub.close()
 
 
-@pytest.mark.parametrize("tampered", ["model.safetensors", "config.json"])
+@pytest.mark.parametrize("tampered", ["model.safetensors", "config.json", "generation_config.json"])
 def test_pull_refuses_a_file_that_is_not_what_the_commit_lists(tiny_hub, weights_root, tampered):
     data = tiny_hub.files[tampered]
     tiny_hub.served[tampered] = data[:-2] + bytes([data[-2] ^ 1]) + data[-1:]     # one bit, same size

@@ -111,16 +111,6 @@ def test_batched_engine_equals_generate_on_a_bias_model(tmp_path):
     assert [r.token_ids for r in batched] == alone
 
 
-def test_a_bias_model_on_cuda_is_refused_in_one_line(tmp_path, monkeypatch):
-    """The GPU path has no bias kernels: refused before anything runs there (the device check is
-    skipped so the refusal itself is reached on a machine without a GPU)."""
-    import minillm.llm
-    save_random_model(qwen2_config(), tmp_path)
-    monkeypatch.setattr(minillm.llm, "check_device", lambda device: None)
-    with pytest.raises(MiniLLMError, match="runs on the CPU only"):
-        minillm.load(str(tmp_path), device="cuda")
-
-
 def test_qwen2_with_every_layer_windowed_matches_hf(tmp_path):
     """use_sliding_window with max_window_layers=0 windows every layer: Mistral's mask, which minillm has."""
     hf = save_random_model(qwen2_config(use_sliding_window=True, sliding_window=5, max_window_layers=0), tmp_path)

@@ -90,8 +90,8 @@ def test_options_student_mode_does_not_run_are_refused_in_one_line(tmp_path):
     result = CliRunner().invoke(cli, ["generate", "--student", str(tmp_path), "--temperature", "0.7", "hi"])
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [
-        "minillm: error: --student runs greedy decoding on the CPU with the default cache; it does not run with "
-        "--temperature"]
+        "minillm: error: --student runs on the CPU with the default cache, decoding greedily (sampling with "
+        "--speculative); it does not run with --temperature"]
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_serve_student_prints_the_pieces_and_what_ran(tiny_dir, tmp_path, monkey
     assert len(served["tokens"]) == 2
     assert "yours:    04 top_p_filter, 16 gather_through_block_table" in result.stderr
     assert "used by this run: gather_through_block_table (" in result.stderr
-    assert "not used by this run: top_p_filter (needs generate)" in result.stderr
+    assert "not used by this run: top_p_filter (needs generate without --speculative)" in result.stderr
 
 
 def test_a_piece_that_raises_is_named_in_one_line(tiny, tmp_path):
@@ -191,3 +191,43 @@ def test_the_handout_readme_says_how_to_run_student_mode(tmp_path):
     assert 'minillm generate --student . --no-chat "The capital of France is"' in readme
     assert "local\nand ungraded" in readme or "local and ungraded" in readme
     assert (tmp_path / "mine" / "ex02.2_attend_over_cache.py").exists()       # the student-mode pieces' stubs
+
+
+ALWAYS_REJECTS = '''import numpy as np
+def speculative_step(p, q, token):    # rejects every draft, and draws the correction from p, not p - q
+    return 0.0, p.copy()
+'''
+
+
+def test_speculative_sampling_runs_the_students_accept_step(tiny, tmp_path):
+    from minillm.course.student import speculative_tokens
+    ids = [1, 2, 3, 4, 5, 6]
+    params = tiny.sampling_params(temperature=1.0, seed=5)
+
+    def tokens(folder):
+        pieces = find_pieces(folder)
+        models = student_model(tiny.model, pieces)
+        runs = [speculative_tokens(tiny, m, ids, 24, (), "layers:1", 4, params) for m in models]
+        return runs, pieces.pieces["20"].calls
+    (tmp_path / "good").mkdir()
+    shutil.copy(SOLUTIONS / "ex20_speculative_step.py", tmp_path / "good")
+    (reference, student), calls = tokens(tmp_path / "good")
+    assert student == reference and calls > 0
+    (tmp_path / "bad").mkdir()
+    (wrong_reference, wrong), calls = tokens(_folder(tmp_path / "bad", ex20_speculative_step=ALWAYS_REJECTS))
+    assert wrong_reference == reference and wrong != reference and calls > 0
+
+
+WRONG_DECODE_WRITE = '''def kv_cache_update(cache_k, cache_v, k_new, v_new, pos):   # decode writes one slot too late
+    T = k_new.shape[1]
+    at = pos + (1 if T == 1 else 0)
+    cache_k[:, at:at + T], cache_v[:, at:at + T] = k_new, v_new
+    return cache_k[:, :at + T], cache_v[:, :at + T]
+'''
+
+
+def test_a_piece_wrong_only_at_decode_is_found_at_the_first_decoded_position(tiny, tmp_path):
+    pieces = find_pieces(_folder(tmp_path, ex02_kv_cache_update=WRONG_DECODE_WRITE))
+    reference, student = student_model(tiny.model, pieces)
+    run = run_student(reference, student, pieces, [1, 5, 9, 2], max_tokens=3)
+    assert not run.matches and (run.divergence.layer, run.divergence.position) == (0, 4)   # the prompt was fine

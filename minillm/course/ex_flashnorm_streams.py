@@ -114,7 +114,8 @@ class StreamsWorld:
         if overlapped == 0:
             raise CaseFailed("every projection waited for 1/RMS: nothing overlaps; project the raw x on one "
                              "stream while the other computes the norm")
-        return f"{'; '.join(summaries)}; {overlapped} projection{'s' if overlapped > 1 else ''} overlapped the norm on the other stream"
+        plural = "s" if overlapped > 1 else ""
+        return f"{'; '.join(summaries)}; {overlapped} projection{plural} overlapped the norm on the other stream"
 
 
 def _show(op) -> str:

@@ -48,7 +48,7 @@ SPECS = [
               lambda f: f(*np.ones((3, 1, 1, 2), np.float32))),
     PieceSpec("03", "apply_rope", "RoPE on queries and keys", "generate",
               lambda f: f(np.ones((1, 1, 4), np.float32), np.ones((1, 2), np.float32), np.zeros((1, 2), np.float32))),
-    PieceSpec("04", "top_p_filter", "top-p on each step's logits", "generate",
+    PieceSpec("04", "top_p_filter", "top-p on each step's logits", "generate without --speculative",
               lambda f: f(np.array([0.0, 1.0]), 0.9)),
     PieceSpec("08", "quantize_int8_per_row", "the int8 weight quantizer", "generate --quant int8",
               lambda f: f(np.ones((2, 4), np.float32))),
@@ -56,7 +56,7 @@ SPECS = [
               lambda f: f(np.zeros((2, 2, 1, 2), np.float32), [0], 1)),
     PieceSpec("17", "pack_batch", "the batch packing", "serve --student or the Engine",
               lambda f: f([([1, 2], 0)])),
-    PieceSpec("20", "speculative_step", "the speculative accept step", "--speculative (not plugged in yet)",
+    PieceSpec("20", "speculative_step", "the speculative accept step", "generate --speculative with --temperature > 0",
               lambda f: f(np.array([0.5, 0.5]), np.array([0.5, 0.5]), 0)),
 ]
 
@@ -109,6 +109,8 @@ class StudentPieces:
         if "17" in self.pieces:
             pack = self.pieces["17"]
             swaps["pack_batch"] = lambda chunks: pack([(list(c.token_ids), c.start) for c in chunks])
+        if "20" in self.pieces:
+            swaps["speculative_rule"] = _student_rule(self.pieces["20"])
         return dataclasses.replace(Pieces(), **swaps)
 
     def summary(self) -> list[str]:
@@ -154,12 +156,26 @@ def _student_read(gather: Piece, pool, layer: int, block_table, length: int, fir
     return tuple(gather(a[layer], list(block_table), length)[:, skip:] for a in (pool.k, pool.v))
 
 
+def _student_rule(step: Piece) -> tuple:
+    """The student's speculative_step(p, q, token) -> (a, residual) as acceptance.accept_draft's pair of
+    functions; a deterministic drafter's q (None) becomes the one-hot the exercise's contract takes."""
+    def dense(p, q, token):
+        return np.eye(len(p))[token] if q is None else q
+
+    def acceptance(p, q, token):
+        return float(step(p.copy(), dense(p, q, token), token)[0])
+
+    def residual(p, q, token):
+        return np.asarray(step(p.copy(), dense(p, q, token), token)[1], dtype=np.float64)
+    return acceptance, residual
+
+
 def student_llm(llm, folder: str | Path):
     """`llm` on the student's pieces of `folder` (the same weights): what `serve --student` and
     `Engine(student_llm(llm, DIR))` run. -> (the LLM, the StudentPieces, to print what ran)"""
-    from minillm.llm import LLM
+    from minillm.llm import LLM, on_gpu
     pieces = find_pieces(folder)
-    if llm.config.attention != "gqa" or getattr(llm.model, "comm", None) is not None or not hasattr(llm.model, "pieces"):
+    if llm.config.attention != "gqa" or getattr(llm.model, "comm", None) is not None or on_gpu(llm.model):
         raise MiniLLMError("student mode runs Llama-style (GQA) models on one CPU process (no MLA, --tp, cuda)")
     model = llm.model.with_options()
     model.pieces = pieces.engine_pieces()
@@ -249,12 +265,12 @@ def _student_int8(piece: Piece) -> Callable:
 
 
 def run_student(reference, student, pieces: StudentPieces, prompt_ids: list[int], max_tokens: int,
-                top_p: float = 0.9, stop_ids=(), on_token: Callable[[int], None] | None = None) -> StudentRun:
-    """Prefill the prompt layer by layer on both models, then decode greedily on the student's model
-    (the student's top-p filters each step's logits first); the reference is fed the same tokens."""
+                top_p: float = 0.9, stop_ids=()) -> StudentRun:
+    """Prefill the prompt, then decode greedily, on both models layer by layer in lockstep; the student's
+    model picks the tokens (its top-p filters each step's logits first) and the reference is fed them too."""
     n = len(prompt_ids) + max_tokens
     ref_cache, stu_cache = reference.new_cache(n), student.new_cache(n)
-    divergence, ref_logits, logits = _prefill_side_by_side(reference, student, prompt_ids, ref_cache, stu_cache)
+    divergence, ref_logits, logits = _side_by_side(reference, student, prompt_ids, ref_cache, stu_cache)
     max_error = float(np.abs(logits - ref_logits).max())
     user_top_p = pieces.pieces.get("04")
     tokens, top_p_mismatch = [], ""
@@ -270,46 +286,45 @@ def run_student(reference, student, pieces: StudentPieces, prompt_ids: list[int]
         else:
             token = int(np.argmax(logits))
         tokens.append(token)
-        if on_token is not None:
-            on_token(token)
         if token in stop_ids or step == max_tokens - 1:
             break
-        logits, ref_logits = student.decode(token, stu_cache), reference.decode(token, ref_cache)
+        off, ref_logits, logits = _side_by_side(reference, student, [token], ref_cache, stu_cache)
         max_error = max(max_error, float(np.abs(logits - ref_logits).max()))
-        if divergence is None and max_error > LOGIT_TOLERANCE:
-            divergence = Divergence(None, len(prompt_ids) + step, max_error)
+        divergence = divergence or off
     return StudentRun(tokens, max_error, divergence, top_p_mismatch)
 
 
-def _prefill_side_by_side(reference, student, ids, ref_cache, stu_cache):
-    """The forward pass's layer loop (Transformer.forward), on both models in lockstep, comparing the
-    hidden state after each layer.   -> (first divergence or None, reference logits [vocab], student's)"""
-    tokens = np.asarray(ids, dtype=np.int64)
-    positions = np.arange(len(tokens))
-    ropes = reference.rope(positions)                                  # [(cos, sin) [T, hd/2]] per layer
+def _side_by_side(reference, student, ids, ref_cache, stu_cache):
+    """The forward pass's layer loop (Transformer.forward) over `ids` after the caches' positions, on both
+    models in lockstep, comparing the hidden state after each layer.
+    -> (first divergence or None, reference logits [vocab], student's [vocab]) at the last position"""
+    tokens, start = np.asarray(ids, dtype=np.int64), ref_cache.length
+    ropes = reference.rope(np.arange(start, start + len(tokens)))     # [(cos, sin) [T, hd/2]] per layer
     x_ref, x_stu = reference.embed_tokens(tokens), student.embed_tokens(tokens)   # [T, dim] each
     divergence = None
     for i, layer in enumerate(reference.layers):
         states = []
-        for model, x, cache, own in ((reference, x_ref, ref_cache, layer), (student, x_stu, stu_cache, student.layers[i])):
+        sides = ((reference, x_ref, ref_cache, layer), (student, x_stu, stu_cache, student.layers[i]))
+        for model, x, cache, own in sides:
             x = model.add_residual(x, model.attend(x, own, i, cache, *ropes[i]), own.attn_out_norm)
             states.append(model.add_residual(x, model.ffn(x, own), own.mlp_out_norm))   # [T, dim]
         x_ref, x_stu = states
-        if divergence is None:
-            divergence = _first_row_off(x_ref, x_stu, i)
+        divergence = divergence or _first_row_off(x_ref, x_stu, i, start)
     ref_cache.advance(len(tokens))
     stu_cache.advance(len(tokens))
     ref_logits, logits = reference.head(x_ref[-1:])[0], student.head(x_stu[-1:])[0]   # [vocab] each
-    if divergence is None and np.abs(logits - ref_logits).max() > LOGIT_TOLERANCE:
-        divergence = Divergence(None, len(tokens) - 1, float(np.abs(logits - ref_logits).max()))
+    error = float(np.abs(logits - ref_logits).max())
+    if divergence is None and not error <= LOGIT_TOLERANCE:
+        divergence = Divergence(None, start + len(tokens) - 1, error)
     return divergence, ref_logits, logits
 
 
-def _first_row_off(x_ref: np.ndarray, x_stu: np.ndarray, layer: int) -> Divergence | None:
+def _first_row_off(x_ref: np.ndarray, x_stu: np.ndarray, layer: int, start: int) -> Divergence | None:
+    """The first row (position start + row) whose hidden state is off by more than HIDDEN_TOLERANCE."""
     scale = np.maximum(1.0, np.abs(x_ref).max(axis=-1))                         # [T]
     error = np.abs(x_stu.astype(np.float64) - x_ref).max(axis=-1)              # [T]
     off = np.flatnonzero(~(error <= HIDDEN_TOLERANCE * scale))                  # NaN counts as off
-    return Divergence(layer, int(off[0]), float(error[off[0]])) if len(off) else None
+    return Divergence(layer, start + int(off[0]), float(error[off[0]])) if len(off) else None
 
 
 def report_lines(run: StudentRun, pieces: StudentPieces, prompt_ids: list[int], decode_text: Callable) -> list[str]:
@@ -330,9 +345,10 @@ def report_lines(run: StudentRun, pieces: StudentPieces, prompt_ids: list[int], 
 
 
 def generate_cli(folder, prompt: str, model: str, quant: str | None, max_tokens: int, top_p: float | None,
-                 chat: bool | None, echo: Callable) -> int:
+                 chat: bool | None, echo: Callable, speculative: str | None = None, draft_tokens: int | None = None,
+                 temperature: float = 0.0, seed: int | None = None) -> int:
     """`minillm generate --student DIR PROMPT`: load, run on the student's pieces beside the engine's,
-    stream the text, print the comparison. -> exit code (1 when the logits leave the tolerance)."""
+    print the text and the comparison. -> exit code (1 when the student's run leaves the engine's)."""
     from minillm.llm import load
     if quant not in (None, "int8"):
         raise MiniLLMError(f"student mode quantizes with --quant int8 only (your exercise 08), not {quant}")
@@ -344,6 +360,9 @@ def generate_cli(folder, prompt: str, model: str, quant: str | None, max_tokens:
     ids = llm.prompt_ids(prompt, chat=llm.chat_default if chat is None else chat)
     stop_ids = set(llm.tokenizer.eos_ids) | set(llm.config.eos_token_ids)
     try:
+        if speculative is not None:
+            return _speculative_cli(llm, reference, student, pieces, ids, max_tokens, stop_ids, echo,
+                                    speculative, draft_tokens, llm.sampling_params(temperature, top_p=top_p, seed=seed))
         run = run_student(reference, student, pieces, ids, max_tokens, 0.9 if top_p is None else top_p, stop_ids)
     except MiniLLMError:
         raise
@@ -356,9 +375,34 @@ def generate_cli(folder, prompt: str, model: str, quant: str | None, max_tokens:
     return 0 if run.matches else 1
 
 
+def _speculative_cli(llm, reference, student, pieces, ids, max_tokens, stop_ids, echo, speculative, draft_tokens,
+                     params) -> int:
+    """Speculative sampling (engine/speculative/decode.py) twice with the same seed, on the engine's
+    pieces and on the student's (their accept step among them): the same tokens, or where they part."""
+    tokens = [speculative_tokens(llm, model, ids, max_tokens, stop_ids, speculative, draft_tokens, params)
+              for model in (reference, student)]
+    echo(llm.tokenizer.decode(tokens[1]))
+    same = tokens[0] == tokens[1]
+    part = next((i for i, (a, b) in enumerate(zip(*tokens)) if a != b), min(map(len, tokens)))
+    echo(f"speculative sampling (seed {params.seed}) on your pieces vs the engine's: "
+         + ("the same tokens" if same else f"DIFFER from new token {part}"), err=True)
+    for line in pieces.usage():
+        echo(line, err=True)
+    return 0 if same else 1
+
+
+def speculative_tokens(llm, model, ids, max_tokens, stop_ids, speculative, draft_tokens, params) -> list[int]:
+    """The new tokens of one speculative run of `model` (a copy of llm's, with its pieces)."""
+    from minillm.engine.speculative.decode import generate_speculative
+    from minillm.llm import LLM
+    drafter = LLM(llm.config, model, llm._tokenizer, llm.name).drafter(speculative)
+    k = drafter.default_k if draft_tokens is None else draft_tokens
+    return generate_speculative(model, drafter, ids, max_tokens, params, k, stop_ids=stop_ids).token_ids
+
+
 def refused_with_student(**given: bool) -> None:
     """Options student mode does not run (a plain greedy CPU run): refused in one line."""
     names = [f"--{name.replace('_', '-')}" for name, on in given.items() if on]
     if names:
-        raise MiniLLMError(f"--student runs greedy decoding on the CPU with the default cache; it does not run "
-                           f"with {', '.join(names)}")
+        raise MiniLLMError(f"--student runs on the CPU with the default cache, decoding greedily (sampling with "
+                           f"--speculative); it does not run with {', '.join(names)}")

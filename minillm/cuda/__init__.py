@@ -15,8 +15,9 @@ this table against both.
 The pieces the kernels lack (gpu_model.unsupported says which): mixture-of-experts layers (Mixtral, Qwen3-MoE,
 GPT-OSS), biases (Qwen2, GPT-OSS), QK-norm (Qwen3, Gemma 3), Gemma's norms, GeGLU, per-layer windows and
 softcapping, partial RoPE and LongRoPE/YaRN (Phi, GPT-OSS), attention sinks, fp8/NF4/MXFP4 weights (widened to
-16 bits there); `minillm info --device cuda` prints the reason. Refused in one line at load: device_model with an
-int8 or fp8 KV cache or FlashNorm, and a model whose 16-bit matrices would not fit in the GPU's free memory.
+16 bits there), an fp8 KV cache; `minillm info --device cuda` prints the reason. device_model keeps an int8 or
+fp8 KV cache on the device, quantized there to the CPU's codes and scales (model/kv_cache.py). Refused in one
+line at load: device_model with FlashNorm, and a model whose 16-bit matrices would not fit in the GPU's free memory.
 
 `kernels.py` compiles kernels/*.cu (NVRTC, through CuPy's RawModule) and wraps each launch;
 `forward.py` is the one layer loop over packed rows (cuBLAS GEMMs; attention through an ops object: the paged

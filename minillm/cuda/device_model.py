@@ -10,13 +10,14 @@ and every layer function makes its masks, positions and buffers with `backend.ar
 the same code runs on NumPy (`xp=numpy`: how the CPU tests run this very conversion) and on CuPy
 (every matmul a cuBLAS call). When loaded, it runs what has no kernels (minillm/cuda/__init__.py's table):
 mixture-of-experts layers, biases, the newer families' pieces (QK-norm, sandwich norms, partial or scaled RoPE,
-attention sinks), fp8/NF4/MXFP4 weights (widened to 16 bits at upload), MLA models of shapes mla_decode.cu
-cannot take, and tensor-parallel shards. The rest decode on kernels in a
+attention sinks), fp8/NF4/MXFP4 weights (widened to 16 bits at upload), an fp8 KV cache, MLA models of shapes
+mla_decode.cu cannot take, and tensor-parallel shards. The rest decode on kernels in a
 CUDA graph (gpu_model.GPUTransformer; MLA: gpu_mla.GPUMLATransformer, whose prefill runs through this path).
 
 What lives on the device: the matrices in 16 bits (fp16, or bf16 as its raw uint16 bits, as on the
 CPU: CuPy has no usable bfloat16 matmul), the norm gains in fp32, and the cache (`cache_dtype`, fp16
-by default: MLA's latent cache is its whole point, so it stays small). Activations and every matmul
+by default: MLA's latent cache is its whole point, so it stays small; kv_cache "int8" or "fp8": the CPU's
+codes and scales, computed on the device). Activations and every matmul
 are fp32: `layers.linear` widens a 16-bit weight to fp32 before its cuBLAS call. That temporary costs
 a write and a read of 4 bytes per weight on top of the 2 stored: simple and exact, not the roofline.
 
@@ -48,15 +49,13 @@ def _cupy():
 def to_device(model: Transformer, dtype: str = "float16", xp=None, cache_dtype: str = "float16",
               mla_mode: str = "naive-prefill") -> Transformer:
     """A copy of `model` (a CPU Transformer) whose arrays live in `xp` (default CuPy): matrices in `dtype`,
-    norm gains fp32, a tied LM head uploaded once. int8/int4 weights are refused (16-bit only here)."""
+    norm gains fp32, a tied LM head uploaded once. Its caches are made in `xp` too: `cache_dtype` for the float
+    ones, an int8 or fp8 kv_cache as int8 / E4M3 codes with fp32 scales (kv_cache.py, quantized on the device)."""
     xp = xp if xp is not None else _cupy()
     if dtype not in DTYPES:
         raise ValueError(f"GPU weights are float16, bfloat16 or float32, not {dtype!r}")
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"the device cache is float16 or float32, not {cache_dtype!r}")
-    if model.kv_cache != "auto":
-        raise ValueError(f"the GPU's Transformer path keeps a 16-bit cache: kv_cache={model.kv_cache!r} runs on "
-                         "GPUTransformer (Llama-style models) or the CPU")
     if model.flashnorm:
         raise ValueError("FlashNorm models are not supported by the GPU's Transformer path yet")
     if xp is not np:                   # checked before allocating: every matrix lands in 16 bits, even fp8/4-bit ones

@@ -89,6 +89,8 @@ def unsupported(model) -> str | None:
     method = (c.quantization or {}).get("method")
     if method not in KERNEL_QUANT:
         return f"the kernels read 16-bit, int8 or int4 weights, not {method}"
+    if getattr(model, "kv_cache", "auto") not in KV_CACHES:      # read off the loaded Transformer: fp8
+        return f"the kernels keep a 16-bit or int8 KV cache, not {model.kv_cache}"
     return None
 
 

@@ -26,6 +26,7 @@ from minillm.backend import as_f32
 from minillm.errors import MiniLLMError
 from minillm.model.layers import linear
 from minillm.engine.paged_kv import PagedKVCache, first_needed_block
+from minillm.model.pieces import ENGINE_PIECES
 
 
 @dataclass
@@ -47,7 +48,7 @@ class BatchedRunner:
         """n_layers: run only the first n_layers blocks, then the head (an early-exit speculative draft)."""
         check_supported(model)
         self.model, self.pool, self.n_layers = model, pool, n_layers
-        pieces = model.pieces                                   # a student's, in course/student.py
+        pieces = getattr(model, "pieces", ENGINE_PIECES)        # a student's, in course/student.py
         self.pack = pieces.pack_batch or pack
         self.read = pool.read if pieces.paged_read is None else functools.partial(pieces.paged_read, pool)
 

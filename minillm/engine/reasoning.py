@@ -65,7 +65,7 @@ class ReasoningSplitter:
                     reasoning += self._reasoning(self.held[:end].rstrip())
                     self.held, self.state = self.held[end + len(self.tags.close):], "after"
                     continue
-                keep = _partial_suffix(self.held, self.tags.close)
+                keep = partial_suffix(self.held, self.tags.close)
                 give = self.held[:len(self.held) - keep].rstrip()
                 reasoning += self._reasoning(give)
                 self.held = self.held[len(give):]               # whitespace and a partial tag: maybe the end
@@ -116,7 +116,7 @@ def splitter_for(tokenizer, prompt_ids=None) -> ReasoningSplitter | None:
     return ReasoningSplitter(THINK, opened_in_prompt=tail.rstrip().endswith(THINK.open))
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """The length of the longest end of `text` that is a start of `tag` (a tag that may be arriving)."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
         if tag.startswith(text[-n:]):
@@ -184,7 +184,7 @@ class HarmonySplitter:
                     out[side] += self.held[:i] + (HARMONY_CALL_END if self.recipient is not None else "")
                     self.held, self.state = self.held[i + len(tok):], "header"
                     continue
-                keep = max(_partial_suffix(self.held, tok) for tok in HARMONY_ENDS)
+                keep = max(partial_suffix(self.held, tok) for tok in HARMONY_ENDS)
                 out[side] += self.held[:len(self.held) - keep]
                 self.held = self.held[len(self.held) - keep:]
                 return out["reasoning"], out["content"]

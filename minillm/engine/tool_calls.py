@@ -11,12 +11,18 @@ Three steps, each in the model family's own syntax (`ToolSyntax`, chosen from th
 * Enforced: tool_choice "required" or a named function compiles a grammar (structured.py) that accepts
   only calls in the family's syntax, each function's arguments following its own JSON schema.
 * Out: `parse_tool_calls` cuts the answer into its content and its calls; `ToolCallStream` does the same
-  on a stream, holding text back from where a call may start.
+  on a stream, holding text back from where a call may start, and gives out each call as OpenAI streams one
+  (its id and name, then its arguments' text in pieces) where the syntax lets it follow one (Hermes, harmony).
 
 The syntaxes:
     hermes   (Hermes, Qwen, the injected block)  <tool_call>{"name": ..., "arguments": {...}}</tool_call>
     llama3   (Llama 3.1 and later)               {"name": ..., "parameters": {...}}, or after <|python_tag|>
     mistral  (Mistral)                           [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+    harmony  (GPT-OSS)                           <|channel|>commentary to=functions.NAME <|constrain|>json
+                                                 <|message|>{...arguments...}<|call|>   (one call a turn)
+A harmony call is a message of its own, addressed to the function; the reasoning splitter (reasoning.py)
+gives it out in one form (`harmony_call`), which is what is parsed here. Tool results go back through the
+template's own `tool` turns (`<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>...`).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from minillm.engine.reasoning import HARMONY_CALL_END, HarmonySplitter, partial_suffix
 from minillm.engine.structured import GrammarError, GrammarSource
 
 TOOL_CHOICES = ("none", "auto", "required")
@@ -49,12 +56,16 @@ class ToolSyntax:
 HERMES = ToolSyntax("hermes", "<tool_call>", "arguments")
 LLAMA3 = ToolSyntax("llama3", "<|python_tag|>", "parameters")
 MISTRAL = ToolSyntax("mistral", "[TOOL_CALLS]", "arguments")
+HARMONY = ToolSyntax("harmony", "<|start|>assistant to=functions.", "arguments")   # reasoning.harmony_call's start
 
 
 def tool_syntax(tokenizer) -> ToolSyntax:
     """The family's syntax, from the tokenizer's special tokens: Mistral's [TOOL_CALLS], Llama 3's
-    <|python_tag|> (or its <|eot_id|>), else Hermes (Qwen, and every template given the injected block)."""
+    <|python_tag|> (or its <|eot_id|>), GPT-OSS's harmony <|channel|> and <|call|>, else Hermes (Qwen, and
+    every template given the injected block)."""
     special = getattr(tokenizer, "special_tokens", {})
+    if "<|channel|>" in special and HARMONY_CALL_END in special:
+        return HARMONY
     if "[TOOL_CALLS]" in special:
         return MISTRAL
     if "<|python_tag|>" in special or "<|eot_id|>" in special:
@@ -204,6 +215,13 @@ def tool_grammar(tools: list[dict], tool_choice, parallel: bool, syntax: ToolSyn
         start = f"start: {marker} {body}"
     elif syntax is LLAMA3:                 # one call per answer: Llama 3.1's JSON form takes no second one
         start = "start: call"
+    elif syntax is HARMONY:                # one call a turn: <|call|> ends it
+        token = {name: f"<[{special_ids[name]}]>" for name in ("<|channel|>", "<|constrain|>", "<|message|>")}
+        rules = [f"call_{i}: {json.dumps(tool['function']['name'])} \" \" {token['<|constrain|>']} \"json\" "
+                 f"{token['<|message|>']} args_{i}" for i, tool in enumerate(tools)] + \
+                [f"args_{i}: %json {json.dumps(tool['function']['parameters'])}" for i, tool in enumerate(tools)]
+        start = (f'start: {token["<|channel|>"]} "commentary to=functions." call '
+                 f'<[{special_ids[HARMONY_CALL_END]}]>')
     else:
         block = '"<tool_call>\\n" call "\\n</tool_call>"'
         start = f'start: {block} ("\\n" {block})*' if parallel else f"start: {block}"
@@ -234,6 +252,8 @@ def parse_tool_calls(text: str, syntax: ToolSyntax) -> tuple[str | None, list[di
 
 def _find_calls(text: str, syntax: ToolSyntax) -> tuple[str, list[dict]] | None:
     """(text before the calls, the calls' JSON objects), or None if the text holds no call that parses."""
+    if syntax is HARMONY:
+        return _harmony_calls(text)
     if syntax is HERMES:
         blocks = re.findall(r"<tool_call>\s*(.*?)\s*(</tool_call>|$)", text, re.S)
         objects = [_json_object(b if closed else _without_partial_close(b)) for b, closed in blocks]
@@ -262,6 +282,21 @@ def _find_calls(text: str, syntax: ToolSyntax) -> tuple[str, list[dict]] | None:
     return (before if tag else ""), objects
 
 
+def _harmony_calls(text: str) -> tuple[str, list[dict]] | None:
+    """GPT-OSS: the messages addressed to a function, as the reasoning splitter gives them out (a raw answer is
+    put through it first: its analysis is reasoning, neither content nor a call)."""
+    splitter = HarmonySplitter()
+    content = splitter.push(text)[1] + splitter.finish()[1]
+    header = re.escape(HARMONY.start) + r"([A-Za-z0-9_.-]+)<\|channel\|>\w+ json<\|message\|>"
+    found = list(re.finditer(header + r"(.*?)(?:" + re.escape(HARMONY_CALL_END) + "|$)", content, re.S))
+    objects = [_json_object(m.group(2)) for m in found]
+    if not found:
+        return content, []             # the answer's content, its analysis left out
+    if any(o is None for o in objects):
+        return None
+    return content[:found[0].start()], [{"name": m.group(1), "arguments": o} for m, o in zip(found, objects)]
+
+
 def _without_partial_close(text: str) -> str:
     """An unclosed last call's text less the start of its closing tag (max_tokens cut "</tool_call>" short)."""
     for n in range(len("</tool_call>") - 1, 0, -1):
@@ -278,14 +313,39 @@ def _json_object(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+@dataclass(frozen=True)
+class _Streamed:
+    """How a syntax's calls stream: each starts with `start`; `head` matches what comes before its arguments
+    (the name in group 1, a JSON string if `json_name`); `close` ends it; `braced`: the arguments sit inside
+    the call's own {...}, whose "}" is not theirs."""
+    start: str
+    head: re.Pattern
+    close: str
+    braced: bool
+    json_name: bool
+
+
+_STREAMED = {   # Hermes: a call whose name comes before "arguments"; harmony: as the reasoning splitter gives it out
+    "hermes": _Streamed("<tool_call>", re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*'),
+                        "</tool_call>", braced=True, json_name=True),
+    "harmony": _Streamed(HARMONY.start, re.compile(r"([A-Za-z0-9_.-]+)<\|channel\|>\w+ json<\|message\|>\s*"),
+                         HARMONY_CALL_END, braced=False, json_name=False),
+}
+
+
 class ToolCallStream:
-    """Streams an answer's content while holding back, from where a tool call may start, what may be one;
+    """Streams an answer's content while holding back, from where a tool call may start, what may be one.
+    Hermes and harmony calls stream as OpenAI streams them (`deltas`): a call's id and name as soon as they are
+    written, then its arguments' text piece by piece; other syntaxes' calls come whole at the end
+    (`finish_deltas`).
     `finish` parses what was held: -> (content left to send, tool_calls)."""
 
     def __init__(self, syntax: ToolSyntax):
         self.syntax = syntax
         self.sent, self.held = "", ""
         self.calling = False           # a call's start was seen: everything from there is held
+        self.streaming: list[str] = []     # each call announced so far (index k): the arguments' text sent
+        self._deltas: list[dict] = []
 
     def push(self, text: str) -> str:
         """More of the answer; -> the content that can go to the client now."""
@@ -296,12 +356,20 @@ class ToolCallStream:
                 self.calling = True
                 out, self.held = self.held[:start], self.held[start:]
                 self.sent += out
+                self._follow()
                 return out
             keep = self._maybe_start()          # a tail that may grow into a call's start
             out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
             self.sent += out
             return out
+        self._follow()
         return ""
+
+    def deltas(self) -> list[dict]:
+        """The `delta.tool_calls` entries ready to send: a call's {index, id, type, function: {name, arguments:
+        ""}}, then {index, function: {arguments: the next piece}}."""
+        out, self._deltas = self._deltas, []
+        return out
 
     def finish(self) -> tuple[str, list[dict]]:
         content, calls = parse_tool_calls(self.sent + self.held, self.syntax)
@@ -309,6 +377,51 @@ class ToolCallStream:
             held, self.held = self.held, ""
             return held, []
         return "", calls
+
+    def finish_deltas(self) -> tuple[str, list[dict]]:
+        """The end of the answer -> (content left to send, the last `delta.tool_calls` entries: the rest of the
+        calls being streamed, and whole the ones that were not)."""
+        if not self.streaming:
+            rest, calls = self.finish()
+            return rest, [dict(call, index=k) for k, call in enumerate(calls)]
+        self._follow(final=True)
+        return "", self.deltas()
+
+    @property
+    def called(self) -> bool:
+        """Some call has been announced: the answer's finish_reason is "tool_calls"."""
+        return bool(self.streaming)
+
+    def _follow(self, final: bool = False) -> None:
+        """Announce each call whose name has arrived, in order, and send its arguments' new text, less what may
+        yet turn out to close the call (whitespace, a partial close tag, the call object's "}").
+        final: the answer ended, so an unclosed call is closed; one that could not stream comes whole."""
+        how = _STREAMED.get(self.syntax.name)
+        if how is None:
+            return
+        for k, part in enumerate(self.held.split(how.start)[1:]):
+            closed = how.close in part or final
+            body = part.split(how.close, 1)[0]
+            head = how.head.match(body)
+            if k >= len(self.streaming):
+                if head is None or k > len(self.streaming):   # "arguments" first, or after such a call: whole
+                    if final and (whole := parse_tool_calls(how.start + body + how.close, self.syntax)[1]):
+                        self._deltas.append(dict(whole[0], index=k))
+                    continue
+                self.streaming.append("")
+                name = json.loads(head.group(1)) if how.json_name else head.group(1)
+                self._deltas.append({"index": k, "id": f"call_{secrets.token_hex(12)}", "type": "function",
+                                     "function": {"name": name, "arguments": ""}})
+            arguments = body[head.end():]
+            if not closed:
+                arguments = arguments[:len(arguments) - partial_suffix(arguments, how.close)]
+            arguments = arguments.rstrip()
+            if how.braced and arguments.endswith("}"):
+                arguments = arguments[:-1].rstrip()
+            sent = self.streaming[k]
+            if len(arguments) > len(sent) and arguments.startswith(sent):
+                self._deltas.append({"index": k, "function": {"arguments": arguments[len(sent):]}})
+                self.streaming[k] = arguments
 
     def _call_start(self) -> int | None:
         i = self.held.find(self.syntax.start) if self.syntax.start else -1

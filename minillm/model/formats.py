@@ -19,8 +19,9 @@ where most weights of a trained layer are:
              the other 31 at the price of the top one).                           4 + 8/32 = 4.25 bits
 
 The float types themselves come from ml_dtypes (NumPy dtypes for fp8/fp4/e8m0, with correct
-round-to-nearest-even casts); no bit table is written by hand here. Packing, scales and the blockwise
-matmul are minillm's. NF4 is a codebook, not a float type: it is built from its definition
+round-to-nearest-even casts); no bit table is written by hand here. CuPy has no fp8 dtype: on the GPU
+the fp8 KV cache finds each E4M3 code on the grid instead (`nearest_e4m3`: ml_dtypes' codes bit for bit).
+Packing, scales and the blockwise matmul are minillm's. NF4 is a codebook, not a float type: it is built from its definition
 (`nf4_codebook`) and tested against the published table.
 
 Layouts (W [out, in]; in padded with zeros to whole blocks, the padding dropped on dequantize):
@@ -42,7 +43,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from minillm.backend import as_f32, blockwise_matmul
+from minillm.backend import array_module, as_f32, blockwise_matmul
 from minillm.errors import MiniLLMError
 from minillm.model.quant import BLOCK_BYTES, QuantizedWeight, pack_int4
 from minillm.resources import install_hint
@@ -71,10 +72,12 @@ def float_dtype(name: str) -> np.dtype:
 
 
 @lru_cache(maxsize=None)
-def value_table(name: str) -> np.ndarray:
-    """fp32 value of every bit pattern of a narrow float (16 for e2m1, 256 for the 8-bit ones)."""
+def value_table(name: str, xp=np) -> np.ndarray:
+    """fp32 value of every bit pattern of a narrow float (16 for e2m1, 256 for the 8-bit ones), made with
+    ml_dtypes on the host and, for xp=cupy, uploaded once: decoding is then `table[codes]` on either."""
     n = 16 if name == "e2m1" else 256
-    return np.arange(n, dtype=np.uint8).view(float_dtype(name)).astype(np.float32)
+    values = np.arange(n, dtype=np.uint8).view(float_dtype(name)).astype(np.float32)
+    return values if xp is np else xp.asarray(values)
 
 
 @lru_cache(maxsize=None)
@@ -107,6 +110,39 @@ def float_grid(name: str) -> np.ndarray:
 
 def largest(name: str) -> float:
     return float(float_grid(name)[-1])
+
+
+E4M3_NAN = 0x7F                # E4M3 "fn": no infinity; 0x7F (0xFF with the sign) is its only NaN
+E4M3_OVERFLOW = 464.0          # halfway from 448 to the 480 that 0x7F would have been: above it, NaN
+
+
+def encode_e4m3(x):
+    """fp32 -> E4M3 codes (uint8 bit patterns), rounded as ml_dtypes' cast rounds: on the host that cast,
+    elsewhere (CuPy has no fp8 dtype) `nearest_e4m3`, which gives the same codes.   x [...] -> [...]"""
+    xp = array_module(x)
+    if xp is np:
+        return np.asarray(x, dtype=np.float32).astype(float_dtype("e4m3")).view(np.uint8)
+    return nearest_e4m3(x)
+
+
+def nearest_e4m3(x):
+    """E4M3 codes by search over the grid, in any array module: ml_dtypes' rounding, written out.
+
+    Codes 0..126 are the non-negative finite values in ascending order, so a magnitude's code is the
+    index of its nearest grid value; a tie (exactly halfway) goes to the even code, as round-to-nearest-even
+    does (464 itself to 448); above 464 (±inf, NaN too) it is NaN: E4M3fn has no infinity. The sign is the
+    top bit (-0 -> 0x80, -NaN -> 0xFF).
+    x [...] fp32 -> [...] uint8"""
+    xp = array_module(x)
+    x = xp.asarray(x, dtype=xp.float32)
+    magnitude = xp.abs(x)
+    grid = value_table("e4m3", xp)[:E4M3_NAN]                             # [127] ascending, 0 .. 448
+    halfway = (grid[1:] + grid[:-1]) / 2                                  # [126], exact in fp32
+    below = xp.searchsorted(halfway, magnitude, side="left")              # the nearer of two, ties low
+    above = xp.searchsorted(halfway, magnitude, side="right")             # ties high; elsewhere == below
+    code = xp.where((above > below) & (below % 2 == 1), above, below)     # a tie to the even code
+    code = xp.where(xp.isnan(magnitude) | (magnitude > E4M3_OVERFLOW), E4M3_NAN, code)
+    return xp.where(xp.signbit(x), code + 0x80, code).astype(xp.uint8)     # the sign bit on top
 
 
 def nf4_codebook() -> np.ndarray:

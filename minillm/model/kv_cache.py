@@ -11,21 +11,22 @@ caller asks for. A paged cache (blocks handed out on demand) comes with continuo
 latent c_KV and the shared RoPE key, kv_lora_rank + qk_rope_head_dim values a layer, no heads at all.
 
 `Int8KVCache` is the same contract as `KVCache` with a quarter of the bytes: int8 values and one
-fp32 scale per (layer, kv_head, position) vector of head_dim values.
+fp32 scale per (layer, kv_head, position) vector of head_dim values; `Fp8KVCache` the same bytes as E4M3
+codes. Each cache is made in the array module it is given (NumPy, or CuPy for the engine's Transformer on
+the GPU, cuda/device_model.py) and quantizes there: the same codes and scales on either.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from minillm.backend import array_module
+from minillm.backend import array_module, as_f32
 from minillm.model.config import ModelConfig
-from minillm.model.quant import quantize_int8
 
 
 # The KV-cache format, one vocabulary on every backend: "auto" keeps keys and values in the float type
 # the model computes in (fp32 on the CPU, the weights' fp16/bf16 on the GPU), as vLLM's kv_cache_dtype
 # "auto" does; "int8" stores codes with one scale per (token, KV head) vector; "fp8" E4M3 codes with one
-# the same way (Fp8KVCache; CPU only for now).
+# the same way (Fp8KVCache; on cuda the engine's Transformer keeps it: the kernels have no fp8 cache).
 KV_CACHE_FORMATS = ("auto", "int8", "fp8")
 
 
@@ -33,8 +34,6 @@ def kv_cache_format(name: str, device: str = "cpu") -> str:
     """Check a kv_cache choice and return its canonical name ("float32" is the CPU's "auto" by name)."""
     if name == "float32" and device == "cpu":
         return "auto"
-    if name == "fp8" and device != "cpu":
-        raise ValueError("kv_cache='fp8' runs on the CPU only: GPU fp8 KV kernels are future work")
     if name not in KV_CACHE_FORMATS:
         hint = " (on cuda the float cache is the weights' 16 bits: 'auto')" if name == "float32" else ""
         raise ValueError(f"unknown kv_cache {name!r}{hint}; choose {' or '.join(KV_CACHE_FORMATS)}")
@@ -104,10 +103,26 @@ class KVCache(CacheBase):
 
 
 def quantize_vectors(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The int8 KV format: each vector along the last axis gets its own symmetric scale (quantize_int8's
-    rounding).   x [..., hd] -> codes int8 [..., hd], scales fp32 [...]"""
-    w = quantize_int8(x.reshape(-1, x.shape[-1]))
-    return w.qweight.reshape(x.shape), w.scales.reshape(x.shape[:-1])
+    """The int8 KV format: each vector along the last axis gets its own symmetric scale (quant.quantize_int8's
+    arithmetic, a vector for a row), in x's array module.   x [..., hd] -> codes int8 [..., hd], scales fp32 [...]"""
+    xp = array_module(x)
+    x = as_f32(x)
+    scales = xp.abs(x).max(axis=-1) / np.float32(127)                       # [...]
+    safe = xp.where(scales > 0, scales, np.float32(1))                      # an all-zero vector stays 0
+    codes = xp.clip(xp.rint(x / safe[..., None]), -127, 127).astype(xp.int8)
+    return codes, scales
+
+
+def quantize_fp8_vectors(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fp8 KV format: each vector scaled by amax / 448 to E4M3 codes (formats.quantize_fp8's arithmetic,
+    a vector for a row), in x's array module.   x [..., hd] -> codes uint8 [..., hd], scales fp32 [...]"""
+    from minillm.model.formats import encode_e4m3, largest
+
+    xp = array_module(x)
+    x = as_f32(x)
+    scales = xp.abs(x).max(axis=-1) / np.float32(largest("e4m3"))             # [...]
+    safe = xp.where(scales > 0, scales, np.float32(1))
+    return encode_e4m3(x / safe[..., None]), scales
 
 
 def int8_kv_bytes_per_token(config: ModelConfig) -> int:
@@ -128,22 +143,31 @@ class Int8KVCache(CacheBase):
     (the window is applied by the attention mask instead of a rolling buffer).
     """
 
-    def __init__(self, config: ModelConfig, max_seq_len: int):
+    code_dtype = np.int8
+
+    def __init__(self, config: ModelConfig, max_seq_len: int, xp=np):
+        """xp: the array module the cache lives and quantizes in (numpy, or cupy: as KVCache)."""
         shape = (config.n_layers, config.n_kv_heads, max_seq_len, config.head_dim)
-        self.k = np.zeros(shape, dtype=np.int8)             # [layers, n_kv_heads, max_seq, head_dim]
-        self.v = np.zeros(shape, dtype=np.int8)
-        self.k_scale = np.zeros(shape[:3], dtype=np.float32)   # [layers, n_kv_heads, max_seq]
-        self.v_scale = np.zeros(shape[:3], dtype=np.float32)
+        self.k = xp.zeros(shape, dtype=self.code_dtype)        # [layers, n_kv_heads, max_seq, head_dim]
+        self.v = xp.zeros(shape, dtype=self.code_dtype)
+        self.k_scale = xp.zeros(shape[:3], dtype=np.float32)   # [layers, n_kv_heads, max_seq]
+        self.v_scale = xp.zeros(shape[:3], dtype=np.float32)
         self.max_seq_len = max_seq_len
         self.length = 0
+
+    quantize = staticmethod(quantize_vectors)    # x [..., hd] -> codes [..., hd], scales [...]
+
+    def widen(self, codes):
+        """The values of stored codes, unscaled.   [...] -> [...]"""
+        return codes                             # int8 times an fp32 scale is fp32 already: no copy here
 
     def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """k_new, v_new: [n_kv_heads, T, head_dim] -> fp32 k, v: [n_kv_heads, length + T, head_dim]"""
         start, end = self.length, self.end_of_write(k_new.shape[1])
         for new, q, scale in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale)):
-            q[layer, :, start:end], scale[layer, :, start:end] = quantize_vectors(new)   # one scale per vector
-        keys = self.k[layer, :, :end] * self.k_scale[layer, :, :end, None]      # [n_kv, end, hd] fp32
-        values = self.v[layer, :, :end] * self.v_scale[layer, :, :end, None]
+            q[layer, :, start:end], scale[layer, :, start:end] = self.quantize(new)   # one scale per vector
+        keys = self.widen(self.k[layer, :, :end]) * self.k_scale[layer, :, :end, None]   # [n_kv, end, hd] fp32
+        values = self.widen(self.v[layer, :, :end]) * self.v_scale[layer, :, :end, None]
         return keys, values
 
     def clear(self, start: int, stop: int) -> None:
@@ -155,25 +179,15 @@ class Int8KVCache(CacheBase):
 class Fp8KVCache(Int8KVCache):
     """Keys and values as fp8 E4M3 (formats.py), each vector with its own fp32 scale amax / 448, so its
     largest value sits at the top of the grid. The same bytes as int8; the error is relative (≤ 2⁻⁴ of
-    each value) where int8's is absolute (≤ scale / 2 for every value of the vector)."""
+    each value) where int8's is absolute (≤ scale / 2 for every value of the vector). On the device, where
+    CuPy has no fp8 dtype, codes are found on the E4M3 grid (formats.encode_e4m3) and values read from its table."""
+    code_dtype = np.uint8                         # fp8 bit patterns
+    quantize = staticmethod(quantize_fp8_vectors)
 
-    def __init__(self, config: ModelConfig, max_seq_len: int):
-        super().__init__(config, max_seq_len)
-        self.k, self.v = (np.zeros(self.k.shape, dtype=np.uint8) for _ in range(2))   # fp8 bit patterns
+    def widen(self, codes):
+        from minillm.model.formats import value_table
 
-    def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """k_new, v_new: [n_kv_heads, T, head_dim] -> fp32 k, v: [n_kv_heads, length + T, head_dim]"""
-        from minillm.model.formats import quantize_fp8, value_table
-
-        start, end = self.length, self.end_of_write(k_new.shape[1])
-        for new, q, scale in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale)):
-            w = quantize_fp8(new.reshape(-1, new.shape[-1]))                # one scale per vector
-            q[layer, :, start:end] = w.qweight.reshape(new.shape)
-            scale[layer, :, start:end] = w.scales.reshape(new.shape[:-1])
-        table = value_table("e4m3")
-        keys = table[self.k[layer, :, :end]] * self.k_scale[layer, :, :end, None]   # [n_kv, end, hd] fp32
-        values = table[self.v[layer, :, :end]] * self.v_scale[layer, :, :end, None]
-        return keys, values
+        return value_table("e4m3", array_module(codes))[codes]              # a gather from 256 values
 
 
 class MLACache(CacheBase):

@@ -274,9 +274,9 @@ class Transformer:
         if cfg.attention == "mla":
             return MLACache(cfg, n, dtype, xp)
         if self.kv_cache == "int8":
-            return Int8KVCache(cfg, n)
+            return Int8KVCache(cfg, n, xp)
         if self.kv_cache == "fp8":
-            return Fp8KVCache(cfg, n)
+            return Fp8KVCache(cfg, n, xp)
         if cfg.sliding_window is not None and n > cfg.sliding_window:
             return RollingKVCache(cfg, cfg.sliding_window, dtype, xp, spare=spare)
         return KVCache(cfg, n, dtype, xp)

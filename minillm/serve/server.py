@@ -616,16 +616,18 @@ class OpenAIServer:
                 part = logprobs[i].chunk(event) if logprobs[i] is not None else None
                 if text or part is not None:
                     yield sse(chunk(text, None, i, logprobs=part))
+                if calls[i] is not None and (pieces := calls[i].deltas()):    # a call's name, its arguments' text
+                    yield sse(chunk(None, None, i, delta={"tool_calls": pieces}))
                 if event.finished:
                     finish = event.finish_reason
-                    if calls[i] is not None:                 # what was held back: content, or the calls whole
-                        rest, tool_calls = calls[i].finish()
+                    if calls[i] is not None:                 # what was held back: content, or the calls' rest
+                        rest, pieces = calls[i].finish_deltas()
                         if rest:
                             yield sse(chunk(rest, None, i))
-                        if tool_calls:
+                        if pieces or calls[i].called:
                             finish = "tool_calls"
-                            yield sse(chunk(None, None, i, delta={"tool_calls": [
-                                dict(call, index=k) for k, call in enumerate(tool_calls)]}))
+                        if pieces:
+                            yield sse(chunk(None, None, i, delta={"tool_calls": pieces}))
                     yield sse(chunk(None, finish, i))
             if body.include_usage():
                 yield sse(usage_chunk(id, model, "chat.completion.chunk" if chat else "text_completion",

@@ -42,11 +42,12 @@ def residual_distribution(p: np.ndarray, q: np.ndarray | None, token: int) -> np
 
 
 def accept_draft(draft: Sequence[int], draft_probs: np.ndarray | None, target_logits: np.ndarray,
-                 params: SamplingParams, rng: np.random.Generator) -> list[int]:
+                 params: SamplingParams, rng: np.random.Generator, rule=None) -> list[int]:
     """The tokens one verify pass emits: the accepted prefix of `draft`, then one more.
 
     draft: [n] proposed tokens; draft_probs: [n, vocab] the drafter's filtered q_i (None: deterministic);
     target_logits: [n + 1, vocab], row i the target's logits for the token after draft[:i].
+    rule: (acceptance probability, residual) functions of a student's (course/student.py); None: these.
     -> 1 .. n + 1 tokens."""
     if params.temperature == 0.0:
         best = np.argmax(target_logits, axis=-1)                # [n + 1]
@@ -54,11 +55,12 @@ def accept_draft(draft: Sequence[int], draft_probs: np.ndarray | None, target_lo
         while n < len(draft) and draft[n] == best[n]:
             n += 1
         return list(draft[:n]) + [int(best[n])]
+    acceptance, residual_of = rule or (acceptance_probability, residual_distribution)
     for i, token in enumerate(draft):
         p = next_token_distribution(target_logits[i], params)   # [vocab]
         q = None if draft_probs is None else draft_probs[i]
-        if rng.random() >= acceptance_probability(p, q, token):
-            residual = residual_distribution(p, q, token)
+        if rng.random() >= acceptance(p, q, token):
+            residual = residual_of(p, q, token)
             return list(draft[:i]) + [int(rng.choice(len(residual), p=residual))]
     p = next_token_distribution(target_logits[len(draft)], params)
     return list(draft) + [int(rng.choice(len(p), p=p))]        # all accepted: the bonus token

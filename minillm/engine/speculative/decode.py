@@ -59,6 +59,7 @@ def generate_speculative(model, drafter, prompt_ids: Sequence[int], max_tokens: 
     cache = model.new_cache(len(prompt_ids) + max_tokens, spare=k)
     drafter.begin(prompt_ids, len(prompt_ids) + max_tokens, k)
     sampler = Sampler(params)                     # one random stream: first token, drafts, acceptances
+    rule = getattr(getattr(model, "pieces", None), "speculative_rule", None)   # a student's accept step, or None
     text = _TextCollector(tokenizer, stop_strings, on_text)
     stats = SpeculativeStats()
 
@@ -79,7 +80,7 @@ def generate_speculative(model, drafter, prompt_ids: Sequence[int], max_tokens: 
         for_rows(1 + len(draft))
         # the verify pass: a prefill of the pending token and the drafts, every row's logits on the host
         logits = model.prefill([context[-1]] + draft, cache, all_logits=True)             # [1 + n, vocab]
-        emitted = accept_draft(draft, q, logits, params, sampler.rng)
+        emitted = accept_draft(draft, q, logits, params, sampler.rng, rule)
         cache.truncate(len(context) + len(emitted) - 1)   # the pending token and the accepted drafts stay
         stats.draft_s += t1 - t0
         stats.verify_s += time.perf_counter() - t1
