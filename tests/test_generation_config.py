@@ -56,6 +56,23 @@ def test_generation_stops_on_generation_config_eos_like_hf_generate(checkpoint):
     assert ours.finish_reason == "stop"
 
 
+def test_the_int4_copy_kept_beside_the_weights_stops_on_them_too(checkpoint, monkeypatch):
+    """`--quant int4`'s copy (checkpoints/quant_cache.py) has no generation_config.json: the first load and the
+    one from the kept copy both stop on the source's."""
+    from minillm.checkpoints import quant_cache
+    real = quant_cache.quantize_checkpoint
+    monkeypatch.setattr(quant_cache, "quantize_checkpoint",     # 64 calibration tokens: what is tested is the ids
+                        lambda *args, **kwargs: real(*args, **kwargs, calibration_tokens=64))
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    try:
+        first = minillm.load(str(checkpoint), quant="int4", group_size=32).config.eos_token_ids
+        again = minillm.load(str(checkpoint), quant="int4", group_size=32).config.eos_token_ids
+    finally:
+        (checkpoint / "generation_config.json").unlink()
+        shutil.rmtree(checkpoint / ".quantized")
+    assert first == again == [2, 7]
+
+
 def test_info_shows_each_files_stop_ids(checkpoint):
     (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7, 9]}))
     try:

@@ -13,6 +13,7 @@ import json
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from minillm.checkpoints.quantize import quantize_checkpoint
@@ -49,7 +50,8 @@ def quantize_cached(source: str | Path, config: ModelConfig, tensors: dict, meth
     wanted = fingerprint(source, method, group_size)
     try:
         if json.loads((folder / FINGERPRINT).read_text()) == wanted:
-            return load_hf_dir(folder)
+            kept, tensors = load_hf_dir(folder)        # the stop ids are the source's generation_config.json's
+            return replace(kept, generation_eos_token_ids=config.generation_eos_token_ids), tensors
     except (OSError, ValueError):
         pass                                           # none yet, or an older one: quantize again
     config, tensors = quantize_checkpoint(config, tensors, method, group_size)
