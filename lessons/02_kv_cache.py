@@ -105,7 +105,7 @@ def main():
 
     # 2. Speed and work against the number of generated tokens. The two loops take turns, round after
     # round (course/measure.py), so other work on the machine slows both alike.
-    sweep, rounds = ([4, 8], 1) if quick() else ([8, 24, 48], 2)
+    sweep, rounds = ([4, 8], 1) if quick() else ([8, 24, 40], 2)
     rows, curves, steps = [], {}, {}
     load_start = load_average()
     loops = {"no cache": generate_naive, "KV cache": generate_cached}

@@ -43,7 +43,8 @@ from minillm.model.config import ModelConfig
 from minillm.course import hf_tensors, lesson_model, print_table, quick, run_gpu_parts, save_plot
 from minillm.course.measure import Spread, faster, interleaved, load_average, load_line
 from minillm.tools.evaluate import eval_text, perplexity
-from minillm.llm import LLM
+from minillm.llm import LLM, thread_policy
+from minillm.threads import install
 from minillm.checkpoints.mla_convert import convert_to_mla
 from minillm.model.transformer import Transformer
 
@@ -134,6 +135,8 @@ def main():
     # 1. A DeepSeek-V3-shaped model with random weights: naive and absorbed give the same numbers.
     cfg = deepseek_shaped(n_layers=2 if small else 4)
     model = Transformer(cfg, random_mla_tensors(cfg))
+    install(thread_policy(model))      # BLAS threads measured for this model, as minillm.load does: two threads
+                                       # beside a busy neighbour can make a decode step many times slower
     print(f"model: random weights, DeepSeek-V3 attention at 1/8 width: {cfg.n_layers} layers, dim {cfg.dim}, "
           f"{cfg.n_heads} heads, kv_lora_rank {cfg.kv_lora_rank}, rope {cfg.qk_rope_head_dim}, "
           f"q/k {cfg.qk_nope_head_dim}+{cfg.qk_rope_head_dim}, v {cfg.v_head_dim}")

@@ -170,8 +170,8 @@ def main():
           forms[T_mid]["engine"].median < forms[T_mid]["sgemm"].median,
           f"engine {forms[T_mid]['engine'].format(1e6, 0)} µs vs sgemm {forms[T_mid]['sgemm'].format(1e6, 0)} µs")
     T_top = max(cost)
-    check(f"a verify pass over {T_top} positions costs about one decode step (well under twice)",
-          cost[T_top].median < 2 * cost[1].median, f"{cost[T_top].median / cost[1].median:.2f}x one position")
+    check(f"a verify pass over {T_top} positions costs far less than {T_top} decode steps (under half of them)",
+          cost[T_top].median < 0.5 * T_top * cost[1].median, f"{cost[T_top].median / cost[1].median:.2f}x one position")
 
     # The first prompt of three kinds, 16 tokens each: the model drafters below cost about two plain
     # decodes a token, and this table must fit in the lesson's minute with them.

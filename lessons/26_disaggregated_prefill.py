@@ -60,8 +60,12 @@ def load_transformer(spec: str):
     """What each worker runs first: the lesson's model, loaded in its own process (a module-level function,
     so a spawned worker can find it)."""
     if spec.startswith("random:"):
+        from minillm.llm import thread_policy
+        from minillm.threads import install
         from minillm.tools.bench import random_model
-        return random_model(PRESETS[spec.split(":", 1)[1]].config)
+        model = random_model(PRESETS[spec.split(":", 1)[1]].config)
+        install(thread_policy(model))                  # BLAS threads measured, as minillm.load does
+        return model
     import minillm
     return minillm.load(spec).model
 

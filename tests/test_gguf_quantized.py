@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from hf_models import hf_logits
 from llama_cpp_converter import alone, save_tiny_llama
+from test_pull import FakeHub, tiny_preset, weights_root  # noqa: F401  (fixtures: a fake hub, a tiny preset)
 from minillm.checkpoints import gguf_quantized
 from minillm.checkpoints.gguf_quantized import load_gguf_for_cpu, load_path
 from minillm.cli import cli
@@ -40,7 +41,7 @@ def requantize(src, dst, types: dict, seed: int = 0):
     """Copy the GGUF `src` to `dst` with gguf-py, each tensor whose name holds a key of `types` stored as
     that type: gguf-py's own quantizer where it has one, else random blocks of the type (K-quants)."""
     import gguf
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+    from gguf.constants import GGMLQuantizationType as Q
     reader = gguf.GGUFReader(src)
     writer = gguf.GGUFWriter(dst, str(reader.fields["general.architecture"].contents()))
     for name, field in reader.fields.items():
@@ -185,7 +186,6 @@ def test_auto_keeps_the_file_quantized_when_float32_would_not_fit_and_info_says_
 
 
 # ---- `minillm pull NAME --gguf QUANT` from a fake hub on 127.0.0.1 (tests/test_pull.py's) ----------------
-from test_pull import FakeHub, tiny_preset, weights_root  # noqa: E402,F401  (fixtures)
 
 
 @pytest.fixture

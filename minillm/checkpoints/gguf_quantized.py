@@ -131,7 +131,7 @@ def q4_as_int4(data: np.ndarray, kind: str) -> Int4Weight:
         with np.errstate(over="ignore"):
             mins = d * np.float16(-8)                                          # exact, unless |d| > 8188
         if not np.isfinite(mins[np.isfinite(d)]).all():
-            raise MiniLLMError(f"a Q4_0 scale above 8188 has no int4 min in fp16 (-8d overflows): the file is corrupt")
+            raise MiniLLMError("a Q4_0 scale above 8188 has no int4 min in fp16 (-8d overflows): the file is corrupt")
     nibbles = blocks[..., head:]                                              # [out, n_blocks, 16]
     codes = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1)             # [out, n_blocks, 32]: weight order
     return Int4Weight(pack_int4(codes.reshape(out_dim, -1)), d, mins, codes.shape[1] * 32)

@@ -137,7 +137,8 @@ class GGMLWeight(QuantizedWeight):
 
     def _dot_matmul(self, x: np.ndarray) -> np.ndarray:
         """Σ_j w_j·x_j per sub-block = scale · (codes · x) + offset · Σ x: only the codes are widened.
-        The hot spot of decode on a kept GGUF: every code of the model is cut out and widened here each token."""
+        The hot spot of decode on a kept GGUF: every code of the model is cut out and widened here each token.
+        (Tiles on two threads measured no faster on the 2 busy cores here: lessons/BENCHMARKS.md.)"""
         out_dim, in_dim = self.shape
         T, size = x.shape[0], SUB_BLOCK[self.kind]
         x_sub = np.ascontiguousarray(x.reshape(T, in_dim // size, size).transpose(1, 2, 0))   # [S, size, T]
