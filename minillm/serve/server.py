@@ -444,6 +444,8 @@ class OpenAIServer:
     def _grammar(self, body) -> Grammar | None:
         """The grammar the request's output must follow (engine/structured.py), compiled here, off the event
         loop and the engine thread (capped at COMPILE_TIMEOUT_S); a bad one is a 400 naming its field."""
+        if not (body.response_format or body.structured_outputs or getattr(body, "tools", None)):
+            return None                 # nothing to follow: a request of token ids needs no tokenizer
         try:
             tokenizer, vocab, calls = self.llm.tokenizer, self.llm.config.vocab_size, None
             if isinstance(body, ChatCompletionRequest):       # tool_choice "required" or a named function
