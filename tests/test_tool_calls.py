@@ -312,3 +312,24 @@ def test_generate_returns_the_calls_parsed(llm):
     from minillm.errors import MiniLLMError
     with pytest.raises(MiniLLMError, match="tools go into a chat"):
         llm.generate("The weather in Paris is", chat=False, tools=[WEATHER])
+
+
+def test_a_required_call_works_where_the_tags_are_tokens_of_their_own(tmp_path):
+    """Qwen's vocabulary holds <tool_call> and </tool_call> as tokens: the grammar must name those tokens, not spell
+    their text (spelled, the model's <tool_call> token left no token the grammar allowed, and the answer ended
+    after it). A random Llama with a Qwen-style tokenizer trained here, the tool call forced by tool_choice."""
+    import minillm
+    from hf_models import llama_config, save_random_model
+    from tokenizer_corpus import qwen_tokenizer
+    tok = qwen_tokenizer(tmp_path)
+    save_random_model(llama_config(vocab_size=-(-len(tok) // 64) * 64, max_position_embeddings=2048,
+                                   eos_token_id=tok.convert_tokens_to_ids("<|im_end|>")), tmp_path)
+    llm = minillm.load(str(tmp_path))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+        "additionalProperties": False}}}]
+    for seed in range(3):
+        g = llm.generate([{"role": "user", "content": "Pick one."}], max_tokens=64, temperature=1.0, seed=seed,
+                         tools=tools, tool_choice="required")
+        assert [c["function"]["name"] for c in g.tool_calls] == ["get_weather"], g.text
+        assert set(json.loads(g.tool_calls[0]["function"]["arguments"])) == {"city"}

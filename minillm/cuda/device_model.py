@@ -59,7 +59,7 @@ def to_device(model: Transformer, dtype: str = "float16", xp=None, cache_dtype: 
     if model.flashnorm:
         raise ValueError("FlashNorm models are not supported by the GPU's Transformer path yet")
     if xp is not np:                   # checked before allocating: every matrix lands in 16 bits, even fp8/4-bit ones
-        need = model.config.n_params() * (4 if dtype == "float32" else 2)
+        need = model.config.n_params * (4 if dtype == "float32" else 2)
         free = xp.cuda.Device().mem_info[0]
         if need > 0.9 * free:
             raise ValueError(f"the model needs about {need / 1e9:.1f} GB on the GPU in {dtype} (this path holds every "
@@ -81,6 +81,9 @@ def to_device(model: Transformer, dtype: str = "float16", xp=None, cache_dtype: 
     gpu.embed, gpu.final_norm = dev(model.embed), dev(model.final_norm, narrow=False)
     gpu.lm_head = dev(model.lm_head)
     gpu.inv_freq = xp.asarray(model.inv_freq)
+    for name in ("inv_freq_long", "inv_freq_local"):        # LongRoPE's long factors, Gemma 3's windowed layers
+        if getattr(model, name, None) is not None:
+            setattr(gpu, name, xp.asarray(getattr(model, name)))
     gpu.cache_dtype = {"float16": xp.float16, "float32": xp.float32}[cache_dtype]
     gpu.layers = [_device_layer(L, dev) for L in model.layers]
     gpu.dtype = dtype

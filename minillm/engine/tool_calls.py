@@ -206,7 +206,7 @@ def tool_grammar(tools: list[dict], tool_choice, parallel: bool, syntax: ToolSyn
         function = tool["function"]
         head = json.dumps({"name": function["name"]})[:-1] + f', "{syntax.arguments_key}": '
         rules.append(f"call_{i}: {json.dumps(head)} args_{i} \"}}\"")
-        rules.append(f"args_{i}: %json {json.dumps(function['parameters'])}")
+        rules.append(f"args_{i}: %json {json.dumps(_compact(function['parameters']))}")
         calls.append(f"call_{i}")
     one = " | ".join(calls)
     if syntax is MISTRAL:
@@ -219,14 +219,23 @@ def tool_grammar(tools: list[dict], tool_choice, parallel: bool, syntax: ToolSyn
         token = {name: f"<[{special_ids[name]}]>" for name in ("<|channel|>", "<|constrain|>", "<|message|>")}
         rules = [f"call_{i}: {json.dumps(tool['function']['name'])} \" \" {token['<|constrain|>']} \"json\" "
                  f"{token['<|message|>']} args_{i}" for i, tool in enumerate(tools)] + \
-                [f"args_{i}: %json {json.dumps(tool['function']['parameters'])}" for i, tool in enumerate(tools)]
+                [f"args_{i}: %json {json.dumps(_compact(tool['function']['parameters']))}" for i, tool in enumerate(tools)]
         start = (f'start: {token["<|channel|>"]} "commentary to=functions." call '
                  f'<[{special_ids[HARMONY_CALL_END]}]>')
-    else:
-        block = '"<tool_call>\\n" call "\\n</tool_call>"'
+    else:                                  # Hermes/Qwen: the tags are tokens of their own in Qwen's vocabulary
+        tag = {m: f"<[{special_ids[m]}]>" if m in special_ids else json.dumps(m) for m in ("<tool_call>", "</tool_call>")}
+        block = f'{tag["<tool_call>"]} "\\n" call "\\n" {tag["</tool_call>"]}'
         start = f'start: {block} ("\\n" {block})*' if parallel else f"start: {block}"
     lark = "\n".join([start, f"call: {one}", *rules])
     return GrammarSource(llg.grammar_from("lark", lark), "tool_choice")
+
+
+def _compact(schema: dict) -> dict:
+    """The arguments' schema with JSON's separators fixed (", " and ": ", no other whitespace): a forced call
+    cannot then run on in blanks, which a weak or hot model otherwise does until max_tokens (llguidance's
+    x-guidance options)."""
+    separators = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    return dict(schema, **{"x-guidance": separators})
 
 
 # ---- out of the answer ----------------------------------------------------------------------------------
