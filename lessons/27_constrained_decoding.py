@@ -51,6 +51,7 @@ import numpy as np
 
 from minillm.course import dfa_token_mask_reference, digits_unit_dfa, lesson_model, print_table, quick, token_table
 from minillm.engine.sampling import Sampler, SamplingParams
+from minillm.course.measure import Spread, beside_reference, check, load_average, load_line
 
 REGEX = "[0-9]+ (kg|g)"
 PROMPT = "The parcel's weight, in kg or g: "
@@ -117,12 +118,18 @@ def main() -> None:
     print("A masked answer can only be unfinished (finish_reason \"length\": max_tokens ran out), never wrong.")
 
     # ---- 4. what a mask costs per token ------------------------------------------------------------------------
-    mask_s, numpy_s, decode_s = mask_costs(llm, json_grammar, table, lengths, dfa)
-    print_table("4. the cost of one token's mask against one decode step (SmolLM2 on this CPU)",
-                ["work", "ms per token", "share of a decode step"],
-                [("decode step (model.decode, batch 1)", f"{decode_s * 1e3:.2f}", "100%"),
-                 ("llguidance mask, JSON schema (fill + unpack)", f"{mask_s * 1e3:.3f}", f"{mask_s / decode_s:.1%}"),
-                 ("hand-built NumPy mask, the 5-state DFA", f"{numpy_s * 1e3:.3f}", f"{numpy_s / decode_s:.1%}")])
+    load_at_start = load_average()
+    masks, hand, decodes = mask_costs(llm, json_grammar, table, lengths, dfa)
+    mask_s, numpy_s, decode_s = masks.median, hand.median, decodes.median
+    print_table("4. the cost of one token's mask against one decode step (SmolLM2 on this CPU), "
+                "ms: median (min-max)", ["work", "ms per token", "share of a decode step"],
+                [("decode step (model.decode, batch 1)", decodes.format(digits=2), "100%"),
+                 ("llguidance mask, JSON schema (fill + unpack)", masks.format(digits=3), f"{mask_s / decode_s:.1%}"),
+                 ("hand-built NumPy mask, the 5-state DFA", hand.format(digits=3), f"{numpy_s / decode_s:.1%}")])
+    print(load_line(load_at_start))
+    print(beside_reference("cpu.structured.mask-share", 100 * mask_s / decode_s))
+    check("a token's mask costs well under a tenth of a decode step", mask_s < 0.1 * decode_s,
+          f"mask {masks.ms(3)} ms vs decode {decodes.ms(2)} ms")
     print("The library precomputes a token trie and walks it per state; the hand-built mask walks every token "
           "each time. In the engine the mask is filled on a worker thread during the forward pass "
           "(Engine._fill_masks): on a GPU it costs no step time at all.")
@@ -159,7 +166,8 @@ def hand_masked_generation(llm, dfa, accepting, table, lengths, ends, temperatur
 
 
 def mask_costs(llm, grammar, table, lengths, dfa, steps=None):
-    """Seconds per token: llguidance's mask along a JSON answer, the hand-built NumPy mask, a decode step."""
+    """Seconds per token, each a Spread: llguidance's mask along a JSON answer, the hand-built NumPy mask, a decode
+    step."""
     steps = steps or (8 if quick() else 24)
     answer = llm.generate(ASK, max_tokens=steps, temperature=1.0, seed=0,
                           response_format={"type": "json_schema", "json_schema": {"schema": SCHEMA}})
@@ -169,10 +177,11 @@ def mask_costs(llm, grammar, table, lengths, dfa, steps=None):
         state.allowed()                                               # fill the bitmask, unpack to bool [vocab]
         spent.append(time.perf_counter() - start)
         state.advance(token)
-    start = time.perf_counter()
+    hand = []
     for s in range(5):
+        start = time.perf_counter()
         dfa_token_mask_reference(dfa, s % 5, table, lengths)
-    numpy_s = (time.perf_counter() - start) / 5
+        hand.append(time.perf_counter() - start)
     model = llm.model
     cache = model.new_cache(64 + steps)
     model.prefill(list(range(1, 65)), cache)
@@ -181,7 +190,7 @@ def mask_costs(llm, grammar, table, lengths, dfa, steps=None):
         start = time.perf_counter()
         model.decode(100 + i, cache)
         decodes.append(time.perf_counter() - start)
-    return float(np.median(spent)), numpy_s, float(np.median(decodes))
+    return Spread(tuple(spent)), Spread(tuple(hand)), Spread(tuple(decodes))
 
 
 if __name__ == "__main__":
