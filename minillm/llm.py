@@ -464,7 +464,7 @@ def batching_for(model):
     if getattr(model, "comm", None) is not None:         # tensor parallel: rank 0 leads, the others follow
         from minillm.engine.parallel.serving import TPBatching
         return TPBatching(model)
-    if isinstance(model, Transformer) and array_module(model.embed) is not np:
+    if isinstance(model, Transformer) and array_module(getattr(model, "embed", None)) is not np:
         raise MiniLLMError("this model runs on the GPU as device_model (minillm info says why), whose batching "
                            "engine is not written yet: use `minillm generate` on cuda, or serve it with --device cpu")
     return CPUBatching(model)

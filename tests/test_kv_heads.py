@@ -143,10 +143,13 @@ def test_every_hf_dir_conversion_carries_the_tokenizer_and_chat_template(kind, t
     from minillm.checkpoints.convert import convert
     from minillm.checkpoints.weights import TOKENIZER_FILES
     save_random_model(llama_config(n_heads=8, n_kv_heads=4), tmp_path / "src")
+    def text(name):          # generation_config.json is read (its stop ids), so it must be JSON; the rest is opaque
+        return '{"eos_token_id": [2, 7], "_note": "of the source"}' if name == "generation_config.json" else \
+            f"{name} of the source"
     for name in TOKENIZER_FILES:
-        (tmp_path / "src" / name).write_text(f"{name} of the source")
+        (tmp_path / "src" / name).write_text(text(name))
     {"kv-heads": lambda: convert_kv_heads_dir(tmp_path / "src", tmp_path / "dst", 2),
      "flashnorm": lambda: convert_flashnorm(tmp_path / "src", tmp_path / "dst"),
      "quant": lambda: convert(tmp_path / "src", tmp_path / "dst", progress=False, quant="int8")}[kind]()
     for name in TOKENIZER_FILES:
-        assert (tmp_path / "dst" / name).read_text() == f"{name} of the source"
+        assert (tmp_path / "dst" / name).read_text() == text(name)

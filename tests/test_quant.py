@@ -188,7 +188,9 @@ def test_parallel_map_raises_what_a_worker_raised(monkeypatch):
 
 
 def test_thread_count_follows_minillm_then_blas_settings(monkeypatch):
+    from minillm import threads
     from minillm.threads import n_threads
+    monkeypatch.setitem(threads._state, "user_threads", None)   # no --threads given (an earlier load may have fixed one)
     for var in ("MINILLM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")

@@ -57,8 +57,9 @@ class ModelConfig:
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     # generation_config.json's eos_token_id where it names more (GPT-OSS's <|call|>, Llama 3's <|eot_id|>):
-    # HF's generate stops on those, so generation here stops on them as well (weights.read_config).
-    generation_eos_token_ids: tuple[int, ...] = ()
+    # HF's generate stops on those, so generation here stops on them as well (weights.read_config). Not part of
+    # config.json, so not of a config's equality either: to_hf/from_hf round-trip config.json alone.
+    generation_eos_token_ids: tuple[int, ...] = dataclasses.field(default=(), compare=False)
     family: str = "llama"         # "llama" | "mistral" | "mixtral" | "deepseek_v3"
     torch_dtype: str = "float32"  # the dtype the checkpoint stores its weights in
     # Multi-head latent attention (DeepSeek-V2/V3; see mla.py). Only read when attention == "mla".
