@@ -18,7 +18,7 @@ one rank's shard of a block.
 The same numbers from the command line: `minillm bench -m PATH --tp 2` (measured here) and
 `minillm plan -m mistral-7b --gpu h200 --tp 8 [--pp 4] [--link nvlink|pcie|mpi]` (modeled).
 
-Run: python lessons/21_tensor_parallelism.py [--model-tables]      (MINILLM_LESSON_QUICK=1 for a smoke run)
+Run: minillm lesson 21 [--model-tables]      (or python lessons/21_tensor_parallelism.py; --quick: a smoke run)
 """
 ABOUT = {                   # `minillm lesson N --about` prints this (minillm/course/lessons.py)
     "prerequisites": [
@@ -186,7 +186,7 @@ def main() -> None:
         part_modeled(sizes)
     else:
         print("\nModelled on GPUs (Mistral-7B and Llama-3-70B on H200s over NVLink, PCIe and this machine's link: "
-              "where adding ranks stops paying): python lessons/21_tensor_parallelism.py --model-tables, or "
+              "where adding ranks stops paying): minillm lesson 21 --model-tables, or "
               "minillm plan -m mistral-7b --gpu h200 --tp 8")
 
 

@@ -780,14 +780,16 @@ def plan(model, gpu, context, users, dtype, kv_dtype, price, reserve, plot, late
         click.echo("\n" + tp_plan(model, gpu, tp, pp, context, users or 1, dtype, kv_dtype, link))
 
 
-@cli.command()
+@cli.command(context_settings={"ignore_unknown_options": True})
 @click.argument("number", type=int, required=False)
+@click.argument("lesson_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--quick", is_flag=True, help="Tiny sizes: a smoke run in seconds.")
 @click.option("--model", "-m", default=None, help="A preset, folder, .gguf, or random:PRESET (default: smollm2-135m).")
 @click.option("--about", is_flag=True, help="Print what the lesson asks and gives (prerequisites, objectives, "
               "study time, check questions, knobs to try) instead of running it.")
-def lesson(number, quick, model, about):
-    """Run lesson NUMBER of the course (without NUMBER: list the lessons)."""
+def lesson(number, lesson_args, quick, model, about):
+    """Run lesson NUMBER of the course (without NUMBER: list the lessons). Arguments after NUMBER go to the
+    lesson itself: `minillm lesson 21 --model-tables`."""
     from minillm import course
     from minillm.course.lessons import format_about
     if number is None:
@@ -797,7 +799,7 @@ def lesson(number, quick, model, about):
     if about:
         click.echo(format_about(course.find_lesson(number)))
         return
-    sys.exit(course.run_lesson(number, quick=quick, model=model))
+    sys.exit(course.run_lesson(number, quick=quick, model=model, args=lesson_args))
 
 
 @cli.group()

@@ -93,3 +93,5 @@ def _blas_threads_as_they_were():
     saved = dict(threads._state)
     yield
     threads._state.update(saved, count=None)   # count=None: BLAS's real count is set again on next use
+    # a module-scoped fixture's load(threads=1) ran before `saved` was taken: no --threads outlives its module
+    threads._state["user_threads"] = None

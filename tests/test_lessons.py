@@ -124,3 +124,17 @@ def test_the_tests_plots_go_to_a_temporary_folder_not_lessons_out(capfd):
     assert f"plot: {out_dir() / '22_load_balance.png'}" in capfd.readouterr().out
     assert (out_dir() / "22_load_balance.png").exists()
     assert (student.stat().st_mtime_ns if student.exists() else None) == before
+
+
+def test_arguments_after_the_lesson_number_reach_the_lesson(capfd):
+    """`minillm lesson 21 --model-tables`: the modelled GPU tables print only when asked (issue 42), and asking
+    through the CLI reaches the lesson's own argv."""
+    from click.testing import CliRunner
+    from minillm.cli import cli
+    plain = CliRunner().invoke(cli, ["lesson", "21", "--quick"])
+    without = capfd.readouterr().out
+    asked = CliRunner().invoke(cli, ["lesson", "21", "--quick", "--model-tables"])
+    with_tables = capfd.readouterr().out
+    assert plain.exit_code == 0 and asked.exit_code == 0, (plain.output, asked.output)
+    assert "minillm lesson 21 --model-tables" in without and "Llama-3-70B shape" not in without
+    assert "Llama-3-70B shape" in with_tables and "minillm lesson 21 --model-tables" not in with_tables

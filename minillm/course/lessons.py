@@ -57,8 +57,8 @@ def find_lesson(number: int) -> Lesson:
     raise MiniLLMError(f"no lesson {number:02d} in {LESSONS_DIR} (lessons: {known})")
 
 
-def run_lesson(number: int, quick: bool = False, model: str | None = None) -> int:
-    """Run lesson `number` as its own process (as `python lessons/NN_name.py` would); its exit code."""
+def run_lesson(number: int, quick: bool = False, model: str | None = None, args=()) -> int:
+    """Run lesson `number` as its own process (as `python lessons/NN_name.py ARGS` would); its exit code."""
     lesson = find_lesson(number)
     env = dict(os.environ)
     if quick:
@@ -67,7 +67,7 @@ def run_lesson(number: int, quick: bool = False, model: str | None = None) -> in
         env[MODEL_ENV] = model
     # The checkout's minillm first, so an uninstalled checkout runs its own engine.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_root()), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, str(lesson.path)], env=env).returncode
+    return subprocess.run([sys.executable, str(lesson.path), *args], env=env).returncode
 
 
 # ---- what a lesson asks and gives: its ABOUT ------------------------------------------------------

@@ -71,7 +71,7 @@ def _response_format(response_format, llg) -> GrammarSource | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return GrammarSource(llg.grammar_from("json_schema", '{"type": "object"}'), "response_format")
+        return json_schema_source({"type": "object"}, "response_format")
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
@@ -124,9 +124,27 @@ def json_schema_source(schema, field: str) -> GrammarSource:
     if isinstance(schema, dict):
         _check_ref_cycles(schema, field)
     try:
-        return GrammarSource(llg.LLMatcher.grammar_from_json_schema(schema), field)
+        return GrammarSource(llg.LLMatcher.grammar_from_json_schema(bounded_whitespace(schema)), field)
     except (ValueError, TypeError) as e:
         raise GrammarError(f"{field}: invalid JSON schema: {e}", field) from None
+
+
+# Between two JSON tokens: nothing, one space, or a newline and up to 20 spaces or tabs of indent (llama.cpp's
+# json-schema grammar allows the same). llguidance's default is any run of whitespace, and a weak or hot model
+# then writes whitespace until max_tokens and never closes the value; this keeps pretty-printed answers, which
+# SmolLM2 writes unmasked (lessons/BENCHMARKS.md), as they are, and bounds each gap to 21 characters.
+JSON_WHITESPACE = r"(?: |\n[ \t]{0,20})?"
+
+
+def bounded_whitespace(schema: dict | bool) -> dict | bool:
+    """The schema with llguidance's whitespace between JSON tokens bounded (JSON_WHITESPACE); options the
+    schema's own "x-guidance" sets win."""
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        return schema                      # false: no value matches; llguidance says so
+    own = schema.get("x-guidance") if isinstance(schema.get("x-guidance"), dict) else {}
+    return dict(schema, **{"x-guidance": {"whitespace_pattern": JSON_WHITESPACE, **own}})
 
 
 def _check_ref_cycles(root: dict, field: str) -> None:
