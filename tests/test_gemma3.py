@@ -226,3 +226,34 @@ def test_gemma3_gguf_from_llama_cpps_converter_matches_hf(gemma3_gguf):
     llm, ids = minillm.load(str(gguf)), np.random.default_rng(1).integers(0, 640, 20).tolist()
     assert llm.config.layer_windows == (4, 4, 4, 4, 4, None, 4)
     np.testing.assert_allclose(llm.logits(ids), hf_logits(hf, ids), atol=TOL, rtol=0)
+
+
+def test_gemma3_q8_0_gguf_from_llama_cpps_converter_is_q8_0s_rounding_only(gemma3_gguf, llama_cpp_convert):
+    """The converter's Q8_0 Gemma 3 (layer matrices and the tied embedding in Q8_0, norms in f32, stored as
+    1 + w) is 0.44 away from the source on this random model: that is Q8_0's rounding, because HF on the source
+    weights put through gguf-py's own Q8_0 round trip gives the same logits as minillm on the file."""
+    import copy
+    import gguf as gguf_py
+    from minillm.checkpoints.gguf_quantized import load_gguf_for_cpu
+    from minillm.model.ggml_blocks import GGMLWeight
+    from minillm.model.transformer import Transformer
+    hf, f32 = gemma3_gguf
+    path = llama_cpp_convert(f32.parent / "hf", f32.parent / "gemma3-q8_0.gguf", "q8_0")
+    types = {t.name: t.tensor_type.name for t in gguf_py.GGUFReader(str(path)).tensors}
+    assert {k for k, v in types.items() if v == "Q8_0"} == {k for k in types if not k.endswith("norm.weight")}
+
+    q8 = gguf_py.GGMLQuantizationType.Q8_0
+    rounded = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, p in rounded.named_parameters():        # the tied head is the embedding: rounded once
+            if name.endswith("_proj.weight") or name.endswith("embed_tokens.weight"):
+                w = p.numpy()
+                p.copy_(torch.from_numpy(gguf_py.quants.dequantize(gguf_py.quants.quantize(w, q8), q8).reshape(w.shape)))
+    config, tensors = load_gguf_for_cpu(path, how="kept")
+    assert isinstance(tensors["model.layers.0.self_attn.q_proj.weight"], GGMLWeight)
+    ids = np.random.default_rng(1).integers(0, 640, 20).tolist()
+    model = Transformer(config, tensors)
+    ours = model.prefill(ids, model.new_cache(len(ids) + 1), all_logits=True)
+    np.testing.assert_allclose(ours, hf_logits(rounded, ids), atol=TOL, rtol=0)       # measured 1.4e-5
+    np.testing.assert_allclose(minillm.load(str(path)).logits(ids), hf_logits(rounded, ids), atol=TOL, rtol=0)
+    assert np.abs(ours - hf_logits(hf, ids)).max() > 0.1         # Q8_0 does move this model's logits
