@@ -307,3 +307,62 @@ def test_gpt_oss_chat_template_renders_like_hf(harmony_tokenizer, n, tools):
     expected = hf.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     assert ours.render_chat(messages, tools=tools) == expected
     assert ours.encode_chat(messages, tools=tools) == hf(expected, add_special_tokens=False).input_ids
+
+
+# ---- a GGUF file written by llama.cpp's own converter ("gpt-oss") ---------------------------------
+# The converter's GPT-OSS class takes its vocabulary from an HF tokenizer it must recognize by a hash of its
+# output (o200k_harmony; our small one it does not know). This runs it with the generic step that reads a
+# Llama-style tokenizer.json: the tensors and metadata under test are the converter's own.
+_CONVERT_GPT_OSS = """
+import runpy, sys
+root = sys.argv.pop(1)
+sys.path[:0] = [root + "/gguf-py", root]
+from conversion.base import TextModel
+from conversion.gpt_oss import GptOssModel
+GptOssModel.set_vocab = TextModel._set_vocab_llama_hf
+sys.argv[0] = root + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_gpt_oss_gguf_from_llama_cpps_converter_keeps_mxfp4_and_matches_hf(llama_cpp_convert, tmp_path):
+    """llama.cpp converts the MXFP4 release into its "gpt-oss" GGUF (experts in ggml's MXFP4 blocks, sinks, biases,
+    YaRN). minillm keeps each expert as the release's own codes and scale bytes (bit-exact) and gives HF's logits.
+    The file has no clamp or window pattern: llama.cpp's (7.0; even layers windowed) are HF's defaults, and its
+    YaRN rounds the correction range (truncate=True)."""
+    import shutil
+    import subprocess
+    import sys
+    from transformers import AutoModelForCausalLM
+    import llama_cpp_converter
+    llama_cpp_converter.save_tiny_llama(tmp_path / "tok", layers=1)         # its 289-token tokenizer
+    config = gpt_oss_config(vocab_size=289, hidden_size=256, intermediate_size=256, swiglu_limit=7.0,
+                            rope_parameters=YARN | {"truncate": True})
+    save_gpt_oss(config, tmp_path / "float")
+    release = tmp_path / "mxfp4"
+    release.mkdir()
+    packed = pack_gpt_oss_experts(read_safetensors(tmp_path / "float" / "model.safetensors"))
+    write_safetensors(release / "model.safetensors", packed)
+    hf_config = json.loads((tmp_path / "float" / "config.json").read_text())
+    hf_config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (release / "config.json").write_text(json.dumps(hf_config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "tok" / name, release / name)
+    done = subprocess.run([sys.executable, "-c", _CONVERT_GPT_OSS, str(llama_cpp_converter.converter_dir()),
+                           str(release), "--outfile", str(tmp_path / "oss.gguf"), "--outtype", "f32"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    llm = minillm.load(str(tmp_path / "oss.gguf"))
+    c = llm.config
+    assert (c.family, c.n_experts, c.n_experts_per_token, c.layer_windows, c.swiglu_limit) == \
+        ("gpt_oss", 4, 2, (4, None, 4, None), 7.0)
+    expert = llm.model.layers[0].moe.experts[1]
+    assert all(isinstance(w, Mxfp4Weight) for w in expert.matrices())
+    gate_up = packed["model.layers.0.mlp.experts.gate_up_proj_blocks"][1][0::2]   # expert 1's gate rows [out, in/32, 16]
+    np.testing.assert_array_equal(expert.w_gate.qweight, gate_up.reshape(len(gate_up), -1))
+    np.testing.assert_array_equal(expert.w_gate.scales, packed["model.layers.0.mlp.experts.gate_up_proj_scales"][1][0::2])
+    hf = AutoModelForCausalLM.from_pretrained(release, dtype=torch.float32).eval()   # dequantizes the MXFP4 release
+    ids = np.random.default_rng(1).integers(0, 289, 20).tolist()
+    np.testing.assert_allclose(llm.logits(ids), hf_logits(hf, ids), atol=TOL, rtol=0)

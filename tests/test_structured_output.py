@@ -101,6 +101,40 @@ def test_engine_batch_mixes_constrained_and_free_requests(llm, animal):
     assert not parses("".join(results[free]))
 
 
+@pytest.fixture(scope="module")
+def random_llm(tmp_path_factory):
+    """A random Llama with a Qwen-style byte-level tokenizer: it likes any token the mask leaves, whitespace too."""
+    import minillm
+    from hf_models import llama_config, save_random_model
+    from tokenizer_corpus import qwen_tokenizer
+    path = tmp_path_factory.mktemp("random-json")
+    tok = qwen_tokenizer(path)
+    save_random_model(llama_config(n_heads=4, n_kv_heads=2, vocab_size=-(-len(tok) // 64) * 64, hidden_size=64,
+                                   intermediate_size=128, initializer_range=0.2,
+                                   eos_token_id=tok.convert_tokens_to_ids("<|im_end|>")), path)
+    return minillm.load(str(path))
+
+
+def test_json_whitespace_is_bounded_so_a_random_model_closes_its_object(random_llm, monkeypatch):
+    """llguidance's JSON allows any run of whitespace between tokens: a random model at temperature 1 writes
+    whitespace until max_tokens. Bounded (one space, or a newline and <= 20 of indent), every seed closes."""
+    import re
+
+    import minillm.engine.structured as structured
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    asked = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    for seed in range(6):
+        answer = random_llm.generate("Is it?", max_tokens=48, temperature=1.0, seed=seed, response_format=asked)
+        assert answer.finish_reason == "stop", repr(answer.text)
+        assert set(json.loads(answer.text)) == {"ok"}
+        assert max(len(gap) for gap in re.findall(r"\s+", answer.text)) <= 21
+    monkeypatch.setattr(structured, "bounded_whitespace", lambda schema: schema)     # llguidance's default
+    unbounded = [random_llm.generate("Is it?", max_tokens=48, temperature=1.0, seed=seed, response_format=asked)
+                 for seed in range(6)]
+    assert all(a.finish_reason == "length" and not parses(a.text) for a in unbounded)  # the test can fail
+
+
 def test_a_grammar_with_no_token_left_ends_the_answer_with_stop(llm, caplog):
     """A state that allows no token (here: a matcher already past an error) ends the choice, logged once."""
     from minillm.engine.generate import generate_ids

@@ -174,6 +174,29 @@ def test_hermes_calls_stream_their_arguments_piece_by_piece():
     assert content + rest == "Sure."
 
 
+@pytest.mark.parametrize("syntax, text", [
+    (LLAMA3, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "note": "a } b"}}; '
+             '{"name": "get_time", "parameters": {}}'),
+    (MISTRAL, 'Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "note": "a } b"}}, '
+              '{"name": "get_time", "arguments": {}}]'),
+])
+def test_llama3_and_mistral_calls_stream_their_arguments_piece_by_piece(syntax, text):
+    """Calls that sit in one JSON text ("{...}; {...}", "[{...}, {...}]") stream as Hermes calls do: each one's
+    name, then its arguments in pieces, cut where its own object closes (a "}" in a string does not)."""
+    stream, content, deltas = ToolCallStream(syntax), "", []
+    for ch in text:
+        content += stream.push(ch)
+        deltas += stream.deltas()
+    rest, last = stream.finish_deltas()
+    heads = [d for d in deltas if "id" in d]
+    assert [(d["index"], d["function"]["name"]) for d in heads] == [(0, "get_weather"), (1, "get_time")]
+    pieces = [d for d in deltas if "id" not in d and d["index"] == 0]
+    assert len(pieces) > 2 and deltas.index(pieces[-1]) < deltas.index(heads[1])    # before the second call's name
+    joined = ["".join(d["function"]["arguments"] for d in deltas + last if d["index"] == k) for k in (0, 1)]
+    assert [json.loads(a) for a in joined] == [{"city": "Paris", "note": "a } b"}, {}]
+    assert (content + rest).strip() == (parse_tool_calls(text, syntax)[0] or "")
+
+
 def test_a_call_naming_its_arguments_first_comes_whole_at_the_end():
     text = '<tool_call>{"arguments": {"city": "Rome"}, "name": "get_weather"}</tool_call>'
     stream = ToolCallStream(HERMES)
@@ -279,6 +302,32 @@ def test_streamed_tool_call_arrives_as_delta_tool_calls(served):
     assert (call.function.name, json.loads(call.function.arguments)) == \
         (whole[0].function.name, json.loads(whole[0].function.arguments))
     assert call.id.startswith("call_") and final.finish_reason == "tool_calls" and not final.message.content
+
+
+@pytest.mark.parametrize("syntax", [LLAMA3, MISTRAL])
+def test_llama3_and_mistral_calls_stream_through_the_client(served, monkeypatch, syntax):
+    """SmolLM2 made (by a grammar) to write a Llama 3.1 or Mistral call, the server taking it for that family:
+    the client's stream helper gets the call's name, then its arguments in pieces, and puts together the call
+    the whole answer has."""
+    import minillm.serve.server as server
+    monkeypatch.setattr(server, "tool_syntax", lambda tokenizer: syntax)
+    head = syntax.start + ("[" if syntax is MISTRAL else "") + f'{{"name": "get_weather", "{syntax.arguments_key}": '
+    compact = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    lark = (f'start: {json.dumps(head)} args {json.dumps("}]" if syntax is MISTRAL else "}")}\n'
+            f'args: %json {json.dumps(dict(WEATHER["function"]["parameters"], **{"x-guidance": compact}))}')
+    ask = dict(model="smollm2", messages=ASK, tools=[WEATHER], max_tokens=40, temperature=0,
+               extra_body={"structured_outputs": {"grammar": lark}})
+    whole = served.client.chat.completions.create(**ask).choices[0].message.tool_calls
+    with served.client.chat.completions.stream(**ask) as stream:
+        events = list(stream)
+        final = stream.get_final_completion().choices[0]
+    pieces = [e.arguments_delta for e in events if e.type == "tool_calls.function.arguments.delta" and e.arguments_delta]
+    assert len(pieces) > 2
+    [call] = final.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == \
+        (whole[0].function.name, json.loads(whole[0].function.arguments))
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    assert final.finish_reason == "tool_calls" and not final.message.content
 
 
 def test_tool_results_go_back_into_the_conversation(served, llm):

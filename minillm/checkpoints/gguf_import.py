@@ -25,6 +25,7 @@ from minillm.errors import MiniLLMError
 from minillm.backend import to_dtype
 from minillm.checkpoints.shapes import count_mismatch, expected_shapes, numbered  # noqa: F401  (quantize.py reads expected_shapes here)
 from minillm.checkpoints.gguf_file import GGUFFile, dequantize
+from minillm.checkpoints.gguf_gpt_oss import gpt_oss_config, gpt_oss_pieces, is_gpt_oss_tensor
 from minillm.checkpoints.gguf_moe import is_moe_tensor, moe_fields, moe_hf_tensors
 from minillm.checkpoints.hf_layouts import split_fused
 
@@ -47,7 +48,7 @@ _SANDWICH_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm
 # Phi-3 / Phi-4-mini (llama.cpp's "phi3"): q/k/v and gate/up stay fused; hf_layouts.split_fused splits them.
 _PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _PHI3_ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")   # read into the config
-GGUF_ARCHITECTURES = ("llama", "qwen3", "qwen3moe", "gemma3", "phi3")
+GGUF_ARCHITECTURES = ("llama", "qwen3", "qwen3moe", "gemma3", "phi3", "gpt-oss")
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _LAYER_INDEX = re.compile(r"blk\.(\d+)\.")
 _ROUTER = re.compile(r"blk\.\d+\.ffn_gate_inp\.weight")
@@ -71,8 +72,8 @@ def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
 
 
 def permuted_qk(config: ModelConfig) -> bool:
-    """llama.cpp permutes q/k rows for its "llama" architecture only (Qwen3, Gemma 3, Phi-3 rotate HF's halves)."""
-    return not (config.qk_norm or config.sandwich_norms or config.family == "phi3")
+    """llama.cpp permutes q/k rows for its "llama" architecture only (Qwen3, Gemma 3, Phi-3, GPT-OSS rotate HF's halves)."""
+    return not (config.qk_norm or config.sandwich_norms or config.family in ("phi3", "gpt_oss"))
 
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -131,7 +132,8 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
     rope_scaling = None
     if get("rope.scaling.type") == "linear":
         rope_scaling = {"rope_type": "linear", "factor": _f32(get("rope.scaling.factor"))}
-    elif get("rope.scaling.type") not in (None, "none"):   # ignoring it would rotate every position wrongly
+    elif get("rope.scaling.type") not in (None, "none") and arch != "gpt-oss":   # (gpt-oss: YaRN, gguf_gpt_oss.py)
+        # ignoring it would rotate every position wrongly
         raise MiniLLMError(f"{path}: llama.rope.scaling.type={get('rope.scaling.type')!r} is not implemented "
                            "for GGUF files (only linear)")
     if "rope_freqs.weight" in names:
@@ -169,6 +171,7 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
             family="mixtral" if get("expert_count") else "mistral" if sliding_window else "llama",
             **moe_fields(get),                                      # Mixtral: experts (gguf_moe.py)
         ) if arch == "llama" else _phi3_config(get, names, vocab, reader) if arch == "phi3" else \
+            gpt_oss_config(get, names, vocab, lambda key: _meta(reader, key)) if arch == "gpt-oss" else \
             _qwen3_gemma3_config(arch, get, names, vocab, rope_scaling, reader)
     except (TypeError, ValueError) as e:
         raise MiniLLMError(f"{path}: incomplete llama metadata ({e})") from None
@@ -261,7 +264,8 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
 
     tensors: dict[str, np.ndarray] = {}
     for t in tqdm(reader.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor", disable=not progress):
-        name = hf_name(t.name, config) if not is_moe_tensor(t.name) else t.name
+        gpt_oss = config.family == "gpt_oss" and is_gpt_oss_tensor(t.name)     # its own names (gguf_gpt_oss.py)
+        name = t.name if is_moe_tensor(t.name) or gpt_oss else hf_name(t.name, config)
         if name is None:
             if t.name != "rope_freqs.weight" and t.name not in _PHI3_ROPE_FACTORS:   # warned about / read already
                 warnings.warn(f"{path}: skipping unknown tensor {t.name}")
@@ -275,7 +279,8 @@ def load_gguf(path: str | Path, dtype: str | None = None, progress: bool = False
         if not np.isfinite(w).all():     # corrupt bytes: a garbled fp16 scale dequantizes to NaN/Inf
             raise MiniLLMError(f"{path}: tensor {t.name} holds {int((~np.isfinite(w)).sum())} NaN/Inf values "
                                f"(the file is corrupt)")
-        pieces = moe_hf_tensors(t.name, w, config) if is_moe_tensor(t.name) else {name: w}   # stacked experts split
+        pieces = (gpt_oss_pieces(t.name, w, config) if gpt_oss else
+                  moe_hf_tensors(t.name, w, config) if is_moe_tensor(t.name) else {name: w})   # stacked experts split
         pieces = split_fused(config, pieces)                    # Phi-3's fused q/k/v and gate/up: row blocks
         for name, w in pieces.items():
             if w.shape != shapes.get(name):

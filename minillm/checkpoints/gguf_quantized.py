@@ -9,6 +9,8 @@ Here each layer matrix of a type the model multiplies by directly stays in that 
                   the low nibbles and 16-31 in the high ones, int4 puts weight 2j low and 2j+1 high.
   Q8_0, Q4_K,  -> ggml_blocks.GGMLWeight, the file's bytes themselves (a view of the memory-mapped
   Q6_K            file), decoded a tile at a time in the matmul.
+  MXFP4        -> formats.Mxfp4Weight (GPT-OSS's experts): the same codes and scales, nibbles re-laid out
+                  (gguf_gpt_oss.py).
 
 Every other type (Q5_K, IQ*, ...) and every non-matrix tensor (norms, the embedding: a lookup) is
 dequantized as gguf_import does, after checking that the float copies fit in the memory available.
@@ -28,6 +30,7 @@ from minillm.backend import STORAGE_DTYPES
 from minillm.checkpoints.gguf_file import dequantize
 from minillm.checkpoints.gguf_import import (config_from_gguf, default_dtype, expected_shapes, hf_name, load_gguf,
                                              open_gguf, permuted_qk, unpermute_rows, _hf_tensor)
+from minillm.checkpoints.gguf_gpt_oss import gpt_oss_pieces, is_gpt_oss_tensor, mxfp4_experts
 from minillm.checkpoints.gguf_moe import is_moe_tensor, moe_hf_tensors
 from minillm.checkpoints.hf_layouts import split_fused
 from minillm.errors import MiniLLMError
@@ -50,11 +53,14 @@ def load_gguf_kept(path: str | Path, reader=None) -> tuple[ModelConfig, dict]:
     config = config.replace(torch_dtype=dtype)
     shapes = expected_shapes(config)
     kept = {t.name for t in reader.tensors if t.tensor_type.name in KEPT and _is_matrix(t.name, config)}
+    if config.family == "gpt_oss":                               # its experts: MXFP4 as shipped
+        kept |= {t.name for t in reader.tensors if t.tensor_type.name == "MXFP4" and "_exps." in t.name}
     _check_float_fits(reader, kept, dtype, path)
     tensors: dict = {}
     for t in reader.tensors:
         if t.name in kept:
-            if not _finite_scales(t.data, t.tensor_type.name):     # NaN/Inf would reach the logits unexplained
+            # NaN/Inf fp16 scales would reach the logits unexplained (MXFP4's are E8M0 powers of two)
+            if t.tensor_type.name in SCALE_BYTES and not _finite_scales(t.data, t.tensor_type.name):
                 raise MiniLLMError(f"{path}: tensor {t.name} has NaN/Inf block scales (the file is corrupt)")
             pieces = _kept_pieces(t, config)
         else:
@@ -86,6 +92,8 @@ def _is_matrix(gguf_name: str, config: ModelConfig | None = None) -> bool:
 def _kept_pieces(t, config: ModelConfig) -> dict[str, QuantizedWeight]:
     """One stored matrix (a stack of experts: several) -> {HF name: its quantized weight}, no dequantizing."""
     kind = t.tensor_type.name
+    if kind == "MXFP4":                                       # GPT-OSS's experts [E, out, row bytes]
+        return gpt_oss_pieces(t.name, mxfp4_experts(t.data), config)
     if is_moe_tensor(t.name):
         # a stack of experts [E, out, row bytes] splits into one weight each; one expert's [out, row bytes] does not
         return {name: _weight(w, kind, None) for name, w in moe_hf_tensors(t.name, t.data, config).items()}
@@ -139,7 +147,8 @@ def q4_as_int4(data: np.ndarray, kind: str) -> Int4Weight:
 
 def _float_pieces(t, config: ModelConfig, dtype: str, path) -> dict[str, np.ndarray]:
     """A tensor dequantized as gguf_import.load_gguf does it (HF names, HF row order, `dtype`)."""
-    name = t.name if is_moe_tensor(t.name) else hf_name(t.name, config)
+    gpt_oss = config.family == "gpt_oss" and is_gpt_oss_tensor(t.name)     # its own names (gguf_gpt_oss.py)
+    name = t.name if is_moe_tensor(t.name) or gpt_oss else hf_name(t.name, config)
     if name is None:
         if t.name != "rope_freqs.weight" and not t.name.startswith("rope_factors_"):   # read into the config
             warnings.warn(f"{path}: skipping unknown tensor {t.name}")
@@ -152,7 +161,8 @@ def _float_pieces(t, config: ModelConfig, dtype: str, path) -> dict[str, np.ndar
                            f"which gguf cannot dequantize") from None
     if not np.isfinite(w).all():
         raise MiniLLMError(f"{path}: tensor {t.name} holds NaN/Inf values (the file is corrupt)")
-    pieces = split_fused(config, moe_hf_tensors(t.name, w, config) if is_moe_tensor(t.name) else {name: w})
+    pieces = split_fused(config, gpt_oss_pieces(t.name, w, config) if gpt_oss else
+                         moe_hf_tensors(t.name, w, config) if is_moe_tensor(t.name) else {name: w})
     return {n: _hf_tensor(w, n, config, dtype) for n, w in pieces.items()}
 
 
@@ -215,11 +225,14 @@ def load_gguf_for_cpu(path: str | Path, reader=None, how: str = "auto") -> tuple
     "auto": dequantized to float32 where the model is small enough to run in fp32 (default_dtype) and
     that fits in the memory available: BLAS on fp32 is the fastest CPU path (SmolLM2: 11.8 tok/s vs
     5.2 kept quantized, lessons/BENCHMARKS.md, "GGUF kept quantized"); kept quantized otherwise, so
-    that memory follows the file. "float": dequantized (default_dtype) after the same memory check."""
+    that memory follows the file (GPT-OSS always: its experts stay MXFP4 as shipped). "float": dequantized
+    (default_dtype) after the same memory check."""
     if how not in HOW:
         raise MiniLLMError(f"unknown GGUF load path {how!r}; choose one of {', '.join(HOW)}")
     reader = reader or open_gguf(path)
     config = config_from_gguf(reader, path)
+    if how == "auto" and config.family == "gpt_oss":
+        how = "kept"                     # its experts MXFP4 as shipped, as from its HF folder
     if how == "auto":
         have = available_memory()
         fits = have is None or 4 * config.n_params <= MEMORY_MARGIN * have

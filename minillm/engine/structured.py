@@ -20,6 +20,9 @@ What a request may ask for (the OpenAI and vLLM shapes):
     response_format    {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}
                        ("strict": false is enforced all the same, as vLLM does)
     structured_outputs {"json": schema} | {"regex": str} | {"grammar": Lark or GBNF} | {"choice": [str, ...]}
+
+JSON's whitespace is bounded (JSON_WHITESPACE: nothing, a space, or a newline and <= 20 of indent between
+tokens), so a hot or weak model cannot write whitespace until max_tokens, yet pretty-printed JSON still fits.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Three steps, each in the model family's own syntax (`ToolSyntax`, chosen from th
   only calls in the family's syntax, each function's arguments following its own JSON schema.
 * Out: `parse_tool_calls` cuts the answer into its content and its calls; `ToolCallStream` does the same
   on a stream, holding text back from where a call may start, and gives out each call as OpenAI streams one
-  (its id and name, then its arguments' text in pieces) where the syntax lets it follow one (Hermes, harmony).
+  (its id and name, then its arguments' text in pieces) where the call names its function first.
 
 The syntaxes:
     hermes   (Hermes, Qwen, the injected block)  <tool_call>{"name": ..., "arguments": {...}}</tool_call>
@@ -324,28 +324,63 @@ def _json_object(text: str) -> dict | None:
 
 @dataclass(frozen=True)
 class _Streamed:
-    """How a syntax's calls stream: each starts with `start`; `head` matches what comes before its arguments
-    (the name in group 1, a JSON string if `json_name`); `close` ends it; `braced`: the arguments sit inside
-    the call's own {...}, whose "}" is not theirs."""
+    """How a syntax's calls stream: each starts with `start` (or, `scanned`, each is one JSON object of the text
+    after `start`, found by _json_calls); `head` matches what comes before its arguments (the name in group 1,
+    a JSON string if `json_name`); `close` ends it; `braced`: the arguments sit inside the call's own {...},
+    whose "}" is not theirs."""
     start: str
     head: re.Pattern
     close: str
     braced: bool
     json_name: bool
+    scanned: bool = False
 
 
-_STREAMED = {   # Hermes: a call whose name comes before "arguments"; harmony: as the reasoning splitter gives it out
-    "hermes": _Streamed("<tool_call>", re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*'),
-                        "</tool_call>", braced=True, json_name=True),
+def _json_head(arguments_key: str) -> re.Pattern:
+    """A JSON call object's start up to its arguments: {"name": "...", "<arguments_key>": """
+    return re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"' + arguments_key + r'"\s*:\s*')
+
+
+_STREAMED = {   # each syntax whose call names its function before the arguments
+    "hermes": _Streamed("<tool_call>", _json_head("arguments"), "</tool_call>", braced=True, json_name=True),
     "harmony": _Streamed(HARMONY.start, re.compile(r"([A-Za-z0-9_.-]+)<\|channel\|>\w+ json<\|message\|>\s*"),
-                         HARMONY_CALL_END, braced=False, json_name=False),
+                         HARMONY_CALL_END, braced=False, json_name=False),    # as the reasoning splitter gives it
+    "llama3": _Streamed(LLAMA3.start, _json_head("parameters"), "", braced=False, json_name=True, scanned=True),
+    "mistral": _Streamed(MISTRAL.start, _json_head("arguments"), "", braced=False, json_name=True, scanned=True),
 }
+
+
+def _json_calls(text: str) -> list[tuple[str, bool]]:
+    """The call objects of Llama 3.1's "{...}; {...}" or Mistral's "[{...}, {...}]" so far: each one's text from
+    its "{" up to (not with) its closing "}", and whether that "}" has come. Braces inside strings don't count."""
+    outer = 1 if text.lstrip().startswith("[") else 0      # Mistral's calls sit one level down, in a list
+    calls, depth, in_string, escaped, begin = [], 0, False, False, None
+    for i, ch in enumerate(text):
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            begin = i if ch == "{" and depth == outer else begin
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if ch == "}" and depth == outer and begin is not None:
+                calls.append((text[begin:i], True))
+                begin = None
+    return calls + ([(text[begin:], False)] if begin is not None else [])
+
+
+def _value_end(text: str) -> int | None:
+    """Where the JSON value `text` opens with ends (after its closing bracket), None while it is open."""
+    ends = _json_calls("[" + text + "]") if text.startswith("{") else []
+    return len(ends[0][0]) + 1 if ends and ends[0][1] else None        # + its closing "}"
 
 
 class ToolCallStream:
     """Streams an answer's content while holding back, from where a tool call may start, what may be one.
-    Hermes and harmony calls stream as OpenAI streams them (`deltas`): a call's id and name as soon as they are
-    written, then its arguments' text piece by piece; other syntaxes' calls come whole at the end
+    Calls stream as OpenAI streams them (`deltas`): a call's id and name as soon as they are written, then its
+    arguments' text piece by piece; a call that names its arguments first comes whole at the end
     (`finish_deltas`).
     `finish` parses what was held: -> (content left to send, tool_calls)."""
 
@@ -408,21 +443,22 @@ class ToolCallStream:
         how = _STREAMED.get(self.syntax.name)
         if how is None:
             return
-        for k, part in enumerate(self.held.split(how.start)[1:]):
-            closed = how.close in part or final
-            body = part.split(how.close, 1)[0]
+        for k, (body, closed) in enumerate(self._calls_so_far(how)):
+            closed = closed or final
             head = how.head.match(body)
             if k >= len(self.streaming):
                 if head is None or k > len(self.streaming):   # "arguments" first, or after such a call: whole
-                    if final and (whole := parse_tool_calls(how.start + body + how.close, self.syntax)[1]):
-                        self._deltas.append(dict(whole[0], index=k))
+                    if final and (whole := self._whole_call(how, body)):
+                        self._deltas.append(dict(whole, index=k))
                     continue
                 self.streaming.append("")
                 name = json.loads(head.group(1)) if how.json_name else head.group(1)
                 self._deltas.append({"index": k, "id": f"call_{secrets.token_hex(12)}", "type": "function",
                                      "function": {"name": name, "arguments": ""}})
             arguments = body[head.end():]
-            if not closed:
+            if how.scanned:               # the arguments end where their own value does (the call's "}" is not in body)
+                arguments = arguments[:_value_end(arguments) or len(arguments)]
+            elif not closed:
                 arguments = arguments[:len(arguments) - partial_suffix(arguments, how.close)]
             arguments = arguments.rstrip()
             if how.braced and arguments.endswith("}"):
@@ -431,6 +467,18 @@ class ToolCallStream:
             if len(arguments) > len(sent) and arguments.startswith(sent):
                 self._deltas.append({"index": k, "function": {"arguments": arguments[len(sent):]}})
                 self.streaming[k] = arguments
+
+    def _calls_so_far(self, how: _Streamed) -> list[tuple[str, bool]]:
+        """Each call written so far: (its text up to its close, whether the close has come)."""
+        if how.scanned:          # held opens with the start tag, or (Llama 3.1) with the bare JSON call
+            return _json_calls(self.held[len(how.start):] if self.held.startswith(how.start) else self.held)
+        return [(part.split(how.close, 1)[0], how.close in part) for part in self.held.split(how.start)[1:]]
+
+    def _whole_call(self, how: _Streamed, body: str) -> dict | None:
+        """A call that could not stream, parsed whole (None if it does not parse)."""
+        text = how.start + (body + "}" if how.scanned else body + how.close)
+        calls = parse_tool_calls(text, self.syntax)[1]
+        return calls[0] if calls else None
 
     def _call_start(self) -> int | None:
         i = self.held.find(self.syntax.start) if self.syntax.start else -1
