@@ -46,6 +46,27 @@ def test_tokenize_messages_gives_hfs_chat_template_ids(served, generation_prompt
     assert r.json()["tokens"] == list(want) and r.json()["count"] == len(want)
 
 
+def test_tokenize_messages_with_tools_counts_the_chat_requests_prompt(served):
+    """vLLM's shape: `tools` beside `messages` are rendered into the prompt as a chat request renders them
+    (SmolLM2's template renders none: minillm's injected tools block), so the count is the chat's prompt_tokens."""
+    city = {"type": "object", "properties": {"city": {"type": "string"}}}
+    weather = {"type": "function",
+               "function": {"name": "get_weather", "description": "The weather in a city", "parameters": city}}
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    chat = served.client.post("/v1/chat/completions", json={"model": "smollm2", "messages": messages,
+                                                            "tools": [weather], "max_tokens": 1})
+    assert chat.status_code == 200, chat.text
+    with_tools = served.client.post("/tokenize", json={"model": "smollm2", "messages": messages, "tools": [weather]})
+    without = served.client.post("/tokenize", json={"model": "smollm2", "messages": messages})
+    assert with_tools.status_code == 200, with_tools.text
+    assert with_tools.json()["count"] == chat.json()["usage"]["prompt_tokens"] > without.json()["count"]
+    assert "get_weather" in served.hf.decode(with_tools.json()["tokens"])
+    bad = dict(weather, function=dict(weather["function"], parameters={"type": "strin"}))
+    refused = served.client.post("/tokenize", json={"model": "smollm2", "messages": messages, "tools": [bad]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
+    assert "Invalid type: strin" in refused.json()["error"]["message"]                    # as the chat refuses it
+
+
 @pytest.mark.parametrize("text", TEXTS)
 def test_detokenize_gives_hfs_text(served, text):
     ids = served.hf(text, add_special_tokens=False)["input_ids"]

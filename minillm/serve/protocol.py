@@ -365,13 +365,17 @@ class ChatCompletionRequest(_Sampling):
 class TokenizeRequest(BaseModel):
     """POST /tokenize (vLLM's shape): a text, or messages through the chat template -> its token ids."""
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"oneOf": [    # one of the two, not null
-        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
-        {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]})
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}, "not": {"anyOf": [   # tools: messages only
+            {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+            {"required": ["tools"], "properties": {"tools": {"type": "array"}}}]}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}},
+         "not": {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}}}]})
     model: Annotated[Text, served("model")]
     prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool | None = None       # the tokenizer's BOS for a text (default on); never for messages
     add_generation_prompt: bool = True           # messages: end with the assistant's turn opening, as a chat does
+    tools: list[ToolDefinition] | None = None    # messages: rendered into the prompt as a chat request renders them
 
     @field_validator("messages")
     @classmethod
@@ -383,6 +387,8 @@ class TokenizeRequest(BaseModel):
     def refuse_unsupported(self) -> None:
         if self.prompt is None and self.messages is None:
             raise ApiError(400, "give either prompt or messages", param="prompt")
+        if self.tools is not None and self.messages is None:
+            raise ApiError(400, "tools go with messages, not with a prompt", param="tools")
         for i, message in enumerate(self.messages or []):
             message.refuse_unsupported(i)
 

@@ -384,14 +384,19 @@ class OpenAIServer:
         if body.messages is not None:
             messages = [{"role": m.role, "content": m.text(i)} for i, m in enumerate(body.messages)]
             self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
-            # as a chat request renders them: tool results become text turns where the template has no tool role
-            messages, extra = messages_with_tools(self.llm.tokenizer.chat_template, messages, [])
+            # as a chat request renders them: the tools in the prompt, tool results as text turns where the
+            # template has no tool role
+            try:
+                tools, _ = check_tools([plain(t) for t in body.tools or []])
+            except GrammarError as e:
+                raise ApiError(400, str(e), param=e.field, code="invalid_grammar") from None
+            messages, extra = messages_with_tools(self.llm.tokenizer.chat_template, messages, tools)
             encode, param = lambda: self.llm.tokenizer.encode_chat(messages, body.add_generation_prompt, **extra), \
                 "messages"
         else:
             self._check_prompt_chars(len(body.prompt), "prompt")
-            plain = body.add_special_tokens is False
-            encode = (lambda: self.llm.tokenizer.encode(body.prompt)) if plain else \
+            no_bos = body.add_special_tokens is False
+            encode = (lambda: self.llm.tokenizer.encode(body.prompt)) if no_bos else \
                 (lambda: self.llm.prompt_ids(body.prompt, chat=False))
             param = "prompt"
         try:
