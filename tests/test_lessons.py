@@ -35,8 +35,7 @@ EVIDENCE = {3: ["decode tok/s", "reference: "],
             25: ["cheapest first", "most tokens per GPU at the target", "largest batch that keeps the promise",
                  "load average"],
             26: ["handoff MB", "same tokens", "when disaggregation pays", "load average"],
-            27: ["as a DFA: the tokens each state allows", "after the space", "median (min-max)", "load average",
-                 "reference: "],
+            27: ["as a DFA: the tokens each state allows", "after the space"],   # steps 2-4 need SmolLM2's tokenizer
             28: ["what each control does", "min_p 0.1", "distinct / tokens", "is still the reported top-1",
                  "blocks copied", "4 choices, prompt shared"],
             29: ["keys added", "lines of model/", "without qk_norm", "without sandwich_norms", "5 windowed : 1 global"]}
