@@ -78,7 +78,7 @@ def attend_codes(q, k8, k_scale, v8, v_scale):
 def kv_decode_on_the_gpu() -> None:
     """Long-context decode with the 16-bit and the int8 KV cache on the device (minillm.cuda.dev.qbench)."""
     from minillm.cuda.dev.qbench import kv_cache_report
-    from minillm.cuda.bench import bench_config
+    from minillm.cuda.selfcheck import bench_config
     contexts = (1024, 4096) if quick() else (4096, 32000)
     if quick():
         out = kv_cache_report(bench_config(True), "a small Mistral-like model", contexts=contexts, n_new=16)

@@ -174,7 +174,7 @@ def gpu_models(cfg, n_new: int) -> None:
     """Decode tok/s of each format with the engine's step, and with the step as it was before programmatic
     dependent launch (settings.pdl off: each kernel waits for the last one to drain before it starts)."""
     import cupy as cp
-    from minillm.cuda.bench import decode_tok_s
+    from minillm.cuda.timing import decode_tok_s
     from minillm.cuda.dev.lab import LabTransformer
     from minillm.cuda.gpu_model import GPUTransformer
     bw = RESULTS.get("copy_bw", QUOTED_COPY_BW)

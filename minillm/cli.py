@@ -641,8 +641,8 @@ def info(model_argument, model):
 @click.option("--new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--repeats", type=click.IntRange(1, 1000), default=3, show_default=True)
 @click.option("--peer/--no-peer", default=True, show_default=True,
-              help="Run HF transformers on the same weights too (on the CPU in its own process, at the same "
-              "thread counts).")
+              help="Run HF transformers on the same weights too, in its own process (on the CPU at the same "
+              "thread counts; with --device cuda on random fp16 weights of the same shape).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--quant", type=click.Choice(QUANT_METHODS), default=None, help="Quantized layer weights.")
 @click.option("--group-size", type=click.IntRange(min=32), default=128, show_default=True,

@@ -91,26 +91,29 @@ def test_bench_with_the_int8_kv_cache_counts_its_bytes_and_says_so():
     assert numbers["bytes_per_token"] == bench.decode_bytes_per_token(model, 24 + 2 // 2)
 
 
-def test_the_gpu_summary_says_how_far_decode_is_from_its_target(capsys):
-    """minillm bench --device cuda's summary (minillm/cuda/bench.py, shared by the 16-bit and the int8/int4 runs): the rows,
-    then met/missed against the target; no verdict for a shape the targets are not for, nor on another card
-    than the H200 the targets are for."""
-    from minillm.cuda.bench import TARGETS, _summary, bench_config
+def test_the_gpu_summary_prints_the_current_figure_of_its_shape_and_format_beside_the_measured_one(capsys):
+    """minillm bench --device cuda's summary (minillm/tools/gpu_bench.py, one for 16-bit and int8/int4 weights): each
+    row with a figure gets the current one of the same shape and format (data/current_figures.json) with its
+    machine and date, not another format's nor an older card's; a shape without one gets none; no verdict."""
+    from minillm.resources import current_figures
+    from minillm.tools.gpu_bench import summary
+    figures = {f["key"]: f for f in current_figures()}
+    rows = [("decode tok/s", "318.2", "decode"), ("GB/s", "2345", None), ("TTFT 512 tokens, ms", "23.0", "ttft512")]
+    summary("mistral-7b", "int8", rows)
+    lines = capsys.readouterr().out.splitlines()
+    decode, ttft = figures["gpu.decode.mistral-7b.int8"], figures["gpu.ttft512.mistral-7b.int8"]
+    row = next(line for line in lines if "decode tok/s" in line)
+    assert "318.2" in row and row.endswith(f"reference: {decode['values']['minillm']:,} tok/s "
+                                           f"({decode['machine']}, {decode['date']})")
+    assert next(line for line in lines if "TTFT" in line).endswith(f"reference: {ttft['values']['minillm']:,} ms "
+                                                                    f"({ttft['machine']}, {ttft['date']})")
+    assert "reference" not in next(line for line in lines if "GB/s" in line)
+    text = "\n".join(lines)
+    for other in ("gpu.decode.mistral-7b.fp16", "h200.decode.mistral-7b.int8"):    # another format, an older card
+        assert f"{figures[other]['values']['minillm']:,} tok/s" not in text
+    assert not any(word in text for word in ("target", "met", "missed", "verdict"))
+    summary("llama-3.2-1b", "int4", rows)                                          # no figure of that format
+    assert "reference" not in capsys.readouterr().out
+    from minillm.cuda.selfcheck import bench_config
     from minillm.model.config import PRESETS
-    rows = [("decode tok/s", "247.3", "≥ 270"), ("TTFT 512 tokens, ms", "14.2", "≤ 15")]
-    _summary(rows, 247.3, TARGETS["float16"], "NVIDIA H200")
-    out = capsys.readouterr().out
-    assert "247.3" in out and "≥ 270" in out and "target (H200)" in out
-    assert "missed: -8% against 270 tok/s" in out
-    _summary(rows, 702.0, TARGETS["int4"], "NVIDIA H200")
-    assert "met: +8% against 650 tok/s" in capsys.readouterr().out
-    _summary([("decode tok/s", "99.0", "")], None, TARGETS["int8"], "NVIDIA H200")
-    assert "against" not in capsys.readouterr().out
-    _summary(rows, 191.1, TARGETS["float16"], "NVIDIA H100 80GB HBM3")
-    out = capsys.readouterr().out
-    assert "against" not in out and "missed" not in out
-    assert "no verdict: the targets are for an H200, this is an NVIDIA H100 80GB HBM3" in out
-    from minillm.cuda.bench import against_target                  # the line dev/qbench prints too
-    assert against_target(393.6, TARGETS["int8"], "NVIDIA H200") == "missed: -8% against 430 tok/s"
-    assert against_target(322.4, TARGETS["int8"], "NVIDIA H100 80GB HBM3").startswith("no verdict")
-    assert bench_config(False) == PRESETS["mistral-7b"].config     # what `minillm bench -m mistral-7b` passes in
+    assert bench_config(False) == PRESETS["mistral-7b"].config     # the selfcheck times `-m mistral-7b`'s shape

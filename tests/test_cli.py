@@ -288,6 +288,8 @@ def test_gpu_bench_needs_a_preset_shape_and_a_gpu():
     assert_one_line_error(run("bench", "--device", "cuda", "--random-weights", "-m", "mistral-7b"), "GPU")
     assert_one_line_error(run("bench", "--device", "cuda", "--random-weights", "-m", "mistral-7b", "--kv-cache",
                               "int8"), "qbench --kv-cache")
+    for option, says in (("--dtype=float32", "16-bit weights"), ("--quant=nf4", "int8 or int4")):   # before the GPU probe
+        assert_one_line_error(run("bench", "--device", "cuda", "--random-weights", "-m", "mistral-7b", option), says)
 
 
 def test_bench_runs_with_the_int8_kv_cache():

@@ -14,7 +14,7 @@ from minillm.cuda.dev.lab import as_lab  # noqa: E402
 from minillm.cuda.dev.attention import check_attention_int8, check_kv_append_int8, check_kv_dequantize  # noqa: E402
 from minillm.cuda.dev.model import (MODEL_TOL, check_graph_equals_eager, check_greedy,  # noqa: E402
                                     check_model_logits, small_config)
-from minillm.cuda.gpu_kv_cache import GPUInt8KVCache  # noqa: E402
+from minillm.cuda.gpu_kv_cache import GPUKVCache  # noqa: E402
 from minillm.cuda.gpu_model import GPUTransformer  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def test_int8_cache_holds_about_half_the_bytes():
     gpu = GPUTransformer.random(cfg, kv_cache="int8")
     cache = gpu.new_cache(100)
     sixteen = GPUTransformer.random(cfg).new_cache(100)
-    assert isinstance(cache, GPUInt8KVCache)
+    assert isinstance(cache, GPUKVCache) and cache.int8 and cache.k.dtype == cp.int8
     # per vector: hd codes + a 4-byte scale, against 2 hd bytes (hd 64: 68 / 128)
     assert cache.nbytes / sixteen.nbytes == pytest.approx((64 + 4) / 128)
 

@@ -28,8 +28,7 @@ def test_the_sweep_checks_then_times_each_format_against_its_first_variant(monke
     import types
     from argparse import Namespace
 
-    from minillm.cuda import gpu_model
-    from minillm.cuda import bench
+    from minillm.cuda import gpu_model, selfcheck
 
     class Model:
         weight_bytes = 10 ** 9
@@ -45,7 +44,7 @@ def test_the_sweep_checks_then_times_each_format_against_its_first_variant(monke
     pool = types.SimpleNamespace(free_all_blocks=lambda: None)
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(get_default_memory_pool=lambda: pool))
     monkeypatch.setattr(gpu_model.GPUTransformer, "random", staticmethod(lambda cfg, dtype, seed, quant: Model(quant)))
-    monkeypatch.setattr(ab, "decode_sweep_setup", lambda quick: (bench.bench_config(True), 4e12, [1, 2, 3]))
+    monkeypatch.setattr(ab, "decode_sweep_setup", lambda quick: (selfcheck.bench_config(True), 4e12, [1, 2, 3]))
     monkeypatch.setattr(ab, "decode_tok_s", lambda model, cache, prompt, n: (100.0 * model.speed, []))
     checked = []
     ab.decode_ab(Namespace(quick=True, rounds=3, new_tokens=8), ["float16", "int4"],

@@ -97,7 +97,7 @@ def recording_model(config, gemv_version: int = 4, fuse_norm: bool = True, capac
     from collections import defaultdict
 
     from minillm.cuda.dev.lab import LabKernels, LabTransformer, lab_settings
-    from minillm.cuda.gpu_kv_cache import GPUInt8KVCache, GPUKVCache
+    from minillm.cuda.gpu_kv_cache import GPUKVCache
     from minillm.cuda.gpu_model import GPULayer, GPUTransformer
     from minillm.cuda.kernels import Kernels, KernelSettings, n_splits_for
 
@@ -111,7 +111,7 @@ def recording_model(config, gemv_version: int = 4, fuse_norm: bool = True, capac
     if ladder:
         k.settings = lab_settings(k.settings)
     k._nil_f32 = k._nil_u16 = k._nil_i32 = None
-    k.arch = 90
+    k.arch, k.n_sms = 90, 132                          # an H100's
     k.timer = lambda name, launch: record(name)                    # record; never call launch()
     c, hd, w16 = config, config.head_dim, np.float16
     cls = cls or (LabTransformer if ladder else GPUTransformer)
@@ -134,11 +134,13 @@ def recording_model(config, gemv_version: int = 4, fuse_norm: bool = True, capac
              shaped(1, c.n_heads, dtype=np.uint32))
     m._decode_parts = lambda cache: parts              # the engine's allocates on the device
     if kv_cache == "int8":                             # codes, and a scale per (layer, KV head, position)
-        cache = GPUInt8KVCache.__new__(GPUInt8KVCache)
+        cache = GPUKVCache.__new__(GPUKVCache)
+        cache.int8 = True
         cache.k = cache.v = shaped(c.n_layers, c.n_kv_heads, capacity, hd, dtype=np.int8)
         cache.k_scale = cache.v_scale = shaped(c.n_layers, c.n_kv_heads, capacity)
     else:
         cache = GPUKVCache.__new__(GPUKVCache)
+        cache.int8 = False
         cache.k = cache.v = shaped(c.n_layers, c.n_kv_heads, capacity, hd, dtype=w16)
     cache.max_seq_len, cache.length = capacity, 0
     return m, cache, launches

@@ -19,20 +19,18 @@ softcapping, partial RoPE and LongRoPE/YaRN (Phi, GPT-OSS), attention sinks, fp8
 fp8 KV cache on the device, quantized there to the CPU's codes and scales (model/kv_cache.py). Refused in one
 line at load: device_model with FlashNorm, and a model whose 16-bit matrices would not fit in the GPU's free memory.
 
-`kernels.py` compiles kernels/*.cu (NVRTC, through CuPy's RawModule) and wraps each launch;
-`forward.py` is the one layer loop over packed rows (cuBLAS GEMMs; attention through an ops object: the paged
-pool's, or gpu_model.ContiguousOps for one sequence's cache), run by a prompt chunk and by a batching step alike;
-`gpu_model.py` is the fast path for Llama-family models: that loop for prefill, and a decode step made only of
-our kernels and preallocated buffers, captured once in a CUDA graph and replayed per token;
-`gpu_kv_cache.py` holds its device caches and `qweights.py` its int8/int4 matrices (minillm.model.quant's
-layout, read by kernels/gemv_quant.cu). `gpu_mla.py` is the same for DeepSeek-style MLA decode;
-`device_model.py` runs the engine's own Transformer on CuPy arrays, for what has no kernels.
-Each operation ships one kernel, the fastest measured, and a named fallback only for the shapes it cannot
-take (kernels.py says which). `timing.py` (the timer and bandwidth probe), `bench.py` (`minillm bench --device
-cuda`) and `selfcheck.py` (`python -m minillm.cuda.selfcheck`: the shipped path against the CPU model, then
-timed) measure what ships. Earlier versions, losing experiments and their sweeps live apart, in the
-laboratory `dev/` (its entry point `dev/lab.py`; nothing here imports it). No environment variable is read
-here: choices are constructor arguments.
+`kernels.py` compiles kernels/*.cu (NVRTC, through CuPy's RawModule) and wraps each launch; `forward.py` is the
+one layer loop over packed rows, run by a prompt chunk and a batching step alike (cuBLAS GEMMs; attention through
+an ops object: the paged pool's, or gpu_model.ContiguousOps for one sequence's cache); `gpu_model.py` is the fast
+path for Llama-family models: that loop for prefill, and a decode step of our kernels only, captured once as a
+CUDA graph and replayed per token (`graph.py`), its caches in `gpu_kv_cache.py`, its int8/int4 matrices in
+`qweights.py`; `gpu_mla.py` is the same for MLA decode; `device_model.py` runs the engine's own Transformer on
+CuPy arrays. Each operation ships one kernel, the fastest measured, and a named fallback only for the shapes it
+cannot take (kernels.py says which). `timing.py` (the timer, bandwidth probe and decode/TTFT timers) and
+`selfcheck.py` (`python -m minillm.cuda.selfcheck`: the shipped path against the CPU model, then timed) measure
+what ships; `minillm bench --device cuda` prints the full tables (minillm/tools/gpu_bench.py). Earlier versions
+and losing experiments live in the laboratory `dev/` (entry point `dev/lab.py`; nothing here imports it). No
+environment variable is read here: choices are constructor arguments.
 
 Importing this package does not import CuPy; `available()` says whether a GPU can be used.
 """

@@ -1,9 +1,7 @@
 """A batched step's metadata: which token, position, pool slot and block table each row has, as int32.
 
-`batch_meta` packs any step (prompt chunks and decodes) and uploads it in one copy; a decode-only step that
-replays a CUDA graph writes it padded to its bucket (`bucket_for`, `decode_meta_into`) into the graph's
-static buffer instead, whose layout `meta_size` / `meta_views` describe. gpu_batched.py's runner and the
-kernels in paged_attention.cu read it.
+`batch_meta` packs any step and uploads it in one copy; a decode-only step that replays a CUDA graph writes it,
+padded to its bucket, into the graph's static buffer instead (`decode_meta_into`; layout: `meta_views`).
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """cuBLAS's GemmEx called through ctypes, for GEMMs inside a CUDA-graph capture.
 
-cuBLAS supports stream capture, but CuPy's binding refuses every cuBLAS call while a stream is being
-captured (NotImplementedError: "calling cuBLAS API during stream capture is currently unsupported",
-seen on the H200 with CuPy 14.2). So the captured few-row forward (gpu_model, speculative decoding's
-verify pass) calls the same libcublas that CuPy loaded (found in /proc/self/maps: one library, one
-handle) directly. Its workspace is set once, before any capture, to a buffer that lives as long as the
-process: a capture must not allocate.
+cuBLAS supports stream capture, but CuPy's binding refuses every cuBLAS call while a stream is captured
+(NotImplementedError, CuPy 14.2). So the captured forwards (gpu_model's verify pass, the batching engine's decode
+steps) call the libcublas CuPy loaded (found in /proc/self/maps: one library, one handle) directly, its workspace
+set once before any capture to a buffer that lives as long as the process: a capture must not allocate.
 """
 from __future__ import annotations
 

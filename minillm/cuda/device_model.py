@@ -3,27 +3,15 @@
     gpu = to_device(cpu_model, dtype="float16")    # a minillm.model.transformer.Transformer on CuPy arrays
     cache = gpu.new_cache(256)                     # made on the device (16-bit latents for MLA)
     logits = gpu.prefill(ids, cache)               # float32 numpy [vocab], copied back to the host
-    logits = gpu.decode(token, cache)
 
-Nothing here re-describes the model: the copy's forward pass is model/transformer.py's, line for line,
-and every layer function makes its masks, positions and buffers with `backend.array_module(x)`, so
-the same code runs on NumPy (`xp=numpy`: how the CPU tests run this very conversion) and on CuPy
-(every matmul a cuBLAS call). When loaded, it runs what has no kernels (minillm/cuda/__init__.py's table):
-mixture-of-experts layers, biases, the newer families' pieces (QK-norm, sandwich norms, partial or scaled RoPE,
-attention sinks), fp8/NF4/MXFP4 weights (widened to 16 bits at upload), an fp8 KV cache, MLA models of shapes
-mla_decode.cu cannot take, and tensor-parallel shards. The rest decode on kernels in a
-CUDA graph (gpu_model.GPUTransformer; MLA: gpu_mla.GPUMLATransformer, whose prefill runs through this path).
-
-What lives on the device: the matrices in 16 bits (fp16, or bf16 as its raw uint16 bits, as on the
-CPU: CuPy has no usable bfloat16 matmul), the norm gains in fp32, and the cache (`cache_dtype`, fp16
-by default: MLA's latent cache is its whole point, so it stays small; kv_cache "int8" or "fp8": the CPU's
-codes and scales, computed on the device). Activations and every matmul
-are fp32: `layers.linear` widens a 16-bit weight to fp32 before its cuBLAS call. That temporary costs
-a write and a read of 4 bytes per weight on top of the 2 stored: simple and exact, not the roofline.
-
-MLA attention follows the "naive-prefill" rule by default (mla.py): a prompt chunk of T > 1 queries
-expands every head's keys and values once and serves all T rows (about half the flops of absorbed
-at T = L), decode attends in latent space. No CUDA graph: CuPy's cuBLAS calls cannot be captured.
+Nothing here re-describes the model: the copy's forward pass is model/transformer.py's, and every layer function
+makes its masks, positions and buffers with `backend.array_module(x)`, so the same code runs on NumPy (how the CPU
+tests run this very conversion) and on CuPy (every matmul a cuBLAS call). It runs what has no kernels (the table
+in minillm/cuda/__init__.py). Matrices are held in 16 bits (fp8/NF4/MXFP4/int8/int4 widened at upload), gains in
+fp32, the cache in `cache_dtype` (or an int8/fp8 kv_cache's codes and scales, computed on the device).
+Activations and every matmul are fp32: `layers.linear` widens a 16-bit weight before its cuBLAS call, a write and
+a read of 4 bytes per weight on top of the 2 stored: simple and exact, not the roofline. No CUDA graph: CuPy's
+cuBLAS calls cannot be captured. MLA prefill expands every head's keys once for a chunk ("naive-prefill").
 """
 from __future__ import annotations
 

@@ -3,11 +3,10 @@ cache) and a step of many sequences (the batching engine over the paged pool) ru
 
     run_layers(ops, layers, meta, x)    x [N, dim] fp32: N packed rows (one chunk, or every sequence's new tokens)
 
-Each projection and the MLP is one cuBLAS GEMM over all N rows (16-bit inputs, fp32 accumulation); only where a
-row's keys and values live differs, so that is what an ops object says: `DeviceOps` writes and reads the paged pool
-through block tables (kernels/paged_attention.cu, prefill_attention_mma.cu), gpu_model.ContiguousOps the one
-sequence's cache (kv_append, prefill_attention). A decode step of one sequence is the exception that pays for its
-own code: gpu_model.decode_step fuses norm, GEMV, RoPE and KV append into 5 launches a layer, replayed as a graph.
+Each projection and the MLP is one cuBLAS GEMM over all N rows (16-bit inputs, fp32 accumulation). Only where a
+row's keys and values live differs, and that is the ops object: `DeviceOps` the paged pool through block tables,
+gpu_model.ContiguousOps one sequence's cache. One sequence's decode step pays for its own code: gpu_model's
+decode_step fuses norm, GEMV, RoPE and KV append into 5 launches a layer, replayed as a graph.
 """
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ def run_layers(ops, layers, meta, x, buf: "StepBuffers | None" = None):
 
 @dataclass
 class StepBuffers:
-    """A forward pass's activations, allocated before a capture so the graph's pointers stay valid
-    (the eager path passes none: every op allocates its own output)."""
+    """A forward pass's activations, allocated before a capture so the graph's pointers stay valid (eager: none)."""
     x: object = None        # [R, dim]         fp32 residual stream
     h: object = None        # [R, dim]         16-bit, normalized
     qkv: object = None      # [R, qkv_width]   fp32
@@ -74,8 +72,8 @@ def _cp():
 
 
 class LayerOps:
-    """The ops run_layers calls that do not depend on where the keys and values live, as launches on a
-    GPUTransformer's stream with its weights and kernels (model.k); subclasses add rope, kv_write, attention."""
+    """run_layers' ops that do not depend on where keys and values live, launched on a GPUTransformer's stream with
+    its weights and kernels (model.k); subclasses add rope, kv_write and attention."""
 
     def __init__(self, model):
         self.xp, self.model, self.k = _cp(), model, model.k
@@ -115,8 +113,8 @@ class LayerOps:
         return out
 
     def gemm(self, a, w, out=None, accumulate: bool = False):
-        """out [N, rows] fp32 (+)= a [N, in] 16-bit @ w [rows, in]ᵀ (GPUTransformer.gemm: cuBLAS, fp32 accumulate;
-        a tensor-core small-M kernel measured slower at these shapes: lessons/BENCHMARKS.md)"""
+        """out [N, rows] fp32 (+)= a [N, in] 16-bit @ w [rows, in]ᵀ, on cuBLAS (GPUTransformer.gemm): our small-M
+        tensor-core kernel measured slower at these shapes (lessons/BENCHMARKS.md)"""
         if out is None:
             out = self.xp.empty((a.shape[0], w.shape[0]), self.xp.float32)
         self.model.gemm(a, w, out, accumulate)
@@ -140,15 +138,13 @@ class LayerOps:
 
 
 class DeviceOps(LayerOps):
-    """The layer loop's ops as launches on a GPUTransformer's stream, its weights and its kernels (model.k), with
-    the keys and values in a DevicePagedKV (`pool`): kv_write and attention take a layer of the pool; write_kv
-    and attend any pool arrays.
+    """The layer loop's ops with keys and values in a DevicePagedKV (`pool`): kv_write and attention take a layer of
+    the pool, write_kv and attend any pool arrays.
 
-    Attention: paged_attention_g{G}, a block per KV head serving its G query heads from one read of each K/V
-    row, for G in PA_GROUPS; the fallback for other group sizes is paged_attention, a block per query head. A
-    step with prompt chunks over a 16-bit pool with head_dim 64 or 128 runs paged_prefill_attention_mma instead,
-    every chunk in one launch on the tensor cores (the paged kernels score a prompt row's keys one at a time:
-    lessons/BENCHMARKS.md, "Serving many users"); the int8 pool and other head sizes fall back to the paged kernels.
+    Attention: paged_attention_g{G}, a block per KV head serving its G query heads (G in PA_GROUPS; the fallback,
+    paged_attention, a block per query head). A step with prompt chunks over a 16-bit pool at head_dim 64 or 128
+    runs them all in one paged_prefill_attention_mma launch on the tensor cores (the paged kernels score a prompt
+    row's keys one at a time: lessons/BENCHMARKS.md, "Serving many users"); else the paged kernels.
     """
 
     def __init__(self, model, pool=None):
@@ -230,8 +226,7 @@ class DeviceOps(LayerOps):
         return out
 
     def argmax(self, logits, out=None):
-        """Each row's argmax as np.argmax picks it (the first maximum; the first NaN in a row with one):
-        logits [rows, vocab] fp32 -> int32 [rows] on the device (into out if given). kernels/sampling.cu."""
+        """Each row's argmax as np.argmax picks it (the first maximum, or NaN): logits [rows, vocab] -> int32 [rows]."""
         rows, vocab = logits.shape
         out = self.xp.empty(rows, self.xp.int32) if out is None else out
         if rows:
@@ -242,9 +237,8 @@ class DeviceOps(LayerOps):
         self.model.stream.synchronize()
 
     def download(self, a) -> np.ndarray:
-        """The one device-to-host copy of the step (then wait for it), into pinned memory: logits [64, 32000]
-        fp32 are 8 MB, which a pageable copy moves several times slower (staged by the driver). A new array
-        each step (CuPy's pinned pool recycles the memory), so a caller may keep it."""
+        """The step's one device-to-host copy, into pinned memory (8 MB of logits move several times slower pageable,
+        staged by the driver); a new array each step (CuPy's pinned pool recycles it), so a caller may keep it."""
         import cupyx
         host = cupyx.empty_pinned(a.shape, a.dtype)
         a.get(out=host)
@@ -252,9 +246,8 @@ class DeviceOps(LayerOps):
         return host
 
     def capture(self, step):
-        """step()'s launches captured as a CUDA graph on the model's stream (GPUTransformer.capture_with_cublas:
-        its GEMMs through cublas_raw). -> (replay, None), replay() launching it and returning step()'s result,
-        or (None, the reason) when capturing failed."""
+        """step() captured as a CUDA graph (GPUTransformer.capture_with_cublas). -> (replay, None), replay() launching
+        it and returning step()'s result, or (None, the reason capturing failed)."""
         graph, result, error = self.model.capture_with_cublas(step)
         if error is not None:
             return None, error

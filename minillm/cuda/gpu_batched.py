@@ -1,23 +1,16 @@
 """Batched execution on the GPU: many sequences' new tokens (prompt chunks and decode tokens) in one step.
 
-The plan of minillm.engine.batched, with the weights, the pool and attention on the device: every sequence's new
-tokens are packed into one matrix [N, dim] and run through forward.run_layers, the GPU's one layer loop, so each
-projection and the MLP is one GEMM over all N rows (a decode step of B sequences reads each weight once, not B
-times: batching's whole gain); attention is one launch per layer for the whole batch, each query row reading its
-sequence's keys through its block table (forward.DeviceOps).
-
-    weights      GPUTransformer's own (fused wqkv and gate|up, 16-bit or int8/int4, fp32 norms): nothing re-uploaded
-    pool         DevicePagedKV (paged_pool.py): k, v [layers, blocks, block_size, n_kv_heads, hd], 16-bit, or
-                 int8 codes with a scale per position and KV head (PagedKVCache's int8 format)
-    metadata     BatchMeta (batch_meta.py): each row's token, position, pool slot and block table, int32
-    host         packing, block tables, the scheduler and the sampler stay on the host: one upload of the step's
-                 int32 metadata and one download, the logits [B, vocab] fp32, or for a greedy step
-                 (forward_greedy) only B int32 token ids, each row's argmax picked on the device
+minillm.engine.batched's plan on the device: every sequence's new tokens packed into one matrix [N, dim] through
+forward.run_layers, so each projection is one GEMM over all N rows (B sequences read each weight once, not B
+times: batching's whole gain) and attention one launch a layer, each row reading its sequence's keys through its
+block table. The weights are GPUTransformer's own; the pool a DevicePagedKV (paged_pool.py, 16-bit or int8); the
+metadata a BatchMeta (batch_meta.py). Packing, the scheduler and the sampler stay on the host: one upload of the
+step's int32 metadata, one download of the logits [B, vocab] (a greedy step: B token ids, argmax on the device).
 
 A decode-only step is padded to a bucket of batch sizes (GRAPH_BUCKETS) and replays that bucket's CUDA graph,
-captured on first use over static buffers, its block tables a fixed width; padded rows get slot -1 (the KV write
-kernels skip them). Steps with prompt chunks run eagerly (their shapes vary), as does every step when use_graph is
-off or a capture failed (graph_error says why). `GPUBatching` is how the Engine gets this runner and its pool.
+captured on first use over static buffers; padded rows get slot -1 (the KV write kernels skip them). Steps with
+prompt chunks run eagerly (their shapes vary), as does every step when use_graph is off or a capture failed
+(graph_error says why). `GPUBatching` is how the Engine gets this runner and its pool.
 """
 from __future__ import annotations
 
@@ -44,12 +37,8 @@ class DecodeGraph:
 
 
 class GPUBatchedRunner:
-    """Runs a GPUTransformer's weights over many sequences at once, their KV in a DevicePagedKV.
-    Same contract as batched.BatchedRunner: forward(chunks) -> logits [B, vocab] fp32 on the host.
-
-    A decode-only step (every chunk one token) replays a CUDA graph captured once per bucket of batch sizes
-    (GRAPH_BUCKETS), the batch padded to its bucket; mixed and prefill steps run eagerly. use_graph=False
-    (or a failed capture: graph_error says why) runs every step eagerly."""
+    """A GPUTransformer's weights over many sequences at once, their KV in a DevicePagedKV: batched.BatchedRunner's
+    contract, forward(chunks) -> logits [B, vocab] fp32 on the host."""
 
     def __init__(self, model, pool: DevicePagedKV, ops=None, use_graph: bool | None = None):
         """ops: DeviceOps(model, pool) by default (tests pass one that runs the same steps on NumPy).

@@ -5,7 +5,7 @@
     logits = gpu.prefill(ids, cache)      # float32 numpy [vocab], on the host
     logits = gpu.decode(token, cache)
 
-The decode step (`decode_step`), for each layer, 10 launches, none of them cuBLAS (so it can be captured):
+The decode step, 10 launches a layer, none of them cuBLAS (so it can be captured):
     gemv_rmsnorm  [q_a | kv_a] (or [q | kv_a]) = W_in · rmsnorm(x)        one GEMV for both: same input
     gemv_rmsnorm  q = W_qb · rmsnorm(q_a, q_norm)                         (q_lora models only)
     mla_kv_append c_kv = rmsnorm(kv[:r]) · kv_norm, RoPE(k_rope) -> cache row pos (16-bit)
@@ -15,21 +15,15 @@ The decode step (`decode_step`), for each layer, 10 launches, none of them cuBLA
     gemv          x += W_o · o
     gemv_swiglu   act = silu(gate) · up of rmsnorm(x)
     gemv          x += W_down · act
-then the final norm fused into the LM head GEMV. kernels/mla_decode.cu holds the MLA kernels; the GEMVs are
-gemv.cu's v4 (kernels.Kernels). The token and the position live in a device buffer (`step`), so the graph
-captured once per cache replays for every position (as gpu_model.GPUTransformer does).
-
-Weights: 16-bit on the device (fp16, or bf16 as uint16 bits), HF [out, in] layout; norm gains fp32. All
-activations and accumulations are fp32; the latent cache is 16-bit.
+then the final norm fused into the LM head GEMV: kernels/mla_decode.cu's kernels and gemv.cu's v4, replayed as
+one CUDA graph per cache (graph.GraphDecode, as GPUTransformer). Weights 16-bit, gains, activations and
+accumulations fp32, the latent cache 16-bit.
 
 Prefill: a model made by `from_cpu` runs the prompt through device_model's path (the engine's Transformer on
-CuPy: cuBLAS GEMMs, naive-prefill attention) built over these very device arrays (`prefill_transformer`: views,
-no second copy), writing the same latent cache (`GPUMLACache.append` is MLACache's); a `random` model, or
-`prefill(..., by_step=True)`, runs it one token at a time through the decode graph (exact, but T replays).
-
-Not supported (refused at construction): MoE layers, FlashNorm, int8/int4 weights, and shapes the kernels
-cannot take: kv_lora_rank % 8 or (kv_lora_rank + rope) % 8 != 0, kv_lora_rank > 512, a cache row wider than 640,
-GEMV inputs not a multiple of 8 (e.g. mla_convert's small ranks). Those run on device_model.
+CuPy, cuBLAS GEMMs) built over these very device arrays (`prefill_transformer`: views, no second copy), writing
+the same latent cache; a `random` model, or `prefill(..., by_step=True)`, runs it a token at a time through the
+decode graph. `unsupported` says what this path refuses (MoE, FlashNorm, int8/int4 weights, shapes the kernels
+cannot take: check_shape); llm.gpu_path runs those on device_model.
 """
 from __future__ import annotations
 
@@ -44,6 +38,7 @@ from minillm.model.mla import LATENT_NORM_EPS, mla_rope, softmax_scale
 from minillm.cuda.gpu_kv_cache import device_dtype
 from minillm.cuda.graph import GraphDecode
 from minillm.cuda.kernels import Kernels, module, suffix
+from minillm.cuda.qweights import random_matrices
 from minillm.model.kv_cache import CacheBase
 
 SOURCE = "mla_decode"                      # kernels/mla_decode.cu
@@ -59,56 +54,46 @@ def _cp():
 
 
 # ---- the launchers of kernels/mla_decode.cu --------------------------------------------------------
-class MLAKernels:
-    """Launch helpers for mla_decode.cu, one weight dtype. Functions are fetched at construction, so
-    nothing compiles during a capture. `timer` as Kernels.timer (CUDA events per launch)."""
+class MLAKernels(Kernels):
+    """Kernels, and the launchers of mla_decode.cu (fetched at construction too: nothing compiles in a capture)."""
 
     def __init__(self, dtype: str = "float16"):
-        sfx = suffix(dtype)
-        self.fn = {key: module(SOURCE).get_function(name.format(sfx=sfx)) for key, name in KERNELS.items()}
-        for f in self.fn.values():
+        super().__init__(dtype)
+        for key, name in KERNELS.items():
+            f = self.fn[f"mla_{key}"] = module(SOURCE).get_function(name.format(sfx=suffix(dtype)))
             getattr(f, "attributes", None)          # NVRTC + module load now
-        most = self.fn["attention"].attributes.get("max_threads_per_block", 32 * MLA_HEADS)
+        most = self.fn["mla_attention"].attributes.get("max_threads_per_block", 32 * MLA_HEADS)
         if most < 32 * MLA_HEADS:                   # the compiler took > 128 registers a thread: say so, not a launch error
             raise RuntimeError(f"mla_attention compiled for at most {most} threads a block, needs {32 * MLA_HEADS}")
-        self._nil_f32 = _cp().zeros(8, _cp().float32)
-        self.timer = None
 
-    def _launch(self, key: str, grid, block, args, label: str = "") -> None:
-        launch = lambda: self.fn[key](grid, block, args)
-        if self.timer is None:
-            launch()
-        else:
-            self.timer(f"mla_{key} {label}".strip(), launch)
-
-    def kv_append(self, kv, gain, eps: float, r: int, rope: int, pos, inv_freq, rope_gain: float,
-                  interleave: bool, cache) -> None:
+    def mla_kv_append(self, kv, gain, eps: float, r: int, rope: int, pos, inv_freq, rope_gain: float,
+                      interleave: bool, cache) -> None:
         """kv [r + rope] fp32 -> cache [capacity, r + rope] (one layer) row pos[0]: rmsnorm(kv[:r]) · gain
         (gain None: copied as is) | RoPE(kv[r:])."""
-        self._launch("kv_append", (1,), (256,),
+        self._launch("mla_kv_append", (1,), (256,),
                      (kv, self._nil_f32 if gain is None else gain, np.int32(gain is not None), np.float32(eps),
                       np.int32(r), np.int32(rope), pos, inv_freq, np.float32(rope_gain), np.int32(interleave), cache))
 
-    def q_absorb(self, q, wkv_b, H: int, nope: int, rope: int, v: int, r: int, pos, inv_freq, rope_gain: float,
-                 interleave: bool, q_cat) -> None:
+    def mla_q_absorb(self, q, wkv_b, H: int, nope: int, rope: int, v: int, r: int, pos, inv_freq,
+                     rope_gain: float, interleave: bool, q_cat) -> None:
         """q [H * (nope + rope)] fp32, wkv_b [H * (nope + v), r] -> q_cat [H, r + rope] fp32."""
-        self._launch("q_absorb", (H, -(-r // MLA_ABSORB_COLS)), (256,),
+        self._launch("mla_q_absorb", (H, -(-r // MLA_ABSORB_COLS)), (256,),
                      (q, wkv_b, np.int32(nope), np.int32(rope), np.int32(v), np.int32(r), pos, inv_freq,
                       np.float32(rope_gain), np.int32(interleave), q_cat))
 
-    def attention(self, q_cat, cache, H: int, r: int, pos, scale: float, parts, o_lat) -> None:
+    def mla_attention(self, q_cat, cache, H: int, r: int, pos, scale: float, parts, o_lat) -> None:
         """q_cat [H, W] fp32 against one layer's cache [capacity, W] (positions 0 .. pos[0]) -> o_lat [H, r]
         fp32. parts = (m [H, S], l [H, S], acc [H, S, r]) fp32 scratch; S: the most splits."""
         part_m, part_l, part_acc = parts
         S, W = part_m.shape[1], cache.shape[1]
-        self._launch("attention", (-(-H // MLA_HEADS), S), (32 * MLA_HEADS,),
+        self._launch("mla_attention", (-(-H // MLA_HEADS), S), (32 * MLA_HEADS,),
                      (q_cat, cache, np.int32(H), np.int32(r), np.int32(W), pos, np.float32(scale),
                       part_m, part_l, part_acc))
-        self._launch("combine", (H,), (128,), (part_m, part_l, part_acc, np.int32(r), np.int32(S), pos, o_lat))
+        self._launch("mla_combine", (H,), (128,), (part_m, part_l, part_acc, np.int32(r), np.int32(S), pos, o_lat))
 
-    def v_up(self, o_lat, wkv_b, H: int, nope: int, v: int, r: int, o) -> None:
+    def mla_v_up(self, o_lat, wkv_b, H: int, nope: int, v: int, r: int, o) -> None:
         """o_lat [H, r] fp32 -> o [H * v] fp32, o[h * v + e] = W_UV_h[e] · o_lat[h]."""
-        self._launch("v_up", (-(-H * v // 8),), (256,),
+        self._launch("mla_v_up", (-(-H * v // 8),), (256,),
                      (o_lat, wkv_b, np.int32(H), np.int32(nope), np.int32(v), np.int32(r), o))
 
 
@@ -131,8 +116,7 @@ def check_shape(c: ModelConfig) -> None:
 
 
 def unsupported(model) -> str | None:
-    """Why the fast path cannot run this CPU Transformer (one line), or None: llm.gpu_path then falls back
-    to device_model. Needs no GPU."""
+    """Why the fast path cannot run this CPU Transformer (one line), or None. Needs no GPU."""
     from minillm.model.quant import QuantizedWeight
     try:
         check_shape(model.config)
@@ -181,14 +165,8 @@ class MLALayer:
 def host_layer(L, dtype: str) -> MLALayer:
     """One CPU LayerWeights (an MLA, dense-MLP layer) as MLALayer of host arrays: matrices in `dtype`'s
     16-bit storage (stacked where one GEMV serves two), gains fp32. Shared by from_cpu and dev/mla.py's
-    NumPy reference."""
-    from minillm.model.quant import QuantizedWeight
+    NumPy reference (`unsupported` says which layers it takes)."""
     m = L.mla
-    mats = [m.wq, m.wq_a, m.wq_b, m.wkv_a, m.wkv_b, m.wo, L.w_gate, L.w_up, L.w_down]
-    if any(isinstance(w, QuantizedWeight) for w in mats):
-        raise ValueError("the MLA fast path takes 16-bit weights, not int8/int4: load without quant")
-    if L.moe is not None:
-        raise ValueError("the MLA fast path runs dense-MLP layers only (MoE: use device_model)")
     w16 = lambda a: to_dtype(np.asarray(a), dtype)
     f32 = lambda a: None if a is None else to_dtype(np.asarray(a), "float32")
     q_in = m.wq if m.wq is not None else m.wq_a
@@ -206,11 +184,8 @@ class GPUMLACache(CacheBase):
     def __init__(self, config: ModelConfig, capacity: int, dtype: str):
         W = config.kv_lora_rank + config.qk_rope_head_dim
         self.latent = _cp().zeros((config.n_layers, capacity, W), dtype=device_dtype(dtype))
-        self.r = config.kv_lora_rank
-        self.max_seq_len = capacity
-        self.length = 0
-        self.graph = None
-        self.graph_key = None
+        self.r, self.max_seq_len, self.length = config.kv_lora_rank, capacity, 0
+        self.graph = self.graph_key = None      # the decode graph, and the model and settings it was captured with
 
     def append(self, layer: int, c_kv_new, k_rope_new):
         """MLACache.append on the device: [T, r] and [T, rope] fp32 into rows length .. length + T - 1.
@@ -261,22 +236,14 @@ class GPUMLATransformer(GraphDecode):
                  dtype: str = "float16", use_graph: bool = True):
         cp = _cp()
         check_shape(config)
-        self.config, self.layers, self.dtype, self.use_graph = config, layers, dtype, use_graph
-        self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
-        self.k, self.m = Kernels(dtype), MLAKernels(dtype)
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        self._hold(config, layers, embed, final_norm, lm_head, dtype, use_graph, MLAKernels(dtype))
         c = config
         H, nope, rope, v, r = c.n_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
         inv_freq, self.rope_gain = mla_rope(c)
         self.inv_freq = cp.asarray(inv_freq, dtype=cp.float32)                    # [rope / 2]
         self.scale = softmax_scale(c)
-        self.n_sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
-        # Decode-step buffers: allocated once, so a captured graph's pointers stay valid.
-        f32 = cp.float32
+        f32 = cp.float32                  # the decode step's activations (graph._hold has x and the logits)
         self.q_in = c.q_lora_rank or H * (nope + rope)                            # q_a's (or q's) rows of w_in
-        self.step = cp.zeros(2, dtype=cp.int32)                                   # [token, position]
-        self.step_tokens, self.step_pos = self.step[0:1], self.step[1:2]
-        self.x = cp.zeros((1, c.dim), f32)                                        # the residual stream
         self.first = cp.zeros(self.q_in + r + rope, f32)                          # [q_a or q | kv]
         self.q = cp.zeros(H * (nope + rope), f32) if c.q_lora_rank else self.first[:self.q_in]
         self.kv = self.first[self.q_in:]                                          # [r + rope]
@@ -284,8 +251,6 @@ class GPUMLATransformer(GraphDecode):
         self.o_lat = cp.zeros((H, r), f32)
         self.o = cp.zeros(H * v, f32)
         self.act = cp.zeros(c.ffn_dim, f32)
-        self.logits = cp.zeros(c.vocab_size, f32)
-        self._parts: dict[int, tuple] = {}
         self.prefill_model = None      # from_cpu: the engine's Transformer on these arrays (GEMM prefill)
         self.comm = None               # (one GPU: no tensor parallelism)
         cp.cuda.Device().synchronize()
@@ -293,10 +258,9 @@ class GPUMLATransformer(GraphDecode):
     @classmethod
     def from_cpu(cls, model, dtype: str = "float16", **kw) -> "GPUMLATransformer":
         """Copy a CPU Transformer (an MLA model with dense MLPs, 16-bit or fp32 weights) to the device."""
-        cp = _cp()
-        check_shape(model.config)
-        if model.flashnorm:
-            raise ValueError("the MLA fast path does not run FlashNorm models: use device_model")
+        cp, why = _cp(), unsupported(model)
+        if why is not None:
+            raise ValueError(f"{why}: use device_model")
         dev = lambda a: None if a is None else cp.asarray(a)
         layers = []
         for L in model.layers:
@@ -313,16 +277,8 @@ class GPUMLATransformer(GraphDecode):
     def random(cls, config: ModelConfig, dtype: str = "float16", seed: int = 0, **kw) -> "GPUMLATransformer":
         """Random weights of `config`'s shape made on the device (uniform, variance 1/fan_in; gains 1):
         for speed measurements, where the values do not matter (a DeepSeek-V3 shape never touches the host)."""
-        cp = _cp()
+        cp, c, dense = _cp(), config, random_matrices(Kernels(dtype), dtype, seed)
         check_shape(config)
-        kern, c, counter = Kernels(dtype), config, [seed * 1000]
-
-        def dense(rows, cols):
-            w = cp.empty((rows, cols), dtype=device_dtype(dtype))
-            counter[0] += 1
-            kern.fill_uniform(w, counter[0], (3.0 / cols) ** 0.5)
-            return w
-
         H, nope, rope, v, r = c.n_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
         ones = lambda n: cp.ones(n, cp.float32)
         q_in = c.q_lora_rank or H * (nope + rope)
@@ -358,10 +314,8 @@ class GPUMLATransformer(GraphDecode):
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes a decode step reads from weights: every layer matrix and gain, the LM head (one embedding row
-        left out)."""
-        per_layer = sum(a.nbytes for L in self.layers for a in L.matrices() + L.gains())
-        return per_layer + self.lm_head.nbytes + self.final_norm.nbytes
+        """Bytes a decode step reads from weights (one embedding row left out)."""
+        return sum(a.nbytes for a in self.weights_read_per_token())
 
     def new_cache(self, max_seq_len: int | None = None, spare: int = 0) -> GPUMLACache:
         with self.stream:
@@ -417,16 +371,16 @@ class GPUMLATransformer(GraphDecode):
     def attention(self, i: int, L: MLALayer, latent, parts) -> None:
         """Layer i's MLA half: norm, projections, the latent append, absorbed attention, o_proj + residual.
         latent: the layer's cache [capacity, r + rope]."""
-        c, k, m = self.config, self.k, self.m
+        c, k = self.config, self.k
         H, nope, rope, v, r = c.n_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
         pos, x = self.step_pos, self.x[0]
         k.gemv_rmsnorm(L.w_in, x, L.attn_norm, c.norm_eps, self.first, "q_a|kv_a")   # [q_in + r + rope]
         if L.wq_b is not None:
             k.gemv_rmsnorm(L.wq_b, self.first[:self.q_in], L.q_norm, LATENT_NORM_EPS, self.q, "q_b")
-        m.kv_append(self.kv, L.kv_norm, LATENT_NORM_EPS, r, rope, pos, self.inv_freq, self.rope_gain,
-                    c.rope_interleave, latent)
-        m.q_absorb(self.q, L.wkv_b, H, nope, rope, v, r, pos, self.inv_freq, self.rope_gain, c.rope_interleave,
-                   self.q_cat)                                                            # [H, r + rope]
-        m.attention(self.q_cat, latent, H, r, pos, self.scale, parts, self.o_lat)        # [H, r]
-        m.v_up(self.o_lat, L.wkv_b, H, nope, v, r, self.o)                                # [H * v]
+        k.mla_kv_append(self.kv, L.kv_norm, LATENT_NORM_EPS, r, rope, pos, self.inv_freq, self.rope_gain,
+                        c.rope_interleave, latent)
+        k.mla_q_absorb(self.q, L.wkv_b, H, nope, rope, v, r, pos, self.inv_freq, self.rope_gain, c.rope_interleave,
+                       self.q_cat)                                                        # [H, r + rope]
+        k.mla_attention(self.q_cat, latent, H, r, pos, self.scale, parts, self.o_lat)    # [H, r]
+        k.mla_v_up(self.o_lat, L.wkv_b, H, nope, v, r, self.o)                            # [H * v]
         k.gemv(L.wo, self.o, x, True, "o")                                               # x += W_o · o

@@ -5,22 +5,15 @@
     logits = gpu.prefill(ids, cache)      # float32 numpy [vocab], on the host
     logits = gpu.decode(token, cache)     # float32 numpy [vocab]
 
-Weights live on the device in 16 bits (fp16, or bf16 as uint16 bits), in HF's [out, in] layout, with q/k/v
-concatenated into one matrix and gate/up into another; the residual stream, norms, RoPE, softmax and every
-accumulation are fp32; the KV cache is 16-bit, or int8 (`kv_cache="int8"`: a scale per token and KV head, as
-minillm.model.kv_cache.Int8KVCache). int8/int4 layer matrices (`from_cpu` of a model loaded with quant=...) stay
-in minillm.model.quant's layout on the device (qweights.QuantMatrix); the LM head and embedding stay 16-bit.
+Weights: 16-bit (fp16, or bf16 as uint16 bits) in HF's [out, in] layout, q|k|v and gate|up each one matrix, or
+int8/int4 layer matrices in minillm.model.quant's layout (qweights.QuantMatrix). Activations and accumulations
+are fp32; the KV cache is 16-bit or int8 (`kv_cache="int8"`: Int8KVCache's codes and scales).
 
-Prefill (compute-bound): forward.run_layers, the layer loop the batching engine runs too, with ContiguousOps
-(below) for this sequence's cache: cuBLAS GEMMs over the chunk's rows and the tiled prefill attention kernel
-(the decode kernel, a query per token, for head sizes the tiles do not take). A quantized matrix is widened
-into one reused 16-bit scratch right before its GEMM, so the full 16-bit model never exists in memory.
-
-Decode (memory-bound, one token): only our kernels over preallocated buffers, 5 launches a layer: [rmsnorm +
-qkv GEMV + RoPE + KV append], [attention, the split combine fused], [o GEMV + residual], [rmsnorm + gate/up
-GEMV + SwiGLU], [down GEMV + residual]; the step is captured once per cache as a CUDA graph and replayed per
-token (graph.GraphDecode; `use_graph=False` runs the same launches eagerly). Earlier decode steps (~11
-launches a layer) run from minillm/cuda/dev/lab.py, to compare and to teach (lesson 13).
+Prefill (compute-bound) is forward.run_layers, the batching engine's layer loop, over this sequence's cache
+(ContiguousOps): cuBLAS GEMMs, a quantized matrix widened into one reused 16-bit scratch just before its GEMM.
+Decode (memory-bound) is only our kernels, 5 launches a layer: [rmsnorm + qkv GEMV + RoPE + KV append],
+[attention], [o GEMV + residual], [rmsnorm + gate/up GEMV + SwiGLU], [down GEMV + residual], captured once per
+cache as a CUDA graph and replayed per token (graph.GraphDecode). Earlier decode steps: minillm/cuda/dev/lab.py.
 """
 from __future__ import annotations
 
@@ -34,10 +27,10 @@ from minillm.model.config import ModelConfig
 from minillm.model.layers import rope_inv_freq
 from minillm.cuda import cublas_raw
 from minillm.cuda.graph import GraphDecode
-from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUInt8KVCache, GPUKVCache, device_dtype
+from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUKVCache, device_dtype
 from minillm.cuda.forward import LayerOps, StepBuffers, run_layers
 from minillm.cuda.kernels import Kernels, KernelSettings, n_splits_for
-from minillm.cuda.qweights import QuantMatrix, is_quantized
+from minillm.cuda.qweights import QuantMatrix, is_quantized, random_matrices
 
 
 def _cp():
@@ -115,30 +108,18 @@ class GPUTransformer(GraphDecode):
         if config.attention != "gqa":
             raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs on gpu_mla.GPUMLATransformer "
                              "(llm.gpu_path picks)")
-        self.config, self.layers, self.dtype = config, layers, dtype
-        self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
+        self._hold(config, layers, embed, final_norm, lm_head, dtype, use_graph, Kernels(dtype, settings))
         quantized = [w for L in layers for w in L.matrices() if is_quantized(w)]
         self.quant = quantized[0].method if quantized else None     # "int8", "int4" or None (16-bit)
-        self.use_graph = use_graph
-        self.k = Kernels(dtype, settings)
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        c, hd = config, config.head_dim
-        self.q_width = c.n_heads * hd
-        self.qkv_width = (c.n_heads + 2 * c.n_kv_heads) * hd
+        c, hd, f32 = config, config.head_dim, cp.float32
+        self.q_width, self.qkv_width = c.n_heads * hd, (c.n_heads + 2 * c.n_kv_heads) * hd
         self.inv_freq = cp.asarray(rope_inv_freq(hd, c.rope_theta, c.rope_scaling))
-        self.n_sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
-        # Decode-step buffers: allocated once, so a captured graph's pointers stay valid.
-        f32 = cp.float32
-        self.step = cp.zeros(2, dtype=cp.int32)          # [token, position] read by the kernels
-        self.step_tokens, self.step_pos = self.step[0:1], self.step[1:2]
-        self.x = cp.zeros((1, c.dim), f32)                 # the residual stream
+        # the decode step's activations (graph._hold has x and the logits)
         self.h = cp.zeros((1, c.dim), f32)                 # normalized
         self.qkv = cp.zeros((1, self.qkv_width), f32)
         self.attn = cp.zeros((1, self.q_width), f32)
         self.gu = cp.zeros((1, 2 * c.ffn_dim), f32)
         self.act = cp.zeros((1, c.ffn_dim), f32)
-        self.logits = cp.zeros((c.vocab_size,), f32)
-        self._parts: dict[int, tuple] = {}                 # n_splits -> decode scratch
         self._alpha = np.ones(1, np.float32)
         self._beta0 = np.zeros(1, np.float32)
         self._beta1 = np.ones(1, np.float32)
@@ -155,11 +136,7 @@ class GPUTransformer(GraphDecode):
     def from_cpu(cls, model, dtype: str = "float16", **kw) -> "GPUTransformer":
         """Copy a CPU `minillm.model.transformer.Transformer`'s weights to the device: 16-bit matrices as fp16 or bf16,
         int8/int4 ones (minillm.model.quant) as they are stored; norms fp32; embedding and LM head in `dtype`."""
-        cp = _cp()
-        cfg = model.config
-        if cfg.attention != "gqa":
-            raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs on gpu_mla.GPUMLATransformer "
-                             "(llm.gpu_path picks)")
+        cp, cfg = _cp(), model.config
         dev = lambda a: cp.asarray(to_dtype(np.asarray(a), dtype))
         f32 = lambda a: cp.asarray(to_dtype(np.asarray(a), "float32"))
 
@@ -172,13 +149,8 @@ class GPUTransformer(GraphDecode):
                 raise ValueError("a layer mixes quantized and 16-bit matrices; the GPU path needs one or the other")
             return dev(np.concatenate(parts) if len(parts) > 1 else parts[0])
 
-        layers = [GPULayer(attn_norm=f32(L.attn_norm),
-                           wqkv=stacked(L.wq, L.wk, L.wv),
-                           wo=stacked(L.wo),
-                           mlp_norm=f32(L.mlp_norm),
-                           w_gate_up=stacked(L.w_gate, L.w_up),
-                           w_down=stacked(L.w_down))
-                  for L in model.layers]
+        layers = [GPULayer(f32(L.attn_norm), stacked(L.wq, L.wk, L.wv), stacked(L.wo), f32(L.mlp_norm),
+                           stacked(L.w_gate, L.w_up), stacked(L.w_down)) for L in model.layers]
         embed = dev(model.embed)
         lm_head = embed if model.lm_head is model.embed else dev(model.lm_head)
         return cls(cfg, layers, embed, f32(model.final_norm), lm_head, dtype=dtype, **kw)
@@ -188,37 +160,20 @@ class GPUTransformer(GraphDecode):
                group_size: int = 128, **kw) -> "GPUTransformer":
         """Random weights of `config`'s shape, made on the device (uniform, variance 1/fan_in; with `quant`,
         random int8/int4 codes of that spread): for speed measurements, where the values do not matter."""
-        cp = _cp()
-        kern = Kernels(dtype)
-        c, hd = config, config.head_dim
-        counter = [seed * 1000]
-
-        def dense(rows, cols):
-            w = cp.empty((rows, cols), dtype=device_dtype(dtype))
-            counter[0] += 1
-            kern.fill_uniform(w, counter[0], (3.0 / cols) ** 0.5)
-            return w
-
-        def mat(rows, cols):                 # a layer matrix: quantized when asked
-            if quant is None:
-                return dense(rows, cols)
-            counter[0] += 1
-            return QuantMatrix.random(quant, rows, cols, kern, group_size, counter[0])
-
+        cp, c, hd = _cp(), config, config.head_dim
+        mat = random_matrices(Kernels(dtype), dtype, seed, quant, group_size)
         ones = lambda: cp.ones(c.dim, cp.float32)
         layers = [GPULayer(ones(), mat((c.n_heads + 2 * c.n_kv_heads) * hd, c.dim), mat(c.dim, c.n_heads * hd),
                            ones(), mat(2 * c.ffn_dim, c.dim), mat(c.dim, c.ffn_dim))
                   for _ in range(c.n_layers)]
-        embed = dense(c.vocab_size, c.dim)
-        lm_head = embed if c.tie_embeddings else dense(c.vocab_size, c.dim)
+        embed = mat(c.vocab_size, c.dim, quantize=False)
+        lm_head = embed if c.tie_embeddings else mat(c.vocab_size, c.dim, quantize=False)
         cp.cuda.Device().synchronize()
         return cls(config, layers, embed, ones(), lm_head, dtype=dtype, **kw)
 
     def quantized(self, method: str = "int4", group_size: int = 128) -> "GPUTransformer":
-        """The same model with its layer matrices quantized on the host by minillm.model.quant (int4:
-        min-max groups, quick to build; int8: a scale per row), sharing this model's embedding, norms and
-        LM head on the device: speculative decoding's int4 self-draft. Stacked q|k|v and gate|up quantize
-        as their parts would, since a group never crosses a row."""
+        """The layer matrices quantized on the host by minillm.model.quant, the rest shared: speculative decoding's
+        int4 self-draft. (Stacked q|k|v and gate|up quantize as their parts would: a group never crosses a row.)"""
         from minillm.model.quant import quantize_int4, quantize_int8
         if self.quant:
             raise ValueError(f"the model is already {self.quant}: it is its own cheap draft only in 16 bits")
@@ -237,9 +192,8 @@ class GPUTransformer(GraphDecode):
                               settings=self.settings)
 
     def with_options(self, **options) -> "GPUTransformer":
-        """The same weights run another way: a copy with kv_cache and/or prefill_chunk changed (as
-        Transformer.with_options) or use_graph (False: the same launches one by one).
-        It shares the device buffers: run one of the two at a time."""
+        """A copy with kv_cache, prefill_chunk (as Transformer.with_options) or use_graph (False: the same launches
+        one by one) changed, sharing the weights and buffers: run one of the two at a time."""
         cache = {"kv_cache": self.kv_cache, "prefill_chunk": self.prefill_chunk}
         unknown = set(options) - set(cache) - {"use_graph"}
         if unknown:
@@ -251,8 +205,7 @@ class GPUTransformer(GraphDecode):
         return other
 
     def with_settings(self, **changes) -> "GPUTransformer":
-        """A copy whose kernels launch with some KernelSettings changed (a benchmark's variant); it shares the
-        weights and device buffers: run one of the two at a time."""
+        """A copy launching with some KernelSettings changed (a benchmark's variant), sharing weights and buffers."""
         other = copy.copy(self)
         other.k = self.k.with_settings(**changes)
         return other
@@ -263,20 +216,16 @@ class GPUTransformer(GraphDecode):
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights a decode step reads (every matrix once, quantized ones as stored: codes, scales,
-        mins; the embedding only one row)."""
+        """Bytes of weights a decode step reads (quantized matrices as stored; the embedding only one row)."""
         per_layer = sum(w.nbytes for L in self.layers for w in L.matrices() + [L.attn_norm, L.mlp_norm])
         return per_layer + self.lm_head.nbytes + self.final_norm.nbytes
 
-    def new_cache(self, max_seq_len: int | None = None, spare: int = 0) -> GPUKVCache | GPUInt8KVCache:
-        """A KV cache for up to `max_seq_len` positions (default: the model's context), 16-bit or int8.
-        spare (speculative decoding's roll-back room) needs no slots here: the cache is contiguous, and a
-        sliding window is a key range, so a rolled-back position is simply written again."""
+    def new_cache(self, max_seq_len: int | None = None, spare: int = 0) -> GPUKVCache:
+        """A KV cache for up to `max_seq_len` positions (default: the model's context). `spare` (speculative
+        decoding's roll-back room) needs no slots: the cache is contiguous, a rolled-back position is rewritten."""
         capacity = max_seq_len or self.config.max_seq_len
         with self.stream:        # zero-filled on our stream, so no later kernel can overtake the fill
-            if self.kv_cache == "int8":
-                return GPUInt8KVCache(self.config, capacity)
-            return GPUKVCache(self.config, capacity, self.dtype)
+            return GPUKVCache(self.config, capacity, "int8" if self.kv_cache == "int8" else self.dtype)
 
     # ---- the two phases --------------------------------------------------------------------------
     def prefill(self, tokens, cache: GPUKVCache, all_logits: bool = False, n_layers: int | None = None) -> np.ndarray:
@@ -303,17 +252,12 @@ class GPUTransformer(GraphDecode):
 
     # ---- decode: one token, our kernels only ---------------------------------------------------
     def decode_step(self, cache: GPUKVCache, n_layers: int | None = None) -> None:
-        """Enqueue one decode step on the current stream: token and position from `self.step`,
-        logits into `self.logits`. No allocation, no host sync, no cuBLAS: capturable.
-        n_layers: only the first n_layers layers run (early exit), then the final norm and head."""
-        c, k = self.config, self.k
-        layers = self.layers[:n_layers]
-        hd, x = c.head_dim, self.x[0]
+        """Enqueue one decode step: token and position from `self.step`, logits into `self.logits`; no allocation,
+        host sync or cuBLAS, so it can be captured. n_layers: the first n_layers layers only (early exit)."""
+        c, k, hd, x = self.config, self.k, self.config.head_dim, self.x[0]
         parts = self._decode_parts(cache)
         k.embed(self.step_tokens, self.embed, self.x)                                  # [1, dim]
-        # 5 launches a layer: norm+qkv+rope+kv_append | attention (+combine) | o (+residual) |
-        # norm+gate_up+swiglu | down (+residual)
-        for i, L in enumerate(layers):
+        for i, L in enumerate(self.layers[:n_layers]):
             into = (None, None) if self.kv_cache == "int8" else (cache.k[i], cache.v[i])   # int8: next line
             k.gemv_qkv(L.wqkv, x, L.attn_norm, c.norm_eps, self.qkv[0], self.step_pos, self.inv_freq,
                        *into, c.n_heads, c.n_kv_heads, hd, "qkv")
@@ -330,8 +274,7 @@ class GPUTransformer(GraphDecode):
         self.k.gemv_rmsnorm(self.lm_head, self.x[0], self.final_norm, self.config.norm_eps, self.logits, "lm_head")
 
     def _append_kv(self, i: int, cache, qkv, T: int) -> None:
-        """Layer i's keys and values of the T qkv rows [T, width] into the cache at step_pos: a copy into
-        the 16-bit cache, or quantized into the int8 one."""
+        """Layer i's keys and values of the T qkv rows [T, width] into the cache at step_pos (int8: quantized)."""
         c = self.config
         if self.kv_cache == "int8":
             self.k.kv_append_int8(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i],
@@ -340,19 +283,23 @@ class GPUTransformer(GraphDecode):
             self.k.kv_append(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i], self.step_pos)
 
     def _attend(self, i: int, cache, qkv, T: int, parts, out) -> None:
-        """The decode attention kernel for T queries of qkv against layer i's cache -> out [T, n_heads * hd]."""
+        """The decode attention kernel: T queries of qkv against layer i's cache -> out [T, n_heads * hd]."""
         c = self.config
         scales = (cache.k_scale[i], cache.v_scale[i]) if self.kv_cache == "int8" else None
         self.k.attention(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i], self.step_pos,
                          c.sliding_window, parts, out, scales=scales)
 
-    def _decode_parts(self, cache: GPUKVCache):
-        cp = _cp()
-        s = n_splits_for(self.config.n_heads, cache.max_seq_len, self.n_sms)
-        if s not in self._parts:
-            H, hd = self.config.n_heads, self.config.head_dim
-            self._parts[s] = (cp.zeros((1, H, s), cp.float32), cp.zeros((1, H, s), cp.float32),
-                              cp.zeros((1, H, s, hd), cp.float32), cp.zeros((1, H), cp.uint32))
+    def _decode_parts(self, cache: GPUKVCache, T: int = 1, most_splits: int | None = None):
+        """Attention's scratch for T queries (Kernels.attention's parts): kept for the decode step (T = 1), a new
+        one otherwise. most_splits: default the decode step's, for this cache's capacity (n_splits_for)."""
+        cp, H, hd = _cp(), self.config.n_heads, self.config.head_dim
+        s = most_splits or n_splits_for(H, cache.max_seq_len, self.n_sms)
+        if T > 1 or s not in self._parts:
+            parts = (cp.zeros((T, H, s), cp.float32), cp.zeros((T, H, s), cp.float32),
+                     cp.zeros((T, H, s, hd), cp.float32), cp.zeros((T, H), cp.uint32))
+            if T > 1:
+                return parts
+            self._parts[s] = parts
         return self._parts[s]
 
     # ---- prefill: forward.run_layers over the chunk's rows -------------------------------------------------
@@ -375,27 +322,33 @@ class GPUTransformer(GraphDecode):
                            tokens=cp.empty(T, cp.int32))
 
     def _prefill_layers(self, ops: "ContiguousOps", b: StepBuffers, layers: list[GPULayer]):
-        """Enqueue the forward of the T tokens in b.tokens at the position in self.step through `layers`: only
-        launches (no allocation, no host copy), so it can be captured. -> b.x [T, dim] fp32"""
+        """Enqueue the forward of b.tokens at the position in self.step: launches only (capturable). -> b.x [T, dim]"""
         return run_layers(ops, layers, None, ops.embed(b.tokens, out=b.x), b)
 
     # ---- a few rows at once: speculative decoding's verify pass, one CUDA graph ------------------
     def _rows_graphable(self, T: int) -> bool:
-        """Can a T-row forward with every row's logits replay as a graph? Short ones (a verify pass), with
-        the tiled prefill kernel, over a 16-bit cache (the int8 one widens `length + T` positions, a count
-        a graph would freeze), unless graphs are off or capturing failed once (the reason kept)."""
+        """Can a T-row forward with every row's logits replay as a graph? A short one (a verify pass) over a 16-bit
+        cache (the int8 one widens `length + T` positions, which a graph would freeze), unless a capture failed."""
         return (self.use_graph and T <= ROWS_GRAPH_MAX and self.kv_cache != "int8" and self.rows_graph_error is None
                 and self.k.prefill_attention_supported(self.config.head_dim))
 
     def _rows_by_graph(self, tokens: np.ndarray, cache) -> np.ndarray:
-        """Logits [T, vocab] of T new positions, by replaying the T-row forward captured for this cache;
-        falls back to the eager path (and remembers why) if the capture fails."""
-        T = len(tokens)
+        """Logits [T, vocab] of T new positions by replaying the T-row forward + LM head captured for this cache
+        (on first use); eager, remembering why in rows_graph_error, if capturing fails."""
+        T, key = len(tokens), (self, self.k.settings)
+        if cache.rows_key != key:                        # captured by another model or with other settings
+            cache.rows_graphs.clear()
+            cache.rows_key = key
         with self.stream:
-            entry = self._rows_graph_for(cache, T)
-            if entry is None:
-                return self.prefill(tokens, cache, all_logits=True)       # rows_graph_error is set now
-            graph, b, logits = entry
+            if T not in cache.rows_graphs:
+                b, ops = self._prefill_buffers(T), ContiguousOps(self, cache)
+                logits = _cp().empty((T, self.config.vocab_size), _cp().float32)
+                graph, _, self.rows_graph_error = self.capture_with_cublas(     # b.h is free once the layers ran
+                    lambda: ops.logits(self._prefill_layers(ops, b, self.layers), out=logits, norm_out=b.h))
+                if graph is None:
+                    return self.prefill(tokens, cache, all_logits=True)
+                cache.rows_graphs[T] = (graph, b, logits)
+            graph, b, logits = cache.rows_graphs[T]
             b.tokens.set(tokens)
             self.step.set(np.array([0, cache.length], dtype=np.int32))
             graph.launch(self.stream)
@@ -404,30 +357,10 @@ class GPUTransformer(GraphDecode):
         cache.advance(T)
         return out
 
-    def _rows_graph_for(self, cache, T: int):
-        """(graph, buffers, logits) of a T-row forward + LM head over this cache, captured on first use,
-        cuBLAS's GEMMs with our kernels (through cublas_raw: CuPy's binding refuses cuBLAS under capture)."""
-        key = (self, self.k.settings)
-        graphs = cache.rows_graphs
-        if cache.rows_key != key:
-            graphs.clear()
-            cache.rows_key = key
-        if T not in graphs:
-            b, ops = self._prefill_buffers(T), ContiguousOps(self, cache)
-            logits = _cp().empty((T, self.config.vocab_size), _cp().float32)
-            graph, _, error = self.capture_with_cublas(               # b.h is free once the layers ran
-                lambda: ops.logits(self._prefill_layers(ops, b, self.layers), out=logits, norm_out=b.h))
-            if error is not None:
-                self.rows_graph_error = error
-                return None
-            graphs[T] = (graph, b, logits)
-        return graphs[T]
-
     def capture_with_cublas(self, step):
-        """step()'s launches captured as a CUDA graph on this model's stream, cuBLAS's GEMMs among them (through
-        cublas_raw while `_capturing`: CuPy's binding refuses cuBLAS under capture). The verify pass's graph
-        (above) and the batching engine's decode graphs (forward.DeviceOps.capture) are made here.
-        -> (graph, step()'s result, None), or (None, None, why capturing failed)."""
+        """step()'s launches, cuBLAS's GEMMs among them (through cublas_raw while `_capturing`: CuPy's binding refuses
+        cuBLAS under capture), as a CUDA graph on this model's stream: the verify pass's and the batching engine's
+        decode graphs. -> (graph, step()'s result, None), or (None, None, why capturing failed)."""
         try:
             cublas_raw.prepare(_cp().cuda.device.get_cublas_handle())   # its own workspace, set before capturing
         except (OSError, RuntimeError, AttributeError) as e:
@@ -448,8 +381,8 @@ class GPUTransformer(GraphDecode):
         return (None, None, error) if error is not None else (graph, result, None)
 
     def _prefill_kv(self, i: int, cache, T: int):
-        """Layer i's keys and values in 16 bits for the tiled prefill kernel: the cache's own arrays, or
-        (int8 cache) its first length + T positions widened into a scratch reused by every layer."""
+        """Layer i's keys and values in 16 bits for the tiled prefill kernel: the cache's arrays, or (int8) its first
+        length + T positions widened into a scratch every layer reuses."""
         if self.kv_cache != "int8":
             return cache.k[i], cache.v[i]
         cp = _cp()
@@ -498,7 +431,7 @@ class GPUTransformer(GraphDecode):
 
 
 class ContiguousOps(LayerOps):
-    """forward.run_layers' ops for one sequence's rows over its contiguous cache (GPUKVCache or GPUInt8KVCache), at
+    """forward.run_layers' ops for one sequence's rows over its contiguous cache (GPUKVCache), at
     the position in model.step: RoPE, the KV append and the tiled prefill attention of kernels.py."""
 
     def __init__(self, model: GPUTransformer, cache):
@@ -521,10 +454,7 @@ class ContiguousOps(LayerOps):
             m.k.prefill_attention(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, keys, values, m.step_pos,
                                   c.sliding_window, out)
         else:              # head sizes the tiles do not take: the decode kernel, a query per token (never captured)
-            s = max(1, min(16, (4 * m.n_sms) // (c.n_heads * T)))                  # splits only when T is small
-            parts = (self.xp.empty((T, c.n_heads, s), self.xp.float32), self.xp.empty((T, c.n_heads, s), self.xp.float32),
-                     self.xp.empty((T, c.n_heads, s, c.head_dim), self.xp.float32),
-                     self.xp.zeros((T, c.n_heads), self.xp.uint32))
-            m._attend(layer, self.cache, qkv, T, parts, out)
+            splits = max(1, min(16, (4 * m.n_sms) // (c.n_heads * T)))              # splits only when T is small
+            m._attend(layer, self.cache, qkv, T, m._decode_parts(self.cache, T, splits), out)
         return out
 

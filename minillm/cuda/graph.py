@@ -22,8 +22,22 @@ def capture(stream, fn):
 class GraphDecode:
     """The decode shell GPUTransformer and GPUMLATransformer share: the token and position into the device
     buffer `step`, then the model's decode step replayed as a CUDA graph (or launched eagerly, use_graph=False),
-    the logits copied back. The model provides stream, step, logits, use_graph, k (its Kernels),
-    decode_step(cache, n_layers) and _decode_parts(cache) (its scratch, allocated before a capture)."""
+    the logits copied back. The model provides decode_step(cache, n_layers) and _decode_parts(cache) (its
+    scratch, allocated before a capture)."""
+
+    def _hold(self, config, layers, embed, final_norm, lm_head, dtype: str, use_graph: bool, kernels) -> None:
+        """What both models hold: the weights, their Kernels and stream, and the buffers every decode step uses,
+        allocated once so a captured graph's pointers stay valid: step [token, position] int32 (read by the
+        kernels), the residual stream x [1, dim] and the logits [vocab] fp32."""
+        import cupy as cp
+        self.config, self.layers, self.dtype, self.use_graph = config, layers, dtype, use_graph
+        self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
+        self.k, self.n_sms, self.stream = kernels, kernels.n_sms, cp.cuda.Stream(non_blocking=True)
+        self.step = cp.zeros(2, dtype=cp.int32)
+        self.step_tokens, self.step_pos = self.step[0:1], self.step[1:2]
+        self.x = cp.zeros((1, config.dim), cp.float32)
+        self.logits = cp.zeros(config.vocab_size, cp.float32)
+        self._parts: dict[int, tuple] = {}               # flash-decoding splits -> the decode step's scratch
 
     def decode(self, token: int, cache, n_layers: int | None = None):
         """Run one new position against the cache.  -> logits [vocab] (host fp32)

@@ -1,22 +1,15 @@
 """Load `kernels/*.cu` as CuPy RawModules and launch them with documented shapes.
 
-The GEMV launchers take a 16-bit matrix (a CuPy array) or a quantized one (`qweights.QuantMatrix`,
-int8/int4): the same call picks gemv.cu v4 or gemv_quant.cu, with the same fused prologue/epilogues.
+Every kernel takes 16-bit weights as raw bits (`cupy.float16`, or `cupy.uint16` holding bf16, as the CPU side's
+`np.uint16`), fp32 activations, and reads positions and token ids from device buffers, so a captured CUDA graph
+sees new values on each replay. Scalars are passed as `np.int32` / `np.float32` (CuPy would guess a C type from a
+Python int). Launches go on CuPy's current stream; `Kernels.timer`, when set, wraps each (per-kernel CUDA events).
 
-Every kernel takes 16-bit weights as raw bits (`cupy.float16`, or `cupy.uint16` holding bf16: the same
-convention as the CPU side's `np.uint16`), fp32 activations, and reads positions and token ids from
-device buffers so that a captured CUDA graph sees new values on each replay. Scalars are passed as
-explicit `np.int32` / `np.float32` (CuPy would otherwise guess a C type from a Python int).
-
-All launches go on CuPy's current stream. `Kernels.timer`, when set, wraps each launch (per-kernel
-CUDA-event timings for the selfcheck).
-
-Each operation has one kernel, the fastest measured (lessons/BENCHMARKS.md), and a named fallback only where
-that one cannot take the shape: decode attention v2 (`attention_fused`) where head_dim % 8 or the query heads
-are not whole groups, 8 int8 codes a lane where head_dim % 16, the fp32 prefill tiles where head_dim is not
-64 or 128. Earlier versions and the experiments that lost live in minillm/cuda/dev (its lab.py launches them).
-The few launch tunings left are one frozen `KernelSettings`, passed to `Kernels(dtype, settings)`; a benchmark
-takes a variant with `k.with_settings(field=value)`.
+One kernel an operation, the fastest measured (lessons/BENCHMARKS.md), and a named fallback only for the shapes it
+cannot take: decode attention v2 (`attention_fused`) where head_dim % 8 or the query heads are not whole groups,
+8 int8 codes a lane where head_dim % 16, the fp32 prefill tiles where head_dim is not 64 or 128. A GEMV launcher
+takes a 16-bit matrix (gemv.cu v4) or a `qweights.QuantMatrix` (gemv_quant.cu), with the same fused prologue and
+epilogues. Earlier versions and the experiments that lost live in minillm/cuda/dev (its lab.py launches them).
 """
 from __future__ import annotations
 
@@ -36,7 +29,7 @@ from minillm.resources import data_dir
 KERNEL_DIR = data_dir("kernels")          # the checkout's kernels/, or an installed wheel's copy
 SOURCES = ["rmsnorm", "rope", "swiglu", "kv_append", "kv_int8", "decode_attention", "prefill_attention",
            "prefill_attention_mma", "gemv", "embed", "gemv_quant",
-           "paged_attention", "sampling"]   # these two: loaded by gpu_batched.py (the batching engine)
+           "paged_attention", "sampling"]   # these two: loaded by forward.DeviceOps (the batching engine)
 ATTN_WARPS, MAX_HD = 4, 256            # as #defined in decode_attention.cu
 GQA_THREADS, GQA_MAX_SPLITS = 256, 64  # decode_attention.cu v3 (attention_gqa*): block size, most splits
 V4_WARPS = 4                           # as #defined in gemv.cu (row pairs per block)
@@ -48,6 +41,7 @@ QWARPS = 8                             # as #defined in gemv_quant.cu (row pairs
 QUANT_CHUNK = {"int8": 16, "int4": 32} # weights per 16-byte load = values of x staged per chunk (gemv_quant.cu)
 QUANT_BLOCKS_PER_SM = 2                # gemv_quant.cu grid: ~this many blocks per SM, looping over row pairs
 QKV_BLOCKS_PER_SM = 3                  # as #defined there (Q_QKV_MIN_BLOCKS): the grid of its int8 q|k|v _3b kernels
+GEMV_VARIANTS = ("", "rmsnorm_", "swiglu_", "rmsnorm_swiglu_", "qkv_", "rmsnorm_qkv_")   # fused prologue/epilogue
 # The kernels that wait for the kernel ahead before reading their inputs (pdl_wait in kernels/common.cuh), and so
 # may be launched with programmatic dependent launch (settings.pdl): the decode step's embed, GEMVs (16-bit v4
 # and every gemv_quant.cu GEMV) and attention v3. Any other kernel launched so would race.
@@ -56,12 +50,36 @@ PDL_ARCH = 90          # compute capability 9.0 (Hopper) and up launch with PDL;
 MIN_ARCH = 80          # below it (no bf16 mma.sync) Kernels refuses in one line
 
 
+def kernel_table(sfx: str) -> dict[str, tuple[str, str]]:
+    """What Kernels loads for weights of suffix sfx ("f16", "bf16"): {key: (source in kernels/, kernel name)}."""
+    table = {"rmsnorm": ("rmsnorm", "rmsnorm_f32"), "rmsnorm_narrow": ("rmsnorm", f"rmsnorm_to_{sfx}"),
+             "rope": ("rope", "rope_qk"), "swiglu": ("swiglu", "swiglu_f32"),
+             "swiglu_narrow": ("swiglu", f"swiglu_to_{sfx}"), "kv_append": ("kv_append", f"kv_append_{sfx}"),
+             "kv_append_int8": ("kv_int8", "kv_append_int8"), "kv_dequant": ("kv_int8", f"kv_dequant_{sfx}"),
+             "attention_fused": ("decode_attention", f"attention_fused_{sfx}"),
+             "embed": ("embed", f"embed_{sfx}"), "cast": ("embed", f"cast_to_{sfx}"),
+             "fill_uniform": ("embed", f"fill_uniform_{sfx}"), "fill_random_words": ("gemv_quant", "fill_random_words")}
+    for gm in (1, 2, 4):           # attention v3, gm query heads a block: the 16-bit cache, int8 codes 8 or 16 a lane
+        table[f"attention_gqa{gm}"] = ("decode_attention", f"attention_gqa{gm}_{sfx}")
+        for codes in ("_int8", "_int8x16"):
+            table[f"attention_gqa{gm}{codes}"] = ("decode_attention", f"attention_gqa{gm}{codes}")
+    for hd in PF_HDS:
+        table[f"prefill_attention_hd{hd}"] = ("prefill_attention", f"prefill_attention_hd{hd}_{sfx}")
+    for hd in MM_HDS:
+        table[f"prefill_attention_mma_hd{hd}"] = ("prefill_attention_mma", f"prefill_attention_mma_hd{hd}_{sfx}")
+    for v in GEMV_VARIANTS:        # gemv.cu's v4 and gemv_quant.cu's twins (int8's q|k|v: its own 3-block build)
+        for kind, source in (("v4", "gemv"), ("int8", "gemv_quant"), ("int4", "gemv_quant")):
+            name = f"gemv_{v}{kind}" + ("_3b" if kind == "int8" and "qkv" in v else "")
+            table[name] = (source, f"{name}_{sfx}")
+    for method in ("int8", "int4"):
+        table[f"dequant_{method}"] = ("gemv_quant", f"dequant_{method}_{sfx}")
+    return table
+
+
 def kernel_source(name: str, folder: Path = KERNEL_DIR) -> str:
     """The text of FOLDER/NAME.cu with every `#include "X.cuh"` (or "X.cu") pasted in, each once; an included
     file is looked for in `folder`, then in kernels/ (so minillm/cuda/dev's kernels build on the shipped ones).
-
-    Pasting (rather than -I) keeps NVRTC free of include paths and makes CuPy's compile cache,
-    keyed by the source text, notice a change to a header."""
+    Pasting (not -I) keeps NVRTC free of include paths, and CuPy's compile cache (keyed by the text) sees headers."""
     return _paste_includes((folder / f"{name}.cu").read_text(), set(), folder)
 
 
@@ -118,11 +136,9 @@ class KernelSettings:
 
 
 class Kernels:
-    """Launch helpers for one weight dtype ("float16" or "bfloat16"). Every function is fetched at
-    construction, so nothing compiles or loads while a CUDA graph is being captured.
-
-    `settings` (KernelSettings) are read at each launch; a captured graph keeps the values it was captured
-    with, so the graph's owner keys it by them (graph.GraphDecode._graph_for)."""
+    """Launch helpers for one weight dtype ("float16" or "bfloat16"). Every function is fetched at construction
+    (kernel_table), so nothing compiles while a CUDA graph is captured. `settings` are read at each launch: a
+    graph keeps the values it was captured with, so its owner keys it by them (graph.GraphDecode)."""
 
     def __init__(self, dtype: str = "float16", settings: KernelSettings = KernelSettings()):
         import cupy as cp
@@ -131,97 +147,33 @@ class Kernels:
         if self.arch < MIN_ARCH:                              # the tensor-core prefill's mma.sync, bf16 math
             raise MiniLLMError(f"minillm's GPU kernels need compute capability 8.0 or newer (sm_80, an A100); "
                                f"this GPU is sm_{self.arch}: run it with --device cpu")
-        self.dtype, self.settings = dtype, settings
-        sfx = suffix(dtype)
-        get = lambda mod, fn: module(mod).get_function(fn)
-        self.fn = {
-            "rmsnorm": get("rmsnorm", "rmsnorm_f32"),
-            "rmsnorm_narrow": get("rmsnorm", f"rmsnorm_to_{sfx}"),
-            "rope": get("rope", "rope_qk"),
-            "swiglu": get("swiglu", "swiglu_f32"),
-            "swiglu_narrow": get("swiglu", f"swiglu_to_{sfx}"),
-            "kv_append": get("kv_append", f"kv_append_{sfx}"),
-            "attention_split": get("decode_attention", f"attention_split_{sfx}"),
-            "attention_combine": get("decode_attention", "attention_combine"),
-            "gemv_v4": get("gemv", f"gemv_v4_{sfx}"),
-            "gemv_rmsnorm_v4": get("gemv", f"gemv_rmsnorm_v4_{sfx}"),
-            "gemv_swiglu_v4": get("gemv", f"gemv_swiglu_v4_{sfx}"),
-            "gemv_rmsnorm_swiglu_v4": get("gemv", f"gemv_rmsnorm_swiglu_v4_{sfx}"),
-            "gemv_qkv_v4": get("gemv", f"gemv_qkv_v4_{sfx}"),
-            "gemv_rmsnorm_qkv_v4": get("gemv", f"gemv_rmsnorm_qkv_v4_{sfx}"),
-            "attention_fused": get("decode_attention", f"attention_fused_{sfx}"),
-            "attention_gqa1": get("decode_attention", f"attention_gqa1_{sfx}"),
-            "attention_gqa2": get("decode_attention", f"attention_gqa2_{sfx}"),
-            "attention_gqa4": get("decode_attention", f"attention_gqa4_{sfx}"),
-            "attention_gqa1_int8": get("decode_attention", "attention_gqa1_int8"),   # over an int8 KV cache
-            "attention_gqa2_int8": get("decode_attention", "attention_gqa2_int8"),
-            "attention_gqa4_int8": get("decode_attention", "attention_gqa4_int8"),
-            "attention_gqa1_int8x16": get("decode_attention", "attention_gqa1_int8x16"),   # 16 codes a lane
-            "attention_gqa2_int8x16": get("decode_attention", "attention_gqa2_int8x16"),
-            "attention_gqa4_int8x16": get("decode_attention", "attention_gqa4_int8x16"),
-            "kv_append_int8": get("kv_int8", "kv_append_int8"),
-            "kv_dequant": get("kv_int8", f"kv_dequant_{sfx}"),
-            "prefill_attention_hd32": get("prefill_attention", f"prefill_attention_hd32_{sfx}"),
-            "prefill_attention_hd64": get("prefill_attention", f"prefill_attention_hd64_{sfx}"),
-            "prefill_attention_hd128": get("prefill_attention", f"prefill_attention_hd128_{sfx}"),
-            "prefill_attention_mma_hd64": get("prefill_attention_mma", f"prefill_attention_mma_hd64_{sfx}"),
-            "prefill_attention_mma_hd128": get("prefill_attention_mma", f"prefill_attention_mma_hd128_{sfx}"),
-            "embed": get("embed", f"embed_{sfx}"),
-            "cast": get("embed", f"cast_to_{sfx}"),
-            "fill_uniform": get("embed", f"fill_uniform_{sfx}"),
-            # int8 / int4 weights (gemv_quant.cu): the v4 variants' names with the method for "v4"
-            "gemv_int8": get("gemv_quant", f"gemv_int8_{sfx}"),
-            "gemv_rmsnorm_int8": get("gemv_quant", f"gemv_rmsnorm_int8_{sfx}"),
-            "gemv_swiglu_int8": get("gemv_quant", f"gemv_swiglu_int8_{sfx}"),
-            "gemv_rmsnorm_swiglu_int8": get("gemv_quant", f"gemv_rmsnorm_swiglu_int8_{sfx}"),
-            "gemv_qkv_int8_3b": get("gemv_quant", f"gemv_qkv_int8_3b_{sfx}"),          # int8's q|k|v: its own build
-            "gemv_rmsnorm_qkv_int8_3b": get("gemv_quant", f"gemv_rmsnorm_qkv_int8_3b_{sfx}"),
-            "gemv_int4": get("gemv_quant", f"gemv_int4_{sfx}"),
-            "gemv_rmsnorm_int4": get("gemv_quant", f"gemv_rmsnorm_int4_{sfx}"),
-            "gemv_swiglu_int4": get("gemv_quant", f"gemv_swiglu_int4_{sfx}"),
-            "gemv_rmsnorm_swiglu_int4": get("gemv_quant", f"gemv_rmsnorm_swiglu_int4_{sfx}"),
-            "gemv_qkv_int4": get("gemv_quant", f"gemv_qkv_int4_{sfx}"),
-            "gemv_rmsnorm_qkv_int4": get("gemv_quant", f"gemv_rmsnorm_qkv_int4_{sfx}"),
-            "dequant_int8": get("gemv_quant", f"dequant_int8_{sfx}"),
-            "dequant_int4": get("gemv_quant", f"dequant_int4_{sfx}"),
-            "fill_random_words": get("gemv_quant", "fill_random_words"),
-        }
-        for f in self.fn.values():          # force NVRTC + module load now, not during a capture
-            getattr(f, "attributes", None)
-        # stand-ins for the pointer arguments a v4 variant does not use (never dereferenced)
-        self._nil_f32 = cp.zeros(8, cp.float32)
-        self._nil_u16 = cp.zeros(8, cp.uint16)
-        self._nil_i32 = cp.zeros(8, cp.int32)
-        self.timer = None
-        self.n_sms = props["multiProcessorCount"]
-        # gemv_quant.cu stages x in dynamic shared memory: a 14336-wide int8 row needs 72 KB (> the 48 KB
-        # default), so allow each quantized GEMV the device's opt-in maximum once, here, not mid-capture.
+        self.dtype, self.settings, self.timer, self.n_sms = dtype, settings, None, props["multiProcessorCount"]
+        self.fn = {key: module(source).get_function(name) for key, (source, name) in kernel_table(suffix(dtype)).items()}
+        # gemv_quant.cu stages x in dynamic shared memory: a 14336-wide int8 row needs 72 KB (> the 48 KB default),
+        # so each quantized GEMV may use the device's opt-in maximum (97: cudaDevAttrMaxSharedMemoryPerBlockOptin),
+        # less 4 KB for the kernels' own __shared__ arrays (<= 1.2 KB); set here, never mid-capture.
         optin = props.get("sharedMemPerBlockOptin") or cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
-        # 97: cudaDevAttrMaxSharedMemoryPerBlockOptin. Static + dynamic must fit under it: the kernels' own
-        # __shared__ arrays are <= 1.2 KB, so 4 KB is left for them.
         self.max_quant_smem = optin - 4096
         for name, f in self.fn.items():
-            self._allow_quant_smem(name, f)
+            getattr(f, "attributes", None)                    # NVRTC + module load now, not during a capture
+            if name.startswith("gemv_") and ("int8" in name or "int4" in name):
+                f.max_dynamic_shared_size_bytes = self.max_quant_smem
+        # stand-ins for the pointer arguments a variant does not use (never dereferenced)
+        self._nil_f32, self._nil_u16, self._nil_i32 = cp.zeros(8, cp.float32), cp.zeros(8, cp.uint16), cp.zeros(8, cp.int32)
 
     def with_settings(self, **changes) -> "Kernels":
-        """These kernels launched with some settings changed (dataclasses.replace): a copy that shares the
-        loaded functions, so nothing compiles again."""
+        """These kernels launched with some settings changed: a copy sharing the loaded functions."""
         other = copy.copy(self)
         other.settings = replace(self.settings, **changes)
         return other
 
-    def _allow_quant_smem(self, name: str, f) -> None:
-        if name.startswith("gemv_") and ("int8" in name or "int4" in name):
-            f.max_dynamic_shared_size_bytes = self.max_quant_smem
-
     def uses_pdl(self, name: str) -> bool:
-        """Is kernel `name` launched with programmatic dependent launch (while a graph is captured) under
-        these settings, on this device (Hopper: arch >= PDL_ARCH)?"""
+        """Is kernel `name` launched with programmatic dependent launch (in a captured graph) here?"""
         return self.settings.pdl and self.arch >= PDL_ARCH and PDL_KERNEL.fullmatch(name) is not None
 
     def _launch(self, name: str, grid, block, args, label: str = "", shared_mem: int = 0) -> None:
-        # PDL only into a CUDA graph: there a launch's cost is paid once; eagerly, the ctypes call would cost
-        # more host time than CuPy's launch (and eager steps are host-bound: lesson 13's comparison).
+        # PDL only into a CUDA graph, where a launch's cost is paid once; eagerly its ctypes call would cost more
+        # host time than CuPy's launch (and eager steps are host-bound: lesson 13).
         def launch():
             if self.uses_pdl(name) and _capturing():
                 pdl.launch(self.fn[name], grid, block, args, shared_mem)
@@ -244,8 +196,7 @@ class Kernels:
         self._v4("gemv_v4", w, x, None, 0.0, y, (w.shape[0] + 1) // 2, accumulate, label)
 
     def _v4(self, name, w, x, gain, eps, y, pairs, accumulate=False, label="", qkv=None) -> None:
-        """Launch a gemv.cu v4 variant: one warp per row pair, V4_WARPS pairs a block (or, for a
-        quantized w, the gemv_quant.cu kernel of the same variant)."""
+        """Launch gemv.cu's v4 variant `name` (a warp a row pair, V4_WARPS pairs a block), or its gemv_quant.cu twin."""
         if is_quantized(w):
             self._quant(name, w, x, gain, eps, y, pairs, accumulate, label, qkv)
             return
@@ -261,10 +212,8 @@ class Kernels:
                       inv_freq, np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd)), label)
 
     def _quant(self, name, w, x, gain, eps, y, pairs, accumulate=False, label="", qkv=None) -> None:
-        """Launch the gemv_quant.cu twin of v4 variant `name` (gemv_v4, gemv_swiglu_v4, gemv_qkv_v4) for a
-        QuantMatrix w: same arguments and epilogues; x is staged in shared memory (fp16, chunk/2 + 4 words a
-        chunk and 2^-e per chunk, + Σx for int4), so in is not bound to % 8 (int8 rows are padded to 16 bytes
-        on upload, int4 rows to whole groups by quant.py)."""
+        """The gemv_quant.cu twin of v4 variant `name` for a QuantMatrix w, same epilogues. x is staged in shared
+        memory (fp16, chunk/2 + 4 words and 2^-e a chunk, + Σx for int4), so `in` need not be a multiple of 8."""
         rows, n_in = w.shape
         name = name.replace("_v4", f"_{w.method}")
         if gain is not None:
@@ -287,8 +236,7 @@ class Kernels:
 
     def _quant_args(self, qw, scales, mins, n_chunks, n_groups, cpg, x, gain, eps, n_in, pairs, y, rows, accumulate,
                     qkv) -> tuple:
-        """The one signature of gemv_quant.cu's GEMVs: cpg = 16-byte chunks per int4 group, passed with its
-        log2 (-1: not a power of two)."""
+        """The one signature of gemv_quant.cu's GEMVs (cpg: 16-byte chunks an int4 group, and its log2 or -1)."""
         shift = cpg.bit_length() - 1 if cpg & (cpg - 1) == 0 else -1
         kc, vc, capacity, pos, inv_freq, n_heads, n_kv_heads, hd = self._qkv_args(qkv)
         return (qw, scales, mins, np.int32(n_chunks), np.int32(n_groups), np.int32(cpg), np.int32(shift), x,
@@ -297,9 +245,8 @@ class Kernels:
                 np.int32(n_heads), np.int32(n_kv_heads), np.int32(hd))
 
     def _qkv_args(self, qkv) -> tuple:
-        """The EPI_QKV epilogue's arguments (k_cache, v_cache, capacity, pos, inv_freq, n_heads, n_kv_heads,
-        hd) from gemv_qkv's tuple; stand-ins when there is none. A k_cache of None: RoPE only, no append
-        (capacity 0; the int8 cache quantizes the row with its own kernel after)."""
+        """The EPI_QKV epilogue's arguments from gemv_qkv's tuple, stand-ins without one; k_cache None: RoPE only,
+        no append (capacity 0: the int8 cache quantizes the row with its own kernel after)."""
         if qkv is None:
             return self._nil_u16, self._nil_u16, 0, self._nil_i32, self._nil_f32, 0, 0, 0
         kc, vc, pos, inv_freq, n_heads, n_kv_heads, hd = qkv
@@ -308,8 +255,8 @@ class Kernels:
         return kc, vc, kc.shape[1], pos, inv_freq, n_heads, n_kv_heads, hd
 
     def quant_grid(self, pairs: int, per_sm: int | None = None) -> int:
-        """Blocks for a quantized GEMV over `pairs` row pairs: about per_sm (default settings.quant_blocks_per_sm)
-        an SM, each warp taking the same number of pairs in turn (0: one pair per warp, as v4 does)."""
+        """Blocks for a quantized GEMV over `pairs` row pairs: about per_sm (settings.quant_blocks_per_sm) an SM,
+        each warp taking the same number of pairs in turn (0: one pair a warp)."""
         need = -(-pairs // QWARPS)
         per_sm = self.settings.quant_blocks_per_sm if per_sm is None else per_sm
         if not per_sm:
@@ -335,8 +282,7 @@ class Kernels:
         self._launch("fill_random_words", (_grid_for(n, cap=132 * 64),), (256,), (out, np.uint64(n), np.uint32(seed)))
 
     def gemv_swiglu(self, w, x, gain, eps: float, out, label: str = "") -> None:
-        """out [ffn] fp32 = silu(g) · u, [g; u] = w [2 ffn, in] · x, with x = rmsnorm(x, gain) when gain is
-        not None (the gate/up vector never reaches memory)."""
+        """out [ffn] fp32 = silu(g) · u, [g; u] = w [2 ffn, in] · x (x = rmsnorm(x, gain) unless gain is None)."""
         rows = w.shape[0]
         if rows % 2 or out.shape != (rows // 2,):
             raise ValueError(f"gemv_swiglu: w has {rows} rows (gate; up), out {out.shape}")
@@ -344,10 +290,9 @@ class Kernels:
 
     def gemv_qkv(self, w, x, gain, eps: float, qkv, pos, inv_freq, k_cache, v_cache, n_heads: int,
                  n_kv_heads: int, head_dim: int, label: str = "") -> None:
-        """One decode token: qkv [width] fp32 = w · x (x = rmsnorm(x, gain) when gain is not None), RoPE on
-        the q and k heads at position pos[0], k and v into k_cache, v_cache [n_kv_heads, capacity, hd]
-        (one layer) at pos[0]: rmsnorm + GEMV + rope + kv_append in one launch. k_cache = v_cache =
-        None: no append (an int8 cache quantizes the rotated k and v from qkv next: kv_append_int8)."""
+        """One decode token's rmsnorm + GEMV + RoPE + KV append in one launch: qkv [width] fp32 = w · rmsnorm(x, gain),
+        q and k heads rotated at pos[0], k and v into one layer's k_cache, v_cache [n_kv_heads, capacity, hd]
+        (None: no append; the int8 cache quantizes them from qkv next, kv_append_int8)."""
         rows = w.shape[0]
         if rows != (n_heads + 2 * n_kv_heads) * head_dim or head_dim % 2 or qkv.shape != (rows,):
             raise ValueError(f"gemv_qkv: w {w.shape}, qkv {qkv.shape}, heads {n_heads}+2x{n_kv_heads} x {head_dim}")
@@ -355,13 +300,11 @@ class Kernels:
                  qkv=(k_cache, v_cache, pos, inv_freq, n_heads, n_kv_heads, head_dim))
 
     def gemv_rmsnorm(self, w, x, gain, eps: float, y, label: str = "") -> None:
-        """y [rows] fp32 = w [rows, in] · rmsnorm(x [in] fp32, gain [in] fp32): the norm fused in (every warp
-        sums x² itself)."""
+        """y [rows] fp32 = w [rows, in] · rmsnorm(x [in], gain [in]), the norm fused (every warp sums x² itself)."""
         self._v4("gemv_v4", w, x, gain, eps, y, (w.shape[0] + 1) // 2, label=label)
 
     def rope(self, qkv, n_tokens: int, n_rotated_heads: int, head_dim: int, pos, inv_freq) -> None:
-        """Rotate the first n_rotated_heads (= n_heads + n_kv_heads) heads of each qkv row [T, width],
-        in place; token t at position pos[0] + t."""
+        """Rotate the first n_rotated_heads (q and k) heads of each qkv row [T, width] in place, row t at pos[0] + t."""
         self._launch("rope", (n_tokens, n_rotated_heads), (head_dim // 2,),
                      (qkv, np.int32(qkv.shape[-1]), np.int32(head_dim), pos, inv_freq))
 
@@ -375,25 +318,22 @@ class Kernels:
 
     def kv_append_int8(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
                        k_cache, v_cache, k_scale, v_scale, pos) -> None:
-        """k/v of each qkv row [T, width], quantized (one scale per token and KV head) -> k_cache, v_cache
-        int8 [n_kv_heads, capacity, hd] and k_scale, v_scale fp32 [n_kv_heads, capacity] at pos[0] + t."""
+        """kv_append into the int8 cache: codes [n_kv_heads, capacity, hd] and a scale a vector [n_kv_heads, capacity]."""
         self._launch("kv_append_int8", (n_tokens, n_kv_heads), (64,),
                      (qkv, np.int32(qkv.shape[-1]), np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim),
                       k_cache, v_cache, k_scale, v_scale, np.int32(k_cache.shape[1]), pos))
 
     def kv_dequantize(self, k_cache, v_cache, k_scale, v_scale, n_positions: int, k_out, v_out) -> None:
-        """Positions [0, n) of one layer's int8 cache -> k_out, v_out [n_kv_heads, capacity, hd] in the
-        weight dtype (what prefill's tiled attention reads)."""
+        """Positions [0, n) of one layer's int8 cache -> k_out, v_out [n_kv_heads, capacity, hd] 16-bit (for prefill)."""
         n_kv, capacity, hd = k_cache.shape
         if n_positions:
             self._launch("kv_dequant", (n_positions, n_kv), (min(hd, 256),),
                          (k_cache, v_cache, k_scale, v_scale, np.int32(capacity), np.int32(hd), k_out, v_out))
 
     def attention_kernel(self, head_dim: int, n_heads: int, n_kv_heads: int, int8: bool = False) -> str:
-        """The one-launch decode attention kernel (the combine fused) for these heads: v3, attention_gqa{GM}
-        (GM query heads a block: 1, 2 or 4; + _int8x16 over an int8 cache, _int8 where head_dim % 16), a block
-        per KV head's group and split; where head_dim % 8 or n_heads % n_kv_heads, its fallback v2,
-        attention_fused (a block per query head and split), which has no int8 variant."""
+        """The decode attention kernel for these heads: v3, attention_gqa{GM}, a block per GM query heads (1, 2 or 4) and
+        split (_int8x16 over an int8 cache, _int8 where head_dim % 16); where head_dim % 8 or the heads are not whole
+        groups, its fallback v2, attention_fused (a block per query head and split; no int8 variant)."""
         if head_dim % 8 or n_heads % n_kv_heads:
             if int8:
                 raise ValueError("attention over an int8 KV cache needs head_dim % 8 == 0 and whole GQA groups")
@@ -404,52 +344,34 @@ class Kernels:
 
     def attention(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, k_cache, v_cache,
                   pos, window: int | None, parts, out, scales=None) -> None:
-        """Queries of each qkv row [T, width] against one layer's cache -> out [T, n_heads * hd] fp32.
+        """Queries of each qkv row [T, width] at pos[0] + t against one layer's cache -> out [T, n_heads * hd] fp32,
+        in one launch, the split combine fused into the last split block (attention_kernel says which kernel).
 
-        parts = (m [T, H, S], l [T, H, S], acc [T, H, S, hd]) fp32 scratch; S = n_splits is parts' last
-        dim. Query t sits at pos[0] + t; window None or 0 = full causal. A fourth element, counters
-        [T, H] uint32 zero-filled (and left zero), selects one launch with the combine fused
-        (attention_kernel); v3 takes S as the most splits (<= 64), fewer at run time when the context is
-        short. Without counters: a split kernel, then a combine (the first prefill path).
-        scales = (k_scale, v_scale) [n_kv_heads, capacity] fp32: k_cache, v_cache are an int8 cache
-        (kv_int8.cu), read by v3's int8 variants (they need the counters)."""
-        opt = self.settings
+        parts = (m [T, H, S], l [T, H, S], acc [T, H, S, hd]) fp32 scratch and counters [T, H] uint32, zero-filled
+        (and left zero); S, the most splits (v3: <= 64, fewer while the context is short). window None or 0: full
+        causal. scales = (k_scale, v_scale) [n_kv_heads, capacity] fp32: the cache is int8 (kv_int8.cu)."""
         if head_dim > MAX_HD:
             raise ValueError(f"head_dim {head_dim} > {MAX_HD}")
-        part_m, part_l, part_acc = parts[:3]
+        part_m, part_l, part_acc, counters = parts
+        if counters.dtype != np.uint32 or counters.size < n_tokens * n_heads:
+            raise ValueError("attention counters: uint32 [T, n_heads], zero-filled")
         n_splits = part_m.shape[-1]
-        capacity = k_cache.shape[1]
-        args = (qkv, np.int32(qkv.shape[-1]), k_cache, v_cache, np.int32(capacity), np.int32(n_heads),
-                np.int32(n_kv_heads), np.int32(head_dim), pos, np.int32(window or 0),
-                np.float32(1.0 / math.sqrt(head_dim)))
-        scratch = (part_m, part_l, part_acc)
-        if scales is not None:
-            if len(parts) != 4:
-                raise ValueError("attention over an int8 KV cache: v3 only (counters in parts)")
-            args = args[:4] + tuple(scales) + args[4:]           # the scales follow the codes
-        if len(parts) == 4:              # the combine fused into the last split block (parts[3]: counters)
-            counters = parts[3]
-            if counters.dtype != np.uint32 or counters.size < n_tokens * n_heads:
-                raise ValueError("attention counters: uint32 [T, n_heads], zero-filled")
-            name = self.attention_kernel(head_dim, n_heads, n_kv_heads, int8=scales is not None)
-            if name == "attention_fused":
-                self._launch(name, (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,),
-                             args + scratch + (counters, out))
-                return
-            if n_splits > GQA_MAX_SPLITS:
-                raise ValueError(f"attention v3: at most {GQA_MAX_SPLITS} splits, got {n_splits}")
-            group = n_heads // n_kv_heads
-            gm = group if group <= 2 else 4                         # query heads per block (1, 2 or 4)
-            blocks = n_kv_heads * -(-group // gm)
-            most = n_splits                                         # a second wave of blocks would double the time
-            if opt.attention_one_wave:
-                most = max(1, min(n_splits, getattr(self, "n_sms", 132) // blocks))
-            self._launch(name, (blocks, n_splits, n_tokens), (GQA_THREADS,),
-                         args + (np.int32(opt.attention_split_keys), np.int32(most)) + scratch + (counters, out))
+        args = (qkv, np.int32(qkv.shape[-1]), k_cache, v_cache) + (tuple(scales) if scales is not None else ()) + (
+            np.int32(k_cache.shape[1]), np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim), pos,
+            np.int32(window or 0), np.float32(1.0 / math.sqrt(head_dim)))
+        name = self.attention_kernel(head_dim, n_heads, n_kv_heads, int8=scales is not None)
+        if name == "attention_fused":                               # a block per query head and split
+            self._launch(name, (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,), args + tuple(parts) + (out,))
             return
-        self._launch("attention_split", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,), args + scratch)
-        self._launch("attention_combine", (n_heads, n_tokens), (128,),
-                     (part_m, part_l, part_acc, out, np.int32(n_heads), np.int32(head_dim), np.int32(n_splits)))
+        if n_splits > GQA_MAX_SPLITS:
+            raise ValueError(f"attention v3: at most {GQA_MAX_SPLITS} splits, got {n_splits}")
+        group = n_heads // n_kv_heads
+        blocks = n_kv_heads * -(-group // (group if group <= 2 else 4))     # a block per 1, 2 or 4 query heads
+        most = n_splits                                             # a second wave of blocks would double the time
+        if self.settings.attention_one_wave:
+            most = max(1, min(n_splits, self.n_sms // blocks))
+        self._launch(name, (blocks, n_splits, n_tokens), (GQA_THREADS,),
+                     args + (np.int32(self.settings.attention_split_keys), np.int32(most)) + tuple(parts) + (out,))
 
     @staticmethod
     def prefill_attention_supported(head_dim: int) -> bool:
@@ -457,19 +379,16 @@ class Kernels:
         return head_dim % 4 == 0 and head_dim <= PF_HDS[-1]
 
     def prefill_attention_kernel(self, head_dim: int) -> str:
-        """The kernel prefill_attention launches for this head_dim: the tensor-core one (prefill_attention_mma.cu)
-        for head_dim 64 or 128, else the tiled fp32 one (prefill_attention.cu)."""
+        """The tensor-core prefill_attention_mma.cu at head_dim 64 or 128, else the fp32 tiles of prefill_attention.cu."""
         if head_dim in MM_HDS:
             return f"prefill_attention_mma_hd{head_dim}"
         return f"prefill_attention_hd{next(h for h in PF_HDS if head_dim <= h)}"
 
     def prefill_attention(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, k_cache,
                           v_cache, pos, window: int | None, out) -> None:
-        """Tiled prefill attention: the T queries of each qkv row [T, width] at pos[0] + t against one layer's
-        cache (their own keys already appended) -> out [T, n_heads * hd] fp32. Blocks of (token, query head)
-        rows of one KV head's group share K/V tiles in shared memory: 64 on the tensor cores
-        (prefill_attention_mma.cu, head_dim 64 or 128), else 32 on fp32 FMAs (prefill_attention.cu). No
-        scratch. head_dim % 4 == 0 and <= 128 (see prefill_attention_supported)."""
+        """The T queries of each qkv row [T, width] at pos[0] + t against one layer's cache (their own keys appended)
+        -> out [T, n_heads * hd] fp32: blocks of 64 (tensor cores) or 32 (fp32) (token, query head) rows of one KV
+        head's group share K/V tiles in shared memory (prefill_attention_kernel says which)."""
         if not self.prefill_attention_supported(head_dim):
             raise ValueError(f"prefill_attention: head_dim {head_dim} (needs % 4 == 0 and <= {PF_HDS[-1]})")
         if n_heads % n_kv_heads:

@@ -5,16 +5,13 @@
     v_scale    int8 format)
 
 kernels/paged_attention.cu writes and reads it through each sequence's block table (GPUBatchedRunner);
-`read` widens a sequence's positions back to fp32 on the host, for tests and debugging. With xp=numpy
-the same arrays live on the host (the kernels' format checked without a GPU).
+PagedKVCache.read copies a sequence's positions back in fp32 (tests, debugging). With xp=numpy the same arrays
+live on the host (the kernels' format checked without a GPU).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from minillm.backend import to_dtype
 from minillm.engine.paged_kv import DEFAULT_BLOCK_SIZE, PagedKVCache
 from minillm.model.kv_cache import int8_kv_bytes_per_token
 
@@ -25,10 +22,8 @@ def _cp():
 
 
 class DevicePagedKV(PagedKVCache):
-    """The paged pool on the device (xp = cupy), or on the host (xp = numpy: the kernels' format checked without
-    a GPU, dev/paged_attention.py's references writing it). dtype:
-    the model's 16 bits ("float16", or "bfloat16" as uint16 bits), or "int8": codes and a fp32 scale per
-    position and KV head (half the bytes at hd 128). Same layout and `slots` as PagedKVCache."""
+    """PagedKVCache's layout and `slots` in the model's 16 bits ("float16", "bfloat16" as uint16 bits) or "int8"
+    (codes and an fp32 scale per position and KV head), on the device (or with xp=numpy on the host)."""
 
     def __init__(self, config, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, dtype: str = "float16",
                  xp=None, arrays: dict | None = None):
@@ -79,24 +74,3 @@ class DevicePagedKV(PagedKVCache):
         super().copy_blocks(pairs)
         if pairs and not isinstance(self.k, np.ndarray):
             _cp().cuda.Device().synchronize()
-
-    def read(self, layer: int, block_table, length: int, first_block: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """PagedKVCache.read on the host in fp32 (tests, debugging): positions first_block * block_size ..
-        length - 1.   -> k, v: [n_kv, n, hd]"""
-        blocks = np.asarray(block_table[first_block:math.ceil(length / self.block_size)], dtype=np.int64)
-        n = length - first_block * self.block_size
-        k, v, scales = self.layer(layer)
-        out = []
-        for pool, scale in zip((k, v), scales or (None, None)):
-            x = _host(pool[blocks.tolist()])                            # [nb, bs, n_kv, hd]  the gather
-            x = x.reshape(-1, *x.shape[2:])[:n]                         # [n, n_kv, hd]
-            if scale is None:
-                x = to_dtype(x, "float32")
-            else:                                                       # code · scale
-                x = x.astype(np.float32) * _host(scale[blocks.tolist()]).reshape(-1, x.shape[1])[:n, :, None]
-            out.append(x.transpose(1, 0, 2))                            # [n_kv, n, hd]
-        return out[0], out[1]
-
-
-def _host(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else a

@@ -1,20 +1,16 @@
 """Programmatic dependent launch (PDL): a kernel that may start before the one ahead of it has finished.
 
-On a stream (and in a CUDA graph captured from one) each kernel normally starts only once the previous
-one has completely drained: between two GEMVs of the decode step the GPU idles through the last blocks'
-tail, the launch and the new grid's first HBM round trip — a few µs each time, ~160 times a token.
-Hopper lets a launch carry CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the next kernel's
-blocks may then be scheduled as soon as every block of the current one has executed
-`griddepcontrol.launch_dependents` (or exited), and each of them blocks in `griddepcontrol.wait` until
-the current grid has completed and its writes are visible (kernels/common.cuh: pdl_wait, pdl_trigger).
-What a kernel does before its wait must not depend on the kernel ahead: our GEMVs issue their first
-weight loads (or L2 prefetches) there, so those bytes are already on their way when x arrives.
+On a stream each kernel normally starts only once the previous one has drained: between two GEMVs of the decode
+step the GPU idles through the last blocks' tail, the launch and the new grid's first HBM round trip, a few µs
+each, ~160 times a token. On Hopper a launch may carry CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the
+next kernel's blocks are scheduled once every block of the current one has run `griddepcontrol.launch_dependents`
+(or exited), and wait in `griddepcontrol.wait` until its writes are visible (kernels/common.cuh: pdl_wait,
+pdl_trigger). Before that wait our GEMVs issue their first weight loads, which need nothing from the kernel ahead.
 
-CuPy's kernel call has no way to pass launch attributes, so `launch` calls the driver's cuLaunchKernelEx
-through ctypes with the CUfunction CuPy loaded; inside a stream capture the attribute becomes a
-programmatic edge of the graph. `Kernels` uses it only while a graph is captured (eager steps keep CuPy's
-cheaper launch), and only for kernels that call pdl_wait before reading their inputs (PDL_KERNEL): one that
-does not would race with the kernel ahead.
+CuPy's kernel call cannot pass launch attributes, so `launch` calls the driver's cuLaunchKernelEx through ctypes
+with the CUfunction CuPy loaded; in a stream capture the attribute becomes a programmatic edge of the graph.
+`Kernels` uses it only while capturing, and only for kernels that call pdl_wait before reading their inputs
+(kernels.PDL_KERNEL): any other would race with the kernel ahead.
 """
 from __future__ import annotations
 

@@ -10,9 +10,12 @@ loads (the extra columns meet x = 0 in the kernel, and are dropped by the dequan
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
+
+from minillm.cuda.gpu_kv_cache import device_dtype
 
 METHODS = ("int8", "int4")
 
@@ -86,15 +89,20 @@ class QuantMatrix:
         return cls("int4", q, cp.full((rows, groups), 2 * bound / 15, cp.float16),
                    cp.full((rows, groups), -bound, cp.float16), cols, group_size)
 
-    def dequantize_host(self) -> np.ndarray:
-        """W in fp32 on the host, by minillm.model.quant's own code (for checks)."""
-        from minillm.model.quant import Int4Weight, Int8Weight
-        cp = _cp()
-        if self.method == "int8":
-            return Int8Weight(cp.asnumpy(self.qweight)[:, :self.in_features], cp.asnumpy(self.scales)).dequantize()
-        return Int4Weight(cp.asnumpy(self.qweight), cp.asnumpy(self.scales), cp.asnumpy(self.mins),
-                          self.in_features).dequantize()
-
 
 def is_quantized(w) -> bool:
     return isinstance(w, QuantMatrix)
+
+
+def random_matrices(kernels, dtype: str, seed: int = 0, quant: str | None = None, group_size: int = 128):
+    """matrix(rows, cols, quantize=True): random device matrices for speed measurements, each from its own seed:
+    16-bit uniform of variance 1/cols (kernels.fill_uniform), or with `quant` a QuantMatrix of that spread."""
+    seeds = itertools.count(seed * 1000 + 1)
+
+    def matrix(rows: int, cols: int, quantize: bool = True):
+        if quant is not None and quantize:
+            return QuantMatrix.random(quant, rows, cols, kernels, group_size, next(seeds))
+        w = _cp().empty((rows, cols), dtype=device_dtype(dtype))
+        kernels.fill_uniform(w, next(seeds), (3.0 / cols) ** 0.5)
+        return w
+    return matrix

@@ -1,14 +1,18 @@
-"""The one GPU timer and the one bandwidth probe: `minillm bench --device cuda`, the selfcheck, the lessons and
-every dev module time with these.
+"""The one GPU timer, the one bandwidth probe and the decode/prefill measures: `minillm bench --device cuda`, the
+selfcheck, the lessons and every dev module time with these.
 
     time_gpu(fn, reps)     median ms of fn() on the current stream, by CUDA events (warmed up first)
     graph_us(fn, n)        µs per call of fn(0) .. fn(n-1) captured as one CUDA graph and replayed
     EventTimer             Kernels.timer: CUDA events around every launch, summed per kernel name
     copy_bandwidth(bytes)  device-to-device copy, bytes read + written per second: the memory roofline
+    decode_bytes, prefill_ttft, decode_tok_s   a model's bytes per decode token, TTFT, and greedy decode tok/s
 """
 from __future__ import annotations
 
 import statistics
+import time
+
+import numpy as np
 
 from minillm.cuda.graph import capture
 
@@ -83,3 +87,36 @@ def copy_bandwidth(nbytes: int) -> float:
                                                       cp.cuda.runtime.memcpyDeviceToDevice,
                                                       cp.cuda.get_current_stream().ptr), reps=10)
     return 2 * nbytes / (ms / 1e3)
+
+
+def decode_bytes(cfg, weight_bytes: int, prompt_len: int, n_new: int) -> tuple[float, float]:
+    """(bytes a decode token reads, the 16-bit KV cache's share), at the mean context of n_new after prompt_len."""
+    kv_read = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2 * (prompt_len + n_new / 2)
+    return weight_bytes + kv_read, kv_read
+
+
+def prefill_ttft(gpu, cache, prompt, repeats: int = 3) -> float:
+    """Seconds to prefill `prompt` into an emptied cache, host logits included: median of `repeats` after a warm-up."""
+    times = []
+    for _ in range(repeats + 1):
+        cache.reset()
+        start = time.perf_counter()
+        gpu.prefill(prompt, cache)                         # returns host logits: includes the copy back
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def decode_tok_s(gpu, cache, prompt, n_new: int) -> tuple[float, list[int]]:
+    """(tok/s, tokens) of n_new greedy steps after `prompt`, host argmax each step; a warm-up run first (it also
+    recaptures the cache's graph for the model's settings)."""
+    for attempt in ("warm-up", "timed"):
+        cache.reset()
+        cache.graph = None if attempt == "warm-up" else cache.graph
+        logits = gpu.prefill(prompt, cache)
+        tokens = []
+        start = time.perf_counter()
+        for _ in range(n_new):
+            tokens.append(int(np.argmax(logits)))
+            logits = gpu.decode(tokens[-1], cache)
+        elapsed = time.perf_counter() - start
+    return n_new / elapsed, tokens

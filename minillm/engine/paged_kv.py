@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minillm.backend import as_f32, to_host
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import CacheBase, quantize_vectors
 
@@ -97,17 +98,19 @@ class PagedKVCache:
                 a[:, blocks, offsets] = 0
 
     def read(self, layer: int, block_table, length: int, first_block: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """One sequence's keys and values at positions first_block * block_size .. length - 1, in fp32.
-        -> k, v: [n_kv, n, hd] (views), n = length - first_block * block_size"""
+        """One sequence's keys and values at positions first_block * block_size .. length - 1, in fp32 on the host
+        (a device pool's too: cuda/paged_pool.py). -> k, v: [n_kv, n, hd] (views), n = length - first_block * block_size"""
         blocks = np.asarray(block_table[first_block:math.ceil(length / self.block_size)], dtype=np.int64)
         n = length - first_block * self.block_size
+        if not isinstance(self.k, np.ndarray):
+            blocks = blocks.tolist()                                    # a device pool: CuPy indexes with a list
         out = []
         for pool, scale in ((self.k, getattr(self, "k_scale", None)), (self.v, getattr(self, "v_scale", None))):
-            x = pool[layer, blocks]                                     # [nb, bs, n_kv, hd]  the gather (a copy)
+            x = to_host(pool[layer, blocks])                            # [nb, bs, n_kv, hd]  the gather (a copy)
             x = x.reshape(-1, *x.shape[2:])[:n]                         # [n, n_kv, hd]
-            if scale is not None:
-                x = x * scale[layer, blocks].reshape(-1, x.shape[1])[:n, :, None]
-            out.append(x.transpose(1, 0, 2))                            # [n_kv, n, hd]
+            if scale is not None:                                       # int8 codes · their scales
+                x = x * to_host(scale[layer, blocks]).reshape(-1, x.shape[1])[:n, :, None]
+            out.append(as_f32(x).transpose(1, 0, 2))                    # [n_kv, n, hd] (16-bit storage widened)
         return out[0], out[1]
 
 

@@ -396,7 +396,11 @@ def _run_cuda(model_name, random_weights, dtype, prompt_tokens, new_tokens, peer
                            "add --random-weights and --model PRESET (e.g. mistral-7b)")
     if quant == "int4" and group_size % 32:
         raise MiniLLMError(f"int4 groups must be a multiple of 32, got {group_size}")
+    if quant not in (None, "int8", "int4"):
+        raise MiniLLMError(f"--device cuda benchmarks int8 or int4 layer weights, not {quant}")
+    if dtype == "float32":
+        raise MiniLLMError("--device cuda benchmarks 16-bit weights: --dtype float16 or bfloat16")
     check_device("cuda")
-    from minillm.cuda.bench import run_bench
-    return run_bench(PRESETS[model_name].config, f"{model_name} shape", dtype or "float16", new_tokens, 16,
-                     prompt_tokens, peer, quant=quant, group_size=group_size)
+    from minillm.tools.gpu_bench import run as gpu_bench
+    return gpu_bench(model_name, PRESETS[model_name].config, dtype or "float16", quant, group_size, new_tokens, 16,
+                     prompt_tokens, peer)

@@ -21,7 +21,7 @@ quantized GEMV with its staging or its arithmetic taken out: where its time goes
 `chain.py` measures the decode step as a chain (what each kind of kernel adds inside it), `widen.py` prefill's
 int8/int4 widening one GEMM ahead, `ab.py` one setting against the defaults, `pdl.py` programmatic dependent
 launch on and off; `selfcheck.py` runs the kernel families' checks and the lab's model checks, then
-production's bench; `verify.sh` is the whole GPU verification as one command for the GPU machine, and
+production's timing (minillm.cuda.selfcheck; the full tables: `minillm bench --device cuda`, tools/gpu_bench.py); `verify.sh` is the whole GPU verification as one command for the GPU machine, and
 `ab_commit.sh` this checkout against an earlier one (logits bit for bit, decode and TTFT in alternating rounds,
 bench serve). Nothing in the engine, the CLI's tools or the production measures imports this package (an
 import-linter contract in setup.cfg holds it).

@@ -16,7 +16,7 @@ import ast
 import sys
 from typing import Callable
 
-from minillm.cuda.bench import decode_bytes, decode_tok_s
+from minillm.cuda.timing import decode_bytes, decode_tok_s
 from minillm.cuda.dev.sweep import decode_sweep_setup, sweep_parser
 from minillm.cuda.dev.chain import same_numbers
 from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu

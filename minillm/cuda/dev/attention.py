@@ -298,7 +298,6 @@ def prefill_us(k: Kernels, lengths=(512, 2048), versions=(1, 2), n_layers: int =
             kv = as_lab(k).with_settings(prefill_attention_version=v)
             out[T, v] = graph_us(lambda i: kv.prefill_attention(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, kc[i],
                                                                 vc[i], pos, c.sliding_window, attn), n_layers)
-        del kc, vc, qkv, attn
     return out
 
 
@@ -313,9 +312,9 @@ def prefill_sweep() -> dict:
 
 
 def prefill_ttft(n_tokens: int = 512) -> dict:
-    """TTFT of a random Mistral-7B-shaped fp16 model, prefill v1 vs v2 (bench.prefill_ttft: median of 3), and
+    """TTFT of a random Mistral-7B-shaped fp16 model, prefill v1 vs v2 (timing.prefill_ttft: median of 3), and
     how far v2's last logits are from v1's (informational: 32 random layers, not a bound). -> {version: ms}"""
-    from minillm.cuda.bench import prefill_ttft as ttft_s
+    from minillm.cuda.timing import prefill_ttft as ttft_s
     from minillm.cuda.gpu_model import GPUTransformer
     from minillm.model.config import PRESETS
     base = GPUTransformer.random(PRESETS["mistral-7b"].config, "float16", seed=0)

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from minillm.cuda.bench import decode_tok_s
+from minillm.cuda.timing import decode_tok_s
 from minillm.cuda.dev.sweep import decode_sweep_setup, sweep_parser
 from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, verdict
 from minillm.cuda.dev.model import greedy

@@ -12,13 +12,31 @@ from typing import Callable
 
 import numpy as np
 
-from minillm.backend import as_f32
-# the PASS/FAIL lines, the error measure and the GPU probe are production's (the selfcheck's), shared here
-from minillm.cuda.bench import FAILED, finish, guarded, say, verdict  # noqa: F401
+from minillm.backend import as_f32, to_dtype
 from minillm.cuda.kernels import Kernels
 from minillm.cuda.qweights import QuantMatrix
-from minillm.cuda.selfcheck import SHORT, narrow, rel_err, require_gpu  # noqa: F401
+# the PASS/FAIL lines, the error measure and the GPU probe are production's (the selfcheck's), shared here
+from minillm.cuda.selfcheck import FAILED, SHORT, finish, guarded, rel_err, require_gpu, say, verdict  # noqa: F401
 from minillm.model.quantized import quantize
+
+# Issue 24's decode tok/s targets at the Mistral-7B shape, batch 1, for an H200 (dev.qbench, qmma and qfloor print
+# them beside what they measure; the current figures: minillm/data/current_figures.json).
+TARGETS = {"float16": 270, "int8": 430, "int4": 650}
+TARGETS_GPU = "H200"
+
+
+def against_target(tok_s: float, target: int, gpu: str) -> str:
+    """'missed: -8% against 270 tok/s' (or met), or, measured on another card than the targets', why not."""
+    if TARGETS_GPU not in gpu:
+        return f"no verdict: the targets are for an {TARGETS_GPU}, this is an {gpu} (compare same-run ratios)"
+    gap = tok_s / target - 1
+    return f"{'met' if gap >= 0 else 'missed'}: {100 * gap:+.0f}% against {target} tok/s"
+
+
+def narrow(a: np.ndarray, dtype: str) -> np.ndarray:
+    """fp32 -> host 16-bit storage (float16, or bf16 bits as uint16), as the GPU holds it."""
+    return to_dtype(np.asarray(a, np.float32), dtype)
+
 
 # Relative tolerances: fp16 keeps 11 significant bits, bf16 8; fp32 paths are far tighter.
 TOL = {"float16": 2e-3, "bfloat16": 1.6e-2}

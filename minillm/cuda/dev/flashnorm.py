@@ -37,7 +37,7 @@ from minillm.model.flashnorm import inv_rms as np_inv_rms
 from minillm.model.layers import apply_rope, linear, rope_tables, silu
 from minillm.cuda.gpu_kv_cache import device_dtype
 from minillm.cuda.gpu_model import GPULayer, GPUTransformer
-from minillm.cuda.bench import decode_bytes
+from minillm.cuda.timing import decode_bytes
 from minillm.cuda.dev.common import plain_table, rel_err
 from minillm.cuda.timing import copy_bandwidth, time_gpu
 from minillm.cuda.dev.lab import lab_module
@@ -310,7 +310,7 @@ class FlashNormDecodeTransformer(GPUTransformer):
         logits into self.logits; capturable), FlashNorm at every norm site. Every layer: no early exit."""
         if n_layers is not None:
             raise ValueError("FlashNormDecodeTransformer decodes through every layer (no early exit)")
-        c, k = self.config, self.k
+        k = self.k
         parts = self._decode_parts(cache)
         k.embed(self.step_tokens, self.embed, self.x)                                     # [1, dim]
         for i, L in enumerate(self.layers):

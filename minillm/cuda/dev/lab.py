@@ -15,6 +15,7 @@ modules reach earlier versions through here; nothing in the engine imports it.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -22,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from minillm.cuda.gpu_model import GPUTransformer
-from minillm.cuda.kernels import PDL_ARCH, PDL_KERNEL, QUANT_CHUNK, QWARPS, Kernels, KernelSettings, module, suffix
+from minillm.cuda.kernels import (ATTN_WARPS, PDL_ARCH, PDL_KERNEL, QUANT_CHUNK, QWARPS, Kernels, KernelSettings,
+                                  module, suffix)
 from minillm.cuda.qweights import is_quantized
 
 LAB_KERNEL_DIR = Path(__file__).parent / "kernels"
@@ -180,6 +182,10 @@ class LabKernels(Kernels):
             self._load("gemv_quant_mma", LAB_KERNELS["gemv_quant_mma"])
         if s.quant_version == 4 or s.wide_tma:
             self._load("gemv_quant_tma", LAB_KERNELS["gemv_quant_tma"])
+        for key, name in (("attention_split", f"attention_split_{suffix(self.dtype)}"),
+                          ("attention_combine", "attention_combine")):      # attention v1 (shipped source)
+            if key not in self.fn:
+                self.fn[key] = module("decode_attention").get_function(name)
 
     def uses_pdl(self, name: str) -> bool:
         lab = re.fullmatch(LAB_PDL_KERNEL, name) is not None
@@ -295,7 +301,24 @@ class LabKernels(Kernels):
         per_block = -(-tiles // (per_sm * self.n_sms))
         return -(-tiles // per_block)
 
-    # ---- attention: the shipped fallbacks everywhere ----------------------------------------------
+    # ---- attention: v1, and the shipped fallbacks everywhere -----------------------------------------
+    def attention(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, k_cache, v_cache,
+                  pos, window: int | None, parts, out, scales=None) -> None:
+        """Kernels.attention; parts without counters (m, l, acc): v1, the split blocks, then a combine launch."""
+        if len(parts) == 4:
+            super().attention(qkv, n_tokens, n_heads, n_kv_heads, head_dim, k_cache, v_cache, pos, window, parts,
+                              out, scales)
+            return
+        if scales is not None:
+            raise ValueError("attention over an int8 KV cache: v3 only (counters in parts)")
+        n_splits = parts[0].shape[-1]
+        self._launch("attention_split", (n_heads, n_splits, n_tokens), (32 * ATTN_WARPS,),
+                     (qkv, np.int32(qkv.shape[-1]), k_cache, v_cache, np.int32(k_cache.shape[1]), np.int32(n_heads),
+                      np.int32(n_kv_heads), np.int32(head_dim), pos, np.int32(window or 0),
+                      np.float32(1.0 / math.sqrt(head_dim))) + tuple(parts))
+        self._launch("attention_combine", (n_heads, n_tokens), (128,),
+                     tuple(parts) + (out, np.int32(n_heads), np.int32(head_dim), np.int32(n_splits)))
+
     def attention_kernel(self, head_dim: int, n_heads: int, n_kv_heads: int, int8: bool = False) -> str:
         name = super().attention_kernel(head_dim, n_heads, n_kv_heads, int8)
         if not int8 and self.settings.attention_version == 2:
@@ -395,7 +418,7 @@ class LabTransformer(GPUTransformer):
 
     # ---- prefill: int8/int4 matrices widened one GEMM ahead (LabSettings.prefill_widen_ahead) -----------
     def _prefill_buffers(self, T: int):
-        self._widening_parts()           # outside any capture: _prefill_chunk and _rows_graph_for call this first
+        self._widening_parts()           # outside any capture: _prefill_chunk and _rows_by_graph call this first
         return super()._prefill_buffers(T)
 
     def _prefill_layers(self, ops, b, layers):

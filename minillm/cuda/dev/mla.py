@@ -167,8 +167,8 @@ def check_kv_append(dtype: str, r: int, rope: int, pos: int, interleave: bool, n
     want = cache.copy()
     ref_kv_append(kv, gain, r, pos, inv_freq, 1.3, interleave, want, dtype)
     got = cp.asarray(cache)
-    m.kv_append(cp.asarray(kv), None if gain is None else cp.asarray(gain), LATENT_NORM_EPS, r, rope,
-                cp.asarray(np.array([pos], np.int32)), cp.asarray(inv_freq), 1.3, interleave, got)
+    m.mla_kv_append(cp.asarray(kv), None if gain is None else cp.asarray(gain), LATENT_NORM_EPS, r, rope,
+                    cp.asarray(np.array([pos], np.int32)), cp.asarray(inv_freq), 1.3, interleave, got)
     got = as_f32(cp.asnumpy(got))
     err = float(np.abs(got - as_f32(want)).max() / np.abs(as_f32(want)).max())
     return err, 4e-3 if dtype == "float16" else 1.6e-2      # one 16-bit rounding apart at most
@@ -182,8 +182,8 @@ def check_q_absorb(dtype: str, H: int, nope: int, rope: int, v: int, r: int, pos
     inv_freq = (1.0 / 10000 ** (np.arange(0, rope, 2) / rope)).astype(np.float32)
     want = ref_q_absorb(q, as_f32(w), H, nope, v, r, pos, inv_freq, 0.9, True)
     got = cp.full((H, r + rope), np.nan, cp.float32)
-    m.q_absorb(cp.asarray(q), cp.asarray(w), H, nope, rope, v, r, cp.asarray(np.array([pos], np.int32)),
-               cp.asarray(inv_freq), 0.9, True, got)
+    m.mla_q_absorb(cp.asarray(q), cp.asarray(w), H, nope, rope, v, r, cp.asarray(np.array([pos], np.int32)),
+                   cp.asarray(inv_freq), 0.9, True, got)
     return _rel(cp.asnumpy(got), want), 1e-5 * np.sqrt(nope) + 1e-6
 
 
@@ -199,7 +199,7 @@ def check_attention(dtype: str, H: int, r: int, rope: int, L: int, capacity: int
     S = n_splits_for(H, capacity)
     parts = (cp.zeros((H, S), cp.float32), cp.zeros((H, S), cp.float32), cp.zeros((H, S, r), cp.float32))
     got = cp.full((H, r), np.nan, cp.float32)
-    m.attention(cp.asarray(q_cat), cp.asarray(cache), H, r, cp.asarray(np.array([L - 1], np.int32)), scale, parts, got)
+    m.mla_attention(cp.asarray(q_cat), cp.asarray(cache), H, r, cp.asarray(np.array([L - 1], np.int32)), scale, parts, got)
     return _rel(cp.asnumpy(got), want), 2e-4
 
 
@@ -210,7 +210,7 @@ def check_v_up(dtype: str, H: int, nope: int, v: int, r: int, seed: int = 0):
     w = narrow(rng.standard_normal((H * (nope + v), r)) / np.sqrt(r), dtype)
     want = ref_v_up(o_lat, as_f32(w), H, nope, v, r)
     got = cp.full(H * v, np.nan, cp.float32)
-    m.v_up(cp.asarray(o_lat), cp.asarray(w), H, nope, v, r, got)
+    m.mla_v_up(cp.asarray(o_lat), cp.asarray(w), H, nope, v, r, got)
     return _rel(cp.asnumpy(got), want), 1e-5 * np.sqrt(r)
 
 
@@ -397,7 +397,7 @@ def per_kernel(fast, bw: float) -> None:
     import cupy as cp
     from minillm.cuda.dev.common import plain_table
     from minillm.cuda.timing import graph_us
-    c, k, m = fast.config, fast.k, fast.m
+    c, k, m = fast.config, fast.k, fast.k
     H, nope, rope, v, r = c.n_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
     ctx = 128
     cache = fast.new_cache(ctx + 8)
@@ -410,13 +410,13 @@ def per_kernel(fast, bw: float) -> None:
                                lambda L: L.w_in.nbytes),
         "q_b GEMV+norm": (lambda i: k.gemv_rmsnorm(Ls[i].wq_b, fast.first[:fast.q_in], Ls[i].q_norm, 1e-6, fast.q),
                           lambda L: L.wq_b.nbytes),
-        "kv_append": (lambda i: m.kv_append(fast.kv, Ls[i].kv_norm, 1e-6, r, rope, pos, fast.inv_freq, 1.0, True,
+        "kv_append": (lambda i: m.mla_kv_append(fast.kv, Ls[i].kv_norm, 1e-6, r, rope, pos, fast.inv_freq, 1.0, True,
                                             cache.latent[i]), lambda L: 0),
-        "q_absorb (W_UK)": (lambda i: m.q_absorb(fast.q, Ls[i].wkv_b, H, nope, rope, v, r, pos, fast.inv_freq, 1.0,
+        "q_absorb (W_UK)": (lambda i: m.mla_q_absorb(fast.q, Ls[i].wkv_b, H, nope, rope, v, r, pos, fast.inv_freq, 1.0,
                                                  True, fast.q_cat), lambda L: L.wkv_b.nbytes * nope // (nope + v)),
-        "attention+combine": (lambda i: m.attention(fast.q_cat, cache.latent[i], H, r, pos, fast.scale, parts,
+        "attention+combine": (lambda i: m.mla_attention(fast.q_cat, cache.latent[i], H, r, pos, fast.scale, parts,
                                                     fast.o_lat), lambda L: (ctx + 1) * (r + rope) * 2),
-        "v_up (W_UV)": (lambda i: m.v_up(fast.o_lat, Ls[i].wkv_b, H, nope, v, r, fast.o),
+        "v_up (W_UV)": (lambda i: m.mla_v_up(fast.o_lat, Ls[i].wkv_b, H, nope, v, r, fast.o),
                         lambda L: L.wkv_b.nbytes * v // (nope + v)),
         "o GEMV+residual": (lambda i: k.gemv(Ls[i].wo, fast.o, x, True), lambda L: L.wo.nbytes),
         "gate_up GEMV+swiglu": (lambda i: k.gemv_swiglu(Ls[i].w_gate_up, x, Ls[i].mlp_norm, 1e-6, fast.act),

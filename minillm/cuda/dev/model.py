@@ -17,8 +17,9 @@ def gpu_model(cpu, dtype: str, fuse_norm: bool = True, gemv_version: int = 4, se
     from dataclasses import fields
 
     from minillm.cuda.dev.lab import LabTransformer
+    from minillm.cuda.gpu_model import GPUTransformer
     from minillm.cuda.kernels import KernelSettings
-    gpu = shipped_checks.shipped(cpu, dtype, **options)
+    gpu = GPUTransformer.from_cpu(cpu, dtype, **options)
     settings = settings or {}
     if gemv_version >= 4 and fuse_norm and set(settings) <= {f.name for f in fields(KernelSettings)}:
         return gpu.with_settings(**settings)

@@ -1,5 +1,6 @@
 """The compact GPU report over the weight formats, and long-context decode with the 16-bit and the
 int8 KV cache: `python -m minillm.cuda.dev.qbench [--formats float16,int8,int4] [--kv-cache]`.
+The shipped decode step's kernels, each timed in a graph: `minillm bench --device cuda` (tools/gpu_bench.py).
 """
 from __future__ import annotations
 
@@ -8,19 +9,18 @@ import time
 import numpy as np
 
 from minillm.cuda.dev.attention import attention_us
-from minillm.cuda.bench import (TARGETS, against_target, bench_config, decode_bytes, decode_tok_s,
-                                    step_kernels_in_graphs)
-from minillm.cuda.dev.common import say
+from minillm.cuda.dev.common import TARGETS, against_target, say
 from minillm.cuda.dev.gemv import quant_versions_us
 from minillm.cuda.dev.lab import as_lab_model
-from minillm.cuda.timing import BANDWIDTH, copy_bandwidth, device_name
+from minillm.cuda.selfcheck import bench_config
+from minillm.cuda.timing import BANDWIDTH, copy_bandwidth, decode_bytes, decode_tok_s, device_name
 from minillm.model.config import ModelConfig
 
 
 def report(cfg: ModelConfig, label: str, formats=("float16", "int8", "int4"), n_new: int = 128,
            prompt_len: int = 16) -> dict:
-    """One compact run over the weight formats: per-kernel µs in graphs (the decode step's kernels), decode
-    tok/s with the graph, attention v2 vs v3 and quantized v1 vs v2 side by side. Prints as it goes."""
+    """One compact run over the weight formats: decode tok/s with the graph, attention v2 vs v3 and quantized
+    v1 vs v2 side by side. Prints as it goes."""
     import cupy as cp
     from minillm.cuda.gpu_model import GPUTransformer
     bw = BANDWIDTH["copy"] = copy_bandwidth(2048 << 20)
@@ -30,7 +30,6 @@ def report(cfg: ModelConfig, label: str, formats=("float16", "int8", "int4"), n_
         quant = None if fmt == "float16" else fmt
         gpu = GPUTransformer.random(cfg, "float16", seed=0, quant=quant)
         say(f"\n== {fmt}: {gpu.weight_bytes / 1e9:.2f} GB of weights a token")
-        table = step_kernels_in_graphs(gpu, bw)
         if fmt == "float16":
             att = attention_us(gpu)
             say("  attention alone, µs a layer in a graph: " + ", ".join(
@@ -51,7 +50,7 @@ def report(cfg: ModelConfig, label: str, formats=("float16", "int8", "int4"), n_
         for mode, tps in runs.items():
             say(f"  decode {mode}: {tps:.1f} tok/s, {per_token * tps / 1e9:.0f} GB/s, {100 * per_token * tps / bw:.0f}% "
                 f"of copy; {against_target(tps, TARGETS[fmt], device_name())}")
-        results[fmt] = {"tok_s": runs, "step_kernels": table}
+        results[fmt] = {"tok_s": runs}
         del gpu, cache
         cp.get_default_memory_pool().free_all_blocks()
     return results

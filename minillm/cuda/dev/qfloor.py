@@ -194,8 +194,8 @@ def decode(kinds: dict, n_new: int = 128, prompt_len: int = 16, rounds: int = 3)
     """Batch-1 decode tok/s of a random Mistral-7B (int8, int4) with the CUDA graph under each version: the
     median of `rounds` alternating rounds (the same-run A/B)."""
     from minillm.cuda.dev import qmma
-    from minillm.cuda.bench import TARGETS, decode_tok_s
-    from minillm.cuda.dev.common import alternating_medians, plain_table
+    from minillm.cuda.dev.common import TARGETS, alternating_medians, plain_table
+    from minillm.cuda.timing import decode_tok_s
     table = []
     for method, gpu, cache, prompt in qmma.quantized_mistrals(prompt_len, n_new):
         models = {}

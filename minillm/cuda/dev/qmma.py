@@ -342,7 +342,7 @@ def matrix_us(versions: dict, method: str, rows: int, n_in: int, group: int = 12
                         for j in range(min(15, -(-(160 << 20) // first.nbytes)))]
     x = cp.asarray(np.random.default_rng(0).standard_normal(n_in).astype(np.float32))
     y = cp.empty(rows, cp.float32)
-    us = {v: graph_us(lambda i, kv=kv: kv.gemv(copies[i % len(copies)], x, y), 2 * len(copies))
+    us = {v: graph_us(lambda i, kv=kv, copies=copies: kv.gemv(copies[i % len(copies)], x, y), 2 * len(copies))
           for v, kv in versions.items()}
     nbytes = first.nbytes
     del copies, first
@@ -399,8 +399,8 @@ def decode(n_new: int = 128, prompt_len: int = 16, variants: dict | None = None,
     of `variants` ({label: KernelSettings changes}; default v2 vs v3): tok/s against the first, and how many
     greedy tokens each agrees with the first on (random weights: a near-tie may part them; a broken kernel
     parts at once)."""
-    from minillm.cuda.bench import TARGETS, decode_tok_s
-    from minillm.cuda.dev.common import plain_table
+    from minillm.cuda.dev.common import TARGETS, plain_table
+    from minillm.cuda.timing import decode_tok_s
     from minillm.cuda.dev.lab import as_lab_model
     variants = variants or {"v2": {}, "v3": {"quant_version": 3}}
     base = next(iter(variants))

@@ -2,7 +2,8 @@
 
 Every kernel family against NumPy (elementwise, gemv, attention; earlier versions included) in fp16 and bf16,
 the model checks on the shipped and the lab's decode steps (dev/model.py), then the production selfcheck's
-benchmark and HF comparison. Ends with one line: all checks passed, or which failed (exit status 1).
+timing (the full tables and HF: `minillm bench --device cuda`). Ends with one line: all checks passed, or
+which failed (exit status 1).
 """
 from __future__ import annotations
 

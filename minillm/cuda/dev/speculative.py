@@ -85,7 +85,6 @@ def step_costs(preset: str = "mistral-7b", prompt_len: int = 128, ks=(2, 4, 8), 
         draft_cache = target.new_cache(capacity)
         target.prefill(prompt, draft_cache, n_layers=n)
         costs[f"layers:{n}"] = _median_ms(lambda: _decode_and_rewind(target, draft_cache, n), reps)
-    del cache
     int4 = GPUTransformer.random(cfg, "float16", seed=2, quant="int4")
     draft_cache = int4.new_cache(capacity)
     int4.prefill(prompt, draft_cache)
@@ -136,7 +135,7 @@ def print_report(preset: str, costs: dict, rows: list[dict], alphas: dict, print
     print_fn(f"verify pass (k + 1 rows through prefill's GEMMs, logits back, rollback; {costs['verify_path']}): " +
              ", ".join(f"k={key.split(maxsplit=1)[1]} {v:.2f} ms" for key, v in costs.items()
                        if key.startswith("verify ")))
-    print_fn(f"acceptance α per draft from SmolLM2's real weights on the CPU, not from these random weights: "
+    print_fn("acceptance α per draft from SmolLM2's real weights on the CPU, not from these random weights: "
              + ", ".join(f"{k} {v:.0%}" for k, v in alphas.items()))
     table = [[r["drafter"], r["k"], f"{r['draft_ms']:.3f}", f"{r['verify_ms']:.2f}", f"{r['alpha']:.0%}",
               f"{r['tokens_per_pass']:.2f}", f"{r['tok_s']:.0f}", f"{r['speedup']:.2f}x",

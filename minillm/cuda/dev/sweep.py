@@ -1,12 +1,12 @@
 """What the lab's same-run decode sweeps share (dev.ab, dev.chain, dev.pdl): their options and their setup.
-The measuring itself is production's (minillm/cuda/bench.py, minillm/cuda/timing.py)."""
+The measuring itself is production's (minillm/cuda/timing.py)."""
 from __future__ import annotations
 
 import argparse
 
 import numpy as np
 
-from minillm.cuda.bench import bench_config, say
+from minillm.cuda.selfcheck import bench_config, say
 from minillm.cuda.timing import copy_bandwidth
 
 

@@ -83,7 +83,7 @@ prefill)   # prefill attention v2 (tensor cores): its GPU tests, then checks + v
     step prefill 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k prefill_attention tests/test_cuda.py
     TAIL=40 step prefill 150 python3 -m minillm.cuda.dev.attention --prefill ;;
 full)
-    TAIL=20 step full 240 python3 -m minillm.cuda.selfcheck --no-hf ;;
+    TAIL=20 step full 240 python3 -m minillm.cuda.selfcheck ;;
 flashnorm)
     TAIL=30 step flashnorm 240 python3 -m minillm.cuda.dev.flashnorm --e2e
     step flashnorm 200 python3 -m pytest -q -n 4 -p no:cacheprovider -o addopts="" tests/test_flashnorm_gpu.py \

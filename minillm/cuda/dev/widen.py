@@ -16,7 +16,8 @@ import sys
 
 import numpy as np
 
-from minillm.cuda.bench import bench_config, prefill_ttft
+from minillm.cuda.selfcheck import bench_config
+from minillm.cuda.timing import prefill_ttft
 from minillm.cuda.dev.common import alternating_medians, finish, plain_table, require_gpu, say, verdict
 from minillm.cuda.dev.lab import as_lab_model
 
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
                 logits.append(model.prefill(prompt, cache))
             diff = max(float(np.max(np.abs(other - logits[0]))) for other in logits[1:])
             verdict(f"widen {method}", diff == 0.0, f"largest logit change {diff:g}")
-        ttft = alternating_medians(ways, lambda model: prefill_ttft(model, cache, prompt), args.rounds)
+        ttft = alternating_medians(ways, lambda model, cache=cache: prefill_ttft(model, cache, prompt), args.rounds)
         first = next(iter(ttft.values()))
         for label, seconds in ttft.items():
             rows.append([method, label, f"{1e3 * seconds:.1f}", f"{first / seconds:.2f}x"])
