@@ -76,7 +76,7 @@ class GPUBatchedRunner:
         """The step without a graph (inside ops.stream()); -> logits [B or N, vocab] fp32 on the device."""
         ops = self.ops
         meta = batch_meta(chunks, self.pool.block_size, ops.upload)
-        x = run_layers(ops, self.model.layers, meta, ops.embed(meta.tokens))                                   # [N, dim] fp32
+        x = run_layers(ops, self.model.layers, meta, ops.embed(meta.tokens))                  # [N, dim] fp32
         if rows is not None:
             x = x[ops.upload(np.asarray(rows, np.int32))]                                # [len(rows), dim]
         elif not all_logits:

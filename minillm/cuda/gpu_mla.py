@@ -63,7 +63,7 @@ class MLAKernels(Kernels):
             f = self.fn[f"mla_{key}"] = module(SOURCE).get_function(name.format(sfx=suffix(dtype)))
             getattr(f, "attributes", None)          # NVRTC + module load now
         most = self.fn["mla_attention"].attributes.get("max_threads_per_block", 32 * MLA_HEADS)
-        if most < 32 * MLA_HEADS:                   # the compiler took > 128 registers a thread: say so, not a launch error
+        if most < 32 * MLA_HEADS:               # > 128 registers a thread were taken: say so, not a launch error
             raise RuntimeError(f"mla_attention compiled for at most {most} threads a block, needs {32 * MLA_HEADS}")
 
     def mla_kv_append(self, kv, gain, eps: float, r: int, rope: int, pos, inv_freq, rope_gain: float,

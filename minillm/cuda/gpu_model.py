@@ -26,7 +26,7 @@ from minillm.backend import to_dtype
 from minillm.model.config import ModelConfig
 from minillm.model.layers import rope_inv_freq
 from minillm.cuda import cublas_raw
-from minillm.cuda.graph import GraphDecode
+from minillm.cuda.graph import GraphDecode, capture
 from minillm.cuda.gpu_kv_cache import KV_CACHES, GPUKVCache, device_dtype
 from minillm.cuda.forward import LayerOps, StepBuffers, run_layers
 from minillm.cuda.kernels import Kernels, KernelSettings, n_splits_for
@@ -361,24 +361,16 @@ class GPUTransformer(GraphDecode):
         """step()'s launches, cuBLAS's GEMMs among them (through cublas_raw while `_capturing`: CuPy's binding refuses
         cuBLAS under capture), as a CUDA graph on this model's stream: the verify pass's and the batching engine's
         decode graphs. -> (graph, step()'s result, None), or (None, None, why capturing failed)."""
+        result = []
         try:
             cublas_raw.prepare(_cp().cuda.device.get_cublas_handle())   # its own workspace, set before capturing
-        except (OSError, RuntimeError, AttributeError) as e:
+            self._capturing = True
+            graph = capture(self.stream, lambda: result.append(step()))
+        except Exception as e:                     # no libcublas, CUDA errors, or cuBLAS refusing the capture
             return None, None, f"{type(e).__name__}: {e}"
-        graph, result, error = None, None, None
-        self._capturing = True
-        self.stream.begin_capture()
-        try:
-            result = step()
-        except Exception as e:                                   # CUDA errors, or cuBLAS refusing the capture
-            error = f"{type(e).__name__}: {e}"
         finally:
             self._capturing = False
-            try:
-                graph = self.stream.end_capture()
-            except Exception as e:
-                error = error or f"{type(e).__name__}: {e}"
-        return (None, None, error) if error is not None else (graph, result, None)
+        return graph, result[0], None
 
     def _prefill_kv(self, i: int, cache, T: int):
         """Layer i's keys and values in 16 bits for the tiled prefill kernel: the cache's arrays, or (int8) its first
@@ -411,7 +403,7 @@ class GPUTransformer(GraphDecode):
         beta = self._beta1 if accumulate else self._beta0
         args = (handle, self.stream.ptr, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, rows, T, n_in,
                 self._alpha.ctypes.data, w.data.ptr, ab_type, n_in, a.data.ptr, ab_type, n_in,
-                beta.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, rows, cublas.CUBLAS_COMPUTE_32F, -1)  # -1: default algo
+                beta.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, rows, cublas.CUBLAS_COMPUTE_32F, -1)  # default algo
         if self._capturing:             # CuPy's binding refuses cuBLAS under capture: the same call by ctypes
             cublas_raw.gemm_ex(*args)
             return

@@ -1,7 +1,7 @@
 """Capturing a stream's launches as a CUDA graph, in one place: `capture` makes the decode steps' graphs
-(GraphDecode, the decode shell GPUTransformer and GPUMLATransformer share) and the timers' (cuda/timing.py).
-(gpu_model's prefill-rows graph and the batching engine's graphs try a capture that cuBLAS may refuse, and keep
-that error instead of raising it: GPUTransformer.capture_with_cublas.)"""
+(GraphDecode, the decode shell GPUTransformer and GPUMLATransformer share), the timers' (cuda/timing.py) and,
+through GPUTransformer.capture_with_cublas (which keeps a refused capture's reason), the verify pass's and the
+batching engine's."""
 from __future__ import annotations
 
 import numpy as np

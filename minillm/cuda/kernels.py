@@ -97,10 +97,8 @@ def _paste_includes(text: str, seen: set, folder: Path) -> str:
 def suffix(dtype) -> str:
     """Kernel-name suffix for a weight dtype: float16 -> f16, bfloat16 (uint16 bits) -> bf16."""
     name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-    if name in ("float16",):
-        return "f16"
-    if name in ("bfloat16", "uint16"):
-        return "bf16"
+    if name in ("float16", "bfloat16", "uint16"):
+        return "f16" if name == "float16" else "bf16"
     raise ValueError(f"no GPU kernels for weight dtype {name!r} (float16 or bfloat16)")
 
 
@@ -123,16 +121,10 @@ def _grid_for(n: int, block: int = 256, cap: int = 132 * 16) -> int:
 class KernelSettings:
     """The launch tunings a benchmark compares (defaults: the fastest measured, lessons/BENCHMARKS.md). Frozen and
     hashable: a captured CUDA graph is keyed by the settings it was captured with."""
-    # gemv_quant.cu's grid: about this many blocks per SM, each warp looping over row pairs (0: one block per
-    # QWARPS row pairs, no looping)
-    quant_blocks_per_sm: int = QUANT_BLOCKS_PER_SM
-    # decode attention v3: the fewest keys a split holds (0: one tile, 64 keys at hd 128)
-    attention_split_keys: int = 0
-    # decode attention v3: at most as many blocks as SMs (a second wave of blocks costs more than fewer splits)
-    attention_one_wave: bool = True
-    # programmatic dependent launch (minillm/cuda/pdl.py) of the kernels that allow it (PDL_KERNEL) inside a
-    # captured graph: each may start during the previous kernel's tail. Hopper only (PDL_ARCH); logits unchanged.
-    pdl: bool = True
+    quant_blocks_per_sm: int = QUANT_BLOCKS_PER_SM  # gemv_quant.cu's grid, each warp looping over row pairs (0: none)
+    attention_split_keys: int = 0    # decode attention v3: the fewest keys a split holds (0: one tile)
+    attention_one_wave: bool = True  # v3: at most a block an SM (a second wave costs more than fewer splits)
+    pdl: bool = True                 # programmatic dependent launch in a graph (pdl.py): Hopper only, logits unchanged
 
 
 class Kernels:
@@ -148,7 +140,7 @@ class Kernels:
             raise MiniLLMError(f"minillm's GPU kernels need compute capability 8.0 or newer (sm_80, an A100); "
                                f"this GPU is sm_{self.arch}: run it with --device cpu")
         self.dtype, self.settings, self.timer, self.n_sms = dtype, settings, None, props["multiProcessorCount"]
-        self.fn = {key: module(source).get_function(name) for key, (source, name) in kernel_table(suffix(dtype)).items()}
+        self.fn = {key: module(src).get_function(name) for key, (src, name) in kernel_table(suffix(dtype)).items()}
         # gemv_quant.cu stages x in dynamic shared memory: a 14336-wide int8 row needs 72 KB (> the 48 KB default),
         # so each quantized GEMV may use the device's opt-in maximum (97: cudaDevAttrMaxSharedMemoryPerBlockOptin),
         # less 4 KB for the kernels' own __shared__ arrays (<= 1.2 KB); set here, never mid-capture.
@@ -159,7 +151,7 @@ class Kernels:
             if name.startswith("gemv_") and ("int8" in name or "int4" in name):
                 f.max_dynamic_shared_size_bytes = self.max_quant_smem
         # stand-ins for the pointer arguments a variant does not use (never dereferenced)
-        self._nil_f32, self._nil_u16, self._nil_i32 = cp.zeros(8, cp.float32), cp.zeros(8, cp.uint16), cp.zeros(8, cp.int32)
+        self._nil_f32, self._nil_u16, self._nil_i32 = (cp.zeros(8, t) for t in (cp.float32, cp.uint16, cp.int32))
 
     def with_settings(self, **changes) -> "Kernels":
         """These kernels launched with some settings changed: a copy sharing the loaded functions."""
@@ -318,21 +310,21 @@ class Kernels:
 
     def kv_append_int8(self, qkv, n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
                        k_cache, v_cache, k_scale, v_scale, pos) -> None:
-        """kv_append into the int8 cache: codes [n_kv_heads, capacity, hd] and a scale a vector [n_kv_heads, capacity]."""
+        """kv_append into the int8 cache: codes [n_kv_heads, capacity, hd], a scale a vector [n_kv_heads, capacity]."""
         self._launch("kv_append_int8", (n_tokens, n_kv_heads), (64,),
                      (qkv, np.int32(qkv.shape[-1]), np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim),
                       k_cache, v_cache, k_scale, v_scale, np.int32(k_cache.shape[1]), pos))
 
     def kv_dequantize(self, k_cache, v_cache, k_scale, v_scale, n_positions: int, k_out, v_out) -> None:
-        """Positions [0, n) of one layer's int8 cache -> k_out, v_out [n_kv_heads, capacity, hd] 16-bit (for prefill)."""
+        """Positions [0, n) of one layer's int8 cache -> k_out, v_out [n_kv_heads, capacity, hd] 16-bit (prefill)."""
         n_kv, capacity, hd = k_cache.shape
         if n_positions:
             self._launch("kv_dequant", (n_positions, n_kv), (min(hd, 256),),
                          (k_cache, v_cache, k_scale, v_scale, np.int32(capacity), np.int32(hd), k_out, v_out))
 
     def attention_kernel(self, head_dim: int, n_heads: int, n_kv_heads: int, int8: bool = False) -> str:
-        """The decode attention kernel for these heads: v3, attention_gqa{GM}, a block per GM query heads (1, 2 or 4) and
-        split (_int8x16 over an int8 cache, _int8 where head_dim % 16); where head_dim % 8 or the heads are not whole
+        """The decode attention kernel: v3, attention_gqa{GM}, a block per GM query heads (1, 2 or 4) and split
+        (_int8x16 over an int8 cache, _int8 where head_dim % 16); where head_dim % 8 or the heads are not whole
         groups, its fallback v2, attention_fused (a block per query head and split; no int8 variant)."""
         if head_dim % 8 or n_heads % n_kv_heads:
             if int8:
@@ -379,7 +371,7 @@ class Kernels:
         return head_dim % 4 == 0 and head_dim <= PF_HDS[-1]
 
     def prefill_attention_kernel(self, head_dim: int) -> str:
-        """The tensor-core prefill_attention_mma.cu at head_dim 64 or 128, else the fp32 tiles of prefill_attention.cu."""
+        """prefill_attention_mma.cu (tensor cores) at head_dim 64 or 128, else prefill_attention.cu's fp32 tiles."""
         if head_dim in MM_HDS:
             return f"prefill_attention_mma_hd{head_dim}"
         return f"prefill_attention_hd{next(h for h in PF_HDS if head_dim <= h)}"

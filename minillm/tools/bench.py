@@ -141,7 +141,7 @@ def bench_minillm(model, prompt: list[int], new_tokens: int, repeats: int) -> Re
     return Result(minillm_name(model), threads, statistics.median(ttfts), 1.0 / statistics.median(steps), tokens)
 
 
-def bench_hf(peer: HFPeer, prompt: list[int], new_tokens: int, threads: int, plain_forward: bool = False) -> Result:
+def hf_round(peer: HFPeer, prompt: list[int], new_tokens: int, threads: int, plain_forward: bool = False) -> Result:
     """One round of the same workload in the HF peer process, on `threads` torch threads."""
     reply = peer.measure(prompt, new_tokens, threads, plain_forward)
     return Result(HF_NAME, reply["threads"], reply["ttft_s"], reply["decode_tok_s"], reply["tokens"],
@@ -186,7 +186,7 @@ def interleaved(model, peer: HFPeer | None, prompt: list[int], new_tokens: int, 
     for n in counts:
         sides.append(lambda n=n: minillm_at(n))
         if peer is not None:
-            sides.append(lambda n=n: bench_hf(peer, prompt, new_tokens, n, plain_forward=n == counts[0]))
+            sides.append(lambda n=n: hf_round(peer, prompt, new_tokens, n, plain_forward=n == counts[0]))
     rounds: list[list[Result]] = [[] for _ in sides]
     for i in range(repeats + 1):
         for measure, results in zip(sides, rounds):
