@@ -242,7 +242,7 @@ class GPUMLATransformer(GraphDecode):
         inv_freq, self.rope_gain = mla_rope(c)
         self.inv_freq = cp.asarray(inv_freq, dtype=cp.float32)                    # [rope / 2]
         self.scale = softmax_scale(c)
-        f32 = cp.float32                  # the decode step's activations (graph._hold has x and the logits)
+        f32 = cp.float32                  # the decode step's activations after x (graph._hold)
         self.q_in = c.q_lora_rank or H * (nope + rope)                            # q_a's (or q's) rows of w_in
         self.first = cp.zeros(self.q_in + r + rope, f32)                          # [q_a or q | kv]
         self.q = cp.zeros(H * (nope + rope), f32) if c.q_lora_rank else self.first[:self.q_in]
@@ -251,6 +251,7 @@ class GPUMLATransformer(GraphDecode):
         self.o_lat = cp.zeros((H, r), f32)
         self.o = cp.zeros(H * v, f32)
         self.act = cp.zeros(c.ffn_dim, f32)
+        self.logits = cp.zeros(c.vocab_size, f32)
         self.prefill_model = None      # from_cpu: the engine's Transformer on these arrays (GEMM prefill)
         self.comm = None               # (one GPU: no tensor parallelism)
         cp.cuda.Device().synchronize()

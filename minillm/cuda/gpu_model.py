@@ -108,18 +108,20 @@ class GPUTransformer(GraphDecode):
         if config.attention != "gqa":
             raise ValueError("GPUTransformer runs MHA/GQA/MQA models; MLA runs on gpu_mla.GPUMLATransformer "
                              "(llm.gpu_path picks)")
-        self._hold(config, layers, embed, final_norm, lm_head, dtype, use_graph, Kernels(dtype, settings))
+        c, hd, f32 = config, config.head_dim, cp.float32
+        kernels = Kernels(dtype, settings)
+        self.inv_freq = cp.asarray(rope_inv_freq(hd, c.rope_theta, c.rope_scaling))
+        self._hold(config, layers, embed, final_norm, lm_head, dtype, use_graph, kernels)
         quantized = [w for L in layers for w in L.matrices() if is_quantized(w)]
         self.quant = quantized[0].method if quantized else None     # "int8", "int4" or None (16-bit)
-        c, hd, f32 = config, config.head_dim, cp.float32
         self.q_width, self.qkv_width = c.n_heads * hd, (c.n_heads + 2 * c.n_kv_heads) * hd
-        self.inv_freq = cp.asarray(rope_inv_freq(hd, c.rope_theta, c.rope_scaling))
-        # the decode step's activations (graph._hold has x and the logits)
+        # the decode step's activations after x (graph._hold)
         self.h = cp.zeros((1, c.dim), f32)                 # normalized
         self.qkv = cp.zeros((1, self.qkv_width), f32)
         self.attn = cp.zeros((1, self.q_width), f32)
         self.gu = cp.zeros((1, 2 * c.ffn_dim), f32)
         self.act = cp.zeros((1, c.ffn_dim), f32)
+        self.logits = cp.zeros(c.vocab_size, f32)
         self._alpha = np.ones(1, np.float32)
         self._beta0 = np.zeros(1, np.float32)
         self._beta1 = np.ones(1, np.float32)

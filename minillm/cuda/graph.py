@@ -26,9 +26,9 @@ class GraphDecode:
     scratch, allocated before a capture)."""
 
     def _hold(self, config, layers, embed, final_norm, lm_head, dtype: str, use_graph: bool, kernels) -> None:
-        """What both models hold: the weights, their Kernels and stream, and the buffers every decode step uses,
+        """What both models hold: the weights, their Kernels and stream, and the first buffers of a decode step,
         allocated once so a captured graph's pointers stay valid: step [token, position] int32 (read by the
-        kernels), the residual stream x [1, dim] and the logits [vocab] fp32."""
+        kernels) and the residual stream x [1, dim] fp32 (the model adds its own, the logits last)."""
         import cupy as cp
         self.config, self.layers, self.dtype, self.use_graph = config, layers, dtype, use_graph
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
@@ -36,7 +36,6 @@ class GraphDecode:
         self.step = cp.zeros(2, dtype=cp.int32)
         self.step_tokens, self.step_pos = self.step[0:1], self.step[1:2]
         self.x = cp.zeros((1, config.dim), cp.float32)
-        self.logits = cp.zeros(config.vocab_size, cp.float32)
         self._parts: dict[int, tuple] = {}               # flash-decoding splits -> the decode step's scratch
 
     def decode(self, token: int, cache, n_layers: int | None = None):

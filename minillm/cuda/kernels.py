@@ -55,24 +55,25 @@ def kernel_table(sfx: str) -> dict[str, tuple[str, str]]:
     table = {"rmsnorm": ("rmsnorm", "rmsnorm_f32"), "rmsnorm_narrow": ("rmsnorm", f"rmsnorm_to_{sfx}"),
              "rope": ("rope", "rope_qk"), "swiglu": ("swiglu", "swiglu_f32"),
              "swiglu_narrow": ("swiglu", f"swiglu_to_{sfx}"), "kv_append": ("kv_append", f"kv_append_{sfx}"),
-             "kv_append_int8": ("kv_int8", "kv_append_int8"), "kv_dequant": ("kv_int8", f"kv_dequant_{sfx}"),
-             "attention_fused": ("decode_attention", f"attention_fused_{sfx}"),
-             "embed": ("embed", f"embed_{sfx}"), "cast": ("embed", f"cast_to_{sfx}"),
-             "fill_uniform": ("embed", f"fill_uniform_{sfx}"), "fill_random_words": ("gemv_quant", "fill_random_words")}
+             "attention_fused": ("decode_attention", f"attention_fused_{sfx}")}
     for gm in (1, 2, 4):           # attention v3, gm query heads a block: the 16-bit cache, int8 codes 8 or 16 a lane
         table[f"attention_gqa{gm}"] = ("decode_attention", f"attention_gqa{gm}_{sfx}")
         for codes in ("_int8", "_int8x16"):
             table[f"attention_gqa{gm}{codes}"] = ("decode_attention", f"attention_gqa{gm}{codes}")
+    for v in GEMV_VARIANTS:
+        table[f"gemv_{v}v4"] = ("gemv", f"gemv_{v}v4_{sfx}")
+    table |= {"kv_append_int8": ("kv_int8", "kv_append_int8"), "kv_dequant": ("kv_int8", f"kv_dequant_{sfx}")}
     for hd in PF_HDS:
         table[f"prefill_attention_hd{hd}"] = ("prefill_attention", f"prefill_attention_hd{hd}_{sfx}")
     for hd in MM_HDS:
         table[f"prefill_attention_mma_hd{hd}"] = ("prefill_attention_mma", f"prefill_attention_mma_hd{hd}_{sfx}")
-    for v in GEMV_VARIANTS:        # gemv.cu's v4 and gemv_quant.cu's twins (int8's q|k|v: its own 3-block build)
-        for kind, source in (("v4", "gemv"), ("int8", "gemv_quant"), ("int4", "gemv_quant")):
+    table |= {"embed": ("embed", f"embed_{sfx}"), "cast": ("embed", f"cast_to_{sfx}"),
+              "fill_uniform": ("embed", f"fill_uniform_{sfx}"), "fill_random_words": ("gemv_quant", "fill_random_words")}
+    for kind in ("int8", "int4"):  # gemv_quant.cu's twins of the v4 variants (int8's q|k|v: its own 3-block build)
+        for v in GEMV_VARIANTS:
             name = f"gemv_{v}{kind}" + ("_3b" if kind == "int8" and "qkv" in v else "")
-            table[name] = (source, f"{name}_{sfx}")
-    for method in ("int8", "int4"):
-        table[f"dequant_{method}"] = ("gemv_quant", f"dequant_{method}_{sfx}")
+            table[name] = ("gemv_quant", f"{name}_{sfx}")
+        table[f"dequant_{kind}"] = ("gemv_quant", f"dequant_{kind}_{sfx}")
     return table
 
 
