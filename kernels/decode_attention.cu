@@ -17,7 +17,9 @@
 // whole GQA group, the number of splits chosen at run time, the combine fused and parallel. See below.
 // v2 (attention_fused_*): v1 with the combine folded into the split kernel's last block per (t, h)
 // (threadfence + counter), one launch instead of two.
-// v1 (this file): block = 4 warps per (head, split, query); each warp takes every 4th key of the split,
+// v1 (attention_split, the device function below; its two-launch kernels, the splits and then a combine, are
+// the laboratory's: minillm/cuda/dev/kernels/attention_v1.cu): block = 4 warps per (head, split, query); each
+// warp takes every 4th key of the split,
 // its lanes hold hd/32 dims of q, K and V (hd ≤ 256), a warp shuffle gives the score, and each warp
 // keeps its own online-softmax state in registers; the 4 warp states are merged in shared memory.
 // The KV heads shared by a GQA group are re-read by each query head of the group from L2, not shared
@@ -123,7 +125,7 @@ __device__ void attention_split(const float* __restrict__ q, int q_stride, const
     float Mc = NEG_INF;
     for (int i = 0; i < n_splits; i++) Mc = fmaxf(Mc, vm[i]);
     float Lc = 0.0f;
-    for (int i = 0; i < n_splits; i++) {                 // attention_combine's arithmetic, in its order
+    for (int i = 0; i < n_splits; i++) {                 // v1's separate combine's arithmetic, in its order
         float mi = vm[i];
         Lc += mi == NEG_INF ? 0.0f : vl[i] * expf(mi - Mc);
     }
@@ -137,46 +139,6 @@ __device__ void attention_split(const float* __restrict__ q, int q_stride, const
         out[((size_t)t * n_heads + h) * hd + d] = a * inv_L;
     }
     if (threadIdx.x == 0) *counter = 0u;
-}
-
-// grid (n_heads, n_splits, T), block (32 * ATTN_WARPS = 128)
-// q: fp32, query head h of token t at q[t * q_stride + h * hd] (the fused qkv row: q_stride = its width)
-// k_cache, v_cache: one layer, [n_kv_heads, capacity, hd] 16-bit
-// part_m, part_l: [T, n_heads, n_splits] fp32; part_acc: [T, n_heads, n_splits, hd] fp32
-extern "C" __global__ void attention_split_f16(const float* q, int q_stride, const u16* k_cache, const u16* v_cache,
-                                               int capacity, int n_heads, int n_kv_heads, int hd, const int* pos,
-                                               int window, float scale, float* part_m, float* part_l, float* part_acc) {
-    attention_split<F16>(q, q_stride, k_cache, v_cache, capacity, n_heads, n_kv_heads, hd, pos, window, scale,
-                         part_m, part_l, part_acc);
-}
-extern "C" __global__ void attention_split_bf16(const float* q, int q_stride, const u16* k_cache, const u16* v_cache,
-                                                int capacity, int n_heads, int n_kv_heads, int hd, const int* pos,
-                                                int window, float scale, float* part_m, float* part_l, float* part_acc) {
-    attention_split<BF16>(q, q_stride, k_cache, v_cache, capacity, n_heads, n_kv_heads, hd, pos, window, scale,
-                          part_m, part_l, part_acc);
-}
-
-// grid (n_heads, T), block (128): merge the splits -> out [T, n_heads * hd] fp32
-extern "C" __global__ void attention_combine(const float* part_m, const float* part_l, const float* part_acc,
-                                             float* out, int n_heads, int hd, int n_splits) {
-    int h = blockIdx.x, t = blockIdx.y;
-    size_t base = ((size_t)t * n_heads + h) * n_splits;
-    float M = NEG_INF;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, part_m[base + s]);
-    float L = 0.0f;
-    for (int s = 0; s < n_splits; s++) {
-        float m = part_m[base + s];
-        L += m == NEG_INF ? 0.0f : part_l[base + s] * expf(m - M);
-    }
-    float inv_L = 1.0f / L;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.0f;
-        for (int s = 0; s < n_splits; s++) {
-            float m = part_m[base + s];
-            if (m != NEG_INF) a += part_acc[(base + s) * hd + d] * expf(m - M);
-        }
-        out[((size_t)t * n_heads + h) * hd + d] = a * inv_L;
-    }
 }
 
 // v2, combine fused: grid (n_heads, n_splits, T), block (128); attention_split's arguments, then

@@ -21,7 +21,7 @@ LAB_CU_FILES = sorted(lab.LAB_KERNEL_DIR.glob("*.cu"))
 OTHER_SOURCES = {gpu_mla.SOURCE: gpu_mla.KERNELS}
 # The lab's sources: name -> {key: kernel name with {sfx}}
 LAB_SOURCES = {flashnorm.SOURCE: flashnorm.KERNELS, small_m.SOURCE: small_m.KERNELS, qmma.SOURCE: qmma.KERNELS,
-               qtma.SOURCE: qtma.KERNELS} | {
+               qtma.SOURCE: qtma.KERNELS, "attention_v1": lab.ATTENTION_V1} | {
     source: {name: f"{name}_{{sfx}}" for name in names} for source, names in lab.LAB_KERNELS.items()}
 
 

@@ -3,7 +3,7 @@
 Write `merge_softmax_partials` below, then check it:
     minillm exercise check 24         (in a clone: pytest lessons/exercises --exercise 24)
 The grader compares it with `minillm.course.merge_partials_reference`, the combine step of
-kernels/decode_attention.cu (attention_combine) written in NumPy, and checks that acc / l is the
+minillm/cuda/dev/kernels/attention_v1.cu (attention_combine) written in NumPy, and checks that acc / l is the
 softmax attention over the keys of both parts.
 """
 import numpy as np

@@ -11,7 +11,7 @@ from minillm.course.cases import Case, CaseFailed, _expect_tuple, case_rng, expe
 
 
 def merge_partials_reference(m_a, l_a, acc_a, m_b, l_b, acc_b):
-    """attention_combine of kernels/decode_attention.cu in NumPy, for two partials.
+    """attention_combine of minillm/cuda/dev/kernels/attention_v1.cu in NumPy, for two partials.
 
     m: [...] the largest score a part saw (-inf: it saw no key), l: [...] its sum of exp(score - m),
     acc: [..., hd] its sum of exp(score - m)·v.   -> (m, l, acc) of the keys of both parts."""

@@ -45,6 +45,8 @@ LAB_KERNELS = {
     "gemv_quant_tma": [f"gemv_{e}{m}_v4" for m in ("int8", "int4") for e in VARIANTS] + [f"gemv_{e}tma"
                                                                                          for e in VARIANTS],
 }
+# decode attention v1 (kernels/attention_v1.cu): the split blocks, then a combine launch (v2 fuses it)
+ATTENTION_V1 = {"attention_split": "attention_split_{sfx}", "attention_combine": "attention_combine"}
 # the lab's kernels that wait for the kernel ahead (pdl_wait): v1's quantized GEMV, v3 (tensor cores), v4 (TMA)
 LAB_PDL_KERNEL = r"gemv_(rmsnorm_)?(swiglu_|qkv_)?(int8|int4|tma)(_v1|_v3|_v3u4|_v4)?"
 
@@ -182,10 +184,9 @@ class LabKernels(Kernels):
             self._load("gemv_quant_mma", LAB_KERNELS["gemv_quant_mma"])
         if s.quant_version == 4 or s.wide_tma:
             self._load("gemv_quant_tma", LAB_KERNELS["gemv_quant_tma"])
-        for key, name in (("attention_split", f"attention_split_{suffix(self.dtype)}"),
-                          ("attention_combine", "attention_combine")):      # attention v1 (shipped source)
+        for key, name in ATTENTION_V1.items():                        # attention v1: kernels/attention_v1.cu
             if key not in self.fn:
-                self.fn[key] = module("decode_attention").get_function(name)
+                self.fn[key] = lab_module("attention_v1").get_function(name.format(sfx=suffix(self.dtype)))
 
     def uses_pdl(self, name: str) -> bool:
         lab = re.fullmatch(LAB_PDL_KERNEL, name) is not None
