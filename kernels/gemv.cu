@@ -30,6 +30,9 @@
 // ---- v4 --------------------------------------------------------------------------------------------
 #define V4_U 8              // 16-byte loads in flight per lane per row per step (x 2 rows)
 #define V4_WARPS 4          // row pairs per block (block = 128 threads)
+// At least 4 blocks an SM: ptxas may then give a thread 128 registers for the loop's 2 x V4_U loads in flight.
+// Left to its default it chose 96-104 and the 16-bit decode step ran about 1% slower (lessons/BENCHMARKS.md).
+#define V4_MIN_BLOCKS 4
 
 template <class W>
 __device__ __forceinline__ float dot8v(uint4 w, const float* v) {
@@ -127,7 +130,7 @@ __device__ __forceinline__ void gemv_v4(const u16* __restrict__ w, const float* 
 //   w [rows, in] 16-bit; x [in] fp32; gain [in] fp32 (NORM); y: [rows] (PLAIN, QKV) or [rows / 2] (SWIGLU)
 //   k_cache, v_cache: one layer [n_kv_heads, capacity, hd] (QKV); pos [1] int32; inv_freq [hd / 2] fp32.
 #define GEMV_V4_KERNEL(NAME, W, NORM, EPI)                                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * V4_WARPS) NAME(                                           \
+    extern "C" __global__ void __launch_bounds__(32 * V4_WARPS, V4_MIN_BLOCKS) NAME(                            \
         const u16* w, const float* x, const float* gain, float eps, float* y, int rows, int in, int accumulate, \
         u16* k_cache, u16* v_cache, int capacity, const int* pos, const float* inv_freq, int n_heads,          \
         int n_kv_heads, int hd) {                                                                               \

@@ -19,7 +19,7 @@ from dataclasses import fields, replace
 
 import numpy as np
 
-from minillm.backend import to_dtype
+from minillm.backend import array_module, to_dtype
 from minillm.model.quant import QuantizedWeight
 from minillm.model.transformer import LayerWeights, Transformer
 
@@ -85,8 +85,8 @@ def _device_layer(L: LayerWeights, dev) -> LayerWeights:
     for stack, parts in STACKS.items():
         if getattr(L, stack) is not None:
             whole = dev(getattr(L, stack))
-            sizes = np.cumsum([len(getattr(L, p)) for p in parts[:-1]]).tolist()
-            moved |= {stack: whole} | dict(zip(parts, _split(whole, sizes)))
+            edges = np.cumsum([len(getattr(L, p)) for p in parts[:-1]]).tolist()
+            moved |= {stack: whole} | dict(zip(parts, array_module(whole).split(whole, edges)))   # row views
     if L.moe is not None:                                         # router, experts and biases: each moved once
         expert = lambda e: None if e is None else replace(e, w_gate=dev(e.w_gate), w_up=dev(e.w_up),
                                                          w_down=dev(e.w_down), biases=None if e.biases is None
@@ -107,12 +107,6 @@ def _device_layer(L: LayerWeights, dev) -> LayerWeights:
         else:                                                     # matrices narrow; gains and sinks ([n]) fp32
             moved[f.name] = dev(value, isinstance(value, QuantizedWeight) or np.ndim(value) == 2)
     return replace(L, **moved)
-
-
-def _split(a, sizes: list[int]) -> list:
-    """Rows [0, s0), [s0, s1), ... [s_last, end) of a, as views."""
-    edges = [0] + sizes + [len(a)]
-    return [a[lo:hi] for lo, hi in zip(edges, edges[1:])]
 
 
 def weight_bytes(model: Transformer) -> int:

@@ -1,11 +1,6 @@
-"""The one GPU timer, the one bandwidth probe and the decode/prefill measures: `minillm bench --device cuda`, the
-selfcheck, the lessons and every dev module time with these.
-
-    time_gpu(fn, reps)     median ms of fn() on the current stream, by CUDA events (warmed up first)
-    graph_us(fn, n)        µs per call of fn(0) .. fn(n-1) captured as one CUDA graph and replayed
-    EventTimer             Kernels.timer: CUDA events around every launch, summed per kernel name
-    copy_bandwidth(bytes)  device-to-device copy, bytes read + written per second: the memory roofline
-    decode_bytes, prefill_ttft, decode_tok_s   a model's bytes per decode token, TTFT, and greedy decode tok/s
+"""The one GPU timer (CUDA events: time_gpu, graph_us inside a graph, EventTimer per launch), the one bandwidth
+probe (copy_bandwidth, the memory roofline) and a model's decode and prefill measures (decode_bytes, prefill_ttft,
+decode_tok_s): `minillm bench --device cuda`, the selfcheck, the lessons and every dev module time with these.
 """
 from __future__ import annotations
 
