@@ -87,6 +87,13 @@ def unsupported(model) -> str | None:
     return None
 
 
+def attention_scratch(T: int, n_heads: int, splits: int, head_dim: int) -> tuple:
+    """Kernels.attention's parts for T queries: m, l [T, H, S] and acc [T, H, S, hd] fp32, counters [T, H] uint32 (0)."""
+    cp, f32 = _cp(), _cp().float32
+    return (cp.zeros((T, n_heads, splits), f32), cp.zeros((T, n_heads, splits), f32),
+            cp.zeros((T, n_heads, splits, head_dim), f32), cp.zeros((T, n_heads), cp.uint32))
+
+
 def _checked_options(config: ModelConfig, kv_cache: str, prefill_chunk: int) -> tuple[str, int]:
     if kv_cache not in KV_CACHES:
         raise ValueError(f"kv_cache is one of {KV_CACHES}, not {kv_cache!r}")
@@ -291,17 +298,11 @@ class GPUTransformer(GraphDecode):
         self.k.attention(qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, cache.k[i], cache.v[i], self.step_pos,
                          c.sliding_window, parts, out, scales=scales)
 
-    def _decode_parts(self, cache: GPUKVCache, T: int = 1, most_splits: int | None = None):
-        """Attention's scratch for T queries (Kernels.attention's parts): kept for the decode step (T = 1), a new
-        one otherwise. most_splits: default the decode step's, for this cache's capacity (n_splits_for)."""
-        cp, H, hd = _cp(), self.config.n_heads, self.config.head_dim
-        s = most_splits or n_splits_for(H, cache.max_seq_len, self.n_sms)
-        if T > 1 or s not in self._parts:
-            parts = (cp.zeros((T, H, s), cp.float32), cp.zeros((T, H, s), cp.float32),
-                     cp.zeros((T, H, s, hd), cp.float32), cp.zeros((T, H), cp.uint32))
-            if T > 1:
-                return parts
-            self._parts[s] = parts
+    def _decode_parts(self, cache: GPUKVCache):
+        """The decode step's attention scratch for this cache's capacity (allocated once: a graph keeps it)."""
+        s = n_splits_for(self.config.n_heads, cache.max_seq_len, self.n_sms)
+        if s not in self._parts:
+            self._parts[s] = attention_scratch(1, self.config.n_heads, s, self.config.head_dim)
         return self._parts[s]
 
     # ---- prefill: forward.run_layers over the chunk's rows -------------------------------------------------
@@ -449,6 +450,6 @@ class ContiguousOps(LayerOps):
                                   c.sliding_window, out)
         else:              # head sizes the tiles do not take: the decode kernel, a query per token (never captured)
             splits = max(1, min(16, (4 * m.n_sms) // (c.n_heads * T)))              # splits only when T is small
-            m._attend(layer, self.cache, qkv, T, m._decode_parts(self.cache, T, splits), out)
+            m._attend(layer, self.cache, qkv, T, attention_scratch(T, c.n_heads, splits, c.head_dim), out)
         return out
 
