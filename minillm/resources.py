@@ -51,13 +51,21 @@ def current_figures() -> list[dict]:
     return json.loads(FIGURES_FILE.read_text(encoding="utf-8"))["figures"]
 
 
+def figure(key: str) -> dict:
+    """The current figure `key` (e.g. "gpu.decode.mistral-7b.fp16"); KeyError when the table has none."""
+    found = next((f for f in current_figures() if f["key"] == key), None)
+    if found is None:
+        raise KeyError(f"no current figure {key!r} in lessons/BENCHMARKS.md's table")
+    return found
+
+
 def reference(key: str, engine: str = "minillm") -> str:
     """One line for a lesson to print beside its own measurement, e.g. 'reference: 23.4 tok/s on 2 cores,
     Intel Xeon VM (busy), 2026-12-06 (decode, SmolLM2-135M-Instruct, ...; lessons/BENCHMARKS.md)'."""
-    figure = next(f for f in current_figures() if f["key"] == key)
+    row = figure(key)
     who = "" if engine == "minillm" else f"{engine}, "
-    return (f"reference: {figure['values'][engine]:,} {figure['unit']} on {figure['machine']}, {figure['date']} "
-            f"({who}{figure['figure']}; lessons/BENCHMARKS.md)")
+    return (f"reference: {row['values'][engine]:,} {row['unit']} on {row['machine']}, {row['date']} "
+            f"({who}{row['figure']}; lessons/BENCHMARKS.md)")
 
 
 def import_root() -> Path:

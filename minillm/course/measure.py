@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from minillm.resources import current_figures
+from minillm.resources import figure as current_figure
 
 BUSY = 1.0      # load average per core above which timings on it are taken as disturbed
 
@@ -125,9 +125,7 @@ def faster(spreads: dict[str, Spread], quick: str, slow: str, take_away: str) ->
 def beside_reference(key: str, yours: float, engine: str = "minillm") -> str:
     """'yours: 21.3 tok/s | reference: 23.4 tok/s on 2 cores, ... (lessons/BENCHMARKS.md)': the project's
     current figure `key` (data/current_figures.json) next to this machine's number in the same unit."""
-    figure = next((f for f in current_figures() if f["key"] == key), None)
-    if figure is None:
-        raise KeyError(f"no current figure {key!r} in lessons/BENCHMARKS.md's table")
+    figure = current_figure(key)
     unit = figure["unit"]
     return (f"yours: {_number(yours)} {unit} | reference: {figure['values'][engine]:,} {unit} on {figure['machine']}, "
             f"{figure['date']} ({figure['figure']}; lessons/BENCHMARKS.md)")

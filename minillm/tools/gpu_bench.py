@@ -18,7 +18,7 @@ from minillm.cuda.selfcheck import FAILED, SHORT, say, verdict
 from minillm.cuda.timing import (EventTimer, copy_bandwidth, decode_bytes, decode_tok_s, graph_us, prefill_ttft,
                                  time_gpu)
 from minillm.model.config import ModelConfig
-from minillm.resources import current_figures
+from minillm.resources import figure as current_figure
 
 MATRICES = {"qkv": "wqkv", "o": "wo", "gate_up": "w_gate_up", "down": "w_down"}     # kind -> GPULayer field
 
@@ -179,8 +179,9 @@ def print_kernels(totals: dict, total_ms: float) -> None:
 def reference(what: str, preset: str, fmt: str) -> str:
     """'reference: 191 tok/s (one H100 80 GB, 2026-12-06)': the current figure gpu.<what>.<preset>.<fmt>, or ''
     when the figures have none of that shape and format."""
-    figure = next((f for f in current_figures() if f["key"] == f"gpu.{what}.{preset}.{fmt}"), None)
-    if figure is None:
+    try:
+        figure = current_figure(f"gpu.{what}.{preset}.{fmt}")
+    except KeyError:
         return ""
     return f"reference: {figure['values']['minillm']:,} {figure['unit']} ({figure['machine']}, {figure['date']})"
 
